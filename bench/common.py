@@ -1,0 +1,179 @@
+"""Helpers shared by every side of the benchmark (durably, DBOS, the floor, scale).
+
+Each side is a separate script run in its own process by ``compare.py``. A side prints exactly one
+JSON object on its last line of stdout; everything else (logs, warnings) goes to stderr. A side
+that cannot run (a missing feature, a store that does not exist yet) prints
+``{"error": "...", "skipped": true}`` and exits 0, so the table shows the reason in its cell.
+
+Databases are reset before every measurement: SQLite files are deleted, PostgreSQL databases are
+dropped and re-created, so no run sees another's rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import resource
+import statistics
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Awaitable, Callable, Sequence
+
+PG_ADMIN_URL_DEFAULT = "postgresql://postgres@127.0.0.1:5432/postgres"
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where a side keeps its state: a SQLite file (relative to the work dir) or a PG database."""
+
+    db: str  # "sqlite" | "postgres"
+    url: str  # the URL the side passes to its engine
+    sqlite_path: Path | None  # absolute path of the SQLite file, if db == "sqlite"
+    pg_admin_url: str | None  # maintenance DB used to drop/create, if db == "postgres"
+    pg_dbname: str | None
+
+
+def pg_base_url() -> str:
+    """Base URL of the PostgreSQL server, without a database name (env BENCH_PG_URL)."""
+    return os.environ.get("BENCH_PG_URL", "postgresql://postgres@127.0.0.1:5432").rstrip("/")
+
+
+def make_target(db: str, name: str, workdir: Path) -> Target:
+    """A fresh target named ``name`` (file ``name.db`` or database ``name``).
+
+    SQLite URLs are written relative (``sqlite:///name.db``) and the side runs with ``workdir`` as
+    its current directory, so the URL means the same file whether the engine reads the part after
+    ``sqlite:///`` as a relative path (durably) or as SQLAlchemy does (DBOS).
+    """
+    if db == "sqlite":
+        return Target(db, f"sqlite:///{name}.db", workdir / f"{name}.db", None, None)
+    if db == "postgres":
+        base = pg_base_url()
+        return Target(db, f"{base}/{name}", None, f"{base}/postgres", name)
+    raise SystemExit(f"unknown db {db!r} (use sqlite or postgres)")
+
+
+async def reset_target(t: Target) -> None:
+    """Delete the SQLite file(s) or drop and re-create the PostgreSQL database."""
+    if t.db == "sqlite":
+        assert t.sqlite_path is not None
+        for suffix in ("", "-wal", "-shm", "-journal"):
+            p = Path(str(t.sqlite_path) + suffix)
+            if p.exists():
+                p.unlink()
+        return
+    import asyncpg  # only the bench venv needs it
+
+    assert t.pg_admin_url is not None and t.pg_dbname is not None
+    conn = await asyncpg.connect(t.pg_admin_url)
+    try:
+        ident = '"' + t.pg_dbname.replace('"', '""') + '"'
+        await conn.execute(f"DROP DATABASE IF EXISTS {ident} WITH (FORCE)")
+        await conn.execute(f"CREATE DATABASE {ident}")
+    finally:
+        await conn.close()
+
+
+def peak_rss_mb() -> float:
+    """Peak resident set size of this process so far, in MiB (Linux reports KiB)."""
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0, 1)
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0..100) by nearest rank; values need not be sorted."""
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    k = max(0, min(len(s) - 1, math.ceil(q / 100.0 * len(s)) - 1))
+    return s[k]
+
+
+def latency_summary(samples_s: Sequence[float]) -> dict[str, float]:
+    ms = [x * 1000.0 for x in samples_s]
+    return {
+        "count": len(ms),
+        "p50_ms": round(statistics.median(ms), 3),
+        "p99_ms": round(percentile(ms, 99), 3),
+        "mean_ms": round(statistics.fmean(ms), 3),
+        "min_ms": round(min(ms), 3),
+        "max_ms": round(max(ms), 3),
+    }
+
+
+def emit(result: dict[str, Any]) -> None:
+    """Print the one JSON result line on stdout."""
+    result.setdefault("peak_rss_mb", peak_rss_mb())
+    sys.stdout.write(json.dumps(result, sort_keys=True) + "\n")
+    sys.stdout.flush()
+
+
+def side_parser(description: str) -> argparse.ArgumentParser:
+    """The command line every engine side accepts."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--db", choices=["sqlite", "postgres"], required=True)
+    p.add_argument("--name", default=None, help="database / file name (default: bench_<side>)")
+    p.add_argument("--workdir", default=".work", help="directory for SQLite files (cwd for the run)")
+    sub = p.add_subparsers(dest="scenario", required=True)
+    tp = sub.add_parser("throughput", help="N workflows of K trivial local steps started at once")
+    tp.add_argument("--n", type=int, default=500)
+    tp.add_argument("--k", type=int, default=5)
+    tp.add_argument("--warmup", type=int, default=20, help="workflows run (and not timed) first")
+    tp.add_argument("--timeout", type=float, default=600.0)
+    lt = sub.add_parser("latency", help="one one-step workflow at a time, start -> result")
+    lt.add_argument("--count", type=int, default=200)
+    lt.add_argument("--warmup", type=int, default=10)
+    lt.add_argument("--timeout", type=float, default=60.0, help="per workflow")
+    return p
+
+
+def prepare_workdir(path: str) -> Path:
+    wd = Path(path).resolve()
+    wd.mkdir(parents=True, exist_ok=True)
+    os.chdir(wd)
+    return wd
+
+
+async def timed_batch(
+    n: int,
+    start: Callable[[int], Awaitable[Any]],
+    wait: Callable[[Any], Awaitable[Any]],
+    timeout: float,
+) -> tuple[float, float, list[Any]]:
+    """Start n workflows at once, then await all of them.
+
+    Returns (seconds until every start returned, seconds until every result arrived, results).
+    """
+    t0 = time.perf_counter()
+    handles = await asyncio.wait_for(asyncio.gather(*(start(i) for i in range(n))), timeout)
+    t_started = time.perf_counter() - t0
+    results = await asyncio.wait_for(asyncio.gather(*(wait(h) for h in handles)), timeout)
+    return t_started, time.perf_counter() - t0, list(results)
+
+
+def throughput_result(n: int, k: int, t_started: float, elapsed: float) -> dict[str, Any]:
+    return {
+        "n": n,
+        "k": k,
+        "seconds": round(elapsed, 4),
+        "start_seconds": round(t_started, 4),
+        "workflows_per_s": round(n / elapsed, 2),
+        "steps_per_s": round(n * k / elapsed, 2),
+    }
+
+
+def error_result(base: dict[str, Any], exc: BaseException, *, skipped: bool = False) -> dict[str, Any]:
+    traceback.print_exc(file=sys.stderr)
+    msg = f"{type(exc).__name__}: {exc}".strip()
+    if len(msg) > 300:
+        msg = msg[:297] + "..."
+    out = dict(base)
+    out["error"] = msg
+    if skipped:
+        out["skipped"] = True
+    return out

@@ -1,0 +1,53 @@
+"""durably: durable execution for Python.
+
+Write a workflow as an ordinary ``async def``; every step's result is
+checkpointed, so a run survives crashes and deploys and never redoes finished
+work. Start here: :class:`Engine` and :class:`WorkflowContext`.
+"""
+
+from __future__ import annotations
+
+from .context import WorkflowContext
+from .durations import Duration
+from .engine import Engine, RunNotFound
+from .errors import (
+    DurablyError,
+    FatalError,
+    GatherFailed,
+    NondeterminismError,
+    RunCancelled,
+    SchemaValidationError,
+    SignalTimeout,
+    StepFailed,
+    WorkflowNotRegistered,
+    is_control_flow,
+)
+from .model import Checkpoint, CheckpointStatus, Run, RunResult, RunStatus
+from .retry import RetryPolicy
+from .stores import RunPage
+
+__all__ = [
+    "Checkpoint",
+    "CheckpointStatus",
+    "DurablyError",
+    "Duration",
+    "Engine",
+    "FatalError",
+    "GatherFailed",
+    "NondeterminismError",
+    "RetryPolicy",
+    "Run",
+    "RunCancelled",
+    "RunNotFound",
+    "RunPage",
+    "RunResult",
+    "RunStatus",
+    "SchemaValidationError",
+    "SignalTimeout",
+    "StepFailed",
+    "WorkflowContext",
+    "WorkflowNotRegistered",
+    "is_control_flow",
+]
+
+__version__ = "0.1.0"

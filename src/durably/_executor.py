@@ -1,0 +1,85 @@
+"""The in-process executor: at most N runs at once, the rest wait as ids."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable
+
+__all__ = ["RunExecutor"]
+
+_log = logging.getLogger("durably.executor")
+
+
+class RunExecutor:
+    """Executes ``handler(run_id)`` for submitted ids, ``limit`` at a time.
+
+    Waiting ids cost a string each, so a fan of thousands of runs does not
+    hold thousands of coroutines. An id already waiting is not queued twice.
+    """
+
+    def __init__(self, handler: Callable[[str], Awaitable[None]], limit: int) -> None:
+        self._handler = handler
+        self._limit = limit
+        self._waiting: deque[str] = deque()
+        self._waiting_ids: set[str] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._closed = False
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    @property
+    def busy(self) -> int:
+        """Runs executing now."""
+        return len(self._tasks)
+
+    @property
+    def waiting(self) -> int:
+        """Run ids waiting for a slot."""
+        return len(self._waiting)
+
+    def submit(self, run_id: str) -> None:
+        """Execute ``run_id`` when a slot is free (no-op once closed)."""
+        if self._closed or run_id in self._waiting_ids:
+            return
+        self._waiting.append(run_id)
+        self._waiting_ids.add(run_id)
+        self._pump()
+
+    def _pump(self) -> None:
+        while self._waiting and len(self._tasks) < self._limit:
+            run_id = self._waiting.popleft()
+            self._waiting_ids.discard(run_id)
+            task = asyncio.create_task(self._run(run_id), name=f"durably-run:{run_id}")
+            self._tasks.add(task)
+            self._idle.clear()
+
+    async def _run(self, run_id: str) -> None:
+        try:
+            await self._handler(run_id)
+        except Exception:
+            _log.exception("executing run %s failed", run_id)
+        finally:
+            self._tasks.discard(asyncio.current_task())  # type: ignore[arg-type]
+            self._pump()
+            if not self._tasks and not self._waiting:
+                self._idle.set()
+
+    async def join(self) -> None:
+        """Wait until nothing executes or waits."""
+        await self._idle.wait()
+
+    async def close(self, timeout: float) -> set[asyncio.Task[None]]:
+        """Stop taking work, drop waiting ids, wait up to ``timeout`` for the
+        running ones; return those still running."""
+        self._closed = True
+        self._waiting.clear()
+        self._waiting_ids.clear()
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=timeout)
+        return {t for t in self._tasks if not t.done()}
+
+    def reopen(self) -> None:
+        """Accept work again after :meth:`close`."""
+        self._closed = False

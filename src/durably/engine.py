@@ -1,0 +1,740 @@
+"""The Engine: the registry, the client API, turn orchestration and the worker loop.
+
+An application holds one ``Engine``. Client calls (``start``, ``signal``,
+``cancel``, ``wait_for_run``…) only read and write the store and hand run ids
+to the in-process executor; a *turn* leases a run, replays its body against
+one checkpoint snapshot (:mod:`durably.replay`), writes the outcome and
+releases the lease in one compare-and-set. The worker loop (``async with
+engine:`` or ``durably worker``) runs the periodic phases that keep every run
+moving: pending runs, orphan recovery, due timers, execution timeouts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+import re
+import socket
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
+from types import TracebackType
+from typing import Any, TypeVar
+
+from . import codec
+from ._executor import RunExecutor
+from .clock import Clock, SystemClock
+from .context import WorkflowContext, _Services
+from .durations import Duration, to_ms
+from .errors import DurablyError, SchemaValidationError, WorkflowNotRegistered
+from .model import TERMINAL_STATUSES, Checkpoint, Run, RunResult, RunStatus
+from .registry import Registry, WorkflowDef, takes_input
+from .replay import Turn, TurnEnd, TurnOutcome, error_info
+from .retry import RetryPolicy
+from .stores import RunChanges, RunPage, RunQuery, SettleResult, StateStore, open_store
+
+__all__ = ["Engine", "RunNotFound"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_log = logging.getLogger("durably")
+_WAKEABLE = frozenset({RunStatus.PENDING, RunStatus.SUSPENDED})
+_LIVE = frozenset({RunStatus.PENDING, RunStatus.RUNNING, RunStatus.SUSPENDED, RunStatus.BLOCKED})
+_CONTINUATION = re.compile(r"^(.*)~(\d+)$")
+
+
+class RunNotFound(DurablyError, LookupError):
+    """No run has the given id."""
+
+    code = "run_not_found"
+
+
+class Engine:
+    """A durable-execution engine embedded in this process.
+
+    Args:
+        store: a store URL (``sqlite:///durably.db``, ``memory://``,
+            ``postgresql://…``) or a store object. Defaults to the
+            ``DURABLY_DATABASE_URL`` environment variable, else ``./durably.db``.
+        namespace: the pool this engine's runs belong to.
+        lease: how long a turn's lease lasts without renewal (renewed every half).
+        reconcile: the fallback wake of a run waiting on someone else (a
+            signal), so a wake lost to a crash cannot strand it. ``0`` disables.
+        max_recovery_attempts: crash recoveries of one run before it is ``dead``.
+        max_concurrent_runs: turns executing at once in this process.
+        poll_interval: seconds between worker-loop ticks.
+        timer_batch_size: due timers loaded per tick.
+        track_start: write a ``running`` checkpoint before each local step.
+        drive: execute runs in this process; ``False`` only creates them.
+        instance_id: this process's lease owner id. Give a stable, unique id
+            (e.g. a pod name) and a restarted process reclaims the runs its
+            previous incarnation held at once, instead of after the lease.
+        clock: the time source (a :class:`durably.testing.VirtualClock` in tests).
+        drain_timeout: seconds ``async with`` waits for turns on exit.
+    """
+
+    def __init__(
+        self,
+        store: str | StateStore | None = None,
+        *,
+        namespace: str = "default",
+        clock: Clock | None = None,
+        lease: Duration = "30s",
+        reconcile: Duration = "5m",
+        max_recovery_attempts: int = 5,
+        max_concurrent_runs: int = 256,
+        poll_interval: float = 1.0,
+        timer_batch_size: int = 500,
+        track_start: bool = True,
+        drive: bool = True,
+        instance_id: str | None = None,
+        drain_timeout: float = 10.0,
+        step_threads: int = 32,
+    ) -> None:
+        target = store if store is not None else os.environ.get("DURABLY_DATABASE_URL")
+        self.store: StateStore = open_store(target or "sqlite:///durably.db")
+        """The state store runs live in."""
+        self.namespace = namespace
+        """The pool this engine's runs belong to."""
+        self.clock: Clock = clock or SystemClock()
+        """The engine's time source."""
+        self.instance_id = instance_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        """The lease owner id of this process."""
+        self.lease_ms = to_ms(lease, name="lease")
+        if self.lease_ms < 100:
+            raise ValueError("lease must be at least 100ms")
+        self.reconcile_ms = to_ms(reconcile, name="reconcile")
+        if max_recovery_attempts < 0 or max_concurrent_runs < 1 or timer_batch_size < 1:
+            raise ValueError(
+                "max_recovery_attempts must be >= 0, max_concurrent_runs and "
+                "timer_batch_size >= 1"
+            )
+        self.max_recovery_attempts = max_recovery_attempts
+        self.poll_interval = poll_interval
+        self.timer_batch_size = timer_batch_size
+        self.drive = drive
+        self.drain_timeout = drain_timeout
+        self._stable_instance_id = instance_id is not None
+        self._registry = Registry()
+        self._threads = ThreadPoolExecutor(max_workers=step_threads, thread_name_prefix="durably-step")
+        self._services = _Services(
+            store=self.store,
+            clock=self.clock,
+            threads=self._threads,
+            track_start=track_start,
+            default_retry=RetryPolicy(),
+            logger=logging.getLogger("durably.workflow"),
+        )
+        self._executor: RunExecutor | None = None
+        self._executor_limit = max_concurrent_runs
+        self._active: dict[str, Turn] = {}
+        self._watchers: dict[str, list[asyncio.Future[None]]] = {}
+        self._opened = False
+        self._open_lock: asyncio.Lock | None = None
+        self._loop_task: asyncio.Task[None] | None = None
+        self._loop_wake: asyncio.Event | None = None
+        self._draining = False
+
+    # -- registration ---------------------------------------------------------------------
+
+    def workflow(
+        self,
+        name: str,
+        *,
+        version: str = "1",
+        input: Any = None,
+        execution_timeout: Duration | None = None,
+    ) -> Callable[[F], F]:
+        """Decorator registering ``async def fn(ctx, input)`` as workflow ``name``.
+
+        ``input`` may be a pydantic model, a dataclass or any callable that
+        converts/validates the input; ``start`` rejects invalid input before a
+        run exists. ``execution_timeout`` cancels runs older than that.
+        """
+
+        def decorate(fn: F) -> F:
+            self.register(
+                name, fn, version=version, input=input, execution_timeout=execution_timeout
+            )
+            return fn
+
+        return decorate
+
+    def register(
+        self,
+        name: str,
+        fn: Callable[..., Any],
+        *,
+        version: str = "1",
+        input: Any = None,
+        execution_timeout: Duration | None = None,
+    ) -> None:
+        """Register ``fn`` as version ``version`` of workflow ``name``.
+
+        Register several versions side by side during a breaking change: runs
+        replay on the version they started with; new runs take the version
+        registered last.
+        """
+        if not isinstance(name, str) or not name:
+            raise ValueError("a workflow needs a non-empty name")
+        self._registry.add(
+            WorkflowDef(
+                name=name,
+                version=str(version),
+                fn=fn,
+                input_type=input,
+                execution_timeout_ms=(
+                    None
+                    if execution_timeout is None
+                    else to_ms(execution_timeout, name="execution_timeout")
+                ),
+                takes_input=takes_input(fn),
+            )
+        )
+
+    @property
+    def workflows(self) -> list[str]:
+        """Names of the registered workflows."""
+        return self._registry.names()
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        """Connect the store and migrate its schema (done lazily by every call)."""
+        if self._opened:
+            return
+        if self._open_lock is None:
+            self._open_lock = asyncio.Lock()
+        async with self._open_lock:
+            if self._opened:
+                return
+            await self.store.open()
+            self._executor = RunExecutor(self._execute, self._executor_limit)
+            self._opened = True
+            if self._stable_instance_id:
+                # Our previous incarnation's turns died with it; no one else can
+                # hold our id, so reclaim its runs now rather than after the lease.
+                await self._expire_own_leases()
+
+    async def close(self) -> None:
+        """Drain, stop the worker loop and close the store."""
+        if not self._opened:
+            return
+        await self.drain(self.drain_timeout)
+        self._opened = False
+        await self.store.close()
+        self._threads.shutdown(wait=False, cancel_futures=True)
+
+    async def __aenter__(self) -> Engine:
+        await self.start_worker()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def start_worker(self) -> None:
+        """Open the engine and start the background worker loop."""
+        await self.open()
+        self._draining = False
+        if self._executor is not None:
+            self._executor.reopen()
+        if self._loop_task is None and self.drive:
+            self._loop_wake = asyncio.Event()
+            self._loop_task = asyncio.create_task(self._worker_loop(), name="durably-worker")
+
+    async def drain(self, timeout: float | None = None) -> None:
+        """Stop taking work, let running turns finish for up to ``timeout``
+        seconds, then hand the runs still executing back as ``pending``."""
+        self._draining = True
+        task, self._loop_task = self._loop_task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        if self._executor is None:
+            return
+        bound = self.drain_timeout if timeout is None else timeout
+        still_running = await self._executor.close(bound)
+        for turn in list(self._active.values()):
+            turn.close("drain")
+        if still_running:
+            await asyncio.wait(still_running, timeout=5.0)
+
+    # -- client API -----------------------------------------------------------------------
+
+    async def start(
+        self,
+        workflow: str,
+        input: Any = None,
+        *,
+        run_id: str | None = None,
+        start_at: datetime | Duration | None = None,
+        tags: list[str] | None = None,
+        priority: int = 0,
+        version: str | None = None,
+    ) -> Run:
+        """Create a run and return at once; the body runs on an executor.
+
+        Idempotent by ``run_id``: starting an id that exists returns that run
+        (and re-dispatches it if still pending). ``start_at`` (an aware
+        datetime, or a delay) creates the run suspended until then. Raises
+        :class:`WorkflowNotRegistered` or :class:`SchemaValidationError`
+        before anything is stored.
+        """
+        definition = self._registry.get(workflow, version)
+        stored_input = definition.validate_input(input) if definition.takes_input else None
+        if definition.takes_input is False and input is not None:
+            raise SchemaValidationError(f"workflow {workflow!r} takes no input")
+        if run_id is not None and (not isinstance(run_id, str) or not run_id):
+            raise ValueError("run_id must be a non-empty string")
+        clean_tags = _check_tags(tags)
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise ValueError("priority must be an int")
+        await self.open()
+        now = self.clock.now_ms()
+        wake_at = _start_time(start_at, now)
+        status = RunStatus.SUSPENDED if wake_at is not None and wake_at > now else RunStatus.PENDING
+        run = Run(
+            run_id=run_id or uuid.uuid4().hex,
+            workflow=definition.name,
+            workflow_version=definition.version,
+            status=status,
+            input=stored_input,
+            namespace=self.namespace,
+            tags=clean_tags,
+            priority=priority,
+            wake_at=wake_at if status is RunStatus.SUSPENDED else None,
+            deadline_at=(
+                now + definition.execution_timeout_ms
+                if definition.execution_timeout_ms is not None
+                else None
+            ),
+            created_at=now,
+            updated_at=now,
+        )
+        stored, _created = await self.store.create_run(run)
+        if stored.status is RunStatus.PENDING:
+            self._dispatch(stored.run_id)
+        return stored
+
+    async def signal(self, token: str, payload: Any = None) -> str | None:
+        """Deliver ``payload`` to the run waiting on ``token``.
+
+        Returns the id of the run that received it and is being woken, or
+        ``None`` when no run waits yet: then the signal is buffered and the
+        first ``wait_for_signal(token)`` consumes it.
+        """
+        if not isinstance(token, str) or not token:
+            raise ValueError("a signal token must be a non-empty string")
+        try:
+            codec.dumps(payload)
+        except (TypeError, ValueError) as exc:
+            raise SchemaValidationError(f"signal payload cannot be stored as JSON: {exc}") from exc
+        await self.open()
+        run_id = await self.store.send_signal(token, payload, self.clock.now_ms())
+        if run_id is not None:
+            await self._wake(run_id)
+        return run_id
+
+    async def cancel(self, run_id: str) -> RunStatus:
+        """Cancel a run; return its status from before the call.
+
+        A terminal run is left alone (its status is returned). A turn running
+        in this process stops at its next ``ctx`` call; one running elsewhere
+        is fenced when it next writes or renews its lease.
+        """
+        await self.open()
+        run = await self._require(run_id)
+        while run.status not in TERMINAL_STATUSES:
+            error = {"message": "cancelled", "code": "cancelled", "type": "RunCancelled"}
+            if await self._set_terminal(run, RunStatus.CANCELLED, error):
+                return run.status
+            run = await self._require(run_id)
+        return run.status
+
+    async def wait_for_run(
+        self, run_id: str, *, terminal: bool = False, timeout: float | None = None
+    ) -> RunResult:
+        """Wait until the run settles and return its :class:`RunResult`.
+
+        Settled means terminal or suspended; with ``terminal=True`` only a
+        terminal status counts. Never raises for a failed run. ``timeout``
+        (seconds) raises :class:`TimeoutError` and leaves the run alone.
+        """
+        await self.open()
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        poll = 0.01
+        while True:
+            future: asyncio.Future[None] = loop.create_future()
+            self._watchers.setdefault(run_id, []).append(future)
+            try:
+                run = await self._require(run_id)
+                if run.status in TERMINAL_STATUSES or (
+                    not terminal and run.status in (RunStatus.SUSPENDED, RunStatus.BLOCKED)
+                ):
+                    return RunResult(run.run_id, run.status, run.output, run.error)
+                wait = poll
+                if deadline is not None:
+                    remaining = deadline - loop.time()
+                    if remaining <= 0:
+                        raise TimeoutError(f"wait_for_run({run_id!r}) timed out")
+                    wait = min(wait, remaining)
+                await asyncio.wait({future}, timeout=wait)
+                poll = min(poll * 2, 0.5)
+            finally:
+                watchers = self._watchers.get(run_id)
+                if watchers is not None:
+                    if future in watchers:
+                        watchers.remove(future)
+                    if not watchers:
+                        del self._watchers[run_id]
+
+    async def get_run(self, run_id: str) -> Run | None:
+        """The run, or ``None``."""
+        await self.open()
+        return await self.store.get_run(run_id)
+
+    async def list_runs(
+        self,
+        *,
+        status: RunStatus | str | None = None,
+        workflow: str | None = None,
+        tag: str | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> RunPage:
+        """Runs newest first, filtered; pass ``page.next_cursor`` for the next page."""
+        if not 1 <= limit <= 1000:
+            raise ValueError("limit must be between 1 and 1000")
+        await self.open()
+        query = RunQuery(
+            status=RunStatus(status) if status is not None else None,
+            workflow=workflow,
+            tag=tag,
+            limit=limit,
+            cursor=cursor,
+        )
+        return await self.store.list_runs(query)
+
+    async def history(self, run_id: str) -> list[Checkpoint]:
+        """The run's checkpoints in seq order: its step timeline."""
+        await self.open()
+        await self._require(run_id)
+        return list((await self.store.load_checkpoints(run_id)).values())
+
+    async def delete_run(self, run_id: str) -> bool:
+        """Delete a terminal run and its history; ``False`` if it did not exist."""
+        await self.open()
+        run = await self.store.get_run(run_id)
+        if run is None:
+            return False
+        if run.status not in TERMINAL_STATUSES:
+            raise DurablyError(f"run {run_id!r} is {run.status}; cancel it before deleting it")
+        return await self.store.delete_run(run_id)
+
+    # -- worker primitives ----------------------------------------------------------------
+
+    async def run_one(self, run_id: str) -> bool:
+        """Lease and execute one turn of ``run_id`` now; ``False`` if it is not
+        runnable here (leased elsewhere, terminal, or the engine is draining)."""
+        await self.open()
+        if self._draining:
+            return False
+        run = await self._acquire(run_id)
+        if run is None:
+            return False
+        await self._drive(run)
+        return True
+
+    async def run_pending(self, limit: int = 100) -> int:
+        """Hand pending runs to the executor; return how many."""
+        await self.open()
+        ids = await self.store.list_pending(self.clock.now_ms(), limit)
+        for run_id in ids:
+            self._dispatch(run_id)
+        return len(ids)
+
+    async def recover_incomplete(self, limit: int = 100) -> int:
+        """Reclaim runs whose executor died (lease expired while ``running``).
+
+        Each recovery is counted; past ``max_recovery_attempts`` the run is
+        ``dead``. Returns how many runs were reclaimed.
+        """
+        await self.open()
+        now = self.clock.now_ms()
+        recovered = 0
+        for run_id in await self.store.list_orphans(now, limit):
+            status = await self.store.recover_orphan(run_id, now, self.max_recovery_attempts)
+            if status is None:
+                continue
+            recovered += 1
+            if status is RunStatus.PENDING:
+                _log.info("recovered orphaned run %s", run_id)
+                self._dispatch(run_id)
+            else:
+                _log.warning("run %s crashed too often; it is now %s", run_id, status)
+                self._notify(run_id)
+        return recovered
+
+    async def resume_due_timers(self) -> int:
+        """Wake suspended runs whose timer is due: at most ``timer_batch_size``
+        per call, most overdue first, walked in shuffled order, each claimed
+        before it is woken so other instances do not wake it too."""
+        await self.open()
+        now = self.clock.now_ms()
+        ids = await self.store.list_due(now, self.timer_batch_size)
+        random.shuffle(ids)
+        woken = 0
+        for run_id in ids:
+            if await self.store.claim_due(run_id, now, now + self.lease_ms):
+                woken += 1
+                self._dispatch(run_id)
+        return woken
+
+    async def sweep_timeouts(self, limit: int = 100) -> int:
+        """Cancel runs past their workflow's ``execution_timeout``."""
+        await self.open()
+        swept = 0
+        for run_id in await self.store.list_expired(self.clock.now_ms(), limit):
+            run = await self.store.get_run(run_id)
+            if run is None or run.status in TERMINAL_STATUSES:
+                continue
+            error = {
+                "message": "the run exceeded its execution timeout",
+                "code": "execution_timeout",
+                "type": "ExecutionTimeout",
+            }
+            if await self._set_terminal(run, RunStatus.CANCELLED, error):
+                swept += 1
+        return swept
+
+    async def tick(self) -> None:
+        """One pass of every worker phase; a failing phase never stops the others."""
+        for phase in (
+            self.recover_incomplete,
+            self.resume_due_timers,
+            self.run_pending,
+            self.sweep_timeouts,
+        ):
+            try:
+                await phase()
+            except Exception:
+                _log.exception("worker phase %s failed", phase.__name__)
+
+    async def join(self) -> None:
+        """Wait until this process executes no turn and has none waiting."""
+        if self._executor is not None:
+            await self._executor.join()
+
+    # -- turns ----------------------------------------------------------------------------
+
+    def _dispatch(self, run_id: str) -> None:
+        if self.drive and not self._draining and self._executor is not None:
+            self._executor.submit(run_id)
+
+    async def _wake(self, run_id: str) -> None:
+        if self.drive and not self._draining:
+            self._dispatch(run_id)
+        else:
+            # Nobody here will run it: make sure whoever polls sees it due.
+            await self.store.request_wake(run_id, self.clock.now_ms())
+
+    async def _execute(self, run_id: str) -> None:
+        run = await self._acquire(run_id)
+        if run is not None:
+            await self._drive(run)
+
+    async def _acquire(self, run_id: str) -> Run | None:
+        now = self.clock.now_ms()
+        run = await self.store.acquire_run(
+            run_id, self.instance_id, now, now + self.lease_ms, _WAKEABLE
+        )
+        if run is not None:
+            return run
+        current = await self.store.get_run(run_id)
+        if current is None or current.status is not RunStatus.RUNNING:
+            return None
+        # Someone holds the lease: leave a stamp so the holder runs one more
+        # turn instead of letting go. If it let go before the stamp landed,
+        # the run is free now and the retry below takes it.
+        if not await self.store.request_wake(run_id, now):
+            return None
+        now = self.clock.now_ms()
+        return await self.store.acquire_run(
+            run_id, self.instance_id, now, now + self.lease_ms, _WAKEABLE
+        )
+
+    async def _drive(self, run: Run) -> None:
+        current: Run | None = run
+        while current is not None:
+            outcome = await self._turn(current)
+            current = await self._settle(current, outcome)
+
+    async def _turn(self, run: Run) -> TurnOutcome:
+        try:
+            definition = self._registry.get(run.workflow, run.workflow_version)
+        except WorkflowNotRegistered as exc:
+            return TurnOutcome(TurnEnd.FAILED, error=error_info(exc))
+        checkpoints = await self.store.load_checkpoints(run.run_id)
+        turn = Turn(run, checkpoints, self.instance_id, self.clock.now_ms, self.reconcile_ms)
+        ctx = WorkflowContext(turn, self._services)
+        self._active[run.run_id] = turn
+        renewer = asyncio.create_task(self._renew(turn))
+        try:
+            try:
+                value = definition.parse_input(run.input)
+            except SchemaValidationError as exc:
+                return TurnOutcome(TurnEnd.FAILED, error=error_info(exc))
+            if definition.takes_input:
+                return await turn.execute(lambda: definition.fn(ctx, value))
+            return await turn.execute(lambda: definition.fn(ctx))
+        finally:
+            renewer.cancel()
+            if self._active.get(run.run_id) is turn:
+                del self._active[run.run_id]
+
+    async def _renew(self, turn: Turn) -> None:
+        interval = self.lease_ms / 2000
+        while not turn.closed:
+            await self.clock.sleep(interval)
+            if turn.closed:
+                return
+            try:
+                held = await self.store.renew_lease(
+                    turn.run.run_id, self.instance_id, self.clock.now_ms() + self.lease_ms
+                )
+            except Exception:
+                _log.exception("renewing the lease of run %s failed", turn.run.run_id)
+                continue
+            if not held:
+                _log.warning("lost the lease of run %s; fencing its turn", turn.run.run_id)
+                turn.close("fenced")
+                return
+
+    async def _settle(self, run: Run, outcome: TurnOutcome) -> Run | None:
+        """Write the turn's outcome; return the run if it must take another turn."""
+        run_id, now = run.run_id, self.clock.now_ms()
+        if outcome.end is TurnEnd.CLOSED:
+            turn_reason = "drain" if self._draining else ""
+            if turn_reason == "drain":
+                await self.store.release_run(run_id, self.instance_id, now)
+            return None
+        if outcome.end is TurnEnd.CONTINUED:
+            next_run = await self._continue_as_new(run, outcome.output)
+            status, changes = RunStatus.COMPLETED, RunChanges(output={"continued_as": next_run})
+        elif outcome.end is TurnEnd.COMPLETED:
+            status, changes = RunStatus.COMPLETED, RunChanges(output=outcome.output)
+        elif outcome.end is TurnEnd.FAILED:
+            status, changes = RunStatus.FAILED, RunChanges(error=outcome.error)
+        else:
+            status, changes = RunStatus.SUSPENDED, RunChanges(wake_at=outcome.wake_at)
+        result = await self.store.settle_run(run_id, self.instance_id, status, changes, now)
+        if result is SettleResult.WAKE_REQUESTED:
+            return await self.store.continue_turn(run_id, self.instance_id, now + self.lease_ms)
+        if result is SettleResult.SETTLED:
+            if status is RunStatus.FAILED and outcome.error:
+                _log.warning(
+                    "run %s (%s) failed: %s", run_id, run.workflow, outcome.error.get("message")
+                )
+            self._notify(run_id)
+        return None
+
+    async def _continue_as_new(self, run: Run, new_input: Any) -> str:
+        match = _CONTINUATION.match(run.run_id)
+        base, number = (match.group(1), int(match.group(2))) if match else (run.run_id, 0)
+        next_id = f"{base}~{number + 1}"
+        definition = self._registry.get(run.workflow)
+        now = self.clock.now_ms()
+        # Persisted before this run completes, so a crash in between never
+        # loses the chain: the next link already exists and is pending.
+        await self.store.create_run(
+            run.replace(
+                run_id=next_id,
+                workflow_version=definition.version,
+                status=RunStatus.PENDING,
+                input=new_input,
+                output=None,
+                error=None,
+                wake_at=None,
+                wake_requested_at=None,
+                locked_by=None,
+                locked_until=None,
+                recovery_attempts=0,
+                created_at=now,
+                updated_at=now,
+                deadline_at=(
+                    now + definition.execution_timeout_ms
+                    if definition.execution_timeout_ms is not None
+                    else None
+                ),
+            )
+        )
+        self._dispatch(next_id)
+        return next_id
+
+    async def _set_terminal(self, run: Run, status: RunStatus, error: dict[str, Any]) -> bool:
+        changed = await self.store.update_run_if(
+            run.run_id,
+            frozenset({run.status}),
+            {"status": status.value, "error": error, "wake_at": None},
+            self.clock.now_ms(),
+        )
+        if changed:
+            turn = self._active.get(run.run_id)
+            if turn is not None:
+                turn.close(status.value)
+            self._notify(run.run_id)
+        return changed
+
+    async def _expire_own_leases(self) -> None:
+        now = self.clock.now_ms()
+        page = await self.store.list_runs(RunQuery(status=RunStatus.RUNNING, limit=1000))
+        for run in page.runs:
+            if run.locked_by == self.instance_id:
+                await self.store.update_run_if(
+                    run.run_id, frozenset({RunStatus.RUNNING}), {"locked_until": 0}, now
+                )
+
+    async def _worker_loop(self) -> None:
+        while True:
+            await self.tick()
+            await asyncio.sleep(self.poll_interval)
+
+    # -- helpers --------------------------------------------------------------------------
+
+    def _notify(self, run_id: str) -> None:
+        for future in self._watchers.get(run_id, ()):
+            if not future.done():
+                future.set_result(None)
+
+    async def _require(self, run_id: str) -> Run:
+        run = await self.store.get_run(run_id)
+        if run is None:
+            raise RunNotFound(f"no run with id {run_id!r}")
+        return run
+
+
+def _check_tags(tags: list[str] | None) -> list[str]:
+    if tags is None:
+        return []
+    if isinstance(tags, str) or not all(isinstance(t, str) and t for t in tags):
+        raise ValueError("tags must be a list of non-empty strings")
+    return list(dict.fromkeys(tags))
+
+
+def _start_time(start_at: datetime | Duration | None, now: int) -> int | None:
+    if start_at is None:
+        return None
+    if isinstance(start_at, datetime):
+        if start_at.tzinfo is None:
+            raise ValueError("start_at must be a timezone-aware datetime")
+        return int(start_at.timestamp() * 1000)
+    return now + to_ms(start_at, name="start_at")

@@ -1,0 +1,150 @@
+"""The exceptions durably raises, and the ones workflow authors raise themselves.
+
+Two families live here. *Errors* (subclasses of :class:`DurablyError`) are real
+failures a caller may catch. *Control flow* (subclasses of :class:`_ControlFlow`)
+is how the engine stops a workflow body; it derives from ``BaseException`` so a
+body's ``except Exception:`` cannot swallow it and keep running on a turn that
+has already ended.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "DurablyError",
+    "FatalError",
+    "GatherFailed",
+    "NondeterminismError",
+    "RunCancelled",
+    "SchemaValidationError",
+    "SignalTimeout",
+    "StepFailed",
+    "WorkflowNotRegistered",
+    "is_control_flow",
+]
+
+
+class DurablyError(Exception):
+    """Base class of every error durably raises."""
+
+    code: str = "error"
+
+
+class FatalError(DurablyError):
+    """Raise from a step to fail it without further retries.
+
+    Use it for business failures that no retry can fix (a declined card, an
+    invalid address). ``code`` and ``details`` travel with the failure and are
+    stored on the run, so callers and dashboards can route on them.
+    """
+
+    def __init__(self, message: str, code: str | None = None, details: Any = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code or "fatal"
+        self.details = details
+
+
+class StepFailed(DurablyError):
+    """A step ran out of attempts (or raised :class:`FatalError`).
+
+    Raised inside the workflow body at the ``await`` of the step, so the body
+    may catch it and decide what to do next.
+    """
+
+    def __init__(
+        self,
+        step: str,
+        message: str,
+        code: str | None = None,
+        details: Any = None,
+        attempts: int = 0,
+    ) -> None:
+        super().__init__(f"step {step!r} failed: {message}")
+        self.step = step
+        self.message = message
+        self.code = code or "step_failed"
+        self.details = details
+        self.attempts = attempts
+
+
+class GatherFailed(DurablyError):
+    """One or more branches of ``ctx.all`` failed; ``failures`` lists every one."""
+
+    code = "gather_failed"
+
+    def __init__(self, failures: list[tuple[int, BaseException]]) -> None:
+        summary = "; ".join(f"[{i}] {e}" for i, e in failures)
+        super().__init__(f"{len(failures)} branch(es) failed: {summary}")
+        self.failures = failures
+
+
+class SignalTimeout(DurablyError):
+    """``ctx.wait_for_signal`` (or ``wait_for_event``) reached its timeout."""
+
+    code = "signal_timeout"
+
+    def __init__(self, token: str) -> None:
+        super().__init__(f"timed out waiting for signal {token!r}")
+        self.token = token
+
+
+class NondeterminismError(DurablyError):
+    """Replay found a different operation at a position than history recorded.
+
+    The workflow body changed (or depends on something outside ``ctx``) in a way
+    that makes its recorded history unusable. Register the new body under a new
+    version, or guard the change with ``ctx.patched``.
+    """
+
+    code = "nondeterminism"
+
+
+class RunCancelled(DurablyError):
+    """The run was cancelled while the body was executing."""
+
+    code = "cancelled"
+
+
+class WorkflowNotRegistered(DurablyError):
+    """``start`` named a workflow (or version) this engine does not know."""
+
+    code = "workflow_not_registered"
+
+
+class SchemaValidationError(DurablyError):
+    """A workflow's input failed its declared ``input=`` model or validator."""
+
+    code = "schema_validation"
+
+    def __init__(self, message: str, details: Any = None) -> None:
+        super().__init__(message)
+        self.details = details
+
+
+class _ControlFlow(BaseException):  # noqa: N818 - control flow, not an error
+    """Stops a workflow body; never a failure of the run."""
+
+
+class _TurnClosed(_ControlFlow):
+    """The turn ended (suspended, fenced or cancelled); the body must stop."""
+
+
+class _ContinueAsNew(_ControlFlow):
+    """The body asked to continue as a new run with ``input``."""
+
+    def __init__(self, input: Any) -> None:
+        super().__init__("continue as new")
+        self.input = input
+
+
+def is_control_flow(exc: BaseException) -> bool:
+    """Tell the engine's suspend/continue signals apart from real failures.
+
+    A body that wraps steps in a broad ``try/except BaseException`` must
+    re-raise when this returns ``True``.
+    """
+    import asyncio
+
+    return isinstance(exc, _ControlFlow | asyncio.CancelledError)

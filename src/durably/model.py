@@ -1,0 +1,132 @@
+"""The data durably stores: runs, checkpoints, statuses and results."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+__all__ = [
+    "TERMINAL_STATUSES",
+    "Checkpoint",
+    "CheckpointStatus",
+    "ErrorInfo",
+    "Run",
+    "RunResult",
+    "RunStatus",
+]
+
+ErrorInfo = dict[str, Any]
+"""A stored failure: ``{"message": str, "code": str, "type": str, "details": Any}``."""
+
+
+class RunStatus(StrEnum):
+    """Where a run is in its life."""
+
+    PENDING = "pending"
+    """Created, waiting for an executor to take it."""
+    RUNNING = "running"
+    """Leased by an executor; the body is executing a turn."""
+    SUSPENDED = "suspended"
+    """Waiting on a timer, a signal, a dispatched step or a child."""
+    BLOCKED = "blocked"
+    """No capable worker or no admission; polled again later."""
+    COMPLETED = "completed"
+    """The body returned; ``output`` holds its value."""
+    FAILED = "failed"
+    """The body raised; ``error`` holds the failure. Can be retried."""
+    CANCELLED = "cancelled"
+    """Cancelled by a caller or by the execution-timeout sweep."""
+    DEAD = "dead"
+    """Gave up after crashing ``max_recovery_attempts`` times. Can be retried."""
+
+    @property
+    def is_terminal(self) -> bool:
+        """True for completed, failed, cancelled and dead."""
+        return self in TERMINAL_STATUSES
+
+
+TERMINAL_STATUSES = frozenset(
+    {RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.DEAD}
+)
+
+
+class CheckpointStatus(StrEnum):
+    """The state of one recorded operation."""
+
+    PENDING = "pending"
+    """Parked: a timer, signal wait, dispatched step or child not yet settled."""
+    RUNNING = "running"
+    """A local step started but has not finished (re-run on replay)."""
+    COMPLETED = "completed"
+    """Finished; replay returns ``output`` without executing again."""
+    FAILED = "failed"
+    """Finished with ``error``; replay raises it again."""
+
+
+@dataclass(slots=True)
+class Run:
+    """One execution of a workflow, as stored."""
+
+    run_id: str
+    workflow: str
+    workflow_version: str
+    status: RunStatus
+    input: Any = None
+    output: Any = None
+    error: ErrorInfo | None = None
+    namespace: str = "default"
+    parent_id: str | None = None
+    tags: list[str] = field(default_factory=list)
+    priority: int = 0
+    wake_at: int | None = None
+    wake_requested_at: int | None = None
+    locked_by: str | None = None
+    locked_until: int | None = None
+    recovery_attempts: int = 0
+    deadline_at: int | None = None
+    created_at: int = 0
+    updated_at: int = 0
+
+    def replace(self, **changes: Any) -> Run:
+        """Return a copy with ``changes`` applied."""
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass(slots=True)
+class Checkpoint:
+    """The recorded outcome of one ``ctx`` operation at position ``seq``."""
+
+    run_id: str
+    seq: int
+    name: str
+    kind: str
+    status: CheckpointStatus
+    input: Any = None
+    output: Any = None
+    error: ErrorInfo | None = None
+    attempts: int = 0
+    wake_at: int | None = None
+    started_at: int | None = None
+    finished_at: int | None = None
+
+    @property
+    def step_id(self) -> str:
+        """The stable id handlers can deduplicate on: ``<run_id>:<seq>``."""
+        return f"{self.run_id}:{self.seq}"
+
+
+@dataclass(frozen=True, slots=True)
+class RunResult:
+    """What ``wait_for_run`` returns. It never raises for a failed run: check ``status``."""
+
+    run_id: str
+    status: RunStatus
+    output: Any = None
+    error: ErrorInfo | None = None
+
+    @property
+    def ok(self) -> bool:
+        """True when the run completed."""
+        return self.status is RunStatus.COMPLETED

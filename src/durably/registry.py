@@ -1,0 +1,126 @@
+"""Registered workflows: name → version → definition, and their input contracts."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from . import codec
+from .errors import SchemaValidationError, WorkflowNotRegistered
+
+__all__ = ["Registry", "WorkflowDef"]
+
+WorkflowFn = Callable[..., Any]
+
+
+@dataclass(frozen=True, slots=True)
+class WorkflowDef:
+    """One registered version of a workflow."""
+
+    name: str
+    version: str
+    fn: WorkflowFn
+    input_type: Any = None
+    execution_timeout_ms: int | None = None
+    takes_input: bool = True
+
+    def validate_input(self, value: Any) -> Any:
+        """Check ``value`` against the declared input and return it as JSON data.
+
+        Raises :class:`SchemaValidationError` for anything the declared type
+        rejects or that cannot be stored as JSON.
+        """
+        parsed = self.parse_input(value)
+        try:
+            return codec.to_jsonable(parsed)
+        except (TypeError, ValueError) as exc:
+            raise SchemaValidationError(
+                f"input of workflow {self.name!r} cannot be stored as JSON: {exc}"
+            ) from exc
+
+    def parse_input(self, value: Any) -> Any:
+        """Convert stored JSON back into the declared input type."""
+        kind = self.input_type
+        if kind is None:
+            return value
+        try:
+            validate = getattr(kind, "model_validate", None)
+            if callable(validate):
+                return validate(value)
+            if isinstance(kind, type) and dataclasses.is_dataclass(kind):
+                if isinstance(value, kind):
+                    return value
+                if not isinstance(value, dict):
+                    raise TypeError(f"expected an object for {kind.__name__}")
+                return kind(**value)
+            return kind(value)
+        except Exception as exc:
+            details = None
+            errors = getattr(exc, "errors", None)
+            if callable(errors):
+                try:
+                    details = codec.to_jsonable(errors())
+                except Exception:
+                    details = None
+            raise SchemaValidationError(
+                f"invalid input for workflow {self.name!r}: {exc}", details
+            ) from exc
+
+
+class Registry:
+    """Workflows by name and version; the last version registered is the default."""
+
+    def __init__(self) -> None:
+        self._by_name: dict[str, dict[str, WorkflowDef]] = {}
+
+    def add(self, definition: WorkflowDef) -> None:
+        """Register ``definition``; a duplicate name and version is an error."""
+        if not inspect.iscoroutinefunction(definition.fn):
+            raise TypeError(
+                f"workflow {definition.name!r} must be an 'async def' function "
+                "taking (ctx, input)"
+            )
+        versions = self._by_name.setdefault(definition.name, {})
+        if definition.version in versions and versions[definition.version].fn is not definition.fn:
+            raise ValueError(
+                f"workflow {definition.name!r} version {definition.version!r} is already registered"
+            )
+        versions.pop(definition.version, None)
+        versions[definition.version] = definition
+
+    def get(self, name: str, version: str | None = None) -> WorkflowDef:
+        """The definition for ``name`` (at ``version``, or the default version)."""
+        versions = self._by_name.get(name)
+        if not versions:
+            known = ", ".join(sorted(self._by_name)) or "none"
+            raise WorkflowNotRegistered(
+                f"workflow {name!r} is not registered (registered: {known})"
+            )
+        if version is None:
+            return next(reversed(versions.values()))
+        found = versions.get(version)
+        if found is None:
+            raise WorkflowNotRegistered(
+                f"workflow {name!r} version {version!r} is not registered "
+                f"(registered versions: {', '.join(versions)})"
+            )
+        return found
+
+    def names(self) -> list[str]:
+        """Registered workflow names."""
+        return sorted(self._by_name)
+
+
+def takes_input(fn: WorkflowFn) -> bool:
+    """Whether ``fn`` accepts an input argument after ``ctx``."""
+    params = [
+        p
+        for p in inspect.signature(fn).parameters.values()
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)
+    ]
+    if not params:
+        raise TypeError(f"workflow function {fn.__name__!r} must take a ctx argument")
+    return len(params) >= 2 or params[0].kind is inspect.Parameter.VAR_POSITIONAL

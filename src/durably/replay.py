@@ -1,0 +1,227 @@
+"""One turn: run a workflow body against a checkpoint snapshot until it ends or parks.
+
+A turn executes the body as an asyncio task. Every ``ctx`` operation takes its
+position (seq) the moment it is called, then either resolves from the snapshot,
+does its work (a local step), or *parks* on a future that this turn never
+resolves. The turn is over when the body returns or raises, or when it is
+*quiescent*: something is parked, nothing is in flight, and the body makes no
+further progress for a few event-loop iterations. Then every parked operation
+has already written its own checkpoint, so the turn only has to suspend the
+run with the earliest wake time and cancel the body.
+
+Parking instead of raising a "suspend" exception is what makes
+``asyncio.gather`` of ``ctx`` calls correct: every branch parks and is
+recorded, and none keeps running detached after the turn ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import traceback
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from . import codec
+from .errors import NondeterminismError, _ContinueAsNew, _TurnClosed
+from .model import Checkpoint, ErrorInfo, Run
+
+__all__ = ["Turn", "TurnEnd", "TurnOutcome", "error_info"]
+
+# Event-loop iterations without progress before a turn with parked operations
+# counts as quiescent. Pure scheduling (gather's child tasks, nested gathers)
+# settles within a handful of iterations; real work is counted as in flight.
+_QUIESCENCE_YIELDS = 20
+_MAX_TRACEBACK_CHARS = 8000
+
+
+class TurnEnd(StrEnum):
+    """How a turn ended."""
+
+    COMPLETED = "completed"
+    FAILED = "failed"
+    SUSPENDED = "suspended"
+    CONTINUED = "continued"
+    CLOSED = "closed"
+    """Stopped from outside (cancelled, fenced, drained): nothing to write."""
+
+
+@dataclass(slots=True)
+class TurnOutcome:
+    """The result of :meth:`Turn.execute`."""
+
+    end: TurnEnd
+    output: Any = None
+    error: ErrorInfo | None = None
+    wake_at: int | None = None
+
+
+class Turn:
+    """The state of one turn of one run: snapshot, positions, parked operations."""
+
+    def __init__(
+        self,
+        run: Run,
+        checkpoints: dict[int, Checkpoint],
+        owner: str,
+        now_ms: Callable[[], int],
+        reconcile_ms: int,
+    ) -> None:
+        self.run = run
+        self.checkpoints = checkpoints
+        self.owner = owner
+        self._now_ms = now_ms
+        self._reconcile_ms = reconcile_ms
+        self._next_seq = 0
+        self._parked: dict[int, tuple[int | None, bool]] = {}
+        self._park_futures: list[asyncio.Future[None]] = []
+        self._in_flight = 0
+        self._generation = 0
+        self._wakeup: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.closed = False
+        self.close_reason = ""
+
+    # -- used by the context's operations ----------------------------------------------
+
+    def allocate(self, name: str, kind: str) -> tuple[int, Checkpoint | None]:
+        """Take the next position and return it with its recorded checkpoint.
+
+        Called synchronously when a ``ctx`` method is *called*, so positions
+        follow call order even when the awaits happen later or concurrently.
+        """
+        self.ensure_open()
+        seq = self._next_seq
+        self._next_seq += 1
+        recorded = self.checkpoints.get(seq)
+        if recorded is not None and (recorded.kind != kind or recorded.name != name):
+            raise NondeterminismError(
+                f"run {self.run.run_id!r}: position {seq} holds {recorded.kind} "
+                f"{recorded.name!r} in history, but the workflow now calls {kind} {name!r}. "
+                "Register changed workflows under a new version or guard the change "
+                "with ctx.patched()."
+            )
+        return seq, recorded
+
+    def ensure_open(self) -> None:
+        """Raise :class:`_TurnClosed` once the turn has ended."""
+        if self.closed:
+            raise _TurnClosed(self.close_reason)
+
+    @contextlib.contextmanager
+    def in_flight(self) -> Iterator[None]:
+        """Mark real work (I/O, a step function) so the turn is not quiescent."""
+        self._in_flight += 1
+        self._generation += 1
+        try:
+            yield
+        finally:
+            self._in_flight -= 1
+            self._generation += 1
+            if self._in_flight == 0 and self._parked:
+                self._poke()
+
+    async def park(self, seq: int, wake_at: int | None, *, reconcile: bool) -> Any:
+        """Wait for something that cannot happen during this turn.
+
+        ``wake_at`` is when the run must be woken for this operation; with
+        ``reconcile`` the run also gets the fallback wake, because the thing it
+        waits for (a signal, a child) is delivered by someone else and that
+        delivery could be lost to a crash.
+        """
+        self.ensure_open()
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._parked[seq] = (wake_at, reconcile)
+        self._park_futures.append(future)
+        self._generation += 1
+        self._poke()
+        await future
+        raise _TurnClosed(self.close_reason)  # pragma: no cover - futures are never resolved
+
+    def close(self, reason: str) -> None:
+        """Stop the turn from outside (cancel, fence, drain)."""
+        if not self.closed:
+            self.closed = True
+            self.close_reason = reason
+            self._poke()
+
+    # -- the driver ---------------------------------------------------------------------
+
+    async def execute(self, body: Callable[[], Awaitable[Any]]) -> TurnOutcome:
+        """Run ``body`` until it returns, raises, parks for good, or the turn is closed."""
+        task = asyncio.ensure_future(body())
+        task.add_done_callback(lambda _: self._poke())
+        while True:
+            await self._wakeup
+            self._wakeup = asyncio.get_running_loop().create_future()
+            if task.done() or self.closed:
+                break
+            if self._parked and self._in_flight == 0 and await self._quiescent(task):
+                break
+        if task.done():
+            return self._finish(task)
+        outcome = (
+            TurnOutcome(TurnEnd.CLOSED)
+            if self.closed
+            else TurnOutcome(TurnEnd.SUSPENDED, wake_at=self._wake_at())
+        )
+        self.close(self.close_reason or "suspended")
+        task.cancel()
+        # A body that swallows cancellation can only reach the engine through
+        # ctx, which now raises _TurnClosed; it is not awaited past this bound.
+        await asyncio.wait({task}, timeout=1.0)
+        if task.done() and not task.cancelled():
+            task.exception()  # retrieved so asyncio does not log it
+        return outcome
+
+    async def _quiescent(self, task: asyncio.Future[Any]) -> bool:
+        generation = self._generation
+        for _ in range(_QUIESCENCE_YIELDS):
+            await asyncio.sleep(0)
+            if task.done() or self.closed or self._in_flight or self._generation != generation:
+                return False
+        return bool(self._parked)
+
+    def _finish(self, task: asyncio.Future[Any]) -> TurnOutcome:
+        self.close(self.close_reason or "done")
+        if task.cancelled():
+            return TurnOutcome(TurnEnd.CLOSED)
+        exc = task.exception()
+        if exc is None:
+            try:
+                return TurnOutcome(TurnEnd.COMPLETED, output=codec.to_jsonable(task.result()))
+            except (TypeError, ValueError) as encode_error:
+                return TurnOutcome(TurnEnd.FAILED, error=error_info(encode_error))
+        if isinstance(exc, _ContinueAsNew):
+            return TurnOutcome(TurnEnd.CONTINUED, output=exc.input)
+        if isinstance(exc, _TurnClosed | asyncio.CancelledError):
+            return TurnOutcome(TurnEnd.CLOSED)
+        return TurnOutcome(TurnEnd.FAILED, error=error_info(exc))
+
+    def _wake_at(self) -> int | None:
+        times = [when for when, _ in self._parked.values() if when is not None]
+        if self._reconcile_ms > 0 and any(reconcile for _, reconcile in self._parked.values()):
+            times.append(self._now_ms() + self._reconcile_ms)
+        return min(times) if times else None
+
+    def _poke(self) -> None:
+        if not self._wakeup.done():
+            self._wakeup.set_result(None)
+
+
+def error_info(exc: BaseException) -> ErrorInfo:
+    """A failure as stored on a run or checkpoint."""
+    details = getattr(exc, "details", None)
+    try:
+        details = codec.to_jsonable(details)
+    except (TypeError, ValueError):
+        details = repr(details)
+    text = "".join(traceback.format_exception(exc))
+    return {
+        "message": str(exc) or type(exc).__name__,
+        "type": type(exc).__name__,
+        "code": getattr(exc, "code", None) or "error",
+        "details": details,
+        "traceback": text[-_MAX_TRACEBACK_CHARS:],
+    }

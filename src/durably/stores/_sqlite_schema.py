@@ -1,0 +1,77 @@
+"""The SQLite schema, as an ordered list of migrations.
+
+The engine applies whatever migrations a database has not seen, in one
+transaction each, and records the version reached in ``durably_meta``.
+Append new migrations; never edit one that has shipped.
+"""
+
+from __future__ import annotations
+
+MIGRATIONS: list[str] = [
+    # 1: runs, checkpoints, signal waiters and buffered signals
+    """
+    CREATE TABLE durably_runs (
+        id TEXT PRIMARY KEY,
+        workflow TEXT NOT NULL,
+        workflow_version TEXT NOT NULL,
+        status TEXT NOT NULL,
+        namespace TEXT NOT NULL DEFAULT 'default',
+        parent_id TEXT,
+        input TEXT,
+        output TEXT,
+        error TEXT,
+        tags TEXT NOT NULL DEFAULT '[]',
+        priority INTEGER NOT NULL DEFAULT 0,
+        wake_at INTEGER,
+        wake_requested_at INTEGER,
+        locked_by TEXT,
+        locked_until INTEGER,
+        recovery_attempts INTEGER NOT NULL DEFAULT 0,
+        deadline_at INTEGER,
+        awaiting_decision_task_id TEXT,
+        created_at INTEGER NOT NULL,
+        updated_at INTEGER NOT NULL
+    );
+    CREATE INDEX durably_runs_due ON durably_runs (status, wake_at);
+    CREATE INDEX durably_runs_orphans ON durably_runs (status, locked_until);
+    CREATE INDEX durably_runs_pending ON durably_runs (status, priority DESC, created_at);
+    CREATE INDEX durably_runs_parent ON durably_runs (parent_id) WHERE parent_id IS NOT NULL;
+    CREATE INDEX durably_runs_listing ON durably_runs (created_at DESC, id DESC);
+    CREATE INDEX durably_runs_workflow ON durably_runs (workflow, created_at DESC);
+    CREATE INDEX durably_runs_deadline ON durably_runs (deadline_at)
+        WHERE deadline_at IS NOT NULL;
+    CREATE INDEX durably_runs_wake_requested ON durably_runs (wake_requested_at)
+        WHERE wake_requested_at IS NOT NULL;
+
+    CREATE TABLE durably_checkpoints (
+        run_id TEXT NOT NULL,
+        seq INTEGER NOT NULL,
+        name TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        status TEXT NOT NULL,
+        input TEXT,
+        output TEXT,
+        error TEXT,
+        attempts INTEGER NOT NULL DEFAULT 0,
+        wake_at INTEGER,
+        started_at INTEGER,
+        finished_at INTEGER,
+        PRIMARY KEY (run_id, seq)
+    ) WITHOUT ROWID;
+
+    CREATE TABLE durably_signal_waiters (
+        token TEXT PRIMARY KEY,
+        run_id TEXT NOT NULL,
+        seq INTEGER NOT NULL
+    );
+    CREATE INDEX durably_signal_waiters_run ON durably_signal_waiters (run_id);
+
+    CREATE TABLE durably_buffered_signals (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        token TEXT NOT NULL,
+        payload TEXT,
+        created_at INTEGER NOT NULL
+    );
+    CREATE INDEX durably_buffered_signals_token ON durably_buffered_signals (token, id);
+    """,
+]

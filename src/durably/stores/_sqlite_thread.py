@@ -1,0 +1,143 @@
+"""One SQLite connection owned by one thread, with group commit.
+
+SQLite allows one writer at a time, and a commit costs far more than the
+statements inside it. So every operation is queued to a single thread, which
+takes whatever has queued up since its last commit and runs it all inside one
+``BEGIN IMMEDIATE … COMMIT``, each operation under its own savepoint so one
+failing operation does not undo its neighbours. The event loop pays one thread
+hop per batch, never a blocking call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import sqlite3
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+__all__ = ["SqliteThread"]
+
+T = TypeVar("T")
+_Op = tuple[Callable[[sqlite3.Connection], Any], asyncio.Future[Any], asyncio.AbstractEventLoop]
+
+_MAX_BATCH = 512
+
+
+class SqliteThread:
+    """Runs functions of a connection on a dedicated thread, batching commits."""
+
+    def __init__(self, path: str, *, busy_timeout_ms: int = 30_000) -> None:
+        self._path = path
+        self._busy_timeout_ms = busy_timeout_ms
+        self._queue: queue.SimpleQueue[_Op | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._startup_error: BaseException | None = None
+
+    def start(self) -> None:
+        """Open the connection on a new thread; raise if it cannot be opened."""
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._serve, name="durably-sqlite", daemon=True)
+        self._thread.start()
+        self._ready.wait()
+        if self._startup_error is not None:
+            self._thread = None
+            raise self._startup_error
+
+    async def stop(self) -> None:
+        """Finish queued work and close the connection."""
+        thread, self._thread = self._thread, None
+        if thread is None:
+            return
+        self._queue.put(None)
+        await asyncio.to_thread(thread.join)
+
+    async def run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``fn(connection)`` inside the next committed batch and return its result."""
+        if self._thread is None:
+            raise RuntimeError("the SQLite store is closed")
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        self._queue.put((fn, future, loop))
+        return await future
+
+    def _connect(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
+        conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout_ms)}")
+        conn.execute("PRAGMA journal_mode = WAL")
+        # NORMAL in WAL mode never corrupts the database; a power loss may drop
+        # the last commits, a process crash (what durably guards against) loses nothing.
+        conn.execute("PRAGMA synchronous = NORMAL")
+        return conn
+
+    def _serve(self) -> None:
+        try:
+            conn = self._connect()
+        except BaseException as exc:  # surfaced to start()'s caller
+            self._startup_error = exc
+            self._ready.set()
+            return
+        self._ready.set()
+        try:
+            while True:
+                first = self._queue.get()
+                if first is None:
+                    return
+                batch = [first]
+                stop = False
+                while len(batch) < _MAX_BATCH:
+                    try:
+                        item = self._queue.get_nowait()
+                    except queue.Empty:
+                        break
+                    if item is None:
+                        stop = True
+                        break
+                    batch.append(item)
+                self._run_batch(conn, batch)
+                if stop:
+                    return
+        finally:
+            conn.close()
+
+    def _run_batch(self, conn: sqlite3.Connection, batch: list[_Op]) -> None:
+        outcomes: list[tuple[asyncio.Future[Any], Any, BaseException | None]] = []
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            for fn, future, _ in batch:
+                conn.execute("SAVEPOINT op")
+                try:
+                    result = fn(conn)
+                except Exception as exc:
+                    conn.execute("ROLLBACK TO op")
+                    conn.execute("RELEASE op")
+                    outcomes.append((future, None, exc))
+                else:
+                    conn.execute("RELEASE op")
+                    outcomes.append((future, result, None))
+            conn.execute("COMMIT")
+        except Exception as exc:
+            if conn.in_transaction:
+                conn.rollback()
+            outcomes = [(future, None, exc) for _, future, _ in batch]
+        by_loop: dict[asyncio.AbstractEventLoop, list[Any]] = {}
+        for (_, _, loop), outcome in zip(batch, outcomes, strict=True):
+            by_loop.setdefault(loop, []).append(outcome)
+        for loop, items in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_resolve, items)
+            except RuntimeError:  # the loop closed while we worked; nobody is waiting
+                pass
+
+
+def _resolve(items: list[tuple[asyncio.Future[Any], Any, BaseException | None]]) -> None:
+    for future, result, error in items:
+        if future.done():
+            continue
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)

@@ -1,0 +1,217 @@
+"""The ``StateStore`` protocol: everything the engine persists, and nothing else.
+
+A store keeps runs, checkpoints, signal waiters and buffered signals. The engine
+never composes multi-statement transactions itself; instead each method that
+must be atomic is one call here, and its docstring says what it guarantees.
+Implementations: :mod:`durably.stores.memory` and :mod:`durably.stores.sqlite`,
+both proven by the shared conformance suite in ``tests/conformance``.
+
+All times are integer epoch milliseconds supplied by the caller, so the engine's
+clock (real or virtual) is the only clock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, Protocol, runtime_checkable
+
+from ..model import Checkpoint, ErrorInfo, Run, RunStatus
+
+__all__ = [
+    "RunChanges",
+    "RunPage",
+    "RunQuery",
+    "SettleResult",
+    "SignalWait",
+    "StateStore",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class RunQuery:
+    """Filters for :meth:`StateStore.list_runs`; results are newest first."""
+
+    status: RunStatus | None = None
+    workflow: str | None = None
+    tag: str | None = None
+    namespace: str | None = None
+    parent_id: str | None = None
+    limit: int = 50
+    cursor: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RunPage:
+    """One page of runs and the cursor of the next page (``None`` at the end)."""
+
+    runs: list[Run]
+    next_cursor: str | None = None
+
+
+class SettleResult(StrEnum):
+    """What :meth:`StateStore.settle_run` did."""
+
+    SETTLED = "settled"
+    """The outcome was written and the lease released."""
+    WAKE_REQUESTED = "wake_requested"
+    """A wake arrived during the turn: nothing was written, the lease is still ours."""
+    LOST = "lost"
+    """We no longer hold the lease (cancelled, fenced, taken over): nothing was written."""
+
+
+@dataclass(frozen=True, slots=True)
+class SignalWait:
+    """What :meth:`StateStore.wait_signal` found."""
+
+    delivered: bool
+    payload: Any = None
+
+
+@dataclass(slots=True)
+class RunChanges:
+    """Fields :meth:`StateStore.settle_run` writes along with the new status."""
+
+    output: Any = None
+    error: ErrorInfo | None = None
+    wake_at: int | None = None
+
+
+@runtime_checkable
+class StateStore(Protocol):
+    """Persistence for runs and their history.
+
+    Every method is a coroutine and safe to call concurrently from many tasks.
+    Methods documented as *atomic* must behave as one indivisible step even
+    against other processes sharing the same database.
+    """
+
+    url: str
+    """The URL this store was opened from (``memory://``, ``sqlite:///path`` …)."""
+
+    async def open(self) -> None:
+        """Connect and create or upgrade the schema. Idempotent."""
+
+    async def close(self) -> None:
+        """Release connections. Idempotent."""
+
+    # -- runs ----------------------------------------------------------------
+
+    async def create_run(self, run: Run) -> tuple[Run, bool]:
+        """Insert ``run`` unless its id exists. *Atomic*: of two racing creates
+        exactly one returns ``created=True``; both return the stored run."""
+
+    async def get_run(self, run_id: str) -> Run | None:
+        """The run, or ``None``."""
+
+    async def get_runs(self, run_ids: list[str]) -> list[Run]:
+        """The runs that exist among ``run_ids``, in any order."""
+
+    async def list_runs(self, query: RunQuery) -> RunPage:
+        """Runs matching ``query``, newest first, paged by an opaque cursor."""
+
+    async def delete_run(self, run_id: str) -> bool:
+        """Delete a run with its checkpoints and waiters; ``False`` if absent."""
+
+    # -- leases and turns ------------------------------------------------------
+
+    async def acquire_run(
+        self, run_id: str, owner: str, now: int, lease_until: int, statuses: frozenset[RunStatus]
+    ) -> Run | None:
+        """*Atomic*: if the run's status is in ``statuses`` and it is unleased
+        (or its lease expired before ``now``), mark it ``running`` under
+        ``owner`` until ``lease_until``, clear ``wake_requested_at`` and
+        ``wake_at``, and return it. Otherwise ``None``."""
+
+    async def continue_turn(self, run_id: str, owner: str, lease_until: int) -> Run | None:
+        """*Atomic*: while ``owner`` holds the lease of a running run, clear its
+        ``wake_requested_at``, extend the lease and return the run."""
+
+    async def renew_lease(self, run_id: str, owner: str, lease_until: int) -> bool:
+        """Extend ``owner``'s lease of a running run; ``False`` means the lease
+        is gone (cancelled, released or taken over) and the turn is fenced."""
+
+    async def settle_run(
+        self,
+        run_id: str,
+        owner: str,
+        status: RunStatus,
+        changes: RunChanges,
+        now: int,
+    ) -> SettleResult:
+        """*Atomic* compare-and-set ending a turn: only while the run is
+        ``running`` under ``owner``, write ``status`` with ``changes`` and
+        release the lease in the same statement. A non-terminal ``status`` is
+        refused with ``WAKE_REQUESTED`` while ``wake_requested_at`` is set. A
+        terminal status also deletes the run's signal waiters."""
+
+    async def release_run(self, run_id: str, owner: str, now: int) -> bool:
+        """Hand a running run back as ``pending`` (drain); fences ``owner``."""
+
+    async def request_wake(self, run_id: str, now: int) -> bool:
+        """Stamp ``wake_requested_at`` on a non-terminal run so that the holder
+        of its lease runs one more turn; ``False`` if the run is terminal."""
+
+    async def update_run_if(
+        self, run_id: str, statuses: frozenset[RunStatus], changes: dict[str, Any], now: int
+    ) -> bool:
+        """*Atomic*: apply ``changes`` (column → value) only while the run's status
+        is in ``statuses``. Moving to a terminal status clears the lease and
+        deletes the run's signal waiters."""
+
+    # -- the worker loop ---------------------------------------------------------
+
+    async def list_pending(self, now: int, limit: int) -> list[str]:
+        """Ids of ``pending`` runs, most urgent priority first, then oldest."""
+
+    async def list_orphans(self, now: int, limit: int) -> list[str]:
+        """Ids of ``running`` runs whose lease expired before ``now``."""
+
+    async def recover_orphan(self, run_id: str, now: int, max_attempts: int) -> RunStatus | None:
+        """*Atomic*: if the run is still an orphan, count the recovery and make it
+        ``pending`` or, past ``max_attempts``, ``dead``; return the new status."""
+
+    async def list_due(self, now: int, limit: int) -> list[str]:
+        """Ids of ``suspended`` runs due now (``wake_at <= now`` or a stamped
+        ``wake_requested_at``), most overdue first."""
+
+    async def claim_due(self, run_id: str, now: int, next_wake_at: int) -> bool:
+        """*Atomic*: if the run is still suspended, unleased and due, move its
+        ``wake_at`` to ``next_wake_at`` so no other poll claims it."""
+
+    async def list_expired(self, now: int, limit: int) -> list[str]:
+        """Ids of non-terminal runs whose ``deadline_at`` passed."""
+
+    # -- checkpoints -------------------------------------------------------------
+
+    async def load_checkpoints(self, run_id: str) -> dict[int, Checkpoint]:
+        """Every checkpoint of a run, by seq (the one snapshot per turn)."""
+
+    async def save_checkpoint(self, checkpoint: Checkpoint, owner: str) -> bool:
+        """Upsert a checkpoint, fenced: only while ``owner`` holds the run's
+        lease, and never replacing a ``completed`` checkpoint."""
+
+    # -- signals -----------------------------------------------------------------
+
+    async def wait_signal(
+        self, checkpoint: Checkpoint, token: str, owner: str, now: int
+    ) -> SignalWait | None:
+        """*Atomic* with :meth:`send_signal` for the same token: take the oldest
+        buffered signal for ``token`` and complete ``checkpoint`` with it, or
+        else register a waiter ``(token, run, seq)`` and save ``checkpoint`` as
+        pending. Fenced like :meth:`save_checkpoint` (``None`` if fenced)."""
+
+    async def send_signal(self, token: str, payload: Any, now: int) -> str | None:
+        """*Atomic* with :meth:`wait_signal`: if a waiter holds ``token``, remove
+        it, complete its checkpoint with ``payload`` and return its run id;
+        otherwise buffer ``payload`` (FIFO per token) and return ``None``."""
+
+    async def cancel_signal_wait(
+        self, run_id: str, seq: int, token: str, error: ErrorInfo, now: int
+    ) -> Checkpoint | None:
+        """*Atomic*: a wait timed out. If a signal already completed the
+        checkpoint, return it; otherwise remove exactly this waiter, mark the
+        checkpoint failed with ``error`` and return ``None``."""
+
+    async def list_buffered_signals(self, token: str) -> list[Any]:
+        """Payloads buffered for ``token``, oldest first (for inspection)."""

@@ -1,0 +1,333 @@
+"""An in-memory store for tests and throwaway scripts. Nothing survives the process.
+
+Each method runs without awaiting in between its reads and writes, so every
+method is atomic with respect to every other on the one event loop.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections import defaultdict, deque
+from typing import Any
+
+from ..model import TERMINAL_STATUSES, Checkpoint, CheckpointStatus, ErrorInfo, Run, RunStatus
+from .base import RunChanges, RunPage, RunQuery, SettleResult, SignalWait
+from ._shared import decode_cursor, dead_error, encode_cursor
+
+__all__ = ["MemoryStore"]
+
+
+class MemoryStore:
+    """A :class:`~durably.stores.base.StateStore` kept in dictionaries."""
+
+    def __init__(self, url: str = "memory://") -> None:
+        self.url = url
+        self._runs: dict[str, Run] = {}
+        self._checkpoints: dict[str, dict[int, Checkpoint]] = defaultdict(dict)
+        self._waiters: dict[str, tuple[str, int]] = {}
+        self._buffered: dict[str, deque[Any]] = defaultdict(deque)
+
+    async def open(self) -> None:
+        """Nothing to connect to."""
+
+    async def close(self) -> None:
+        """Nothing to release."""
+
+    # -- runs --------------------------------------------------------------------
+
+    async def create_run(self, run: Run) -> tuple[Run, bool]:
+        """Insert unless the id exists."""
+        existing = self._runs.get(run.run_id)
+        if existing is not None:
+            return copy.deepcopy(existing), False
+        self._runs[run.run_id] = copy.deepcopy(run)
+        return copy.deepcopy(run), True
+
+    async def get_run(self, run_id: str) -> Run | None:
+        """The run, or ``None``."""
+        run = self._runs.get(run_id)
+        return copy.deepcopy(run) if run is not None else None
+
+    async def get_runs(self, run_ids: list[str]) -> list[Run]:
+        """The runs that exist among ``run_ids``."""
+        return [copy.deepcopy(self._runs[i]) for i in dict.fromkeys(run_ids) if i in self._runs]
+
+    async def list_runs(self, query: RunQuery) -> RunPage:
+        """Runs matching ``query``, newest first."""
+        after = decode_cursor(query.cursor)
+        matches = sorted(
+            (r for r in self._runs.values() if _matches(r, query)),
+            key=lambda r: (r.created_at, r.run_id),
+            reverse=True,
+        )
+        if after is not None:
+            matches = [r for r in matches if (r.created_at, r.run_id) < after]
+        page = matches[: query.limit]
+        more = len(matches) > query.limit
+        cursor = encode_cursor(page[-1].created_at, page[-1].run_id) if more and page else None
+        return RunPage([copy.deepcopy(r) for r in page], cursor)
+
+    async def delete_run(self, run_id: str) -> bool:
+        """Delete a run with its history."""
+        if self._runs.pop(run_id, None) is None:
+            return False
+        self._checkpoints.pop(run_id, None)
+        self._drop_waiters(run_id)
+        return True
+
+    # -- leases and turns ------------------------------------------------------------
+
+    async def acquire_run(
+        self, run_id: str, owner: str, now: int, lease_until: int, statuses: frozenset[RunStatus]
+    ) -> Run | None:
+        """Lease the run if its status allows and nobody else holds it."""
+        run = self._runs.get(run_id)
+        if run is None or run.status not in statuses or _leased(run, now):
+            return None
+        run.status = RunStatus.RUNNING
+        run.locked_by, run.locked_until = owner, lease_until
+        run.wake_requested_at = None
+        run.wake_at = None
+        run.updated_at = now
+        return copy.deepcopy(run)
+
+    async def continue_turn(self, run_id: str, owner: str, lease_until: int) -> Run | None:
+        """Keep the lease for one more turn."""
+        run = self._runs.get(run_id)
+        if run is None or run.status is not RunStatus.RUNNING or run.locked_by != owner:
+            return None
+        run.wake_requested_at = None
+        run.locked_until = lease_until
+        return copy.deepcopy(run)
+
+    async def renew_lease(self, run_id: str, owner: str, lease_until: int) -> bool:
+        """Extend our lease."""
+        run = self._runs.get(run_id)
+        if run is None or run.status is not RunStatus.RUNNING or run.locked_by != owner:
+            return False
+        run.locked_until = lease_until
+        return True
+
+    async def settle_run(
+        self, run_id: str, owner: str, status: RunStatus, changes: RunChanges, now: int
+    ) -> SettleResult:
+        """End a turn by compare-and-set."""
+        run = self._runs.get(run_id)
+        if run is None or run.status is not RunStatus.RUNNING or run.locked_by != owner:
+            return SettleResult.LOST
+        if status not in TERMINAL_STATUSES and run.wake_requested_at is not None:
+            return SettleResult.WAKE_REQUESTED
+        run.status = status
+        run.output, run.error, run.wake_at = changes.output, changes.error, changes.wake_at
+        run.locked_by = run.locked_until = None
+        run.updated_at = now
+        if status in TERMINAL_STATUSES:
+            self._drop_waiters(run_id)
+        return SettleResult.SETTLED
+
+    async def release_run(self, run_id: str, owner: str, now: int) -> bool:
+        """Hand the run back as pending."""
+        run = self._runs.get(run_id)
+        if run is None or run.status is not RunStatus.RUNNING or run.locked_by != owner:
+            return False
+        run.status = RunStatus.PENDING
+        run.locked_by = run.locked_until = None
+        run.updated_at = now
+        return True
+
+    async def request_wake(self, run_id: str, now: int) -> bool:
+        """Stamp a wake request on a live run."""
+        run = self._runs.get(run_id)
+        if run is None or run.status in TERMINAL_STATUSES:
+            return False
+        run.wake_requested_at = now
+        return True
+
+    async def update_run_if(
+        self, run_id: str, statuses: frozenset[RunStatus], changes: dict[str, Any], now: int
+    ) -> bool:
+        """Apply ``changes`` while the status is one of ``statuses``."""
+        run = self._runs.get(run_id)
+        if run is None or run.status not in statuses:
+            return False
+        for column, value in changes.items():
+            setattr(run, column, RunStatus(value) if column == "status" else copy.deepcopy(value))
+        run.updated_at = now
+        if run.status in TERMINAL_STATUSES:
+            run.locked_by = run.locked_until = None
+            self._drop_waiters(run_id)
+        return True
+
+    # -- the worker loop ---------------------------------------------------------------
+
+    async def list_pending(self, now: int, limit: int) -> list[str]:
+        """Pending runs, most urgent first, then oldest."""
+        pending = [r for r in self._runs.values() if r.status is RunStatus.PENDING]
+        pending.sort(key=lambda r: (-r.priority, r.created_at, r.run_id))
+        return [r.run_id for r in pending[:limit]]
+
+    async def list_orphans(self, now: int, limit: int) -> list[str]:
+        """Running runs whose lease expired."""
+        orphans = [
+            r
+            for r in self._runs.values()
+            if r.status is RunStatus.RUNNING and (r.locked_until or 0) < now
+        ]
+        orphans.sort(key=lambda r: (r.locked_until or 0, r.run_id))
+        return [r.run_id for r in orphans[:limit]]
+
+    async def recover_orphan(self, run_id: str, now: int, max_attempts: int) -> RunStatus | None:
+        """Count a recovery; pending again, or dead past ``max_attempts``."""
+        run = self._runs.get(run_id)
+        if run is None or run.status is not RunStatus.RUNNING or (run.locked_until or 0) >= now:
+            return None
+        run.recovery_attempts += 1
+        run.locked_by = run.locked_until = None
+        run.updated_at = now
+        if run.recovery_attempts > max_attempts:
+            run.status = RunStatus.DEAD
+            run.error = dead_error(run.recovery_attempts)
+            self._drop_waiters(run_id)
+        else:
+            run.status = RunStatus.PENDING
+        return run.status
+
+    async def list_due(self, now: int, limit: int) -> list[str]:
+        """Suspended runs whose timer is due or whose wake was requested."""
+        due = [r for r in self._runs.values() if _due(r, now)]
+        due.sort(key=lambda r: (_due_key(r), r.run_id))
+        return [r.run_id for r in due[:limit]]
+
+    async def claim_due(self, run_id: str, now: int, next_wake_at: int) -> bool:
+        """Move a due run's wake time ahead so no other poll takes it."""
+        run = self._runs.get(run_id)
+        if run is None or not _due(run, now) or _leased(run, now):
+            return False
+        run.wake_at = next_wake_at
+        run.wake_requested_at = None
+        return True
+
+    async def list_expired(self, now: int, limit: int) -> list[str]:
+        """Live runs past their execution deadline."""
+        expired = [
+            r
+            for r in self._runs.values()
+            if r.status not in TERMINAL_STATUSES
+            and r.deadline_at is not None
+            and r.deadline_at <= now
+        ]
+        expired.sort(key=lambda r: (r.deadline_at or 0, r.run_id))
+        return [r.run_id for r in expired[:limit]]
+
+    # -- checkpoints -------------------------------------------------------------------
+
+    async def load_checkpoints(self, run_id: str) -> dict[int, Checkpoint]:
+        """Every checkpoint of the run."""
+        return copy.deepcopy(dict(sorted(self._checkpoints.get(run_id, {}).items())))
+
+    async def save_checkpoint(self, checkpoint: Checkpoint, owner: str) -> bool:
+        """Upsert under the lease; never replace a completed checkpoint."""
+        if not self._holds(checkpoint.run_id, owner):
+            return False
+        self._put(checkpoint)
+        return True
+
+    # -- signals -------------------------------------------------------------------------
+
+    async def wait_signal(
+        self, checkpoint: Checkpoint, token: str, owner: str, now: int
+    ) -> SignalWait | None:
+        """Consume a buffered signal or register the waiter."""
+        if not self._holds(checkpoint.run_id, owner):
+            return None
+        buffered = self._buffered.get(token)
+        if buffered:
+            payload = buffered.popleft()
+            if not buffered:
+                del self._buffered[token]
+            self._put(_completed(checkpoint, payload, now))
+            return SignalWait(True, payload)
+        self._waiters[token] = (checkpoint.run_id, checkpoint.seq)
+        self._put(checkpoint)
+        return SignalWait(False)
+
+    async def send_signal(self, token: str, payload: Any, now: int) -> str | None:
+        """Deliver to the waiter, or buffer."""
+        waiter = self._waiters.pop(token, None)
+        if waiter is None:
+            self._buffered[token].append(copy.deepcopy(payload))
+            return None
+        run_id, seq = waiter
+        current = self._checkpoints[run_id].get(seq)
+        base = current or Checkpoint(
+            run_id, seq, f"signal:{token}", "signal", CheckpointStatus.PENDING
+        )
+        self._put(_completed(base, copy.deepcopy(payload), now))
+        return run_id
+
+    async def cancel_signal_wait(
+        self, run_id: str, seq: int, token: str, error: ErrorInfo, now: int
+    ) -> Checkpoint | None:
+        """Time a wait out unless a signal won the race."""
+        current = self._checkpoints.get(run_id, {}).get(seq)
+        if current is not None and current.status is CheckpointStatus.COMPLETED:
+            return copy.deepcopy(current)
+        if self._waiters.get(token) == (run_id, seq):
+            del self._waiters[token]
+        if current is not None:
+            current.status = CheckpointStatus.FAILED
+            current.error = copy.deepcopy(error)
+            current.finished_at = now
+        return None
+
+    async def list_buffered_signals(self, token: str) -> list[Any]:
+        """Buffered payloads for ``token``."""
+        return copy.deepcopy(list(self._buffered.get(token, ())))
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _holds(self, run_id: str, owner: str) -> bool:
+        run = self._runs.get(run_id)
+        return run is not None and run.locked_by == owner
+
+    def _put(self, checkpoint: Checkpoint) -> None:
+        existing = self._checkpoints[checkpoint.run_id].get(checkpoint.seq)
+        if existing is not None and existing.status is CheckpointStatus.COMPLETED:
+            return
+        self._checkpoints[checkpoint.run_id][checkpoint.seq] = copy.deepcopy(checkpoint)
+
+    def _drop_waiters(self, run_id: str) -> None:
+        for token in [t for t, (r, _) in self._waiters.items() if r == run_id]:
+            del self._waiters[token]
+
+
+def _leased(run: Run, now: int) -> bool:
+    return run.locked_by is not None and (run.locked_until or 0) >= now
+
+
+def _due(run: Run, now: int) -> bool:
+    if run.status is not RunStatus.SUSPENDED:
+        return False
+    return run.wake_requested_at is not None or (run.wake_at is not None and run.wake_at <= now)
+
+
+def _due_key(run: Run) -> int:
+    times = [t for t in (run.wake_at, run.wake_requested_at) if t is not None]
+    return min(times) if times else 0
+
+
+def _matches(run: Run, q: RunQuery) -> bool:
+    return (
+        (q.status is None or run.status == q.status)
+        and (q.workflow is None or run.workflow == q.workflow)
+        and (q.tag is None or q.tag in run.tags)
+        and (q.namespace is None or run.namespace == q.namespace)
+        and (q.parent_id is None or run.parent_id == q.parent_id)
+    )
+
+
+def _completed(checkpoint: Checkpoint, payload: Any, now: int) -> Checkpoint:
+    return dataclasses.replace(
+        checkpoint, status=CheckpointStatus.COMPLETED, output=payload, finished_at=now
+    )

@@ -1,0 +1,678 @@
+"""The embedded default store: one SQLite file in WAL mode.
+
+Zero setup: ``Engine()`` opens ``./durably.db``. Several processes may share
+the file (SQLite serialises writers; ``busy_timeout`` waits instead of failing),
+which is how the crash tests and a small multi-process deployment run. Every
+call is executed on one thread per store with group commit
+(:mod:`._sqlite_thread`), so the event loop never blocks on the database.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+from .. import codec
+from ..model import TERMINAL_STATUSES, Checkpoint, CheckpointStatus, ErrorInfo, Run, RunStatus
+from ._shared import dead_error, decode_cursor, encode_cursor
+from ._sqlite_schema import MIGRATIONS
+from ._sqlite_thread import SqliteThread
+from .base import RunChanges, RunPage, RunQuery, SettleResult, SignalWait
+
+__all__ = ["SqliteStore", "sqlite_path_from_url"]
+
+_RUN_COLUMNS = (
+    "id, workflow, workflow_version, status, namespace, parent_id, input, output, error, tags, "
+    "priority, wake_at, wake_requested_at, locked_by, locked_until, recovery_attempts, "
+    "deadline_at, created_at, updated_at"
+)
+_CP_COLUMNS = (
+    "run_id, seq, name, kind, status, input, output, error, attempts, wake_at, "
+    "started_at, finished_at"
+)
+_TERMINAL_SQL = ", ".join(f"'{s.value}'" for s in sorted(TERMINAL_STATUSES))
+_UPSERT_CHECKPOINT = f"""
+    INSERT INTO durably_checkpoints ({_CP_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)
+    ON CONFLICT (run_id, seq) DO UPDATE SET
+        name = excluded.name, kind = excluded.kind, status = excluded.status,
+        input = excluded.input, output = excluded.output, error = excluded.error,
+        attempts = excluded.attempts, wake_at = excluded.wake_at,
+        started_at = excluded.started_at, finished_at = excluded.finished_at
+    WHERE durably_checkpoints.status != 'completed'
+"""
+_HOLDS_LEASE = "SELECT 1 FROM durably_runs WHERE id = ? AND locked_by = ?"
+
+
+def sqlite_path_from_url(url: str) -> str:
+    """``sqlite:///rel.db`` → ``rel.db``; ``sqlite:////abs.db`` → ``/abs.db``;
+    ``sqlite://:memory:`` → ``:memory:``; a bare path is returned as is."""
+    if "://" not in url:
+        return url
+    parts = urlsplit(url)
+    if parts.scheme != "sqlite":
+        raise ValueError(f"not a sqlite URL: {url!r}")
+    if parts.netloc == ":memory:" or url == "sqlite://":
+        return ":memory:"
+    path = unquote(parts.path)
+    path = path[1:] if path.startswith("/") else path
+    if not path:
+        raise ValueError(f"the sqlite URL {url!r} names no file")
+    return path
+
+
+class SqliteStore:
+    """A :class:`~durably.stores.base.StateStore` in one SQLite file."""
+
+    def __init__(self, url: str = "sqlite:///durably.db", *, busy_timeout_ms: int = 30_000) -> None:
+        self.url = url
+        self.path = sqlite_path_from_url(url)
+        self._db = SqliteThread(self.path, busy_timeout_ms=busy_timeout_ms)
+        self._opened = False
+
+    async def open(self) -> None:
+        """Open the file (creating its folder) and migrate the schema."""
+        if self._opened:
+            return
+        if self.path != ":memory:":
+            folder = os.path.dirname(os.path.abspath(self.path))
+            os.makedirs(folder, exist_ok=True)
+        self._db.start()
+        self._opened = True
+        await self._db.run(_migrate)
+
+    async def close(self) -> None:
+        """Flush and close."""
+        self._opened = False
+        await self._db.stop()
+
+    # -- runs --------------------------------------------------------------------
+
+    async def create_run(self, run: Run) -> tuple[Run, bool]:
+        """Insert unless the id exists."""
+
+        def op(conn: sqlite3.Connection) -> tuple[Run, bool]:
+            cur = conn.execute(
+                f"INSERT INTO durably_runs ({_RUN_COLUMNS}) "
+                "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT (id) DO NOTHING",
+                _run_params(run),
+            )
+            if cur.rowcount == 1:
+                return run, True
+            existing = _fetch_run(conn, run.run_id)
+            assert existing is not None
+            return existing, False
+
+        return await self._db.run(op)
+
+    async def get_run(self, run_id: str) -> Run | None:
+        """The run, or ``None``."""
+        return await self._db.run(lambda conn: _fetch_run(conn, run_id))
+
+    async def get_runs(self, run_ids: list[str]) -> list[Run]:
+        """The runs that exist among ``run_ids``."""
+        ids = list(dict.fromkeys(run_ids))
+
+        def op(conn: sqlite3.Connection) -> list[Run]:
+            found: list[Run] = []
+            for start in range(0, len(ids), 500):
+                chunk = ids[start : start + 500]
+                marks = ",".join("?" * len(chunk))
+                rows = conn.execute(
+                    f"SELECT {_RUN_COLUMNS} FROM durably_runs WHERE id IN ({marks})", chunk
+                )
+                found.extend(_row_to_run(row) for row in rows)
+            return found
+
+        return await self._db.run(op)
+
+    async def list_runs(self, query: RunQuery) -> RunPage:
+        """Runs matching ``query``, newest first."""
+        clauses: list[str] = []
+        params: list[Any] = []
+        for column, value in (
+            ("status", query.status.value if query.status else None),
+            ("workflow", query.workflow),
+            ("namespace", query.namespace),
+            ("parent_id", query.parent_id),
+        ):
+            if value is not None:
+                clauses.append(f"{column} = ?")
+                params.append(value)
+        if query.tag is not None:
+            clauses.append("EXISTS (SELECT 1 FROM json_each(durably_runs.tags) WHERE value = ?)")
+            params.append(query.tag)
+        after = decode_cursor(query.cursor)
+        if after is not None:
+            clauses.append("(created_at < ? OR (created_at = ? AND id < ?))")
+            params.extend([after[0], after[0], after[1]])
+        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+        sql = (
+            f"SELECT {_RUN_COLUMNS} FROM durably_runs {where} "
+            "ORDER BY created_at DESC, id DESC LIMIT ?"
+        )
+        params.append(query.limit + 1)
+
+        def op(conn: sqlite3.Connection) -> RunPage:
+            runs = [_row_to_run(row) for row in conn.execute(sql, params)]
+            if len(runs) <= query.limit:
+                return RunPage(runs, None)
+            runs = runs[: query.limit]
+            return RunPage(runs, encode_cursor(runs[-1].created_at, runs[-1].run_id))
+
+        return await self._db.run(op)
+
+    async def delete_run(self, run_id: str) -> bool:
+        """Delete a run with its history."""
+
+        def op(conn: sqlite3.Connection) -> bool:
+            conn.execute("DELETE FROM durably_checkpoints WHERE run_id = ?", (run_id,))
+            conn.execute("DELETE FROM durably_signal_waiters WHERE run_id = ?", (run_id,))
+            return conn.execute("DELETE FROM durably_runs WHERE id = ?", (run_id,)).rowcount == 1
+
+        return await self._db.run(op)
+
+    # -- leases and turns ------------------------------------------------------------
+
+    async def acquire_run(
+        self, run_id: str, owner: str, now: int, lease_until: int, statuses: frozenset[RunStatus]
+    ) -> Run | None:
+        """Lease the run if its status allows and nobody else holds it."""
+        marks = ",".join("?" * len(statuses))
+        sql = (
+            "UPDATE durably_runs SET status = 'running', locked_by = ?, locked_until = ?, "
+            "wake_requested_at = NULL, wake_at = NULL, updated_at = ? "
+            f"WHERE id = ? AND status IN ({marks}) AND (locked_by IS NULL OR locked_until < ?) "
+            f"RETURNING {_RUN_COLUMNS}"
+        )
+        params = [owner, lease_until, now, run_id, *(s.value for s in statuses), now]
+
+        def op(conn: sqlite3.Connection) -> Run | None:
+            row = conn.execute(sql, params).fetchone()
+            return _row_to_run(row) if row else None
+
+        return await self._db.run(op)
+
+    async def continue_turn(self, run_id: str, owner: str, lease_until: int) -> Run | None:
+        """Keep the lease for one more turn."""
+
+        def op(conn: sqlite3.Connection) -> Run | None:
+            row = conn.execute(
+                "UPDATE durably_runs SET wake_requested_at = NULL, locked_until = ? "
+                "WHERE id = ? AND status = 'running' AND locked_by = ? "
+                f"RETURNING {_RUN_COLUMNS}",
+                (lease_until, run_id, owner),
+            ).fetchone()
+            return _row_to_run(row) if row else None
+
+        return await self._db.run(op)
+
+    async def renew_lease(self, run_id: str, owner: str, lease_until: int) -> bool:
+        """Extend our lease."""
+
+        def op(conn: sqlite3.Connection) -> bool:
+            cur = conn.execute(
+                "UPDATE durably_runs SET locked_until = ? "
+                "WHERE id = ? AND status = 'running' AND locked_by = ?",
+                (lease_until, run_id, owner),
+            )
+            return cur.rowcount == 1
+
+        return await self._db.run(op)
+
+    async def settle_run(
+        self, run_id: str, owner: str, status: RunStatus, changes: RunChanges, now: int
+    ) -> SettleResult:
+        """End a turn by compare-and-set."""
+        terminal = status in TERMINAL_STATUSES
+        guard = "" if terminal else " AND wake_requested_at IS NULL"
+        params = (
+            status.value,
+            _dump(changes.output),
+            _dump(changes.error),
+            changes.wake_at,
+            now,
+            run_id,
+            owner,
+        )
+
+        def op(conn: sqlite3.Connection) -> SettleResult:
+            cur = conn.execute(
+                "UPDATE durably_runs SET status = ?, output = ?, error = ?, wake_at = ?, "
+                "locked_by = NULL, locked_until = NULL, updated_at = ? "
+                f"WHERE id = ? AND status = 'running' AND locked_by = ?{guard}",
+                params,
+            )
+            if cur.rowcount == 1:
+                if terminal:
+                    conn.execute("DELETE FROM durably_signal_waiters WHERE run_id = ?", (run_id,))
+                return SettleResult.SETTLED
+            if not terminal and conn.execute(
+                "SELECT 1 FROM durably_runs WHERE id = ? AND status = 'running' AND locked_by = ?",
+                (run_id, owner),
+            ).fetchone():
+                return SettleResult.WAKE_REQUESTED
+            return SettleResult.LOST
+
+        return await self._db.run(op)
+
+    async def release_run(self, run_id: str, owner: str, now: int) -> bool:
+        """Hand the run back as pending."""
+
+        def op(conn: sqlite3.Connection) -> bool:
+            cur = conn.execute(
+                "UPDATE durably_runs SET status = 'pending', locked_by = NULL, "
+                "locked_until = NULL, updated_at = ? "
+                "WHERE id = ? AND status = 'running' AND locked_by = ?",
+                (now, run_id, owner),
+            )
+            return cur.rowcount == 1
+
+        return await self._db.run(op)
+
+    async def request_wake(self, run_id: str, now: int) -> bool:
+        """Stamp a wake request on a live run."""
+
+        def op(conn: sqlite3.Connection) -> bool:
+            cur = conn.execute(
+                "UPDATE durably_runs SET wake_requested_at = ? "
+                f"WHERE id = ? AND status NOT IN ({_TERMINAL_SQL})",
+                (now, run_id),
+            )
+            return cur.rowcount == 1
+
+        return await self._db.run(op)
+
+    async def update_run_if(
+        self, run_id: str, statuses: frozenset[RunStatus], changes: dict[str, Any], now: int
+    ) -> bool:
+        """Apply ``changes`` while the status is one of ``statuses``."""
+        changes = dict(changes)
+        unknown = set(changes) - _UPDATABLE
+        if unknown:
+            raise ValueError(f"cannot update run columns {sorted(unknown)}")
+        new_status = changes.get("status")
+        terminal = new_status is not None and RunStatus(new_status) in TERMINAL_STATUSES
+        if terminal:
+            changes.update(locked_by=None, locked_until=None)
+        sets = ", ".join(f"{column} = ?" for column in changes)
+        values = [_column_value(column, value) for column, value in changes.items()]
+        marks = ",".join("?" * len(statuses))
+        sql = (
+            f"UPDATE durably_runs SET {sets}, updated_at = ? "
+            f"WHERE id = ? AND status IN ({marks})"
+        )
+        params = [*values, now, run_id, *(s.value for s in statuses)]
+
+        def op(conn: sqlite3.Connection) -> bool:
+            if conn.execute(sql, params).rowcount != 1:
+                return False
+            if terminal:
+                conn.execute("DELETE FROM durably_signal_waiters WHERE run_id = ?", (run_id,))
+            return True
+
+        return await self._db.run(op)
+
+    # -- the worker loop ---------------------------------------------------------------
+
+    async def list_pending(self, now: int, limit: int) -> list[str]:
+        """Pending runs, most urgent first, then oldest."""
+        return await self._ids(
+            "SELECT id FROM durably_runs WHERE status = 'pending' "
+            "ORDER BY priority DESC, created_at, id LIMIT ?",
+            (limit,),
+        )
+
+    async def list_orphans(self, now: int, limit: int) -> list[str]:
+        """Running runs whose lease expired."""
+        return await self._ids(
+            "SELECT id FROM durably_runs WHERE status = 'running' AND "
+            "(locked_until IS NULL OR locked_until < ?) ORDER BY locked_until, id LIMIT ?",
+            (now, limit),
+        )
+
+    async def recover_orphan(self, run_id: str, now: int, max_attempts: int) -> RunStatus | None:
+        """Count a recovery; pending again, or dead past ``max_attempts``."""
+
+        def op(conn: sqlite3.Connection) -> RunStatus | None:
+            row = conn.execute(
+                "UPDATE durably_runs SET recovery_attempts = recovery_attempts + 1, "
+                "locked_by = NULL, locked_until = NULL, updated_at = ?, "
+                "status = CASE WHEN recovery_attempts + 1 > ? THEN 'dead' ELSE 'pending' END "
+                "WHERE id = ? AND status = 'running' AND (locked_until IS NULL OR locked_until < ?) "
+                "RETURNING status, recovery_attempts",
+                (now, max_attempts, run_id, now),
+            ).fetchone()
+            if row is None:
+                return None
+            status = RunStatus(row[0])
+            if status is RunStatus.DEAD:
+                conn.execute(
+                    "UPDATE durably_runs SET error = ? WHERE id = ?",
+                    (codec.dumps(dead_error(row[1])), run_id),
+                )
+                conn.execute("DELETE FROM durably_signal_waiters WHERE run_id = ?", (run_id,))
+            return status
+
+        return await self._db.run(op)
+
+    async def list_due(self, now: int, limit: int) -> list[str]:
+        """Suspended runs whose timer is due or whose wake was requested."""
+        return await self._ids(
+            "SELECT id FROM ("
+            " SELECT id, wake_at AS due FROM durably_runs"
+            "  WHERE status = 'suspended' AND wake_at <= ?"
+            " UNION"
+            " SELECT id, wake_requested_at AS due FROM durably_runs"
+            "  WHERE wake_requested_at IS NOT NULL AND status = 'suspended'"
+            ") GROUP BY id ORDER BY min(due), id LIMIT ?",
+            (now, limit),
+        )
+
+    async def claim_due(self, run_id: str, now: int, next_wake_at: int) -> bool:
+        """Move a due run's wake time ahead so no other poll takes it."""
+
+        def op(conn: sqlite3.Connection) -> bool:
+            cur = conn.execute(
+                "UPDATE durably_runs SET wake_at = ?, wake_requested_at = NULL "
+                "WHERE id = ? AND status = 'suspended' "
+                "AND (wake_at <= ? OR wake_requested_at IS NOT NULL) "
+                "AND (locked_by IS NULL OR locked_until < ?)",
+                (next_wake_at, run_id, now, now),
+            )
+            return cur.rowcount == 1
+
+        return await self._db.run(op)
+
+    async def list_expired(self, now: int, limit: int) -> list[str]:
+        """Live runs past their execution deadline."""
+        return await self._ids(
+            "SELECT id FROM durably_runs WHERE deadline_at IS NOT NULL AND deadline_at <= ? "
+            f"AND status NOT IN ({_TERMINAL_SQL}) ORDER BY deadline_at, id LIMIT ?",
+            (now, limit),
+        )
+
+    # -- checkpoints -------------------------------------------------------------------
+
+    async def load_checkpoints(self, run_id: str) -> dict[int, Checkpoint]:
+        """Every checkpoint of the run."""
+
+        def op(conn: sqlite3.Connection) -> dict[int, Checkpoint]:
+            rows = conn.execute(
+                f"SELECT {_CP_COLUMNS} FROM durably_checkpoints WHERE run_id = ? ORDER BY seq",
+                (run_id,),
+            )
+            return {row[1]: _row_to_checkpoint(row) for row in rows}
+
+        return await self._db.run(op)
+
+    async def save_checkpoint(self, checkpoint: Checkpoint, owner: str) -> bool:
+        """Upsert under the lease; never replace a completed checkpoint."""
+        params = _checkpoint_params(checkpoint)
+
+        def op(conn: sqlite3.Connection) -> bool:
+            if not conn.execute(_HOLDS_LEASE, (checkpoint.run_id, owner)).fetchone():
+                return False
+            conn.execute(_UPSERT_CHECKPOINT, params)
+            return True
+
+        return await self._db.run(op)
+
+    # -- signals -------------------------------------------------------------------------
+
+    async def wait_signal(
+        self, checkpoint: Checkpoint, token: str, owner: str, now: int
+    ) -> SignalWait | None:
+        """Consume a buffered signal or register the waiter."""
+
+        def op(conn: sqlite3.Connection) -> SignalWait | None:
+            if not conn.execute(_HOLDS_LEASE, (checkpoint.run_id, owner)).fetchone():
+                return None
+            row = conn.execute(
+                "DELETE FROM durably_buffered_signals WHERE id = ("
+                " SELECT id FROM durably_buffered_signals WHERE token = ? ORDER BY id LIMIT 1"
+                ") RETURNING payload",
+                (token,),
+            ).fetchone()
+            if row is not None:
+                payload = codec.loads(row[0])
+                done = _completed(checkpoint, row[0], now)
+                conn.execute(_UPSERT_CHECKPOINT, done)
+                return SignalWait(True, payload)
+            conn.execute(
+                "INSERT INTO durably_signal_waiters (token, run_id, seq) VALUES (?, ?, ?) "
+                "ON CONFLICT (token) DO UPDATE SET run_id = excluded.run_id, seq = excluded.seq",
+                (token, checkpoint.run_id, checkpoint.seq),
+            )
+            conn.execute(_UPSERT_CHECKPOINT, _checkpoint_params(checkpoint))
+            return SignalWait(False)
+
+        return await self._db.run(op)
+
+    async def send_signal(self, token: str, payload: Any, now: int) -> str | None:
+        """Deliver to the waiter, or buffer."""
+        text = codec.dumps(payload)
+
+        def op(conn: sqlite3.Connection) -> str | None:
+            waiter = conn.execute(
+                "DELETE FROM durably_signal_waiters WHERE token = ? RETURNING run_id, seq",
+                (token,),
+            ).fetchone()
+            if waiter is None:
+                conn.execute(
+                    "INSERT INTO durably_buffered_signals (token, payload, created_at) "
+                    "VALUES (?, ?, ?)",
+                    (token, text, now),
+                )
+                return None
+            run_id, seq = waiter
+            cur = conn.execute(
+                "UPDATE durably_checkpoints SET status = 'completed', output = ?, finished_at = ? "
+                "WHERE run_id = ? AND seq = ? AND status != 'completed'",
+                (text, now, run_id, seq),
+            )
+            if cur.rowcount == 0:
+                base = Checkpoint(run_id, seq, f"signal:{token}", "signal", CheckpointStatus.PENDING)
+                conn.execute(_UPSERT_CHECKPOINT, _completed(base, text, now))
+            return str(run_id)
+
+        return await self._db.run(op)
+
+    async def cancel_signal_wait(
+        self, run_id: str, seq: int, token: str, error: ErrorInfo, now: int
+    ) -> Checkpoint | None:
+        """Time a wait out unless a signal won the race."""
+
+        def op(conn: sqlite3.Connection) -> Checkpoint | None:
+            row = conn.execute(
+                f"SELECT {_CP_COLUMNS} FROM durably_checkpoints WHERE run_id = ? AND seq = ?",
+                (run_id, seq),
+            ).fetchone()
+            if row is not None and row[4] == CheckpointStatus.COMPLETED.value:
+                return _row_to_checkpoint(row)
+            conn.execute(
+                "DELETE FROM durably_signal_waiters WHERE token = ? AND run_id = ? AND seq = ?",
+                (token, run_id, seq),
+            )
+            conn.execute(
+                "UPDATE durably_checkpoints SET status = 'failed', error = ?, finished_at = ? "
+                "WHERE run_id = ? AND seq = ? AND status != 'completed'",
+                (codec.dumps(error), now, run_id, seq),
+            )
+            return None
+
+        return await self._db.run(op)
+
+    async def list_buffered_signals(self, token: str) -> list[Any]:
+        """Buffered payloads for ``token``."""
+
+        def op(conn: sqlite3.Connection) -> list[Any]:
+            rows = conn.execute(
+                "SELECT payload FROM durably_buffered_signals WHERE token = ? ORDER BY id",
+                (token,),
+            )
+            return [codec.loads(row[0]) for row in rows]
+
+        return await self._db.run(op)
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    async def _ids(self, sql: str, params: tuple[Any, ...]) -> list[str]:
+        return await self._db.run(lambda conn: [row[0] for row in conn.execute(sql, params)])
+
+
+_UPDATABLE = frozenset(
+    {
+        "status",
+        "input",
+        "output",
+        "error",
+        "tags",
+        "priority",
+        "wake_at",
+        "wake_requested_at",
+        "locked_by",
+        "locked_until",
+        "recovery_attempts",
+        "deadline_at",
+        "workflow_version",
+    }
+)
+_JSON_COLUMNS = frozenset({"input", "output", "error", "tags"})
+
+
+def _migrate(conn: sqlite3.Connection) -> None:
+    conn.execute("CREATE TABLE IF NOT EXISTS durably_meta (key TEXT PRIMARY KEY, value TEXT)")
+    row = conn.execute("SELECT value FROM durably_meta WHERE key = 'schema_version'").fetchone()
+    version = int(row[0]) if row else 0
+    if version > len(MIGRATIONS):
+        raise RuntimeError(
+            f"the database schema is version {version}, newer than this durably "
+            f"({len(MIGRATIONS)}); upgrade durably"
+        )
+    for number, script in enumerate(MIGRATIONS[version:], start=version + 1):
+        for statement in script.split(";"):
+            if statement.strip():
+                conn.execute(statement)
+        conn.execute(
+            "INSERT INTO durably_meta (key, value) VALUES ('schema_version', ?) "
+            "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            (str(number),),
+        )
+
+
+def _dump(value: Any) -> str | None:
+    return None if value is None else codec.dumps(value)
+
+
+def _column_value(column: str, value: Any) -> Any:
+    if column == "status":
+        return RunStatus(value).value
+    if column in _JSON_COLUMNS:
+        return _dump(value)
+    return value
+
+
+def _run_params(run: Run) -> tuple[Any, ...]:
+    return (
+        run.run_id,
+        run.workflow,
+        run.workflow_version,
+        run.status.value,
+        run.namespace,
+        run.parent_id,
+        _dump(run.input),
+        _dump(run.output),
+        _dump(run.error),
+        codec.dumps(run.tags),
+        run.priority,
+        run.wake_at,
+        run.wake_requested_at,
+        run.locked_by,
+        run.locked_until,
+        run.recovery_attempts,
+        run.deadline_at,
+        run.created_at,
+        run.updated_at,
+    )
+
+
+def _row_to_run(row: tuple[Any, ...]) -> Run:
+    return Run(
+        run_id=row[0],
+        workflow=row[1],
+        workflow_version=row[2],
+        status=RunStatus(row[3]),
+        namespace=row[4],
+        parent_id=row[5],
+        input=codec.loads(row[6]),
+        output=codec.loads(row[7]),
+        error=codec.loads(row[8]),
+        tags=codec.loads(row[9]) or [],
+        priority=row[10],
+        wake_at=row[11],
+        wake_requested_at=row[12],
+        locked_by=row[13],
+        locked_until=row[14],
+        recovery_attempts=row[15],
+        deadline_at=row[16],
+        created_at=row[17],
+        updated_at=row[18],
+    )
+
+
+def _fetch_run(conn: sqlite3.Connection, run_id: str) -> Run | None:
+    row = conn.execute(f"SELECT {_RUN_COLUMNS} FROM durably_runs WHERE id = ?", (run_id,)).fetchone()
+    return _row_to_run(row) if row else None
+
+
+def _checkpoint_params(cp: Checkpoint) -> tuple[Any, ...]:
+    return (
+        cp.run_id,
+        cp.seq,
+        cp.name,
+        cp.kind,
+        cp.status.value,
+        _dump(cp.input),
+        _dump(cp.output),
+        _dump(cp.error),
+        cp.attempts,
+        cp.wake_at,
+        cp.started_at,
+        cp.finished_at,
+    )
+
+
+def _completed(cp: Checkpoint, payload_text: str | None, now: int) -> tuple[Any, ...]:
+    return (
+        cp.run_id,
+        cp.seq,
+        cp.name,
+        cp.kind,
+        CheckpointStatus.COMPLETED.value,
+        _dump(cp.input),
+        payload_text,
+        None,
+        cp.attempts,
+        cp.wake_at,
+        cp.started_at,
+        now,
+    )
+
+
+def _row_to_checkpoint(row: tuple[Any, ...]) -> Checkpoint:
+    return Checkpoint(
+        run_id=row[0],
+        seq=row[1],
+        name=row[2],
+        kind=row[3],
+        status=CheckpointStatus(row[4]),
+        input=codec.loads(row[5]),
+        output=codec.loads(row[6]),
+        error=codec.loads(row[7]),
+        attempts=row[8],
+        wake_at=row[9],
+        started_at=row[10],
+        finished_at=row[11],
+    )
