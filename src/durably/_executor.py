@@ -61,7 +61,9 @@ class RunExecutor:
         except Exception:
             _log.exception("executing run %s failed", run_id)
         finally:
-            self._tasks.discard(asyncio.current_task())  # type: ignore[arg-type]
+            task = asyncio.current_task()
+            if task is not None:
+                self._tasks.discard(task)
             self._pump()
             if not self._tasks and not self._waiting:
                 self._idle.set()

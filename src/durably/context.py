@@ -119,7 +119,12 @@ class WorkflowContext:
         if not callable(fn):
             raise TypeError(f"local step {name!r}: {fn!r} is not callable")
         policy = RetryPolicy.build(
-            retries, backoff, backoff_base, backoff_max, jitter, default=self._services.default_retry
+            retries,
+            backoff,
+            backoff_base,
+            backoff_max,
+            jitter,
+            default=self._services.default_retry,
         )
         track = self._services.track_start if track_start is None else track_start
         seq, recorded = self._turn.allocate(name, "local")
@@ -174,7 +179,10 @@ class WorkflowContext:
                     delay = policy.delay_ms(retry_number + 1)
                     self.log.info(
                         "step %s attempt %d failed (%s); retrying in %d ms",
-                        name, attempts, exc, delay,
+                        name,
+                        attempts,
+                        exc,
+                        delay,
                     )
                     await services.clock.sleep(delay / 1000)
                     turn.ensure_open()
@@ -266,8 +274,15 @@ class WorkflowContext:
             now = self._services.clock.now_ms()
             await self._save(
                 Checkpoint(
-                    self.run_id, seq, name, kind, CheckpointStatus.COMPLETED,
-                    output=value, attempts=1, started_at=now, finished_at=now,
+                    self.run_id,
+                    seq,
+                    name,
+                    kind,
+                    CheckpointStatus.COMPLETED,
+                    output=value,
+                    attempts=1,
+                    started_at=now,
+                    finished_at=now,
                 )
             )
         return value
@@ -305,8 +320,13 @@ class WorkflowContext:
         now = self._services.clock.now_ms()
         wake_at = recorded.wake_at if recorded is not None and recorded.wake_at else wake_time(now)
         checkpoint = Checkpoint(
-            self.run_id, seq, "sleep", "sleep", CheckpointStatus.PENDING,
-            wake_at=wake_at, started_at=recorded.started_at if recorded else now,
+            self.run_id,
+            seq,
+            "sleep",
+            "sleep",
+            CheckpointStatus.PENDING,
+            wake_at=wake_at,
+            started_at=recorded.started_at if recorded else now,
         )
         if wake_at <= now:
             with self._turn.in_flight():
@@ -356,8 +376,13 @@ class WorkflowContext:
         now = services.clock.now_ms()
         deadline = None if timeout_ms is None else now + timeout_ms
         checkpoint = Checkpoint(
-            self.run_id, seq, name, "signal", CheckpointStatus.PENDING,
-            wake_at=deadline, started_at=now,
+            self.run_id,
+            seq,
+            name,
+            "signal",
+            CheckpointStatus.PENDING,
+            wake_at=deadline,
+            started_at=now,
         )
         with turn.in_flight():
             result = await services.store.wait_signal(checkpoint, token, turn.owner, now)

@@ -47,4 +47,4 @@ def to_ms(value: Duration, *, name: str = "duration") -> int:
         raise ValueError(f"{name} must be a number of seconds, a timedelta or a string like '30s'")
     if ms != ms or ms < 0:  # NaN or negative
         raise ValueError(f"{name} must not be negative, got {value!r}")
-    return int(round(ms))
+    return round(ms)

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from . import codec
 from ._executor import RunExecutor
@@ -101,7 +101,9 @@ class Engine:
         """The pool this engine's runs belong to."""
         self.clock: Clock = clock or SystemClock()
         """The engine's time source."""
-        self.instance_id = instance_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.instance_id = (
+            instance_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        )
         """The lease owner id of this process."""
         self.lease_ms = to_ms(lease, name="lease")
         if self.lease_ms < 100:
@@ -109,8 +111,7 @@ class Engine:
         self.reconcile_ms = to_ms(reconcile, name="reconcile")
         if max_recovery_attempts < 0 or max_concurrent_runs < 1 or timer_batch_size < 1:
             raise ValueError(
-                "max_recovery_attempts must be >= 0, max_concurrent_runs and "
-                "timer_batch_size >= 1"
+                "max_recovery_attempts must be >= 0, max_concurrent_runs and timer_batch_size >= 1"
             )
         self.max_recovery_attempts = max_recovery_attempts
         self.poll_interval = poll_interval
@@ -119,7 +120,9 @@ class Engine:
         self.drain_timeout = drain_timeout
         self._stable_instance_id = instance_id is not None
         self._registry = Registry()
-        self._threads = ThreadPoolExecutor(max_workers=step_threads, thread_name_prefix="durably-step")
+        self._threads = ThreadPoolExecutor(
+            max_workers=step_threads, thread_name_prefix="durably-step"
+        )
         self._services = _Services(
             store=self.store,
             clock=self.clock,
@@ -209,7 +212,7 @@ class Engine:
         if self._open_lock is None:
             self._open_lock = asyncio.Lock()
         async with self._open_lock:
-            if self._opened:
+            if self.is_open:  # another task opened it while we waited for the lock
                 return
             await self.store.open()
             self._executor = RunExecutor(self._execute, self._executor_limit)
@@ -218,6 +221,11 @@ class Engine:
                 # Our previous incarnation's turns died with it; no one else can
                 # hold our id, so reclaim its runs now rather than after the lease.
                 await self._expire_own_leases()
+
+    @property
+    def is_open(self) -> bool:
+        """Whether the store is connected."""
+        return self._opened
 
     async def close(self) -> None:
         """Drain, stop the worker loop and close the store."""
@@ -603,7 +611,7 @@ class Engine:
 
     async def _renew(self, turn: Turn) -> None:
         interval = self.lease_ms / 2000
-        while not turn.closed:
+        while True:
             await self.clock.sleep(interval)
             if turn.closed:
                 return
@@ -725,7 +733,7 @@ class Engine:
 def _check_tags(tags: list[str] | None) -> list[str]:
     if tags is None:
         return []
-    if isinstance(tags, str) or not all(isinstance(t, str) and t for t in tags):
+    if isinstance(cast(object, tags), str) or not all(isinstance(t, str) and t for t in tags):
         raise ValueError("tags must be a list of non-empty strings")
     return list(dict.fromkeys(tags))
 

@@ -123,7 +123,7 @@ class SchemaValidationError(DurablyError):
         self.details = details
 
 
-class _ControlFlow(BaseException):  # noqa: N818 - control flow, not an error
+class _ControlFlow(BaseException):
     """Stops a workflow body; never a failure of the run."""
 
 

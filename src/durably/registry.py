@@ -80,8 +80,7 @@ class Registry:
         """Register ``definition``; a duplicate name and version is an error."""
         if not inspect.iscoroutinefunction(definition.fn):
             raise TypeError(
-                f"workflow {definition.name!r} must be an 'async def' function "
-                "taking (ctx, input)"
+                f"workflow {definition.name!r} must be an 'async def' function taking (ctx, input)"
             )
         versions = self._by_name.setdefault(definition.name, {})
         if definition.version in versions and versions[definition.version].fn is not definition.fn:

@@ -17,7 +17,7 @@ Backoff = Literal["exp", "linear", "fixed"]
 class RetryPolicy:
     """``retries`` more attempts after the first, spaced by ``backoff``.
 
-    The n-th retry waits ``base × 2^(n-1)`` (``"exp"``), ``base × n``
+    The n-th retry waits ``base * 2^(n-1)`` (``"exp"``), ``base * n``
     (``"linear"``) or ``base`` (``"fixed"``), never more than ``max_delay``.
     With ``jitter`` each wait is scaled by a random factor in [0.5, 1] so that
     many runs failing together do not retry in lockstep.
@@ -51,7 +51,9 @@ class RetryPolicy:
         return cls(
             retries=base.retries if retries is None else retries,
             backoff=base.backoff if backoff is None else backoff,  # type: ignore[arg-type]
-            base_ms=base.base_ms if backoff_base is None else to_ms(backoff_base, name="backoff_base"),
+            base_ms=base.base_ms
+            if backoff_base is None
+            else to_ms(backoff_base, name="backoff_base"),
             max_delay_ms=(
                 base.max_delay_ms if backoff_max is None else to_ms(backoff_max, name="backoff_max")
             ),
@@ -67,7 +69,7 @@ class RetryPolicy:
             raw = self.base_ms * n
         else:
             raw = self.base_ms
-        delay = min(raw, self.max_delay_ms)
+        delay: int = min(raw, self.max_delay_ms)
         if self.jitter and delay > 0:
             delay = int(delay * (0.5 + 0.5 * (rng or random).random()))
         return delay

@@ -11,6 +11,7 @@ hop per batch, never a blocking call.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import queue
 import sqlite3
 import threading
@@ -127,10 +128,9 @@ class SqliteThread:
         for (_, _, loop), outcome in zip(batch, outcomes, strict=True):
             by_loop.setdefault(loop, []).append(outcome)
         for loop, items in by_loop.items():
-            try:
+            # A loop that closed while we worked has nobody waiting on it.
+            with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(_resolve, items)
-            except RuntimeError:  # the loop closed while we worked; nobody is waiting
-                pass
 
 
 def _resolve(items: list[tuple[asyncio.Future[Any], Any, BaseException | None]]) -> None:

@@ -12,8 +12,8 @@ from collections import defaultdict, deque
 from typing import Any
 
 from ..model import TERMINAL_STATUSES, Checkpoint, CheckpointStatus, ErrorInfo, Run, RunStatus
+from ._shared import dead_error, decode_cursor, encode_cursor
 from .base import RunChanges, RunPage, RunQuery, SettleResult, SignalWait
-from ._shared import decode_cursor, dead_error, encode_cursor
 
 __all__ = ["MemoryStore"]
 

@@ -76,7 +76,7 @@ class SqliteStore:
         if self._opened:
             return
         if self.path != ":memory:":
-            folder = os.path.dirname(os.path.abspath(self.path))
+            folder = os.path.dirname(os.path.abspath(self.path))  # noqa: ASYNC240 - no I/O
             os.makedirs(folder, exist_ok=True)
         self._db.start()
         self._opened = True
@@ -248,10 +248,14 @@ class SqliteStore:
                 if terminal:
                     conn.execute("DELETE FROM durably_signal_waiters WHERE run_id = ?", (run_id,))
                 return SettleResult.SETTLED
-            if not terminal and conn.execute(
-                "SELECT 1 FROM durably_runs WHERE id = ? AND status = 'running' AND locked_by = ?",
-                (run_id, owner),
-            ).fetchone():
+            if (
+                not terminal
+                and conn.execute(
+                    "SELECT 1 FROM durably_runs WHERE id = ? AND status = 'running' "
+                    "AND locked_by = ?",
+                    (run_id, owner),
+                ).fetchone()
+            ):
                 return SettleResult.WAKE_REQUESTED
             return SettleResult.LOST
 
@@ -299,10 +303,7 @@ class SqliteStore:
         sets = ", ".join(f"{column} = ?" for column in changes)
         values = [_column_value(column, value) for column, value in changes.items()]
         marks = ",".join("?" * len(statuses))
-        sql = (
-            f"UPDATE durably_runs SET {sets}, updated_at = ? "
-            f"WHERE id = ? AND status IN ({marks})"
-        )
+        sql = f"UPDATE durably_runs SET {sets}, updated_at = ? WHERE id = ? AND status IN ({marks})"
         params = [*values, now, run_id, *(s.value for s in statuses)]
 
         def op(conn: sqlite3.Connection) -> bool:
@@ -340,7 +341,8 @@ class SqliteStore:
                 "UPDATE durably_runs SET recovery_attempts = recovery_attempts + 1, "
                 "locked_by = NULL, locked_until = NULL, updated_at = ?, "
                 "status = CASE WHEN recovery_attempts + 1 > ? THEN 'dead' ELSE 'pending' END "
-                "WHERE id = ? AND status = 'running' AND (locked_until IS NULL OR locked_until < ?) "
+                "WHERE id = ? AND status = 'running' "
+                "AND (locked_until IS NULL OR locked_until < ?) "
                 "RETURNING status, recovery_attempts",
                 (now, max_attempts, run_id, now),
             ).fetchone()
@@ -473,7 +475,9 @@ class SqliteStore:
                 (text, now, run_id, seq),
             )
             if cur.rowcount == 0:
-                base = Checkpoint(run_id, seq, f"signal:{token}", "signal", CheckpointStatus.PENDING)
+                base = Checkpoint(
+                    run_id, seq, f"signal:{token}", "signal", CheckpointStatus.PENDING
+                )
                 conn.execute(_UPSERT_CHECKPOINT, _completed(base, text, now))
             return str(run_id)
 
@@ -623,7 +627,9 @@ def _row_to_run(row: tuple[Any, ...]) -> Run:
 
 
 def _fetch_run(conn: sqlite3.Connection, run_id: str) -> Run | None:
-    row = conn.execute(f"SELECT {_RUN_COLUMNS} FROM durably_runs WHERE id = ?", (run_id,)).fetchone()
+    row = conn.execute(
+        f"SELECT {_RUN_COLUMNS} FROM durably_runs WHERE id = ?", (run_id,)
+    ).fetchone()
     return _row_to_run(row) if row else None
 
 
