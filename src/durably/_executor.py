@@ -16,14 +16,17 @@ class RunExecutor:
     """Executes ``handler(run_id)`` for submitted ids, ``limit`` at a time.
 
     Waiting ids cost a string each, so a fan of thousands of runs does not
-    hold thousands of coroutines. An id already waiting is not queued twice.
+    hold thousands of coroutines. An id already waiting is not queued twice,
+    and a poll's id (``wake=False``) is dropped while that run executes here.
+    A wake is kept: it must reach the run even mid-turn.
     """
 
-    def __init__(self, handler: Callable[[str], Awaitable[None]], limit: int) -> None:
+    def __init__(self, handler: Callable[[str, bool], Awaitable[None]], limit: int) -> None:
         self._handler = handler
         self._limit = limit
         self._waiting: deque[str] = deque()
-        self._waiting_ids: set[str] = set()
+        self._waiting_ids: dict[str, bool] = {}
+        self._executing: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
         self._idle = asyncio.Event()
@@ -39,28 +42,39 @@ class RunExecutor:
         """Run ids waiting for a slot."""
         return len(self._waiting)
 
-    def submit(self, run_id: str) -> None:
+    def submit(self, run_id: str, *, wake: bool = False) -> None:
         """Execute ``run_id`` when a slot is free (no-op once closed)."""
-        if self._closed or run_id in self._waiting_ids:
+        if self._closed:
+            return
+        if run_id in self._waiting_ids:
+            self._waiting_ids[run_id] |= wake
+            return
+        if not wake and run_id in self._executing:
             return
         self._waiting.append(run_id)
-        self._waiting_ids.add(run_id)
+        self._waiting_ids[run_id] = wake
         self._pump()
+
+    def executing(self, run_id: str) -> bool:
+        """Whether ``run_id`` is executing in this process now."""
+        return run_id in self._executing
 
     def _pump(self) -> None:
         while self._waiting and len(self._tasks) < self._limit:
             run_id = self._waiting.popleft()
-            self._waiting_ids.discard(run_id)
-            task = asyncio.create_task(self._run(run_id), name=f"durably-run:{run_id}")
+            wake = self._waiting_ids.pop(run_id)
+            task = asyncio.create_task(self._run(run_id, wake), name=f"durably-run:{run_id}")
             self._tasks.add(task)
             self._idle.clear()
 
-    async def _run(self, run_id: str) -> None:
+    async def _run(self, run_id: str, wake: bool) -> None:
+        self._executing.add(run_id)
         try:
-            await self._handler(run_id)
+            await self._handler(run_id, wake)
         except Exception:
             _log.exception("executing run %s failed", run_id)
         finally:
+            self._executing.discard(run_id)
             task = asyncio.current_task()
             if task is not None:
                 self._tasks.discard(task)

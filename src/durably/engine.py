@@ -456,7 +456,7 @@ class Engine:
         await self.open()
         if self._draining:
             return False
-        run = await self._acquire(run_id)
+        run = await self._acquire(run_id, wake=True)
         if run is None:
             return False
         await self._drive(run)
@@ -549,23 +549,26 @@ class Engine:
             self._executor.submit(run_id)
 
     async def _wake(self, run_id: str) -> None:
-        if self.drive and not self._draining:
-            self._dispatch(run_id)
-        else:
-            # Nobody here will run it: make sure whoever polls sees it due.
+        """Make sure ``run_id`` takes a turn that sees what the caller just wrote."""
+        if run_id in self._active or not (self.drive and not self._draining):
+            # Our own turn holds it (it will run once more), or nobody here
+            # will run it (whoever polls sees it due).
             await self.store.request_wake(run_id, self.clock.now_ms())
+            return
+        if self._executor is not None:
+            self._executor.submit(run_id, wake=True)
 
-    async def _execute(self, run_id: str) -> None:
-        run = await self._acquire(run_id)
+    async def _execute(self, run_id: str, wake: bool) -> None:
+        run = await self._acquire(run_id, wake=wake)
         if run is not None:
             await self._drive(run)
 
-    async def _acquire(self, run_id: str) -> Run | None:
+    async def _acquire(self, run_id: str, *, wake: bool = False) -> Run | None:
         now = self.clock.now_ms()
         run = await self.store.acquire_run(
             run_id, self.instance_id, now, now + self.lease_ms, _WAKEABLE
         )
-        if run is not None:
+        if run is not None or not wake:
             return run
         current = await self.store.get_run(run_id)
         if current is None or current.status is not RunStatus.RUNNING:

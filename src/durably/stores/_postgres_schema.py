@@ -1,0 +1,94 @@
+"""The PostgreSQL schema, as an ordered list of migrations.
+
+Tables and columns mirror :mod:`._sqlite_schema` one for one: times are
+``BIGINT`` epoch milliseconds, JSON values are text, except ``tags``, which is
+``jsonb`` under a GIN index so the tag filter of ``list_runs`` is indexed.
+
+The store applies whatever migrations a database has not seen, in one
+transaction holding an advisory lock (so processes starting together never
+migrate twice), and records the version reached in ``durably_meta``.
+Append new migrations; never edit one that has shipped.
+"""
+
+from __future__ import annotations
+
+MIGRATIONS: list[str] = [
+    # 1: runs, checkpoints, signal waiters and buffered signals
+    """
+    CREATE TABLE durably_runs (
+        id TEXT PRIMARY KEY,
+        workflow TEXT NOT NULL,
+        workflow_version TEXT NOT NULL,
+        status TEXT NOT NULL,
+        namespace TEXT NOT NULL DEFAULT 'default',
+        parent_id TEXT,
+        input TEXT,
+        output TEXT,
+        error TEXT,
+        tags JSONB NOT NULL DEFAULT '[]'::jsonb,
+        priority INTEGER NOT NULL DEFAULT 0,
+        wake_at BIGINT,
+        wake_requested_at BIGINT,
+        locked_by TEXT,
+        locked_until BIGINT,
+        recovery_attempts INTEGER NOT NULL DEFAULT 0,
+        deadline_at BIGINT,
+        awaiting_decision_task_id TEXT,
+        created_at BIGINT NOT NULL,
+        updated_at BIGINT NOT NULL
+    );
+    -- list_due / claim_due: suspended runs by wake time
+    CREATE INDEX durably_runs_due ON durably_runs (status, wake_at);
+    CREATE INDEX durably_runs_wake_requested ON durably_runs (wake_requested_at)
+        WHERE wake_requested_at IS NOT NULL;
+    -- list_orphans / recover_orphan: running runs by lease expiry
+    CREATE INDEX durably_runs_orphans ON durably_runs (status, locked_until);
+    -- list_pending: most urgent priority, then oldest
+    CREATE INDEX durably_runs_pending ON durably_runs (priority DESC, created_at, id)
+        WHERE status = 'pending';
+    -- list_expired: live runs past their deadline
+    CREATE INDEX durably_runs_deadline ON durably_runs (deadline_at)
+        WHERE deadline_at IS NOT NULL;
+    -- children of a parent
+    CREATE INDEX durably_runs_parent ON durably_runs (parent_id, created_at DESC, id DESC)
+        WHERE parent_id IS NOT NULL;
+    -- list_runs: newest first, overall and by each equality filter
+    CREATE INDEX durably_runs_listing ON durably_runs (created_at DESC, id DESC);
+    CREATE INDEX durably_runs_status_listing
+        ON durably_runs (status, created_at DESC, id DESC);
+    CREATE INDEX durably_runs_workflow ON durably_runs (workflow, created_at DESC, id DESC);
+    CREATE INDEX durably_runs_namespace ON durably_runs (namespace, created_at DESC, id DESC);
+    CREATE INDEX durably_runs_tags ON durably_runs USING GIN (tags jsonb_path_ops);
+
+    CREATE TABLE durably_checkpoints (
+        run_id TEXT NOT NULL,
+        seq INTEGER NOT NULL,
+        name TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        status TEXT NOT NULL,
+        input TEXT,
+        output TEXT,
+        error TEXT,
+        attempts INTEGER NOT NULL DEFAULT 0,
+        wake_at BIGINT,
+        started_at BIGINT,
+        finished_at BIGINT,
+        PRIMARY KEY (run_id, seq)
+    );
+
+    CREATE TABLE durably_signal_waiters (
+        token TEXT PRIMARY KEY,
+        run_id TEXT NOT NULL,
+        seq INTEGER NOT NULL
+    );
+    CREATE INDEX durably_signal_waiters_run ON durably_signal_waiters (run_id);
+
+    CREATE TABLE durably_buffered_signals (
+        id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        token TEXT NOT NULL,
+        payload TEXT,
+        created_at BIGINT NOT NULL
+    );
+    CREATE INDEX durably_buffered_signals_token ON durably_buffered_signals (token, id);
+    """,
+]
