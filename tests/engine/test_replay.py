@@ -92,9 +92,7 @@ async def test_parked_branches_of_a_gather_are_all_recorded(
     @engine.workflow("waits")
     async def waits(ctx: durably.WorkflowContext) -> list[object]:
         return list(
-            await asyncio.gather(
-                ctx.sleep("1h"), ctx.wait_for_signal("x"), ctx.sleep("10m")
-            )
+            await asyncio.gather(ctx.sleep("1h"), ctx.wait_for_signal("x"), ctx.sleep("10m"))
         )
 
     async with engine:

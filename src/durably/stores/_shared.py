@@ -4,10 +4,41 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Mapping
+from typing import Any
 
 from ..model import ErrorInfo
 
-__all__ = ["dead_error", "decode_cursor", "encode_cursor"]
+__all__ = [
+    "JSON_RUN_COLUMNS",
+    "UPDATABLE_RUN_COLUMNS",
+    "check_run_changes",
+    "dead_error",
+    "decode_cursor",
+    "encode_cursor",
+]
+
+UPDATABLE_RUN_COLUMNS = frozenset(
+    {
+        "status",
+        "input",
+        "output",
+        "error",
+        "tags",
+        "priority",
+        "wake_at",
+        "wake_requested_at",
+        "locked_by",
+        "locked_until",
+        "recovery_attempts",
+        "deadline_at",
+        "workflow_version",
+    }
+)
+"""The run columns ``update_run_if`` may change; identity and timestamps are not among them."""
+
+JSON_RUN_COLUMNS = frozenset({"input", "output", "error", "tags"})
+"""Run columns stored as JSON."""
 
 
 def encode_cursor(created_at: int, run_id: str) -> str:
@@ -35,3 +66,10 @@ def dead_error(attempts: int) -> ErrorInfo:
         "code": "max_recovery_attempts",
         "type": "RecoveryExhausted",
     }
+
+
+def check_run_changes(changes: Mapping[str, Any]) -> None:
+    """Raise ``ValueError`` if ``changes`` names a column ``update_run_if`` may not set."""
+    unknown = set(changes) - UPDATABLE_RUN_COLUMNS
+    if unknown:
+        raise ValueError(f"cannot update run columns {sorted(unknown)}")

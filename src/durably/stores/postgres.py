@@ -1,0 +1,728 @@
+"""The fleet store: PostgreSQL through an asyncpg connection pool.
+
+Every process of a fleet opens its own ``PostgresStore`` on the same database;
+the methods the protocol calls *atomic* hold across all of them:
+
+- leases, settles, recoveries and timer claims are single conditional
+  ``UPDATE … RETURNING`` statements, so the row lock decides the race;
+- a checkpoint write takes a share lock on its run row in the same statement
+  that checks the lease, so it cannot slip in after another owner took over;
+- ``wait_signal``, ``send_signal`` and ``cancel_signal_wait`` run in one
+  transaction holding ``pg_advisory_xact_lock`` on the token's hash. Under READ
+  COMMITTED a waiter registering while a sender buffers would otherwise miss
+  each other and lose the signal; the lock serialises the two.
+
+Writes that must see rows committed by others while they waited for a lock
+(deleting a run's waiters after a terminal update) are separate statements in
+one transaction, so each takes a fresh snapshot.
+
+``PostgresStore("postgresql://host/db?schema=name")`` (or ``schema=``) keeps
+every table in that schema, creating it if needed; tests use it to isolate.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import asyncpg
+
+from .. import codec
+from ..model import TERMINAL_STATUSES, Checkpoint, CheckpointStatus, ErrorInfo, Run, RunStatus
+from ._postgres_schema import MIGRATIONS
+from ._shared import JSON_RUN_COLUMNS, check_run_changes, dead_error, decode_cursor, encode_cursor
+from .base import RunChanges, RunPage, RunQuery, SettleResult, SignalWait
+
+__all__ = ["PostgresStore"]
+
+_RUN_COLUMNS = (
+    "id, workflow, workflow_version, status, namespace, parent_id, input, output, error, tags, "
+    "priority, wake_at, wake_requested_at, locked_by, locked_until, recovery_attempts, "
+    "deadline_at, created_at, updated_at"
+)
+_SELECT_RUN = (
+    "id, workflow, workflow_version, status, namespace, parent_id, input, output, error, "
+    "tags::text AS tags, priority, wake_at, wake_requested_at, locked_by, locked_until, "
+    "recovery_attempts, deadline_at, created_at, updated_at"
+)
+_CP_COLUMNS = (
+    "run_id, seq, name, kind, status, input, output, error, attempts, wake_at, "
+    "started_at, finished_at"
+)
+_CP_PARAMS = (
+    "$1::text, $2::integer, $3::text, $4::text, $5::text, $6::text, $7::text, $8::text, "
+    "$9::integer, $10::bigint, $11::bigint, $12::bigint"
+)
+_CP_UPSERT_TAIL = """
+    ON CONFLICT (run_id, seq) DO UPDATE SET
+        name = excluded.name, kind = excluded.kind, status = excluded.status,
+        input = excluded.input, output = excluded.output, error = excluded.error,
+        attempts = excluded.attempts, wake_at = excluded.wake_at,
+        started_at = excluded.started_at, finished_at = excluded.finished_at
+    WHERE durably_checkpoints.status <> 'completed'
+"""
+_UPSERT_CHECKPOINT = (
+    f"INSERT INTO durably_checkpoints ({_CP_COLUMNS}) VALUES ({_CP_PARAMS}) {_CP_UPSERT_TAIL}"
+)
+# One statement: lock the run row against a concurrent takeover, check the
+# lease, and upsert only if it is held; the result says whether it was.
+_SAVE_CHECKPOINT_FENCED = f"""
+    WITH lease AS (
+        SELECT id FROM durably_runs WHERE id = $1::text AND locked_by = $13::text FOR SHARE
+    ), saved AS (
+        INSERT INTO durably_checkpoints ({_CP_COLUMNS})
+        SELECT {_CP_PARAMS} FROM lease
+        {_CP_UPSERT_TAIL}
+        RETURNING 1
+    )
+    SELECT count(*) FROM lease
+"""
+_HOLD_LEASE = "SELECT 1 FROM durably_runs WHERE id = $1 AND locked_by = $2 FOR SHARE"
+_LOCK_TOKEN = "SELECT pg_advisory_xact_lock(hashtextextended($1::text, 0))"
+_LOCK_MIGRATIONS = "SELECT pg_advisory_xact_lock(hashtextextended('durably:migrate', 0))"
+_DELETE_WAITERS = "DELETE FROM durably_signal_waiters WHERE run_id = $1"
+_TERMINAL = [s.value for s in sorted(TERMINAL_STATUSES)]
+_SCHEMA_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+
+
+class PostgresStore:
+    """A :class:`~durably.stores.base.StateStore` on PostgreSQL (asyncpg, pooled)."""
+
+    def __init__(
+        self,
+        url: str = "postgresql://127.0.0.1:5432/durably",
+        *,
+        schema: str | None = None,
+        min_size: int = 1,
+        max_size: int = 10,
+        **connect_kwargs: Any,
+    ) -> None:
+        self.url = url
+        dsn, url_schema = _split_schema(url)
+        self.schema = schema if schema is not None else url_schema
+        if self.schema is not None and not _SCHEMA_NAME.match(self.schema):
+            raise ValueError(f"invalid schema name {self.schema!r}")
+        self._dsn = dsn
+        self._min_size = min_size
+        self._max_size = max_size
+        self._connect_kwargs = connect_kwargs
+        self._pool: Any = None
+
+    async def open(self) -> None:
+        """Connect the pool and create or upgrade the schema."""
+        if self._pool is not None:
+            return
+        kwargs = dict(self._connect_kwargs)
+        settings: dict[str, str] = dict(kwargs.pop("server_settings", None) or {})
+        settings.setdefault("application_name", "durably")
+        if self.schema is not None:
+            settings["search_path"] = f'"{self.schema}"'
+        pool = await asyncpg.create_pool(
+            self._dsn,
+            min_size=self._min_size,
+            max_size=self._max_size,
+            server_settings=settings,
+            **kwargs,
+        )
+        try:
+            async with pool.acquire() as conn:
+                await self._migrate(conn)
+        except BaseException:
+            await pool.close()
+            raise
+        self._pool = pool
+
+    async def close(self) -> None:
+        """Close the pool."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            await pool.close()
+
+    async def _migrate(self, conn: Any) -> None:
+        async with conn.transaction():
+            await conn.execute(_LOCK_MIGRATIONS)
+            if self.schema is not None:
+                await conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{self.schema}"')
+            await conn.execute(
+                "CREATE TABLE IF NOT EXISTS durably_meta (key TEXT PRIMARY KEY, value TEXT)"
+            )
+            found = await conn.fetchval(
+                "SELECT value FROM durably_meta WHERE key = 'schema_version'"
+            )
+            version = int(found) if found is not None else 0
+            if version > len(MIGRATIONS):
+                raise RuntimeError(
+                    f"the database schema is version {version}, newer than this durably "
+                    f"({len(MIGRATIONS)}); upgrade durably"
+                )
+            for number, script in enumerate(MIGRATIONS[version:], start=version + 1):
+                await conn.execute(script)
+                await conn.execute(
+                    "INSERT INTO durably_meta (key, value) VALUES ('schema_version', $1) "
+                    "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                    str(number),
+                )
+
+    def _ready(self) -> Any:
+        if self._pool is None:
+            raise RuntimeError("the PostgreSQL store is not open")
+        return self._pool
+
+    @asynccontextmanager
+    async def _transaction(self) -> AsyncIterator[Any]:
+        async with self._ready().acquire() as conn, conn.transaction():
+            yield conn
+
+    # -- runs --------------------------------------------------------------------
+
+    async def create_run(self, run: Run) -> tuple[Run, bool]:
+        """Insert unless the id exists."""
+        pool = self._ready()
+        while True:
+            inserted = await pool.fetchval(
+                f"INSERT INTO durably_runs ({_RUN_COLUMNS}) VALUES "
+                "($1,$2,$3,$4,$5,$6,$7,$8,$9,$10::jsonb,$11,$12,$13,$14,$15,$16,$17,$18,$19) "
+                "ON CONFLICT (id) DO NOTHING RETURNING true",
+                *_run_params(run),
+            )
+            if inserted:
+                return run, True
+            existing = await self.get_run(run.run_id)
+            if existing is not None:
+                return existing, False
+            # deleted between our insert and our read: try again
+
+    async def get_run(self, run_id: str) -> Run | None:
+        """The run, or ``None``."""
+        row = await self._ready().fetchrow(
+            f"SELECT {_SELECT_RUN} FROM durably_runs WHERE id = $1", run_id
+        )
+        return _row_to_run(row) if row is not None else None
+
+    async def get_runs(self, run_ids: list[str]) -> list[Run]:
+        """The runs that exist among ``run_ids``."""
+        ids = list(dict.fromkeys(run_ids))
+        if not ids:
+            return []
+        rows = await self._ready().fetch(
+            f"SELECT {_SELECT_RUN} FROM durably_runs WHERE id = ANY($1::text[])", ids
+        )
+        return [_row_to_run(row) for row in rows]
+
+    async def list_runs(self, query: RunQuery) -> RunPage:
+        """Runs matching ``query``, newest first."""
+        clauses: list[str] = []
+        params: list[Any] = []
+
+        def param(value: Any) -> str:
+            params.append(value)
+            return f"${len(params)}"
+
+        for column, value in (
+            ("status", query.status.value if query.status else None),
+            ("workflow", query.workflow),
+            ("namespace", query.namespace),
+            ("parent_id", query.parent_id),
+        ):
+            if value is not None:
+                clauses.append(f"{column} = {param(value)}")
+        if query.tag is not None:
+            clauses.append(f"tags @> {param(codec.dumps([query.tag]))}::jsonb")
+        after = decode_cursor(query.cursor)
+        if after is not None:
+            clauses.append(f"(created_at, id) < ({param(after[0])}::bigint, {param(after[1])})")
+        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+        sql = (
+            f"SELECT {_SELECT_RUN} FROM durably_runs {where} "
+            f"ORDER BY created_at DESC, id DESC LIMIT {param(query.limit + 1)}"
+        )
+        runs = [_row_to_run(row) for row in await self._ready().fetch(sql, *params)]
+        if len(runs) <= query.limit:
+            return RunPage(runs, None)
+        runs = runs[: query.limit]
+        return RunPage(runs, encode_cursor(runs[-1].created_at, runs[-1].run_id))
+
+    async def delete_run(self, run_id: str) -> bool:
+        """Delete a run with its history."""
+        async with self._transaction() as conn:
+            found = await conn.fetchval(
+                "DELETE FROM durably_runs WHERE id = $1 RETURNING true", run_id
+            )
+            await conn.execute("DELETE FROM durably_checkpoints WHERE run_id = $1", run_id)
+            await conn.execute(_DELETE_WAITERS, run_id)
+        return bool(found)
+
+    # -- leases and turns ------------------------------------------------------------
+
+    async def acquire_run(
+        self, run_id: str, owner: str, now: int, lease_until: int, statuses: frozenset[RunStatus]
+    ) -> Run | None:
+        """Lease the run if its status allows and nobody else holds it."""
+        row = await self._ready().fetchrow(
+            "UPDATE durably_runs SET status = 'running', locked_by = $1, locked_until = $2, "
+            "wake_requested_at = NULL, wake_at = NULL, updated_at = $3 "
+            "WHERE id = $4 AND status = ANY($5::text[]) "
+            "AND (locked_by IS NULL OR locked_until IS NULL OR locked_until < $3) "
+            f"RETURNING {_SELECT_RUN}",
+            owner,
+            lease_until,
+            now,
+            run_id,
+            [s.value for s in statuses],
+        )
+        return _row_to_run(row) if row is not None else None
+
+    async def continue_turn(self, run_id: str, owner: str, lease_until: int) -> Run | None:
+        """Keep the lease for one more turn."""
+        row = await self._ready().fetchrow(
+            "UPDATE durably_runs SET wake_requested_at = NULL, locked_until = $1 "
+            "WHERE id = $2 AND status = 'running' AND locked_by = $3 "
+            f"RETURNING {_SELECT_RUN}",
+            lease_until,
+            run_id,
+            owner,
+        )
+        return _row_to_run(row) if row is not None else None
+
+    async def renew_lease(self, run_id: str, owner: str, lease_until: int) -> bool:
+        """Extend our lease."""
+        done = await self._ready().fetchval(
+            "UPDATE durably_runs SET locked_until = $1 "
+            "WHERE id = $2 AND status = 'running' AND locked_by = $3 RETURNING true",
+            lease_until,
+            run_id,
+            owner,
+        )
+        return bool(done)
+
+    async def settle_run(
+        self, run_id: str, owner: str, status: RunStatus, changes: RunChanges, now: int
+    ) -> SettleResult:
+        """End a turn by compare-and-set."""
+        terminal = status in TERMINAL_STATUSES
+        guard = "" if terminal else " AND wake_requested_at IS NULL"
+        sql = (
+            "UPDATE durably_runs SET status = $1, output = $2, error = $3, wake_at = $4, "
+            "locked_by = NULL, locked_until = NULL, updated_at = $5 "
+            f"WHERE id = $6 AND status = 'running' AND locked_by = $7{guard} RETURNING true"
+        )
+        params = (
+            status.value,
+            _dump(changes.output),
+            _dump(changes.error),
+            changes.wake_at,
+            now,
+            run_id,
+            owner,
+        )
+        if terminal:
+            async with self._transaction() as conn:
+                if await conn.fetchval(sql, *params):
+                    # a separate statement, so it sees a waiter registered by a
+                    # transaction our UPDATE waited for
+                    await conn.execute(_DELETE_WAITERS, run_id)
+                    return SettleResult.SETTLED
+            return SettleResult.LOST
+        pool = self._ready()
+        if await pool.fetchval(sql, *params):
+            return SettleResult.SETTLED
+        held = await pool.fetchval(
+            "SELECT true FROM durably_runs WHERE id = $1 AND status = 'running' AND locked_by = $2",
+            run_id,
+            owner,
+        )
+        return SettleResult.WAKE_REQUESTED if held else SettleResult.LOST
+
+    async def release_run(self, run_id: str, owner: str, now: int) -> bool:
+        """Hand the run back as pending."""
+        done = await self._ready().fetchval(
+            "UPDATE durably_runs SET status = 'pending', locked_by = NULL, "
+            "locked_until = NULL, updated_at = $1 "
+            "WHERE id = $2 AND status = 'running' AND locked_by = $3 RETURNING true",
+            now,
+            run_id,
+            owner,
+        )
+        return bool(done)
+
+    async def request_wake(self, run_id: str, now: int) -> bool:
+        """Stamp a wake request on a live run."""
+        done = await self._ready().fetchval(
+            "UPDATE durably_runs SET wake_requested_at = $1 "
+            "WHERE id = $2 AND status <> ALL($3::text[]) RETURNING true",
+            now,
+            run_id,
+            _TERMINAL,
+        )
+        return bool(done)
+
+    async def update_run_if(
+        self, run_id: str, statuses: frozenset[RunStatus], changes: dict[str, Any], now: int
+    ) -> bool:
+        """Apply ``changes`` while the status is one of ``statuses``."""
+        check_run_changes(changes)
+        changes = dict(changes)
+        new_status = changes.get("status")
+        terminal = new_status is not None and RunStatus(new_status) in TERMINAL_STATUSES
+        if terminal:
+            changes.update(locked_by=None, locked_until=None)
+        params: list[Any] = []
+        sets: list[str] = []
+        for column, value in changes.items():
+            params.append(_column_value(column, value))
+            cast = "::jsonb" if column == "tags" else ""
+            sets.append(f"{column} = ${len(params)}{cast}")
+        params.extend([now, run_id, [s.value for s in statuses]])
+        n = len(params)
+        sets.append(f"updated_at = ${n - 2}")
+        sql = (
+            f"UPDATE durably_runs SET {', '.join(sets)} "
+            f"WHERE id = ${n - 1} AND status = ANY(${n}::text[]) RETURNING true"
+        )
+        if not terminal:
+            return bool(await self._ready().fetchval(sql, *params))
+        async with self._transaction() as conn:
+            if not await conn.fetchval(sql, *params):
+                return False
+            await conn.execute(_DELETE_WAITERS, run_id)
+            return True
+
+    # -- the worker loop ---------------------------------------------------------------
+
+    async def list_pending(self, now: int, limit: int) -> list[str]:
+        """Pending runs, most urgent first, then oldest."""
+        return await self._ids(
+            "SELECT id FROM durably_runs WHERE status = 'pending' "
+            "ORDER BY priority DESC, created_at, id LIMIT $1",
+            limit,
+        )
+
+    async def list_orphans(self, now: int, limit: int) -> list[str]:
+        """Running runs whose lease expired."""
+        return await self._ids(
+            "SELECT id FROM durably_runs WHERE status = 'running' "
+            "AND (locked_until IS NULL OR locked_until < $1) "
+            "ORDER BY locked_until NULLS FIRST, id LIMIT $2",
+            now,
+            limit,
+        )
+
+    async def recover_orphan(self, run_id: str, now: int, max_attempts: int) -> RunStatus | None:
+        """Count a recovery; pending again, or dead past ``max_attempts``."""
+        async with self._transaction() as conn:
+            row = await conn.fetchrow(
+                "UPDATE durably_runs SET recovery_attempts = recovery_attempts + 1, "
+                "locked_by = NULL, locked_until = NULL, updated_at = $1, "
+                "status = CASE WHEN recovery_attempts + 1 > $2 THEN 'dead' ELSE 'pending' END "
+                "WHERE id = $3 AND status = 'running' "
+                "AND (locked_until IS NULL OR locked_until < $1) "
+                "RETURNING status, recovery_attempts",
+                now,
+                max_attempts,
+                run_id,
+            )
+            if row is None:
+                return None
+            status = RunStatus(row["status"])
+            if status is RunStatus.DEAD:
+                await conn.execute(
+                    "UPDATE durably_runs SET error = $1 WHERE id = $2",
+                    codec.dumps(dead_error(row["recovery_attempts"])),
+                    run_id,
+                )
+                await conn.execute(_DELETE_WAITERS, run_id)
+            return status
+
+    async def list_due(self, now: int, limit: int) -> list[str]:
+        """Suspended runs whose timer is due or whose wake was requested."""
+        return await self._ids(
+            "SELECT id FROM ("
+            " SELECT id, wake_at AS due FROM durably_runs"
+            "  WHERE status = 'suspended' AND wake_at <= $1"
+            " UNION ALL"
+            " SELECT id, wake_requested_at AS due FROM durably_runs"
+            "  WHERE wake_requested_at IS NOT NULL AND status = 'suspended'"
+            ") AS due_runs GROUP BY id ORDER BY min(due), id LIMIT $2",
+            now,
+            limit,
+        )
+
+    async def claim_due(self, run_id: str, now: int, next_wake_at: int) -> bool:
+        """Move a due run's wake time ahead so no other poll takes it."""
+        done = await self._ready().fetchval(
+            "UPDATE durably_runs SET wake_at = $1, wake_requested_at = NULL "
+            "WHERE id = $2 AND status = 'suspended' "
+            "AND (wake_at <= $3 OR wake_requested_at IS NOT NULL) "
+            "AND (locked_by IS NULL OR locked_until IS NULL OR locked_until < $3) "
+            "RETURNING true",
+            next_wake_at,
+            run_id,
+            now,
+        )
+        return bool(done)
+
+    async def list_expired(self, now: int, limit: int) -> list[str]:
+        """Live runs past their execution deadline."""
+        return await self._ids(
+            "SELECT id FROM durably_runs WHERE deadline_at IS NOT NULL AND deadline_at <= $1 "
+            "AND status <> ALL($2::text[]) ORDER BY deadline_at, id LIMIT $3",
+            now,
+            _TERMINAL,
+            limit,
+        )
+
+    # -- checkpoints -------------------------------------------------------------------
+
+    async def load_checkpoints(self, run_id: str) -> dict[int, Checkpoint]:
+        """Every checkpoint of the run."""
+        rows = await self._ready().fetch(
+            f"SELECT {_CP_COLUMNS} FROM durably_checkpoints WHERE run_id = $1 ORDER BY seq",
+            run_id,
+        )
+        return {row["seq"]: _row_to_checkpoint(row) for row in rows}
+
+    async def save_checkpoint(self, checkpoint: Checkpoint, owner: str) -> bool:
+        """Upsert under the lease; never replace a completed checkpoint."""
+        held = await self._ready().fetchval(
+            _SAVE_CHECKPOINT_FENCED, *_checkpoint_params(checkpoint), owner
+        )
+        return bool(held)
+
+    # -- signals -------------------------------------------------------------------------
+
+    async def wait_signal(
+        self, checkpoint: Checkpoint, token: str, owner: str, now: int
+    ) -> SignalWait | None:
+        """Consume a buffered signal or register the waiter."""
+        async with self._transaction() as conn:
+            await conn.execute(_LOCK_TOKEN, token)
+            if not await conn.fetchval(_HOLD_LEASE, checkpoint.run_id, owner):
+                return None
+            row = await conn.fetchrow(
+                "DELETE FROM durably_buffered_signals WHERE id = ("
+                " SELECT id FROM durably_buffered_signals WHERE token = $1 ORDER BY id LIMIT 1"
+                ") RETURNING payload",
+                token,
+            )
+            if row is not None:
+                await conn.execute(_UPSERT_CHECKPOINT, *_completed(checkpoint, row[0], now))
+                return SignalWait(True, codec.loads(row[0]))
+            await conn.execute(
+                "INSERT INTO durably_signal_waiters (token, run_id, seq) VALUES ($1, $2, $3) "
+                "ON CONFLICT (token) DO UPDATE SET run_id = excluded.run_id, seq = excluded.seq",
+                token,
+                checkpoint.run_id,
+                checkpoint.seq,
+            )
+            await conn.execute(_UPSERT_CHECKPOINT, *_checkpoint_params(checkpoint))
+            return SignalWait(False)
+
+    async def send_signal(self, token: str, payload: Any, now: int) -> str | None:
+        """Deliver to the waiter, or buffer."""
+        text = codec.dumps(payload)
+        async with self._transaction() as conn:
+            await conn.execute(_LOCK_TOKEN, token)
+            waiter = await conn.fetchrow(
+                "DELETE FROM durably_signal_waiters WHERE token = $1 RETURNING run_id, seq",
+                token,
+            )
+            if waiter is None:
+                await conn.execute(
+                    "INSERT INTO durably_buffered_signals (token, payload, created_at) "
+                    "VALUES ($1, $2, $3)",
+                    token,
+                    text,
+                    now,
+                )
+                return None
+            run_id, seq = str(waiter["run_id"]), int(waiter["seq"])
+            status = await conn.execute(
+                "UPDATE durably_checkpoints SET status = 'completed', output = $1, "
+                "finished_at = $2 WHERE run_id = $3 AND seq = $4 AND status <> 'completed'",
+                text,
+                now,
+                run_id,
+                seq,
+            )
+            if _row_count(status) == 0:
+                base = Checkpoint(
+                    run_id, seq, f"signal:{token}", "signal", CheckpointStatus.PENDING
+                )
+                await conn.execute(_UPSERT_CHECKPOINT, *_completed(base, text, now))
+            return run_id
+
+    async def cancel_signal_wait(
+        self, run_id: str, seq: int, token: str, error: ErrorInfo, now: int
+    ) -> Checkpoint | None:
+        """Time a wait out unless a signal won the race."""
+        async with self._transaction() as conn:
+            await conn.execute(_LOCK_TOKEN, token)
+            row = await conn.fetchrow(
+                f"SELECT {_CP_COLUMNS} FROM durably_checkpoints "
+                "WHERE run_id = $1 AND seq = $2 FOR UPDATE",
+                run_id,
+                seq,
+            )
+            if row is not None and row["status"] == CheckpointStatus.COMPLETED.value:
+                return _row_to_checkpoint(row)
+            await conn.execute(
+                "DELETE FROM durably_signal_waiters WHERE token = $1 AND run_id = $2 AND seq = $3",
+                token,
+                run_id,
+                seq,
+            )
+            await conn.execute(
+                "UPDATE durably_checkpoints SET status = 'failed', error = $1, finished_at = $2 "
+                "WHERE run_id = $3 AND seq = $4 AND status <> 'completed'",
+                codec.dumps(error),
+                now,
+                run_id,
+                seq,
+            )
+            return None
+
+    async def list_buffered_signals(self, token: str) -> list[Any]:
+        """Buffered payloads for ``token``."""
+        rows = await self._ready().fetch(
+            "SELECT payload FROM durably_buffered_signals WHERE token = $1 ORDER BY id", token
+        )
+        return [codec.loads(row[0]) for row in rows]
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    async def _ids(self, sql: str, *params: Any) -> list[str]:
+        return [str(row[0]) for row in await self._ready().fetch(sql, *params)]
+
+
+def _split_schema(url: str) -> tuple[str, str | None]:
+    """Take a ``schema`` query parameter out of ``url``: asyncpg would send it
+    to the server as a setting, which PostgreSQL rejects."""
+    parts = urlsplit(url)
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    schema = next((value for key, value in query if key == "schema"), None)
+    if schema is None:
+        return url, None
+    rest = urlencode([(key, value) for key, value in query if key != "schema"])
+    return urlunsplit(parts._replace(query=rest)), schema
+
+
+def _row_count(status: str) -> int:
+    """The row count of an asyncpg command tag (``UPDATE 3`` → 3)."""
+    tail = status.rsplit(" ", 1)[-1]
+    return int(tail) if tail.isdigit() else 0
+
+
+def _dump(value: Any) -> str | None:
+    return None if value is None else codec.dumps(value)
+
+
+def _column_value(column: str, value: Any) -> Any:
+    if column == "status":
+        return RunStatus(value).value
+    if column == "tags":
+        return codec.dumps(value if value is not None else [])
+    if column in JSON_RUN_COLUMNS:
+        return _dump(value)
+    return value
+
+
+def _run_params(run: Run) -> tuple[Any, ...]:
+    return (
+        run.run_id,
+        run.workflow,
+        run.workflow_version,
+        run.status.value,
+        run.namespace,
+        run.parent_id,
+        _dump(run.input),
+        _dump(run.output),
+        _dump(run.error),
+        codec.dumps(run.tags),
+        run.priority,
+        run.wake_at,
+        run.wake_requested_at,
+        run.locked_by,
+        run.locked_until,
+        run.recovery_attempts,
+        run.deadline_at,
+        run.created_at,
+        run.updated_at,
+    )
+
+
+def _row_to_run(row: Any) -> Run:
+    return Run(
+        run_id=row["id"],
+        workflow=row["workflow"],
+        workflow_version=row["workflow_version"],
+        status=RunStatus(row["status"]),
+        namespace=row["namespace"],
+        parent_id=row["parent_id"],
+        input=codec.loads(row["input"]),
+        output=codec.loads(row["output"]),
+        error=codec.loads(row["error"]),
+        tags=codec.loads(row["tags"]) or [],
+        priority=row["priority"],
+        wake_at=row["wake_at"],
+        wake_requested_at=row["wake_requested_at"],
+        locked_by=row["locked_by"],
+        locked_until=row["locked_until"],
+        recovery_attempts=row["recovery_attempts"],
+        deadline_at=row["deadline_at"],
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+    )
+
+
+def _checkpoint_params(cp: Checkpoint) -> tuple[Any, ...]:
+    return (
+        cp.run_id,
+        cp.seq,
+        cp.name,
+        cp.kind,
+        cp.status.value,
+        _dump(cp.input),
+        _dump(cp.output),
+        _dump(cp.error),
+        cp.attempts,
+        cp.wake_at,
+        cp.started_at,
+        cp.finished_at,
+    )
+
+
+def _completed(cp: Checkpoint, payload_text: str | None, now: int) -> tuple[Any, ...]:
+    return (
+        cp.run_id,
+        cp.seq,
+        cp.name,
+        cp.kind,
+        CheckpointStatus.COMPLETED.value,
+        _dump(cp.input),
+        payload_text,
+        None,
+        cp.attempts,
+        cp.wake_at,
+        cp.started_at,
+        now,
+    )
+
+
+def _row_to_checkpoint(row: Any) -> Checkpoint:
+    return Checkpoint(
+        run_id=row["run_id"],
+        seq=row["seq"],
+        name=row["name"],
+        kind=row["kind"],
+        status=CheckpointStatus(row["status"]),
+        input=codec.loads(row["input"]),
+        output=codec.loads(row["output"]),
+        error=codec.loads(row["error"]),
+        attempts=row["attempts"],
+        wake_at=row["wake_at"],
+        started_at=row["started_at"],
+        finished_at=row["finished_at"],
+    )

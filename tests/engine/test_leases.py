@@ -1,0 +1,280 @@
+"""Leases, recovery, fencing, cancellation, drain and execution timeouts."""
+
+from __future__ import annotations
+
+import asyncio
+
+import durably
+from durably import CheckpointStatus, RunStatus
+from durably.testing import VirtualClock
+
+from .conftest import EngineFactory
+
+
+async def _orphan(engine: durably.Engine, run_id: str, owner: str = "dead-process") -> None:
+    """Make ``run_id`` look like a run whose executor died mid-turn."""
+    now = engine.clock.now_ms()
+    run = await engine.store.acquire_run(
+        run_id, owner, now, now + engine.lease_ms, frozenset({RunStatus.PENDING})
+    )
+    assert run is not None
+
+
+async def test_orphans_are_recovered_after_their_lease(
+    make_engine: EngineFactory, clock: VirtualClock
+) -> None:
+    engine = make_engine(clock=clock, drive=False)
+    worker = make_engine(clock=clock)
+    ran: list[str] = []
+
+    async def body(ctx: durably.WorkflowContext) -> str:
+        return await ctx.local_step("work", lambda: ran.append("x") or "done")
+
+    engine.register("job", body)
+    worker.register("job", body)
+    await engine.start("job", run_id="j")
+    await _orphan(engine, "j")
+    await worker.open()
+    assert await worker.recover_incomplete() == 0  # the lease is still live
+    clock.advance(engine.lease_ms / 1000 + 0.001)
+    assert await worker.recover_incomplete() == 1
+    result = await worker.wait_for_run("j", terminal=True, timeout=10)
+    assert result.output == "done" and ran == ["x"]
+    run = await worker.get_run("j")
+    assert run is not None and run.recovery_attempts == 1
+
+
+async def test_a_run_that_keeps_crashing_goes_dead(
+    make_engine: EngineFactory, clock: VirtualClock
+) -> None:
+    engine = make_engine(clock=clock, drive=False, max_recovery_attempts=2)
+
+    @engine.workflow("poison")
+    async def poison(ctx: durably.WorkflowContext) -> None:
+        return None
+
+    await engine.start("poison", run_id="p")
+    for attempt in range(3):
+        await _orphan(engine, "p")
+        clock.advance(engine.lease_ms / 1000 + 0.001)
+        assert await engine.recover_incomplete() == 1
+        run = await engine.get_run("p")
+        assert run is not None and run.recovery_attempts == attempt + 1
+    assert run.status is RunStatus.DEAD
+    assert run.error is not None and run.error["code"] == "max_recovery_attempts"
+    result = await engine.wait_for_run("p", timeout=5)
+    assert result.status is RunStatus.DEAD
+
+
+async def test_recovery_lists_orphans_only_and_is_bounded(
+    make_engine: EngineFactory, clock: VirtualClock
+) -> None:
+    engine = make_engine(clock=clock, drive=False)
+
+    @engine.workflow("w")
+    async def w(ctx: durably.WorkflowContext) -> None:
+        return None
+
+    for i in range(5):
+        await engine.start("w", run_id=f"o{i}")
+        await _orphan(engine, f"o{i}")
+    await engine.start("w", run_id="healthy")
+    clock.advance(engine.lease_ms / 1000 + 0.001)
+    await engine.start("w", run_id="fresh-pending")
+    assert await engine.recover_incomplete(limit=3) == 3
+    assert await engine.recover_incomplete(limit=3) == 2
+    assert await engine.recover_incomplete(limit=3) == 0
+
+
+async def test_a_fenced_turn_writes_nothing(
+    make_engine: EngineFactory, clock: VirtualClock
+) -> None:
+    """A turn whose lease renewal fails (another instance took over) stops
+    without writing checkpoints or its outcome."""
+    engine = make_engine(clock=clock, lease="10s")
+    entered = asyncio.Event()
+    gate = asyncio.Event()
+
+    async def slow() -> str:
+        entered.set()
+        await gate.wait()
+        return "late"
+
+    @engine.workflow("zombie")
+    async def zombie(ctx: durably.WorkflowContext) -> str:
+        return await ctx.local_step("slow", slow)
+
+    await engine.open()
+    await engine.start("zombie", run_id="z")
+    await asyncio.wait_for(entered.wait(), 10)
+    # Another instance takes over after the lease ran out (e.g. a long GC pause here).
+    clock_now = clock.now_ms()
+    assert await engine.store.update_run_if(
+        "z",
+        frozenset({RunStatus.RUNNING}),
+        {"locked_by": "usurper", "locked_until": clock_now + 60_000},
+        clock_now,
+    )
+    clock.advance("5s")  # the renewal fires and fails
+    await asyncio.sleep(0.05)
+    gate.set()
+    await engine.join()
+    run = await engine.get_run("z")
+    assert run is not None and run.status is RunStatus.RUNNING and run.locked_by == "usurper"
+    history = await engine.history("z")
+    assert [c.status for c in history] == [CheckpointStatus.RUNNING]
+
+
+async def test_cancel_stops_a_running_turn_and_is_never_overwritten(
+    make_engine: EngineFactory,
+) -> None:
+    engine = make_engine()
+    entered = asyncio.Event()
+    gate = asyncio.Event()
+    after_cancel: list[str] = []
+
+    async def slow() -> None:
+        entered.set()
+        await gate.wait()
+
+    @engine.workflow("cancellable")
+    async def cancellable(ctx: durably.WorkflowContext) -> str:
+        await ctx.local_step("slow", slow)
+        after_cancel.append("next step reached")
+        await ctx.local_step("next", lambda: None)
+        return "completed"
+
+    async with engine:
+        await engine.start("cancellable", run_id="c")
+        await asyncio.wait_for(entered.wait(), 10)
+        assert await engine.cancel("c") is RunStatus.RUNNING
+        gate.set()
+        result = await engine.wait_for_run("c", terminal=True, timeout=10)
+        await engine.join()
+        assert result.status is RunStatus.CANCELLED
+        assert after_cancel == []
+        run = await engine.get_run("c")
+        assert run is not None and run.status is RunStatus.CANCELLED and run.locked_by is None
+        assert await engine.cancel("c") is RunStatus.CANCELLED  # idempotent
+
+
+async def test_cancel_from_another_instance_fences_the_holder(
+    make_engine: EngineFactory,
+) -> None:
+    engine = make_engine()
+    operator = make_engine(drive=False)
+    entered = asyncio.Event()
+    gate = asyncio.Event()
+
+    async def slow() -> None:
+        entered.set()
+        await gate.wait()
+
+    @engine.workflow("remote-cancel")
+    async def wf(ctx: durably.WorkflowContext) -> str:
+        await ctx.local_step("slow", slow)
+        return "completed"
+
+    async with engine:
+        await engine.start("remote-cancel", run_id="rc")
+        await asyncio.wait_for(entered.wait(), 10)
+        assert await operator.cancel("rc") is RunStatus.RUNNING
+        gate.set()  # the stale turn tries to write its step and its outcome
+        await engine.join()
+        run = await engine.get_run("rc")
+    assert run is not None and run.status is RunStatus.CANCELLED and run.output is None
+
+
+async def test_cancel_suspended_and_pending_runs(make_engine: EngineFactory) -> None:
+    engine = make_engine()
+
+    @engine.workflow("waiting")
+    async def waiting(ctx: durably.WorkflowContext) -> None:
+        await ctx.wait_for_signal("never")
+
+    async with engine:
+        await engine.start("waiting", run_id="s")
+        await engine.wait_for_run("s", timeout=10)
+        assert await engine.cancel("s") is RunStatus.SUSPENDED
+        # Its waiter is gone: a signal to the token is buffered, not delivered.
+        assert await engine.signal("never") is None
+        assert (await engine.get_run("s")).status is RunStatus.CANCELLED  # type: ignore[union-attr]
+
+
+async def test_execution_timeout_sweep(make_engine: EngineFactory, clock: VirtualClock) -> None:
+    engine = make_engine(clock=clock)
+
+    @engine.workflow("bounded", execution_timeout="1h")
+    async def bounded(ctx: durably.WorkflowContext) -> None:
+        await ctx.sleep("1d")
+
+    await engine.open()
+    await engine.start("bounded", run_id="b")
+    await engine.join()
+    clock.advance("59m")
+    assert await engine.sweep_timeouts() == 0
+    clock.advance("1m")
+    assert await engine.sweep_timeouts() == 1
+    result = await engine.wait_for_run("b", timeout=5)
+    assert result.status is RunStatus.CANCELLED
+    assert result.error is not None and result.error["code"] == "execution_timeout"
+    clock.advance("1d")
+    assert await engine.resume_due_timers() == 0  # a cancelled run is never woken
+
+
+async def test_drain_hands_running_turns_back(make_engine: EngineFactory) -> None:
+    engine = make_engine()
+    entered = asyncio.Event()
+
+    async def forever() -> None:
+        entered.set()
+        await asyncio.Event().wait()
+
+    @engine.workflow("stuck")
+    async def stuck(ctx: durably.WorkflowContext) -> None:
+        await ctx.local_step("forever", forever)
+
+    await engine.start_worker()
+    await engine.start("stuck", run_id="s")
+    await asyncio.wait_for(entered.wait(), 10)
+    await engine.drain(0.1)
+    run = await engine.get_run("s")
+    assert run is not None and run.status is RunStatus.PENDING and run.locked_by is None
+
+
+async def test_a_stable_instance_id_reclaims_its_own_runs_at_once(
+    make_engine: EngineFactory,
+) -> None:
+    first = make_engine(instance_id="worker-1", drive=False)
+
+    @first.workflow("mine")
+    async def mine(ctx: durably.WorkflowContext) -> str:
+        return "recovered"
+
+    await first.start("mine", run_id="m")
+    await _orphan(first, "m", owner="worker-1")  # worker-1 died mid-turn
+
+    restarted = make_engine(instance_id="worker-1")
+    restarted.register("mine", mine)
+    async with restarted:
+        assert await restarted.recover_incomplete() == 1
+        assert (await restarted.wait_for_run("m", terminal=True, timeout=10)).output == "recovered"
+
+
+async def test_tick_isolates_failing_phases(make_engine: EngineFactory) -> None:
+    engine = make_engine()
+    calls: list[str] = []
+
+    async def broken(limit: int = 0) -> int:
+        calls.append("broken")
+        raise RuntimeError("phase exploded")
+
+    async def counted() -> int:
+        calls.append("timers")
+        return 0
+
+    engine.recover_incomplete = broken  # type: ignore[method-assign]
+    engine.resume_due_timers = counted  # type: ignore[method-assign]
+    await engine.open()
+    await engine.tick()
+    assert calls == ["broken", "timers"]
