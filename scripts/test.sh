@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Install everything the test suite needs and run it: lint, types, tests.
+# Usage: bash scripts/test.sh [pytest args...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# --- services: PostgreSQL and Redis normally run on this machine; start them if down.
+if command -v pg_isready >/dev/null 2>&1 && ! pg_isready -h 127.0.0.1 -p 5432 -q; then
+  echo "starting PostgreSQL"
+  pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -n1)" main start || true
+  for _ in $(seq 1 30); do pg_isready -h 127.0.0.1 -p 5432 -q && break; sleep 1; done
+fi
+if command -v psql >/dev/null 2>&1 && pg_isready -h 127.0.0.1 -p 5432 -q; then
+  if ! psql -h 127.0.0.1 -U postgres -tAc "SELECT 1 FROM pg_database WHERE datname='test'" | grep -q 1; then
+    psql -h 127.0.0.1 -U postgres -c "CREATE DATABASE test" >/dev/null
+  fi
+fi
+if command -v redis-cli >/dev/null 2>&1 && ! redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then
+  echo "starting Redis"
+  mkdir -p /var/lib/redis /var/log/redis
+  redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" --appendonly no \
+    --dir /var/lib/redis --logfile /var/log/redis/ci.log || true
+fi
+
+# --- the project and its test dependencies, in a virtualenv of its own.
+PYTHON="${PYTHON:-python3}"
+if [ ! -x .venv/bin/python ]; then
+  "$PYTHON" -m venv .venv
+fi
+.venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip >/dev/null
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev]'
+
+echo "== ruff"
+.venv/bin/ruff check src tests
+.venv/bin/ruff format --check src tests
+echo "== mypy --strict"
+.venv/bin/mypy
+echo "== pytest"
+exec .venv/bin/pytest -q -p no:cacheprovider "$@"
