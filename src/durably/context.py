@@ -9,19 +9,17 @@ without executing anything.
 
 from __future__ import annotations
 
-import asyncio
-import functools
 import inspect
 import logging
 import random as _random
 import uuid as _uuid
 from collections.abc import Awaitable, Callable
-from concurrent.futures import Executor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from . import codec
+from ._threads import StepThreads
 from .clock import Clock
 from .durations import Duration, to_ms
 from .errors import FatalError, SignalTimeout, StepFailed, _ContinueAsNew, _TurnClosed
@@ -41,7 +39,7 @@ class _Services:
 
     store: StateStore
     clock: Clock
-    threads: Executor
+    threads: StepThreads
     track_start: bool
     default_retry: RetryPolicy
     logger: logging.Logger
@@ -146,32 +144,35 @@ class WorkflowContext:
             if recorded.status is CheckpointStatus.FAILED:
                 raise _step_failed(name, recorded.error, recorded.attempts)
         turn, services = self._turn, self._services
+        run_id = turn.run.run_id
         attempts = recorded.attempts if recorded is not None else 0
         started = services.clock.now_ms()
-        checkpoint = Checkpoint(
-            turn.run.run_id, seq, name, "local", CheckpointStatus.RUNNING, started_at=started
-        )
         with turn.in_flight():
             for retry_number in range(policy.retries + 1):
                 attempts += 1
                 if track:
-                    await self._save(replace(checkpoint, attempts=attempts))
+                    # Awaited: it also makes every earlier result durable
+                    # before this step's side effect happens.
+                    await self._save(
+                        Checkpoint(
+                            run_id, seq, name, "local", CheckpointStatus.RUNNING,
+                            attempts=attempts, started_at=started,
+                        )
+                    )
+                else:
+                    await turn.flush()
                 try:
                     result = await self._call(fn, args)
                     output = codec.to_jsonable(result)
-                except _TurnClosed:
-                    raise
                 except Exception as exc:
                     turn.ensure_open()
                     fatal = isinstance(exc, FatalError | codec.EncodeError)
                     if fatal or retry_number == policy.retries:
                         failure = error_info(exc)
                         await self._save(
-                            replace(
-                                checkpoint,
-                                status=CheckpointStatus.FAILED,
-                                error=failure,
-                                attempts=attempts,
+                            Checkpoint(
+                                run_id, seq, name, "local", CheckpointStatus.FAILED,
+                                error=failure, attempts=attempts, started_at=started,
                                 finished_at=services.clock.now_ms(),
                             )
                         )
@@ -187,12 +188,11 @@ class WorkflowContext:
                     await services.clock.sleep(delay / 1000)
                     turn.ensure_open()
                     continue
-                await self._save(
-                    replace(
-                        checkpoint,
-                        status=CheckpointStatus.COMPLETED,
-                        output=output,
-                        attempts=attempts,
+                turn.ensure_open()
+                self._save_later(
+                    Checkpoint(
+                        run_id, seq, name, "local", CheckpointStatus.COMPLETED,
+                        output=output, attempts=attempts, started_at=started,
                         finished_at=services.clock.now_ms(),
                     )
                 )
@@ -202,8 +202,7 @@ class WorkflowContext:
     async def _call(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
         if inspect.iscoroutinefunction(fn):
             return await fn(*args)
-        loop = asyncio.get_running_loop()
-        result = await loop.run_in_executor(self._services.threads, functools.partial(fn, *args))
+        result = await self._services.threads.call(fn, args)
         if inspect.isawaitable(result):
             return await result
         return result
@@ -219,6 +218,7 @@ class WorkflowContext:
         seq, recorded = self._turn.allocate("side_effect", "side_effect")
 
         async def compute() -> Any:
+            await self._turn.flush()  # earlier results are durable before the effect
             return await self._call(fn, args)
 
         return self._recorded(seq, "side_effect", "side_effect", recorded, compute)
@@ -272,7 +272,7 @@ class WorkflowContext:
         with self._turn.in_flight():
             value = codec.to_jsonable(await compute())
             now = self._services.clock.now_ms()
-            await self._save(
+            self._save_later(
                 Checkpoint(
                     self.run_id,
                     seq,
@@ -329,10 +329,8 @@ class WorkflowContext:
             started_at=recorded.started_at if recorded else now,
         )
         if wake_at <= now:
-            with self._turn.in_flight():
-                await self._save(
-                    replace(checkpoint, status=CheckpointStatus.COMPLETED, finished_at=now)
-                )
+            checkpoint.status, checkpoint.finished_at = CheckpointStatus.COMPLETED, now
+            self._save_later(checkpoint)
             return
         if recorded is None:
             with self._turn.in_flight():
@@ -366,6 +364,7 @@ class WorkflowContext:
             now = services.clock.now_ms()
             if deadline is not None and deadline <= now:
                 with turn.in_flight():
+                    await turn.flush()
                     won = await services.store.cancel_signal_wait(
                         self.run_id, seq, token, error_info(SignalTimeout(token)), now
                     )
@@ -385,8 +384,10 @@ class WorkflowContext:
             started_at=now,
         )
         with turn.in_flight():
+            await turn.flush()
             result = await services.store.wait_signal(checkpoint, token, turn.owner, now)
         if result is None:
+            turn.fenced = True
             turn.close("fenced")
             raise _TurnClosed("fenced")
         if result.delivered:
@@ -405,10 +406,16 @@ class WorkflowContext:
     # -- plumbing ------------------------------------------------------------------------
 
     async def _save(self, checkpoint: Checkpoint) -> None:
-        self._turn.ensure_open()
-        if not await self._services.store.save_checkpoint(checkpoint, self._turn.owner):
-            self._turn.close("fenced")
+        turn = self._turn
+        turn.ensure_open()
+        await turn.flush()
+        if not await self._services.store.save_checkpoint(checkpoint, turn.owner):
+            turn.fenced = True
+            turn.close("fenced")
             raise _TurnClosed("fenced")
+
+    def _save_later(self, checkpoint: Checkpoint) -> None:
+        self._turn.write_later(self._services.store.save_checkpoint(checkpoint, self._turn.owner))
 
 
 def _step_failed(name: str, error: ErrorInfo | None, attempts: int) -> StepFailed:

@@ -19,17 +19,17 @@ import re
 import socket
 import uuid
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from types import TracebackType
 from typing import Any, TypeVar, cast
 
 from . import codec
 from ._executor import RunExecutor
+from ._threads import StepThreads
 from .clock import Clock, SystemClock
 from .context import WorkflowContext, _Services
 from .durations import Duration, to_ms
-from .errors import DurablyError, SchemaValidationError, WorkflowNotRegistered
+from .errors import DurablyError, SchemaValidationError, WorkflowNotRegistered, _TurnClosed
 from .model import TERMINAL_STATUSES, Checkpoint, Run, RunResult, RunStatus
 from .registry import Registry, WorkflowDef, takes_input
 from .replay import Turn, TurnEnd, TurnOutcome, error_info
@@ -120,9 +120,7 @@ class Engine:
         self.drain_timeout = drain_timeout
         self._stable_instance_id = instance_id is not None
         self._registry = Registry()
-        self._threads = ThreadPoolExecutor(
-            max_workers=step_threads, thread_name_prefix="durably-step"
-        )
+        self._threads = StepThreads(step_threads)
         self._services = _Services(
             store=self.store,
             clock=self.clock,
@@ -234,7 +232,7 @@ class Engine:
         await self.drain(self.drain_timeout)
         self._opened = False
         await self.store.close()
-        self._threads.shutdown(wait=False, cancel_futures=True)
+        self._threads.shutdown()
 
     async def __aenter__(self) -> Engine:
         await self.start_worker()
@@ -605,8 +603,15 @@ class Engine:
             except SchemaValidationError as exc:
                 return TurnOutcome(TurnEnd.FAILED, error=error_info(exc))
             if definition.takes_input:
-                return await turn.execute(lambda: definition.fn(ctx, value))
-            return await turn.execute(lambda: definition.fn(ctx))
+                outcome = await turn.execute(lambda: definition.fn(ctx, value))
+            else:
+                outcome = await turn.execute(lambda: definition.fn(ctx))
+            if outcome.end is not TurnEnd.CLOSED:
+                try:
+                    await turn.flush()  # every result is durable before the outcome
+                except _TurnClosed:
+                    return TurnOutcome(TurnEnd.CLOSED)
+            return outcome
         finally:
             renewer.cancel()
             if self._active.get(run.run_id) is turn:
