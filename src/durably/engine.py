@@ -42,6 +42,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 _log = logging.getLogger("durably")
 _WAKEABLE = frozenset({RunStatus.PENDING, RunStatus.SUSPENDED})
+_SETTLED = frozenset({*TERMINAL_STATUSES, RunStatus.SUSPENDED, RunStatus.BLOCKED})
 _LIVE = frozenset({RunStatus.PENDING, RunStatus.RUNNING, RunStatus.SUSPENDED, RunStatus.BLOCKED})
 _CONTINUATION = re.compile(r"^(.*)~(\d+)$")
 
@@ -132,7 +133,7 @@ class Engine:
         self._executor: RunExecutor | None = None
         self._executor_limit = max_concurrent_runs
         self._active: dict[str, Turn] = {}
-        self._watchers: dict[str, list[asyncio.Future[None]]] = {}
+        self._watchers: dict[str, list[asyncio.Future[RunResult | None]]] = {}
         self._opened = False
         self._open_lock: asyncio.Lock | None = None
         self._loop_task: asyncio.Task[None] | None = None
@@ -378,15 +379,16 @@ class Engine:
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         poll = 0.01
+        settled = TERMINAL_STATUSES if terminal else _SETTLED
+        reread = True
         while True:
-            future: asyncio.Future[None] = loop.create_future()
+            future: asyncio.Future[RunResult | None] = loop.create_future()
             self._watchers.setdefault(run_id, []).append(future)
             try:
-                run = await self._require(run_id)
-                if run.status in TERMINAL_STATUSES or (
-                    not terminal and run.status in (RunStatus.SUSPENDED, RunStatus.BLOCKED)
-                ):
-                    return RunResult(run.run_id, run.status, run.output, run.error)
+                if reread:
+                    run = await self._require(run_id)
+                    if run.status in settled:
+                        return RunResult(run.run_id, run.status, run.output, run.error)
                 wait = poll
                 if deadline is not None:
                     remaining = deadline - loop.time()
@@ -395,6 +397,11 @@ class Engine:
                     wait = min(wait, remaining)
                 await asyncio.wait({future}, timeout=wait)
                 poll = min(poll * 2, 0.5)
+                # A turn settled here hands over its outcome: no read needed.
+                result = future.result() if future.done() else None
+                if result is not None and result.status in settled:
+                    return result
+                reread = result is None
             finally:
                 watchers = self._watchers.get(run_id)
                 if watchers is not None:
@@ -660,7 +667,7 @@ class Engine:
                 _log.warning(
                     "run %s (%s) failed: %s", run_id, run.workflow, outcome.error.get("message")
                 )
-            self._notify(run_id)
+            self._notify(run_id, RunResult(run_id, status, changes.output, changes.error))
         return None
 
     async def _continue_as_new(self, run: Run, new_input: Any) -> str:
@@ -726,10 +733,11 @@ class Engine:
 
     # -- helpers --------------------------------------------------------------------------
 
-    def _notify(self, run_id: str) -> None:
+    def _notify(self, run_id: str, result: RunResult | None = None) -> None:
+        """Wake ``wait_for_run`` callers; with ``result`` they need not re-read."""
         for future in self._watchers.get(run_id, ()):
             if not future.done():
-                future.set_result(None)
+                future.set_result(result)
 
     async def _require(self, run_id: str) -> Run:
         run = await self.store.get_run(run_id)

@@ -50,17 +50,19 @@ async def test_retries_with_backoff_on_the_engine_clock(
             "call", flaky, retries=3, backoff="exp", backoff_base="1s", jitter=False
         )
 
+    async def until(condition: Callable[[], bool]) -> None:
+        for _ in range(500):
+            if condition():
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError("condition never held")
+
     await engine.open()
     await engine.start("flaky", run_id="f")
-    for _ in range(100):
-        await asyncio.sleep(0.01)
-        if clock.sleepers:
-            break
+    # Sleepers: the lease renewal, plus the backoff once an attempt failed.
+    await until(lambda: len(attempts) == 1 and clock.sleepers == 2)
     clock.advance("1s")
-    for _ in range(100):
-        await asyncio.sleep(0.01)
-        if len(attempts) == 2 and clock.sleepers:
-            break
+    await until(lambda: len(attempts) == 2 and clock.sleepers == 2)
     clock.advance("1999ms")
     await asyncio.sleep(0.05)
     assert len(attempts) == 2  # the second backoff is 2 s
