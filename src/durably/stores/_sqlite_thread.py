@@ -41,6 +41,7 @@ class SqliteThread:
         """Open the connection on a new thread; raise if it cannot be opened."""
         if self._thread is not None:
             return
+        self._ready.clear()  # a restart after stop() waits for its own connection
         self._thread = threading.Thread(target=self._serve, name="durably-sqlite", daemon=True)
         self._thread.start()
         self._ready.wait()
@@ -75,6 +76,7 @@ class SqliteThread:
         return conn
 
     def _serve(self) -> None:
+        self._startup_error = None
         try:
             conn = self._connect()
         except BaseException as exc:  # surfaced to start()'s caller
@@ -122,7 +124,9 @@ class SqliteThread:
             conn.execute("COMMIT")
         except Exception as exc:
             if conn.in_transaction:
-                conn.rollback()
+                # a failing rollback must not kill the thread: every caller would hang
+                with contextlib.suppress(sqlite3.Error):
+                    conn.rollback()
             outcomes = [(future, None, exc) for _, future, _ in batch]
         by_loop: dict[asyncio.AbstractEventLoop, list[Any]] = {}
         for (_, _, loop), outcome in zip(batch, outcomes, strict=True):

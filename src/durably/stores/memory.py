@@ -12,7 +12,7 @@ from collections import defaultdict, deque
 from typing import Any
 
 from ..model import TERMINAL_STATUSES, Checkpoint, CheckpointStatus, ErrorInfo, Run, RunStatus
-from ._shared import dead_error, decode_cursor, encode_cursor
+from ._shared import check_run_changes, dead_error, decode_cursor, encode_cursor
 from .base import RunChanges, RunPage, RunQuery, SettleResult, SignalWait
 
 __all__ = ["MemoryStore"]
@@ -148,6 +148,7 @@ class MemoryStore:
         self, run_id: str, statuses: frozenset[RunStatus], changes: dict[str, Any], now: int
     ) -> bool:
         """Apply ``changes`` while the status is one of ``statuses``."""
+        check_run_changes(changes)
         run = self._runs.get(run_id)
         if run is None or run.status not in statuses:
             return False
@@ -196,7 +197,7 @@ class MemoryStore:
     async def list_due(self, now: int, limit: int) -> list[str]:
         """Suspended runs whose timer is due or whose wake was requested."""
         due = [r for r in self._runs.values() if _due(r, now)]
-        due.sort(key=lambda r: (_due_key(r), r.run_id))
+        due.sort(key=lambda r: (_due_key(r, now), r.run_id))
         return [r.run_id for r in due[:limit]]
 
     async def claim_due(self, run_id: str, now: int, next_wake_at: int) -> bool:
@@ -312,8 +313,11 @@ def _due(run: Run, now: int) -> bool:
     return run.wake_requested_at is not None or (run.wake_at is not None and run.wake_at <= now)
 
 
-def _due_key(run: Run) -> int:
-    times = [t for t in (run.wake_at, run.wake_requested_at) if t is not None]
+def _due_key(run: Run, now: int) -> int:
+    """When the run became due: the earliest of its reasons to wake that holds at ``now``."""
+    times = [run.wake_requested_at] if run.wake_requested_at is not None else []
+    if run.wake_at is not None and run.wake_at <= now:
+        times.append(run.wake_at)
     return min(times) if times else 0
 
 

@@ -22,6 +22,7 @@ every table in that schema, creating it if needed; tests use it to isolate.
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -89,7 +90,12 @@ _SCHEMA_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 
 
 class PostgresStore:
-    """A :class:`~durably.stores.base.StateStore` on PostgreSQL (asyncpg, pooled)."""
+    """A :class:`~durably.stores.base.StateStore` on PostgreSQL (asyncpg, pooled).
+
+    ``schema`` (or ``?schema=`` in the URL) keeps the tables in that schema;
+    ``min_size`` / ``max_size`` size the connection pool; any other keyword
+    goes to :func:`asyncpg.create_pool` (``ssl=``, ``command_timeout=`` …).
+    """
 
     def __init__(
         self,
@@ -110,11 +116,15 @@ class PostgresStore:
         self._max_size = max_size
         self._connect_kwargs = connect_kwargs
         self._pool: Any = None
+        self._opening = asyncio.Lock()
 
     async def open(self) -> None:
         """Connect the pool and create or upgrade the schema."""
-        if self._pool is not None:
-            return
+        async with self._opening:
+            if self._pool is None:
+                self._pool = await self._connect()
+
+    async def _connect(self) -> Any:
         kwargs = dict(self._connect_kwargs)
         settings: dict[str, str] = dict(kwargs.pop("server_settings", None) or {})
         settings.setdefault("application_name", "durably")
@@ -133,7 +143,7 @@ class PostgresStore:
         except BaseException:
             await pool.close()
             raise
-        self._pool = pool
+        return pool
 
     async def close(self) -> None:
         """Close the pool."""

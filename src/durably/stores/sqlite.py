@@ -16,7 +16,13 @@ from urllib.parse import unquote, urlsplit
 
 from .. import codec
 from ..model import TERMINAL_STATUSES, Checkpoint, CheckpointStatus, ErrorInfo, Run, RunStatus
-from ._shared import dead_error, decode_cursor, encode_cursor
+from ._shared import (
+    JSON_RUN_COLUMNS,
+    check_run_changes,
+    dead_error,
+    decode_cursor,
+    encode_cursor,
+)
 from ._sqlite_schema import MIGRATIONS
 from ._sqlite_thread import SqliteThread
 from .base import RunChanges, RunPage, RunQuery, SettleResult, SignalWait
@@ -183,7 +189,8 @@ class SqliteStore:
         sql = (
             "UPDATE durably_runs SET status = 'running', locked_by = ?, locked_until = ?, "
             "wake_requested_at = NULL, wake_at = NULL, updated_at = ? "
-            f"WHERE id = ? AND status IN ({marks}) AND (locked_by IS NULL OR locked_until < ?) "
+            f"WHERE id = ? AND status IN ({marks}) "
+            "AND (locked_by IS NULL OR locked_until IS NULL OR locked_until < ?) "
             f"RETURNING {_RUN_COLUMNS}"
         )
         params = [owner, lease_until, now, run_id, *(s.value for s in statuses), now]
@@ -292,18 +299,16 @@ class SqliteStore:
         self, run_id: str, statuses: frozenset[RunStatus], changes: dict[str, Any], now: int
     ) -> bool:
         """Apply ``changes`` while the status is one of ``statuses``."""
+        check_run_changes(changes)
         changes = dict(changes)
-        unknown = set(changes) - _UPDATABLE
-        if unknown:
-            raise ValueError(f"cannot update run columns {sorted(unknown)}")
         new_status = changes.get("status")
         terminal = new_status is not None and RunStatus(new_status) in TERMINAL_STATUSES
         if terminal:
             changes.update(locked_by=None, locked_until=None)
-        sets = ", ".join(f"{column} = ?" for column in changes)
+        sets = "".join(f"{column} = ?, " for column in changes)  # may be empty: a touch
         values = [_column_value(column, value) for column, value in changes.items()]
         marks = ",".join("?" * len(statuses))
-        sql = f"UPDATE durably_runs SET {sets}, updated_at = ? WHERE id = ? AND status IN ({marks})"
+        sql = f"UPDATE durably_runs SET {sets}updated_at = ? WHERE id = ? AND status IN ({marks})"
         params = [*values, now, run_id, *(s.value for s in statuses)]
 
         def op(conn: sqlite3.Connection) -> bool:
@@ -380,7 +385,7 @@ class SqliteStore:
                 "UPDATE durably_runs SET wake_at = ?, wake_requested_at = NULL "
                 "WHERE id = ? AND status = 'suspended' "
                 "AND (wake_at <= ? OR wake_requested_at IS NOT NULL) "
-                "AND (locked_by IS NULL OR locked_until < ?)",
+                "AND (locked_by IS NULL OR locked_until IS NULL OR locked_until < ?)",
                 (next_wake_at, run_id, now, now),
             )
             return cur.rowcount == 1
@@ -526,26 +531,6 @@ class SqliteStore:
         return await self._db.run(lambda conn: [row[0] for row in conn.execute(sql, params)])
 
 
-_UPDATABLE = frozenset(
-    {
-        "status",
-        "input",
-        "output",
-        "error",
-        "tags",
-        "priority",
-        "wake_at",
-        "wake_requested_at",
-        "locked_by",
-        "locked_until",
-        "recovery_attempts",
-        "deadline_at",
-        "workflow_version",
-    }
-)
-_JSON_COLUMNS = frozenset({"input", "output", "error", "tags"})
-
-
 def _migrate(conn: sqlite3.Connection) -> None:
     conn.execute("CREATE TABLE IF NOT EXISTS durably_meta (key TEXT PRIMARY KEY, value TEXT)")
     row = conn.execute("SELECT value FROM durably_meta WHERE key = 'schema_version'").fetchone()
@@ -573,7 +558,7 @@ def _dump(value: Any) -> str | None:
 def _column_value(column: str, value: Any) -> Any:
     if column == "status":
         return RunStatus(value).value
-    if column in _JSON_COLUMNS:
+    if column in JSON_RUN_COLUMNS:
         return _dump(value)
     return value
 

@@ -1,0 +1,65 @@
+"""Fixtures shared by every test directory.
+
+PostgreSQL tests run against a real server: ``DURABLY_TEST_POSTGRES_URL``, by
+default ``postgresql://postgres@127.0.0.1:5432/test`` (``.ci/run`` starts it).
+They never skip: an unreachable server fails them with a message saying so.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any
+
+import pytest
+
+POSTGRES_URL = os.environ.get(
+    "DURABLY_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"
+)
+
+
+async def _connect_postgres() -> Any:
+    import asyncpg
+
+    try:
+        return await asyncpg.connect(POSTGRES_URL, timeout=10)
+    except Exception as exc:
+        problem = f"{type(exc).__name__}: {exc}"
+    pytest.fail(
+        f"PostgreSQL is not reachable at {POSTGRES_URL} ({problem}). "
+        "PostgreSQL tests never skip: start the server (.ci/run does) or set "
+        "DURABLY_TEST_POSTGRES_URL to one that runs.",
+        pytrace=False,
+    )
+
+
+@asynccontextmanager
+async def isolated_postgres_url() -> AsyncIterator[str]:
+    """A store URL whose tables live in a fresh schema, dropped on exit."""
+    schema = f"durably_test_{uuid.uuid4().hex[:16]}"
+    conn = await _connect_postgres()
+    await conn.close()
+    separator = "&" if "?" in POSTGRES_URL else "?"
+    try:
+        yield f"{POSTGRES_URL}{separator}schema={schema}"
+    finally:
+        conn = await _connect_postgres()
+        try:
+            await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        finally:
+            await conn.close()
+
+
+@pytest.fixture
+async def postgres_url() -> AsyncIterator[str]:
+    """A PostgreSQL store URL isolated in its own schema for this test."""
+    async with isolated_postgres_url() as url:
+        yield url
+
+
+@pytest.fixture
+def isolated_postgres() -> Callable[[], AbstractAsyncContextManager[str]]:
+    """``async with isolated_postgres() as url:`` — a URL in a fresh schema, dropped after."""
+    return isolated_postgres_url
