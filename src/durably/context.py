@@ -155,8 +155,13 @@ class WorkflowContext:
                     # before this step's side effect happens.
                     await self._save(
                         Checkpoint(
-                            run_id, seq, name, "local", CheckpointStatus.RUNNING,
-                            attempts=attempts, started_at=started,
+                            run_id,
+                            seq,
+                            name,
+                            "local",
+                            CheckpointStatus.RUNNING,
+                            attempts=attempts,
+                            started_at=started,
                         )
                     )
                 else:
@@ -171,8 +176,14 @@ class WorkflowContext:
                         failure = error_info(exc)
                         await self._save(
                             Checkpoint(
-                                run_id, seq, name, "local", CheckpointStatus.FAILED,
-                                error=failure, attempts=attempts, started_at=started,
+                                run_id,
+                                seq,
+                                name,
+                                "local",
+                                CheckpointStatus.FAILED,
+                                error=failure,
+                                attempts=attempts,
+                                started_at=started,
                                 finished_at=services.clock.now_ms(),
                             )
                         )
@@ -191,8 +202,14 @@ class WorkflowContext:
                 turn.ensure_open()
                 self._save_later(
                     Checkpoint(
-                        run_id, seq, name, "local", CheckpointStatus.COMPLETED,
-                        output=output, attempts=attempts, started_at=started,
+                        run_id,
+                        seq,
+                        name,
+                        "local",
+                        CheckpointStatus.COMPLETED,
+                        output=output,
+                        attempts=attempts,
+                        started_at=started,
                         finished_at=services.clock.now_ms(),
                     )
                 )
