@@ -59,12 +59,19 @@ class SqliteThread:
 
     async def run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run ``fn(connection)`` inside the next committed batch and return its result."""
+        return await self.submit(fn)
+
+    def submit(self, fn: Callable[[sqlite3.Connection], T]) -> asyncio.Future[T]:
+        """Queue ``fn(connection)`` now; the future resolves once its batch committed.
+
+        Calls are executed in the order they were submitted.
+        """
         if self._thread is None:
             raise RuntimeError("the SQLite store is closed")
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
         self._queue.put((fn, future, loop))
-        return await future
+        return future
 
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)

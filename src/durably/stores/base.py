@@ -3,8 +3,8 @@
 A store keeps runs, checkpoints, signal waiters and buffered signals. The engine
 never composes multi-statement transactions itself; instead each method that
 must be atomic is one call here, and its docstring says what it guarantees.
-Implementations: :mod:`durably.stores.memory` and :mod:`durably.stores.sqlite`,
-both proven by the shared conformance suite in ``tests/conformance``.
+Implementations: :mod:`durably.stores.memory`, :mod:`durably.stores.sqlite` and
+:mod:`durably.stores.postgres`, all proven by the shared conformance suite in ``tests/conformance``.
 
 All times are integer epoch milliseconds supplied by the caller, so the engine's
 clock (real or virtual) is the only clock.
@@ -12,6 +12,7 @@ clock (real or virtual) is the only clock.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol, runtime_checkable
@@ -89,6 +90,12 @@ class StateStore(Protocol):
     url: str
     """The URL this store was opened from (``memory://``, ``sqlite:///path`` …)."""
 
+    ordered_writes: bool
+    """True when writes are applied in the order their calls were *made*
+    (one connection, FIFO). The engine then skips waiting for an earlier
+    write before issuing the next one, since the later completing implies
+    the earlier did."""
+
     async def open(self) -> None:
         """Connect and create or upgrade the schema. Idempotent."""
 
@@ -123,6 +130,12 @@ class StateStore(Protocol):
         ``owner`` until ``lease_until``, clear ``wake_requested_at`` and
         ``wake_at``, and return it. Otherwise ``None``."""
 
+    async def start_turn(
+        self, run_id: str, owner: str, now: int, lease_until: int, statuses: frozenset[RunStatus]
+    ) -> tuple[Run, dict[int, Checkpoint]] | None:
+        """:meth:`acquire_run` and, if it succeeded, :meth:`load_checkpoints`,
+        in one round trip: the start of every turn."""
+
     async def continue_turn(self, run_id: str, owner: str, lease_until: int) -> Run | None:
         """*Atomic*: while ``owner`` holds the lease of a running run, clear its
         ``wake_requested_at``, extend the lease and return the run."""
@@ -131,14 +144,14 @@ class StateStore(Protocol):
         """Extend ``owner``'s lease of a running run; ``False`` means the lease
         is gone (cancelled, released or taken over) and the turn is fenced."""
 
-    async def settle_run(
+    def settle_run(
         self,
         run_id: str,
         owner: str,
         status: RunStatus,
         changes: RunChanges,
         now: int,
-    ) -> SettleResult:
+    ) -> Awaitable[SettleResult]:
         """*Atomic* compare-and-set ending a turn: only while the run is
         ``running`` under ``owner``, write ``status`` with ``changes`` and
         release the lease in the same statement. A non-terminal ``status`` is
@@ -187,9 +200,12 @@ class StateStore(Protocol):
     async def load_checkpoints(self, run_id: str) -> dict[int, Checkpoint]:
         """Every checkpoint of a run, by seq (the one snapshot per turn)."""
 
-    async def save_checkpoint(self, checkpoint: Checkpoint, owner: str) -> bool:
+    def save_checkpoint(self, checkpoint: Checkpoint, owner: str) -> Awaitable[bool]:
         """Upsert a checkpoint, fenced: only while ``owner`` holds the run's
-        lease, and never replacing a ``completed`` checkpoint."""
+        lease, and never replacing a ``completed`` checkpoint.
+
+        The hot path of every step. With :attr:`ordered_writes` the write is
+        queued when this is *called* (a plain function returning a future)."""
 
     # -- signals -----------------------------------------------------------------
 

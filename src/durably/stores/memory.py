@@ -23,6 +23,7 @@ class MemoryStore:
 
     def __init__(self, url: str = "memory://") -> None:
         self.url = url
+        self.ordered_writes = False
         self._runs: dict[str, Run] = {}
         self._checkpoints: dict[str, dict[int, Checkpoint]] = defaultdict(dict)
         self._waiters: dict[str, tuple[str, int]] = {}
@@ -91,6 +92,15 @@ class MemoryStore:
         run.wake_at = None
         run.updated_at = now
         return copy.deepcopy(run)
+
+    async def start_turn(
+        self, run_id: str, owner: str, now: int, lease_until: int, statuses: frozenset[RunStatus]
+    ) -> tuple[Run, dict[int, Checkpoint]] | None:
+        """Lease the run and load its history."""
+        run = await self.acquire_run(run_id, owner, now, lease_until, statuses)
+        if run is None:
+            return None
+        return run, await self.load_checkpoints(run_id)
 
     async def continue_turn(self, run_id: str, owner: str, lease_until: int) -> Run | None:
         """Keep the lease for one more turn."""

@@ -107,6 +107,7 @@ class PostgresStore:
         **connect_kwargs: Any,
     ) -> None:
         self.url = url
+        self.ordered_writes = False
         dsn, url_schema = _split_schema(url)
         self.schema = schema if schema is not None else url_schema
         if self.schema is not None and not _SCHEMA_NAME.match(self.schema):
@@ -284,6 +285,31 @@ class PostgresStore:
             [s.value for s in statuses],
         )
         return _row_to_run(row) if row is not None else None
+
+    async def start_turn(
+        self, run_id: str, owner: str, now: int, lease_until: int, statuses: frozenset[RunStatus]
+    ) -> tuple[Run, dict[int, Checkpoint]] | None:
+        """Lease the run and load its history on one connection."""
+        async with self._ready().acquire() as conn:
+            row = await conn.fetchrow(
+                "UPDATE durably_runs SET status = 'running', locked_by = $1, locked_until = $2, "
+                "wake_requested_at = NULL, wake_at = NULL, updated_at = $3 "
+                "WHERE id = $4 AND status = ANY($5::text[]) "
+                "AND (locked_by IS NULL OR locked_until IS NULL OR locked_until < $3) "
+                f"RETURNING {_SELECT_RUN}",
+                owner,
+                lease_until,
+                now,
+                run_id,
+                [s.value for s in statuses],
+            )
+            if row is None:
+                return None
+            rows = await conn.fetch(
+                f"SELECT {_CP_COLUMNS} FROM durably_checkpoints WHERE run_id = $1 ORDER BY seq",
+                run_id,
+            )
+        return _row_to_run(row), {r["seq"]: _row_to_checkpoint(r) for r in rows}
 
     async def continue_turn(self, run_id: str, owner: str, lease_until: int) -> Run | None:
         """Keep the lease for one more turn."""

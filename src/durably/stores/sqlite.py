@@ -9,6 +9,7 @@ call is executed on one thread per store with group commit
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sqlite3
 from typing import Any
@@ -74,6 +75,7 @@ class SqliteStore:
     def __init__(self, url: str = "sqlite:///durably.db", *, busy_timeout_ms: int = 30_000) -> None:
         self.url = url
         self.path = sqlite_path_from_url(url)
+        self.ordered_writes = True  # one connection, one thread, FIFO
         self._db = SqliteThread(self.path, busy_timeout_ms=busy_timeout_ms)
         self._opened = False
 
@@ -201,6 +203,32 @@ class SqliteStore:
 
         return await self._db.run(op)
 
+    async def start_turn(
+        self, run_id: str, owner: str, now: int, lease_until: int, statuses: frozenset[RunStatus]
+    ) -> tuple[Run, dict[int, Checkpoint]] | None:
+        """Lease the run and load its history in one batch."""
+        marks = ",".join("?" * len(statuses))
+        sql = (
+            "UPDATE durably_runs SET status = 'running', locked_by = ?, locked_until = ?, "
+            "wake_requested_at = NULL, wake_at = NULL, updated_at = ? "
+            f"WHERE id = ? AND status IN ({marks}) "
+            "AND (locked_by IS NULL OR locked_until IS NULL OR locked_until < ?) "
+            f"RETURNING {_RUN_COLUMNS}"
+        )
+        params = [owner, lease_until, now, run_id, *(s.value for s in statuses), now]
+
+        def op(conn: sqlite3.Connection) -> tuple[Run, dict[int, Checkpoint]] | None:
+            row = conn.execute(sql, params).fetchone()
+            if row is None:
+                return None
+            rows = conn.execute(
+                f"SELECT {_CP_COLUMNS} FROM durably_checkpoints WHERE run_id = ? ORDER BY seq",
+                (run_id,),
+            )
+            return _row_to_run(row), {r[1]: _row_to_checkpoint(r) for r in rows}
+
+        return await self._db.run(op)
+
     async def continue_turn(self, run_id: str, owner: str, lease_until: int) -> Run | None:
         """Keep the lease for one more turn."""
 
@@ -228,10 +256,10 @@ class SqliteStore:
 
         return await self._db.run(op)
 
-    async def settle_run(
+    def settle_run(
         self, run_id: str, owner: str, status: RunStatus, changes: RunChanges, now: int
-    ) -> SettleResult:
-        """End a turn by compare-and-set."""
+    ) -> asyncio.Future[SettleResult]:
+        """End a turn by compare-and-set (queued when called)."""
         terminal = status in TERMINAL_STATUSES
         guard = "" if terminal else " AND wake_requested_at IS NULL"
         params = (
@@ -266,7 +294,7 @@ class SqliteStore:
                 return SettleResult.WAKE_REQUESTED
             return SettleResult.LOST
 
-        return await self._db.run(op)
+        return self._db.submit(op)
 
     async def release_run(self, run_id: str, owner: str, now: int) -> bool:
         """Hand the run back as pending."""
@@ -414,17 +442,21 @@ class SqliteStore:
 
         return await self._db.run(op)
 
-    async def save_checkpoint(self, checkpoint: Checkpoint, owner: str) -> bool:
-        """Upsert under the lease; never replace a completed checkpoint."""
+    def save_checkpoint(self, checkpoint: Checkpoint, owner: str) -> asyncio.Future[bool]:
+        """Upsert under the lease; never replace a completed checkpoint.
+
+        Queued when called (not when awaited), so writes land in call order.
+        """
         params = _checkpoint_params(checkpoint)
+        run_id = checkpoint.run_id
 
         def op(conn: sqlite3.Connection) -> bool:
-            if not conn.execute(_HOLDS_LEASE, (checkpoint.run_id, owner)).fetchone():
+            if not conn.execute(_HOLDS_LEASE, (run_id, owner)).fetchone():
                 return False
             conn.execute(_UPSERT_CHECKPOINT, params)
             return True
 
-        return await self._db.run(op)
+        return self._db.submit(op)
 
     # -- signals -------------------------------------------------------------------------
 
