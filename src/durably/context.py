@@ -423,10 +423,17 @@ class WorkflowContext:
     # -- plumbing ------------------------------------------------------------------------
 
     async def _save(self, checkpoint: Checkpoint) -> None:
-        turn = self._turn
+        turn, store = self._turn, self._services.store
         turn.ensure_open()
-        await turn.flush()
-        if not await self._services.store.save_checkpoint(checkpoint, turn.owner):
+        if store.ordered_writes:
+            # Queued behind every earlier write: once this one is done they
+            # are too, and the flush only collects their results.
+            held = await store.save_checkpoint(checkpoint, turn.owner)
+            await turn.flush()
+        else:
+            await turn.flush()
+            held = await store.save_checkpoint(checkpoint, turn.owner)
+        if not held:
             turn.fenced = True
             turn.close("fenced")
             raise _TurnClosed("fenced")

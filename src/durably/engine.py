@@ -44,6 +44,7 @@ _log = logging.getLogger("durably")
 _WAKEABLE = frozenset({RunStatus.PENDING, RunStatus.SUSPENDED})
 _SETTLED = frozenset({*TERMINAL_STATUSES, RunStatus.SUSPENDED, RunStatus.BLOCKED})
 _LIVE = frozenset({RunStatus.PENDING, RunStatus.RUNNING, RunStatus.SUSPENDED, RunStatus.BLOCKED})
+_Leased = tuple[Run, dict[int, Checkpoint]]
 _CONTINUATION = re.compile(r"^(.*)~(\d+)$")
 
 
@@ -461,10 +462,10 @@ class Engine:
         await self.open()
         if self._draining:
             return False
-        run = await self._acquire(run_id, wake=True)
-        if run is None:
+        leased = await self._acquire(run_id, wake=True)
+        if leased is None:
             return False
-        await self._drive(run)
+        await self._drive(*leased)
         return True
 
     async def run_pending(self, limit: int = 100) -> int:
@@ -564,17 +565,17 @@ class Engine:
             self._executor.submit(run_id, wake=True)
 
     async def _execute(self, run_id: str, wake: bool) -> None:
-        run = await self._acquire(run_id, wake=wake)
-        if run is not None:
-            await self._drive(run)
+        leased = await self._acquire(run_id, wake=wake)
+        if leased is not None:
+            await self._drive(*leased)
 
-    async def _acquire(self, run_id: str, *, wake: bool = False) -> Run | None:
+    async def _acquire(self, run_id: str, *, wake: bool = False) -> _Leased | None:
         now = self.clock.now_ms()
-        run = await self.store.acquire_run(
+        leased = await self.store.start_turn(
             run_id, self.instance_id, now, now + self.lease_ms, _WAKEABLE
         )
-        if run is not None or not wake:
-            return run
+        if leased is not None or not wake:
+            return leased
         current = await self.store.get_run(run_id)
         if current is None or current.status is not RunStatus.RUNNING:
             return None
@@ -584,41 +585,39 @@ class Engine:
         if not await self.store.request_wake(run_id, now):
             return None
         now = self.clock.now_ms()
-        return await self.store.acquire_run(
+        return await self.store.start_turn(
             run_id, self.instance_id, now, now + self.lease_ms, _WAKEABLE
         )
 
-    async def _drive(self, run: Run) -> None:
-        current: Run | None = run
-        while current is not None:
-            outcome = await self._turn(current)
-            current = await self._settle(current, outcome)
+    async def _drive(self, run: Run, checkpoints: dict[int, Checkpoint]) -> None:
+        leased: _Leased | None = (run, checkpoints)
+        while leased is not None:
+            outcome, turn = await self._turn(*leased)
+            leased = await self._settle(leased[0], outcome, turn)
 
-    async def _turn(self, run: Run) -> TurnOutcome:
+    async def _turn(
+        self, run: Run, checkpoints: dict[int, Checkpoint]
+    ) -> tuple[TurnOutcome, Turn | None]:
         try:
             definition = self._registry.get(run.workflow, run.workflow_version)
-        except WorkflowNotRegistered as exc:
-            return TurnOutcome(TurnEnd.FAILED, error=error_info(exc))
-        checkpoints = await self.store.load_checkpoints(run.run_id)
+            value = definition.parse_input(run.input)
+        except (WorkflowNotRegistered, SchemaValidationError) as exc:
+            return TurnOutcome(TurnEnd.FAILED, error=error_info(exc)), None
         turn = Turn(run, checkpoints, self.instance_id, self.clock.now_ms, self.reconcile_ms)
         ctx = WorkflowContext(turn, self._services)
         self._active[run.run_id] = turn
         renewer = asyncio.create_task(self._renew(turn))
         try:
-            try:
-                value = definition.parse_input(run.input)
-            except SchemaValidationError as exc:
-                return TurnOutcome(TurnEnd.FAILED, error=error_info(exc))
             if definition.takes_input:
                 outcome = await turn.execute(lambda: definition.fn(ctx, value))
             else:
                 outcome = await turn.execute(lambda: definition.fn(ctx))
-            if outcome.end is not TurnEnd.CLOSED:
+            if outcome.end is not TurnEnd.CLOSED and not self.store.ordered_writes:
                 try:
                     await turn.flush()  # every result is durable before the outcome
                 except _TurnClosed:
-                    return TurnOutcome(TurnEnd.CLOSED)
-            return outcome
+                    outcome = TurnOutcome(TurnEnd.CLOSED)
+            return outcome, turn
         finally:
             renewer.cancel()
             if self._active.get(run.run_id) is turn:
@@ -642,7 +641,7 @@ class Engine:
                 turn.close("fenced")
                 return
 
-    async def _settle(self, run: Run, outcome: TurnOutcome) -> Run | None:
+    async def _settle(self, run: Run, outcome: TurnOutcome, turn: Turn | None) -> _Leased | None:
         """Write the turn's outcome; return the run if it must take another turn."""
         run_id, now = run.run_id, self.clock.now_ms()
         if outcome.end is TurnEnd.CLOSED:
@@ -660,8 +659,21 @@ class Engine:
         else:
             status, changes = RunStatus.SUSPENDED, RunChanges(wake_at=outcome.wake_at)
         result = await self.store.settle_run(run_id, self.instance_id, status, changes, now)
+        if turn is not None and self.store.ordered_writes:
+            # The outcome was queued behind the turn's results, so they are
+            # settled too; collect them (a write that failed is only logged:
+            # the run's own row already holds its outcome).
+            try:
+                await turn.flush()
+            except _TurnClosed:
+                pass
+            except Exception:
+                _log.exception("a checkpoint write of run %s failed", run_id)
         if result is SettleResult.WAKE_REQUESTED:
-            return await self.store.continue_turn(run_id, self.instance_id, now + self.lease_ms)
+            again = await self.store.continue_turn(run_id, self.instance_id, now + self.lease_ms)
+            if again is None:
+                return None
+            return again, await self.store.load_checkpoints(run_id)
         if result is SettleResult.SETTLED:
             if status is RunStatus.FAILED and outcome.error:
                 _log.warning(
