@@ -25,7 +25,9 @@ def load_engine(spec: str) -> Engine:
     """
     module_name, sep, attr_path = spec.partition(":")
     if not sep or not module_name or not attr_path:
-        raise AppLoadError(f"--app must look like 'module:attribute' (e.g. myapp.main:engine), got {spec!r}")
+        raise AppLoadError(
+            f"--app must look like 'module:attribute' (e.g. myapp.main:engine), got {spec!r}"
+        )
     cwd = os.getcwd()
     if cwd not in sys.path and "" not in sys.path:
         sys.path.insert(0, cwd)

@@ -76,7 +76,10 @@ def format_time(ms: int | None, *, with_date: bool = True) -> str:
     """Epoch milliseconds as local time (``2024-05-01 12:00:00.123``); ``-`` for none."""
     if ms is None:
         return "-"
-    moment = datetime.fromtimestamp(ms / 1000)
+    try:
+        moment = datetime.fromtimestamp(ms / 1000)
+    except (ValueError, OverflowError, OSError):
+        return str(ms)
     text = moment.strftime("%Y-%m-%d %H:%M:%S" if with_date else "%H:%M:%S")
     return f"{text}.{moment.microsecond // 1000:03d}"
 
@@ -124,7 +127,7 @@ def _error_line(error: dict[str, Any] | None, limit: int) -> str:
 
 def runs_table(runs: Iterable[Run], *, title: str | None = None) -> Table:
     """The ``durably runs list`` table: one row per run, newest first."""
-    table = Table(title=title, box=box.SIMPLE_HEAD, title_justify="left")
+    table = Table(title=title, box=box.SIMPLE_HEAD, title_justify="left", show_edge=False)
     table.add_column("RUN ID", no_wrap=True)
     table.add_column("WORKFLOW", no_wrap=True)
     table.add_column("VER", no_wrap=True)
@@ -221,14 +224,9 @@ def timeline_table(
     """
     now = int(time.time() * 1000) if now_ms is None else now_ms
     rows = sorted(checkpoints, key=lambda cp: (cp.seq < 0, abs(cp.seq)))
-    days = {
-        datetime.fromtimestamp(ms / 1000).date()
-        for cp in rows
-        for ms in (cp.started_at, cp.finished_at)
-        if ms is not None
-    }
+    days = {format_time(ms)[:10] for cp in rows for ms in (cp.started_at, cp.finished_at) if ms}
     with_date = len(days) > 1
-    table = Table(title=title, box=box.SIMPLE_HEAD, title_justify="left")
+    table = Table(title=title, box=box.SIMPLE_HEAD, title_justify="left", show_edge=False)
     table.add_column("SEQ", justify="right", no_wrap=True)
     table.add_column("NAME", no_wrap=True)
     table.add_column("KIND", no_wrap=True)
