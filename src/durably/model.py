@@ -86,6 +86,8 @@ class Run:
     locked_until: int | None = None
     recovery_attempts: int = 0
     deadline_at: int | None = None
+    parent_seq: int | None = None
+    cancel_requested: str | None = None
     created_at: int = 0
     updated_at: int = 0
 

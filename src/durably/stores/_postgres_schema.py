@@ -91,4 +91,9 @@ MIGRATIONS: list[str] = [
     );
     CREATE INDEX durably_buffered_signals_token ON durably_buffered_signals (token, id);
     """,
+    # 2: children report to (parent_id, parent_seq); a durable cancel intent
+    """
+    ALTER TABLE durably_runs ADD COLUMN parent_seq INTEGER;
+    ALTER TABLE durably_runs ADD COLUMN cancel_requested TEXT;
+    """,
 ]

@@ -32,6 +32,7 @@ UPDATABLE_RUN_COLUMNS = frozenset(
         "locked_until",
         "recovery_attempts",
         "deadline_at",
+        "cancel_requested",
         "workflow_version",
     }
 )

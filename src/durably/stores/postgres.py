@@ -42,12 +42,12 @@ __all__ = ["PostgresStore"]
 _RUN_COLUMNS = (
     "id, workflow, workflow_version, status, namespace, parent_id, input, output, error, tags, "
     "priority, wake_at, wake_requested_at, locked_by, locked_until, recovery_attempts, "
-    "deadline_at, created_at, updated_at"
+    "deadline_at, created_at, updated_at, parent_seq, cancel_requested"
 )
 _SELECT_RUN = (
     "id, workflow, workflow_version, status, namespace, parent_id, input, output, error, "
     "tags::text AS tags, priority, wake_at, wake_requested_at, locked_by, locked_until, "
-    "recovery_attempts, deadline_at, created_at, updated_at"
+    "recovery_attempts, deadline_at, created_at, updated_at, parent_seq, cancel_requested"
 )
 _CP_COLUMNS = (
     "run_id, seq, name, kind, status, input, output, error, attempts, wake_at, "
@@ -195,7 +195,7 @@ class PostgresStore:
         while True:
             inserted = await pool.fetchval(
                 f"INSERT INTO durably_runs ({_RUN_COLUMNS}) VALUES "
-                "($1,$2,$3,$4,$5,$6,$7,$8,$9,$10::jsonb,$11,$12,$13,$14,$15,$16,$17,$18,$19) "
+                "($1,$2,$3,$4,$5,$6,$7,$8,$9,$10::jsonb,$11,$12,$13,$14,$15,$16,$17,$18,$19,$20,$21) "
                 "ON CONFLICT (id) DO NOTHING RETURNING true",
                 *_run_params(run),
             )
@@ -686,6 +686,8 @@ def _run_params(run: Run) -> tuple[Any, ...]:
         run.deadline_at,
         run.created_at,
         run.updated_at,
+        run.parent_seq,
+        run.cancel_requested,
     )
 
 
@@ -710,6 +712,8 @@ def _row_to_run(row: Any) -> Run:
         deadline_at=row["deadline_at"],
         created_at=row["created_at"],
         updated_at=row["updated_at"],
+        parent_seq=row["parent_seq"],
+        cancel_requested=row["cancel_requested"],
     )
 
 

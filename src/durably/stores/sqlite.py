@@ -33,7 +33,7 @@ __all__ = ["SqliteStore", "sqlite_path_from_url"]
 _RUN_COLUMNS = (
     "id, workflow, workflow_version, status, namespace, parent_id, input, output, error, tags, "
     "priority, wake_at, wake_requested_at, locked_by, locked_until, recovery_attempts, "
-    "deadline_at, created_at, updated_at"
+    "deadline_at, created_at, updated_at, parent_seq, cancel_requested"
 )
 _CP_COLUMNS = (
     "run_id, seq, name, kind, status, input, output, error, attempts, wake_at, "
@@ -103,7 +103,7 @@ class SqliteStore:
         def op(conn: sqlite3.Connection) -> tuple[Run, bool]:
             cur = conn.execute(
                 f"INSERT INTO durably_runs ({_RUN_COLUMNS}) "
-                "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT (id) DO NOTHING",
+                "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT (id) DO NOTHING",
                 _run_params(run),
             )
             if cur.rowcount == 1:
@@ -616,6 +616,8 @@ def _run_params(run: Run) -> tuple[Any, ...]:
         run.deadline_at,
         run.created_at,
         run.updated_at,
+        run.parent_seq,
+        run.cancel_requested,
     )
 
 
@@ -640,6 +642,8 @@ def _row_to_run(row: tuple[Any, ...]) -> Run:
         deadline_at=row[16],
         created_at=row[17],
         updated_at=row[18],
+        parent_seq=row[19],
+        cancel_requested=row[20],
     )
 
 
