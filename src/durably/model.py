@@ -112,6 +112,8 @@ class Checkpoint:
     wake_at: int | None = None
     started_at: int | None = None
     finished_at: int | None = None
+    group: str | None = None
+    """The fan-out (``ctx.all``) this operation belongs to, if any."""
 
     @property
     def step_id(self) -> str:

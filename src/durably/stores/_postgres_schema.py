@@ -91,9 +91,13 @@ MIGRATIONS: list[str] = [
     );
     CREATE INDEX durably_buffered_signals_token ON durably_buffered_signals (token, id);
     """,
-    # 2: children report to (parent_id, parent_seq); a durable cancel intent
+    # 2: children report to (parent_id, parent_seq); a durable cancel intent;
+    # fan-out checkpoints carry their group, so a child can tell when it was the last
     """
     ALTER TABLE durably_runs ADD COLUMN parent_seq INTEGER;
     ALTER TABLE durably_runs ADD COLUMN cancel_requested TEXT;
+    ALTER TABLE durably_checkpoints ADD COLUMN parallel_group TEXT;
+    CREATE INDEX durably_checkpoints_group ON durably_checkpoints (run_id, parallel_group, status)
+        WHERE parallel_group IS NOT NULL;
     """,
 ]

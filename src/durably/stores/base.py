@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol, runtime_checkable
 
-from ..model import Checkpoint, ErrorInfo, Run, RunStatus
+from ..model import Checkpoint, CheckpointStatus, ErrorInfo, Run, RunStatus
 
 __all__ = [
     "RunChanges",
@@ -107,6 +107,10 @@ class StateStore(Protocol):
     async def create_run(self, run: Run) -> tuple[Run, bool]:
         """Insert ``run`` unless its id exists. *Atomic*: of two racing creates
         exactly one returns ``created=True``; both return the stored run."""
+
+    async def create_runs(self, runs: list[Run]) -> list[str]:
+        """Insert many runs at once, skipping ids that exist; return the ids
+        inserted. A fan-out's children are created in a few statements."""
 
     async def get_run(self, run_id: str) -> Run | None:
         """The run, or ``None``."""
@@ -206,6 +210,27 @@ class StateStore(Protocol):
 
         The hot path of every step. With :attr:`ordered_writes` the write is
         queued when this is *called* (a plain function returning a future)."""
+
+    async def save_checkpoints(self, checkpoints: list[Checkpoint], owner: str) -> bool:
+        """:meth:`save_checkpoint` for many checkpoints of one run, in one
+        transaction; ``False`` (and nothing written) if ``owner`` lost the lease."""
+
+    async def resolve_checkpoint(
+        self,
+        run_id: str,
+        seq: int,
+        status: CheckpointStatus,
+        output: Any,
+        error: ErrorInfo | None,
+        now: int,
+    ) -> int | None:
+        """Settle a pending checkpoint from outside the run (a child reporting
+        to its parent). Not fenced: the run's own turn never settles it.
+
+        Returns ``None`` if there was nothing to settle (already settled, or
+        missing); otherwise how many checkpoints of the same parallel group are
+        still pending (``0`` when it has no group), so the caller can wake the
+        run only when a fan-out is complete."""
 
     # -- signals -----------------------------------------------------------------
 

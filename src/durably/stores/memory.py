@@ -45,6 +45,15 @@ class MemoryStore:
         self._runs[run.run_id] = copy.deepcopy(run)
         return copy.deepcopy(run), True
 
+    async def create_runs(self, runs: list[Run]) -> list[str]:
+        """Insert the runs whose ids are new."""
+        created: list[str] = []
+        for run in runs:
+            if run.run_id not in self._runs:
+                self._runs[run.run_id] = copy.deepcopy(run)
+                created.append(run.run_id)
+        return created
+
     async def get_run(self, run_id: str) -> Run | None:
         """The run, or ``None``."""
         run = self._runs.get(run_id)
@@ -243,6 +252,42 @@ class MemoryStore:
             return False
         self._put(checkpoint)
         return True
+
+    async def save_checkpoints(self, checkpoints: list[Checkpoint], owner: str) -> bool:
+        """Upsert many checkpoints under the lease."""
+        if any(not self._holds(cp.run_id, owner) for cp in checkpoints):
+            return False
+        for checkpoint in checkpoints:
+            self._put(checkpoint)
+        return True
+
+    async def resolve_checkpoint(
+        self,
+        run_id: str,
+        seq: int,
+        status: CheckpointStatus,
+        output: Any,
+        error: ErrorInfo | None,
+        now: int,
+    ) -> int | None:
+        """Settle a pending checkpoint; count its group's pending siblings."""
+        history = self._checkpoints.get(run_id, {})
+        current = history.get(seq)
+        if current is None or current.status in (
+            CheckpointStatus.COMPLETED,
+            CheckpointStatus.FAILED,
+        ):
+            return None
+        current.status = status
+        current.output, current.error = copy.deepcopy(output), copy.deepcopy(error)
+        current.finished_at = now
+        if current.group is None:
+            return 0
+        return sum(
+            1
+            for cp in history.values()
+            if cp.group == current.group and cp.status is CheckpointStatus.PENDING
+        )
 
     # -- signals -------------------------------------------------------------------------
 

@@ -51,18 +51,19 @@ _SELECT_RUN = (
 )
 _CP_COLUMNS = (
     "run_id, seq, name, kind, status, input, output, error, attempts, wake_at, "
-    "started_at, finished_at"
+    "started_at, finished_at, parallel_group"
 )
 _CP_PARAMS = (
     "$1::text, $2::integer, $3::text, $4::text, $5::text, $6::text, $7::text, $8::text, "
-    "$9::integer, $10::bigint, $11::bigint, $12::bigint"
+    "$9::integer, $10::bigint, $11::bigint, $12::bigint, $13::text"
 )
 _CP_UPSERT_TAIL = """
     ON CONFLICT (run_id, seq) DO UPDATE SET
         name = excluded.name, kind = excluded.kind, status = excluded.status,
         input = excluded.input, output = excluded.output, error = excluded.error,
         attempts = excluded.attempts, wake_at = excluded.wake_at,
-        started_at = excluded.started_at, finished_at = excluded.finished_at
+        started_at = excluded.started_at, finished_at = excluded.finished_at,
+        parallel_group = excluded.parallel_group
     WHERE durably_checkpoints.status <> 'completed'
 """
 _UPSERT_CHECKPOINT = (
@@ -72,7 +73,7 @@ _UPSERT_CHECKPOINT = (
 # lease, and upsert only if it is held; the result says whether it was.
 _SAVE_CHECKPOINT_FENCED = f"""
     WITH lease AS (
-        SELECT id FROM durably_runs WHERE id = $1::text AND locked_by = $13::text FOR SHARE
+        SELECT id FROM durably_runs WHERE id = $1::text AND locked_by = $14::text FOR SHARE
     ), saved AS (
         INSERT INTO durably_checkpoints ({_CP_COLUMNS})
         SELECT {_CP_PARAMS} FROM lease
@@ -195,7 +196,8 @@ class PostgresStore:
         while True:
             inserted = await pool.fetchval(
                 f"INSERT INTO durably_runs ({_RUN_COLUMNS}) VALUES "
-                "($1,$2,$3,$4,$5,$6,$7,$8,$9,$10::jsonb,$11,$12,$13,$14,$15,$16,$17,$18,$19,$20,$21) "
+                "($1,$2,$3,$4,$5,$6,$7,$8,$9,$10::jsonb,$11,$12,$13,$14,$15,$16,$17,$18,$19,"
+                "$20,$21) "
                 "ON CONFLICT (id) DO NOTHING RETURNING true",
                 *_run_params(run),
             )
@@ -205,6 +207,26 @@ class PostgresStore:
             if existing is not None:
                 return existing, False
             # deleted between our insert and our read: try again
+
+    async def create_runs(self, runs: list[Run]) -> list[str]:
+        """Insert the runs whose ids are new: one multi-row insert per 500."""
+        created: list[str] = []
+        async with self._ready().acquire() as conn:
+            for start in range(0, len(runs), 500):
+                chunk = runs[start : start + 500]
+                columns = list(zip(*(_run_params(run) for run in chunk), strict=True))
+                rows = await conn.fetch(
+                    f"INSERT INTO durably_runs ({_RUN_COLUMNS}) "
+                    "SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], "
+                    "$5::text[], $6::text[], $7::text[], $8::text[], $9::text[], $10::jsonb[], "
+                    "$11::integer[], $12::bigint[], $13::bigint[], $14::text[], $15::bigint[], "
+                    "$16::integer[], $17::bigint[], $18::bigint[], $19::bigint[], "
+                    "$20::integer[], $21::text[]) "
+                    "ON CONFLICT (id) DO NOTHING RETURNING id",
+                    *[list(column) for column in columns],
+                )
+                created.extend(row["id"] for row in rows)
+        return created
 
     async def get_run(self, run_id: str) -> Run | None:
         """The run, or ``None``."""
@@ -527,6 +549,56 @@ class PostgresStore:
         )
         return bool(held)
 
+    async def save_checkpoints(self, checkpoints: list[Checkpoint], owner: str) -> bool:
+        """Upsert many checkpoints under the lease, in one transaction."""
+        async with self._transaction() as conn:
+            for run_id in {cp.run_id for cp in checkpoints}:
+                if not await conn.fetchval(_HOLD_LEASE, run_id, owner):
+                    return False
+            await conn.executemany(
+                _UPSERT_CHECKPOINT, [_checkpoint_params(cp) for cp in checkpoints]
+            )
+        return True
+
+    async def resolve_checkpoint(
+        self,
+        run_id: str,
+        seq: int,
+        status: CheckpointStatus,
+        output: Any,
+        error: ErrorInfo | None,
+        now: int,
+    ) -> int | None:
+        """Settle a pending checkpoint; count its group's pending siblings."""
+        async with self._transaction() as conn:
+            # Serialise siblings settling at once: under READ COMMITTED each
+            # would otherwise count the other as pending and none would wake
+            # the parent.
+            await conn.execute("SELECT 1 FROM durably_runs WHERE id = $1 FOR UPDATE", run_id)
+            row = await conn.fetchrow(
+                "UPDATE durably_checkpoints SET status = $1, output = $2, error = $3, "
+                "finished_at = $4 WHERE run_id = $5 AND seq = $6 "
+                "AND status NOT IN ('completed', 'failed') RETURNING parallel_group",
+                status.value,
+                _dump(output),
+                _dump(error),
+                now,
+                run_id,
+                seq,
+            )
+            if row is None:
+                return None
+            group = row["parallel_group"]
+            if group is None:
+                return 0
+            left = await conn.fetchval(
+                "SELECT count(*) FROM durably_checkpoints "
+                "WHERE run_id = $1 AND parallel_group = $2 AND status = 'pending'",
+                run_id,
+                group,
+            )
+            return int(left)
+
     # -- signals -------------------------------------------------------------------------
 
     async def wait_signal(
@@ -731,6 +803,7 @@ def _checkpoint_params(cp: Checkpoint) -> tuple[Any, ...]:
         cp.wake_at,
         cp.started_at,
         cp.finished_at,
+        cp.group,
     )
 
 
@@ -748,6 +821,7 @@ def _completed(cp: Checkpoint, payload_text: str | None, now: int) -> tuple[Any,
         cp.wake_at,
         cp.started_at,
         now,
+        cp.group,
     )
 
 
@@ -765,4 +839,5 @@ def _row_to_checkpoint(row: Any) -> Checkpoint:
         wake_at=row["wake_at"],
         started_at=row["started_at"],
         finished_at=row["finished_at"],
+        group=row["parallel_group"],
     )

@@ -37,16 +37,17 @@ _RUN_COLUMNS = (
 )
 _CP_COLUMNS = (
     "run_id, seq, name, kind, status, input, output, error, attempts, wake_at, "
-    "started_at, finished_at"
+    "started_at, finished_at, parallel_group"
 )
 _TERMINAL_SQL = ", ".join(f"'{s.value}'" for s in sorted(TERMINAL_STATUSES))
 _UPSERT_CHECKPOINT = f"""
-    INSERT INTO durably_checkpoints ({_CP_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)
+    INSERT INTO durably_checkpoints ({_CP_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)
     ON CONFLICT (run_id, seq) DO UPDATE SET
         name = excluded.name, kind = excluded.kind, status = excluded.status,
         input = excluded.input, output = excluded.output, error = excluded.error,
         attempts = excluded.attempts, wake_at = excluded.wake_at,
-        started_at = excluded.started_at, finished_at = excluded.finished_at
+        started_at = excluded.started_at, finished_at = excluded.finished_at,
+        parallel_group = excluded.parallel_group
     WHERE durably_checkpoints.status != 'completed'
 """
 _HOLDS_LEASE = "SELECT 1 FROM durably_runs WHERE id = ? AND locked_by = ?"
@@ -111,6 +112,25 @@ class SqliteStore:
             existing = _fetch_run(conn, run.run_id)
             assert existing is not None
             return existing, False
+
+        return await self._db.run(op)
+
+    async def create_runs(self, runs: list[Run]) -> list[str]:
+        """Insert the runs whose ids are new, in one transaction."""
+        params = [_run_params(run) for run in runs]
+
+        def op(conn: sqlite3.Connection) -> list[str]:
+            created: list[str] = []
+            for row in params:
+                cur = conn.execute(
+                    f"INSERT INTO durably_runs ({_RUN_COLUMNS}) "
+                    "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?) "
+                    "ON CONFLICT (id) DO NOTHING",
+                    row,
+                )
+                if cur.rowcount == 1:
+                    created.append(row[0])
+            return created
 
         return await self._db.run(op)
 
@@ -458,6 +478,52 @@ class SqliteStore:
 
         return self._db.submit(op)
 
+    async def save_checkpoints(self, checkpoints: list[Checkpoint], owner: str) -> bool:
+        """Upsert many checkpoints under the lease, in one transaction."""
+        params = [_checkpoint_params(cp) for cp in checkpoints]
+        run_ids = {cp.run_id for cp in checkpoints}
+
+        def op(conn: sqlite3.Connection) -> bool:
+            for run_id in run_ids:
+                if not conn.execute(_HOLDS_LEASE, (run_id, owner)).fetchone():
+                    return False
+            conn.executemany(_UPSERT_CHECKPOINT, params)
+            return True
+
+        return await self._db.run(op)
+
+    async def resolve_checkpoint(
+        self,
+        run_id: str,
+        seq: int,
+        status: CheckpointStatus,
+        output: Any,
+        error: ErrorInfo | None,
+        now: int,
+    ) -> int | None:
+        """Settle a pending checkpoint; count its group's pending siblings."""
+        values = (status.value, _dump(output), _dump(error), now, run_id, seq)
+
+        def op(conn: sqlite3.Connection) -> int | None:
+            row = conn.execute(
+                "UPDATE durably_checkpoints SET status = ?, output = ?, error = ?, "
+                "finished_at = ? WHERE run_id = ? AND seq = ? "
+                "AND status NOT IN ('completed', 'failed') RETURNING parallel_group",
+                values,
+            ).fetchone()
+            if row is None:
+                return None
+            if row[0] is None:
+                return 0
+            left = conn.execute(
+                "SELECT count(*) FROM durably_checkpoints "
+                "WHERE run_id = ? AND parallel_group = ? AND status = 'pending'",
+                (run_id, row[0]),
+            ).fetchone()
+            return int(left[0])
+
+        return await self._db.run(op)
+
     # -- signals -------------------------------------------------------------------------
 
     async def wait_signal(
@@ -668,6 +734,7 @@ def _checkpoint_params(cp: Checkpoint) -> tuple[Any, ...]:
         cp.wake_at,
         cp.started_at,
         cp.finished_at,
+        cp.group,
     )
 
 
@@ -685,6 +752,7 @@ def _completed(cp: Checkpoint, payload_text: str | None, now: int) -> tuple[Any,
         cp.wake_at,
         cp.started_at,
         now,
+        cp.group,
     )
 
 
@@ -702,4 +770,5 @@ def _row_to_checkpoint(row: tuple[Any, ...]) -> Checkpoint:
         wake_at=row[9],
         started_at=row[10],
         finished_at=row[11],
+        group=row[12],
     )
