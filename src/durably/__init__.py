@@ -7,11 +7,13 @@ work. Start here: :class:`Engine` and :class:`WorkflowContext`.
 
 from __future__ import annotations
 
-from .context import WorkflowContext
+from .context import ChildCall, Settled, WorkflowContext
 from .durations import Duration
 from .engine import Engine, RunNotFound
 from .errors import (
+    ChildFailed,
     DurablyError,
+    EventTimeout,
     FatalError,
     GatherFailed,
     NondeterminismError,
@@ -24,14 +26,18 @@ from .errors import (
 )
 from .model import Checkpoint, CheckpointStatus, Run, RunResult, RunStatus
 from .retry import RetryPolicy
+from .schedules import Schedule, ScheduleNotFound
 from .stores import RunPage
 
 __all__ = [
     "Checkpoint",
+    "ChildCall",
+    "ChildFailed",
     "CheckpointStatus",
     "DurablyError",
     "Duration",
     "Engine",
+    "EventTimeout",
     "FatalError",
     "GatherFailed",
     "NondeterminismError",
@@ -42,7 +48,10 @@ __all__ = [
     "RunPage",
     "RunResult",
     "RunStatus",
+    "Schedule",
+    "ScheduleNotFound",
     "SchemaValidationError",
+    "Settled",
     "SignalTimeout",
     "StepFailed",
     "WorkflowContext",

@@ -9,11 +9,12 @@ without executing anything.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 import random as _random
 import uuid as _uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -22,13 +23,24 @@ from . import codec
 from ._threads import StepThreads
 from .clock import Clock
 from .durations import Duration, to_ms
-from .errors import FatalError, SignalTimeout, StepFailed, _ContinueAsNew, _TurnClosed
-from .model import Checkpoint, CheckpointStatus, ErrorInfo
+from .errors import (
+    ChildFailed,
+    FatalError,
+    GatherFailed,
+    NondeterminismError,
+    RunCancelled,
+    SignalTimeout,
+    StepFailed,
+    _ContinueAsNew,
+    _TurnClosed,
+    is_control_flow,
+)
+from .model import Checkpoint, CheckpointStatus, ErrorInfo, Run
 from .replay import Turn, error_info
 from .retry import RetryPolicy
 from .stores.base import StateStore
 
-__all__ = ["WorkflowContext"]
+__all__ = ["ChildCall", "Settled", "WorkflowContext"]
 
 T = TypeVar("T")
 
@@ -43,6 +55,54 @@ class _Services:
     track_start: bool
     default_retry: RetryPolicy
     logger: logging.Logger
+    spawn_children: Callable[[Run, list[ChildCall]], Awaitable[list[ErrorInfo | None]]]
+    cancel_runs: Callable[[list[str]], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class Settled:
+    """One outcome of ``ctx.all_settled``: a value, or the error that ended it."""
+
+    ok: bool
+    value: Any = None
+    error: BaseException | None = None
+
+
+class ChildCall:
+    """A child run, created by :meth:`WorkflowContext.child`.
+
+    Await it alone, or pass many to :meth:`WorkflowContext.all` so they are
+    created together (one bulk insert) and awaited with one suspension.
+    """
+
+    __slots__ = ("_ctx", "input", "recorded", "run_id", "seq", "workflow")
+
+    def __init__(
+        self,
+        ctx: WorkflowContext,
+        seq: int,
+        run_id: str,
+        workflow: str,
+        input: Any,
+        recorded: Checkpoint | None,
+    ) -> None:
+        self._ctx = ctx
+        self.seq = seq
+        self.run_id = run_id
+        self.workflow = workflow
+        self.input = input
+        self.recorded = recorded
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        return self._ctx._await_child(self).__await__()
+
+
+@dataclass(slots=True)
+class _Compensation:
+    seq: int
+    name: str
+    fn: Callable[..., Any]
+    output: Any
 
 
 class WorkflowContext:
@@ -55,6 +115,7 @@ class WorkflowContext:
     def __init__(self, turn: Turn, services: _Services) -> None:
         self._turn = turn
         self._services = services
+        self._compensations: list[_Compensation] = []
         self.log: logging.LoggerAdapter[logging.Logger] = logging.LoggerAdapter(
             services.logger, {"run_id": turn.run.run_id, "workflow": turn.run.workflow}
         )
@@ -95,6 +156,7 @@ class WorkflowContext:
         backoff_max: Duration | None = None,
         jitter: bool | None = None,
         track_start: bool | None = None,
+        compensate: Callable[..., Any] | None = None,
     ) -> Awaitable[T]:
         """Run ``fn(*args)`` in this process and checkpoint its result.
 
@@ -111,6 +173,11 @@ class WorkflowContext:
         With ``track_start`` (the engine default) a ``running`` checkpoint is
         written before the first attempt, so history shows a step that was
         interrupted by a crash; it is re-run on replay.
+
+        ``compensate(output)`` registers an undo (a saga step): if the run
+        later fails, or is cancelled with ``compensate=True``, the undos of the
+        completed steps run in reverse order, each exactly once even across
+        crashes.
         """
         if not isinstance(name, str) or not name:
             raise ValueError("a local step needs a non-empty name")
@@ -124,9 +191,21 @@ class WorkflowContext:
             jitter,
             default=self._services.default_retry,
         )
+        if compensate is not None and not callable(compensate):
+            raise TypeError(f"local step {name!r}: compensate must be callable")
         track = self._services.track_start if track_start is None else track_start
         seq, recorded = self._turn.allocate(name, "local")
-        return self._local_step(seq, name, fn, args, policy, track, recorded)
+        step = self._local_step(seq, name, fn, args, policy, track, recorded)
+        if compensate is None:
+            return step
+        return self._with_compensation(seq, name, compensate, step)
+
+    async def _with_compensation(
+        self, seq: int, name: str, compensate: Callable[..., Any], step: Awaitable[Any]
+    ) -> Any:
+        output = await step
+        self._compensations.append(_Compensation(seq, name, compensate, output))
+        return output
 
     async def _local_step(
         self,
@@ -144,6 +223,8 @@ class WorkflowContext:
             if recorded.status is CheckpointStatus.FAILED:
                 raise _step_failed(name, recorded.error, recorded.attempts)
         turn, services = self._turn, self._services
+        if turn.unwinding:
+            return await turn.park(seq, None, reconcile=False)
         run_id = turn.run.run_id
         attempts = recorded.attempts if recorded is not None else 0
         started = services.clock.now_ms()
@@ -286,6 +367,8 @@ class WorkflowContext:
     ) -> Any:
         if recorded is not None and recorded.status is CheckpointStatus.COMPLETED:
             return recorded.output
+        if self._turn.unwinding:
+            return await self._turn.park(seq, None, reconcile=False)
         with self._turn.in_flight():
             value = codec.to_jsonable(await compute())
             now = self._services.clock.now_ms()
@@ -334,6 +417,8 @@ class WorkflowContext:
     ) -> None:
         if recorded is not None and recorded.status is CheckpointStatus.COMPLETED:
             return
+        if self._turn.unwinding:
+            await self._turn.park(seq, None, reconcile=False)
         now = self._services.clock.now_ms()
         wake_at = recorded.wake_at if recorded is not None and recorded.wake_at else wake_time(now)
         checkpoint = Checkpoint(
@@ -377,6 +462,8 @@ class WorkflowContext:
                 return recorded.output
             if recorded.status is CheckpointStatus.FAILED:
                 raise SignalTimeout(token)
+            if turn.unwinding:
+                return await turn.park(seq, None, reconcile=False)
             deadline = recorded.wake_at
             now = services.clock.now_ms()
             if deadline is not None and deadline <= now:
@@ -411,6 +498,250 @@ class WorkflowContext:
             return result.payload
         return await turn.park(seq, deadline, reconcile=True)
 
+    def wait_for_event(
+        self,
+        name: str,
+        *,
+        match: Mapping[str, Any] | None = None,
+        timeout: Duration | None = None,
+    ) -> Awaitable[Any]:
+        """Wait for ``engine.publish_event(name, payload)`` and return the payload.
+
+        With ``match`` only a payload holding each of its top-level keys with
+        an equal JSON value is taken (``match={"order_id": 42}``). Every run
+        waiting on a matching event receives it; an event published while
+        nobody waited is buffered and taken by the first matching wait. With
+        ``timeout`` the await raises :class:`EventTimeout` once it passes.
+        """
+        from .events import check_match, check_name, wait_for_event
+
+        check_name(name)
+        clean = check_match(match)
+        timeout_ms = None if timeout is None else to_ms(timeout, name="event timeout")
+        seq, recorded = self._turn.allocate(f"event:{name}", "event")
+        return wait_for_event(self, seq, name, clean, timeout_ms, recorded)
+
+    # -- composition ---------------------------------------------------------------------
+
+    def child(self, workflow: str, input: Any = None, *, run_id: str | None = None) -> ChildCall:
+        """Start ``workflow`` as a child run and wait for its output.
+
+        The child's id is ``run_id`` or ``<this run>.child.<seq>``, the same on
+        every replay, so it is started once. It runs in this run's namespace.
+        The await raises :class:`ChildFailed` if the child fails, is
+        cancelled, goes dead or cannot be started.
+        """
+        if not isinstance(workflow, str) or not workflow:
+            raise ValueError("ctx.child needs a workflow name")
+        seq, recorded = self._turn.allocate(f"child:{workflow}", "child")
+        if recorded is not None and isinstance(recorded.input, dict):
+            child_id = str(recorded.input.get("run_id"))
+        else:
+            child_id = run_id or f"{self.run_id}.child.{seq}"
+        return ChildCall(self, seq, child_id, workflow, input, recorded)
+
+    def all(self, items: Iterable[Awaitable[Any]], *, fail_fast: bool = False) -> Awaitable[list[Any]]:
+        """Await many children and steps; return their values in input order.
+
+        Children (:meth:`child`) are started together and cost one suspension,
+        however many. If any item fails, :class:`GatherFailed` is raised once
+        every item has finished (``fail_fast=True``: at the first failure,
+        cancelling the children still running); it lists every failure.
+        """
+        return self._all(list(items), settled=False, fail_fast=fail_fast)
+
+    def all_settled(self, items: Iterable[Awaitable[Any]]) -> Awaitable[list[Settled]]:
+        """Like :meth:`all`, but never raises for a failed item: returns one
+        :class:`Settled` per item, in input order."""
+        return self._all(list(items), settled=True, fail_fast=False)
+
+    async def _all(self, items: list[Awaitable[Any]], *, settled: bool, fail_fast: bool) -> Any:
+        children = [(i, item) for i, item in enumerate(items) if isinstance(item, ChildCall)]
+        others = [(i, item) for i, item in enumerate(items) if not isinstance(item, ChildCall)]
+        for _, item in others:
+            if not inspect.isawaitable(item):
+                raise TypeError(f"ctx.all takes awaitables from ctx calls, got {item!r}")
+        calls = [call for _, call in children]
+        group = f"all:{calls[0].seq}" if calls else None
+
+        async def run_children() -> list[tuple[bool, Any]]:
+            return await self._run_children(calls, group, fail_fast) if calls else []
+
+        async def run_others() -> list[Any]:
+            return await asyncio.gather(*(item for _, item in others), return_exceptions=True)
+
+        child_outcomes, other_results = await asyncio.gather(run_children(), run_others())
+        outcomes: list[tuple[bool, Any]] = [(True, None)] * len(items)
+        for (i, _), outcome in zip(children, child_outcomes, strict=True):
+            outcomes[i] = outcome
+        for (i, _), result in zip(others, other_results, strict=True):
+            if isinstance(result, BaseException):
+                if is_control_flow(result):
+                    raise result
+                outcomes[i] = (False, result)
+            else:
+                outcomes[i] = (True, result)
+        if settled:
+            return [
+                Settled(True, value) if ok else Settled(False, error=value)
+                for ok, value in outcomes
+            ]
+        failures = [(i, value) for i, (ok, value) in enumerate(outcomes) if not ok]
+        if failures:
+            raise GatherFailed(failures)
+        return [value for _, value in outcomes]
+
+    async def _await_child(self, call: ChildCall) -> Any:
+        [(ok, value)] = await self._run_children([call], None, False)
+        if not ok:
+            raise value
+        return value
+
+    async def _run_children(
+        self, calls: list[ChildCall], group: str | None, fail_fast: bool
+    ) -> list[tuple[bool, Any]]:
+        turn, services = self._turn, self._services
+        outcomes: list[tuple[bool, Any] | None] = [None] * len(calls)
+        fresh: list[int] = []
+        waiting: list[int] = []
+        for i, call in enumerate(calls):
+            recorded = call.recorded
+            if recorded is None:
+                fresh.append(i)
+            elif recorded.status is CheckpointStatus.COMPLETED:
+                outcomes[i] = (True, recorded.output)
+            elif recorded.status is CheckpointStatus.FAILED:
+                outcomes[i] = (False, _child_failed(call.run_id, recorded.error))
+            else:
+                waiting.append(i)
+        if fresh and turn.unwinding:
+            waiting.extend(fresh)
+            fresh = []
+        if fresh:
+            now = services.clock.now_ms()
+            # The placeholders a child settles exist before any child can finish.
+            placeholders = [
+                Checkpoint(
+                    self.run_id,
+                    calls[i].seq,
+                    f"child:{calls[i].workflow}",
+                    "child",
+                    CheckpointStatus.PENDING,
+                    input={"run_id": calls[i].run_id, "workflow": calls[i].workflow},
+                    started_at=now,
+                    group=group,
+                )
+                for i in fresh
+            ]
+            with turn.in_flight():
+                await turn.flush()
+                if not await services.store.save_checkpoints(placeholders, turn.owner):
+                    turn.fenced = True
+                    turn.close("fenced")
+                    raise _TurnClosed("fenced")
+                errors = await services.spawn_children(turn.run, [calls[i] for i in fresh])
+            for i, error in zip(fresh, errors, strict=True):
+                if error is None:
+                    waiting.append(i)
+                else:
+                    outcomes[i] = (False, _child_failed(calls[i].run_id, error))
+        failed = any(o is not None and not o[0] for o in outcomes)
+        if waiting and fail_fast and failed:
+            await services.cancel_runs([calls[i].run_id for i in waiting])
+            for i in waiting:
+                outcomes[i] = (
+                    False,
+                    RunCancelled(f"child {calls[i].run_id} was cancelled: a sibling failed"),
+                )
+            waiting = []
+        if waiting:
+            await turn.park(min(calls[i].seq for i in waiting), None, reconcile=True)
+        return [o if o is not None else (False, RuntimeError("unsettled")) for o in outcomes]
+
+    def patched(self, patch_id: str) -> Awaitable[bool]:
+        """Guard an in-place change to a workflow body.
+
+        New runs record a marker here and get ``True`` (take the new code
+        path). A run that already recorded another operation at this position
+        started before the change: it gets ``False`` and its positions are
+        left as they were.
+        """
+        if not isinstance(patch_id, str) or not patch_id:
+            raise ValueError("ctx.patched needs a non-empty id")
+        turn = self._turn
+        turn.ensure_open()
+        name = f"patch:{patch_id}"
+        recorded = turn.checkpoints.get(turn.next_seq)
+        if recorded is not None and recorded.kind != "patch":
+            return _resolved(False)
+        if recorded is not None and recorded.name != name:
+            raise NondeterminismError(
+                f"run {self.run_id!r}: position {turn.next_seq} holds {recorded.name!r}, "
+                f"but the workflow now asks for {name!r}"
+            )
+        seq, recorded = turn.allocate(name, "patch")
+        if recorded is None:
+            now = self._services.clock.now_ms()
+            self._save_later(
+                Checkpoint(
+                    self.run_id, seq, name, "patch", CheckpointStatus.COMPLETED,
+                    output=True, started_at=now, finished_at=now,
+                )
+            )
+        return _resolved(True)
+
+    # -- sagas ---------------------------------------------------------------------------
+
+    @property
+    def _has_compensations(self) -> bool:
+        return bool(self._compensations)
+
+    async def _compensate(self) -> list[ErrorInfo]:
+        """Run the registered undos in reverse order; return the failures.
+
+        Each undo is checkpointed at its reserved negative position
+        (``-2 - index``), so an unwind interrupted by a crash resumes without
+        undoing anything twice. Called by the engine after the body ended.
+        """
+        turn, services = self._turn, self._services
+        failures: list[ErrorInfo] = []
+        for index in reversed(range(len(self._compensations))):
+            entry = self._compensations[index]
+            seq = -2 - index
+            recorded = turn.checkpoints.get(seq)
+            if recorded is not None and recorded.status is CheckpointStatus.COMPLETED:
+                continue
+            started = services.clock.now_ms()
+            name = f"compensate:{entry.name}"
+            if not await services.store.save_checkpoint(
+                Checkpoint(self.run_id, seq, name, "compensation", CheckpointStatus.RUNNING,
+                           started_at=started, attempts=1),
+                turn.owner,
+            ):
+                raise _TurnClosed("fenced")
+            policy = RetryPolicy(retries=2, base_ms=500)
+            error: ErrorInfo | None = None
+            for attempt in range(policy.retries + 1):
+                try:
+                    await self._call(entry.fn, (entry.output,))
+                    error = None
+                    break
+                except Exception as exc:
+                    error = error_info(exc)
+                    if attempt < policy.retries:
+                        await services.clock.sleep(policy.delay_ms(attempt + 1) / 1000)
+            status = CheckpointStatus.COMPLETED if error is None else CheckpointStatus.FAILED
+            if not await services.store.save_checkpoint(
+                Checkpoint(self.run_id, seq, name, "compensation", status, error=error,
+                           started_at=started, finished_at=services.clock.now_ms(), attempts=1),
+                turn.owner,
+            ):
+                raise _TurnClosed("fenced")
+            if error is not None:
+                self.log.error("compensation %s failed: %s", name, error["message"])
+                failures.append(error)
+        return failures
+
     # -- control -------------------------------------------------------------------------
 
     def continue_as_new(self, input: Any) -> None:
@@ -440,6 +771,23 @@ class WorkflowContext:
 
     def _save_later(self, checkpoint: Checkpoint) -> None:
         self._turn.write_later(self._services.store.save_checkpoint(checkpoint, self._turn.owner))
+
+
+async def _resolved(value: bool) -> bool:
+    return value
+
+
+def _child_failed(run_id: str, error: ErrorInfo | None) -> ChildFailed:
+    error = error or {}
+    details = error.get("details")
+    status = details.get("status", "failed") if isinstance(details, dict) else "failed"
+    return ChildFailed(
+        run_id,
+        str(status),
+        str(error.get("message", "failed")),
+        code=error.get("code"),
+        details=details,
+    )
 
 
 def _step_failed(name: str, error: ErrorInfo | None, attempts: int) -> StepFailed:

@@ -18,7 +18,7 @@ import random
 import re
 import socket
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from types import TracebackType
 from typing import Any, TypeVar, cast
@@ -27,13 +27,23 @@ from . import codec
 from ._executor import RunExecutor
 from ._threads import StepThreads
 from .clock import Clock, SystemClock
-from .context import WorkflowContext, _Services
+from .context import ChildCall, WorkflowContext, _Services
 from .durations import Duration, to_ms
 from .errors import DurablyError, SchemaValidationError, WorkflowNotRegistered, _TurnClosed
-from .model import TERMINAL_STATUSES, Checkpoint, Run, RunResult, RunStatus
+from .events import EventRouter
+from .model import (
+    TERMINAL_STATUSES,
+    Checkpoint,
+    CheckpointStatus,
+    ErrorInfo,
+    Run,
+    RunResult,
+    RunStatus,
+)
 from .registry import Registry, WorkflowDef, takes_input
 from .replay import Turn, TurnEnd, TurnOutcome, error_info
 from .retry import RetryPolicy
+from .schedules import Overlap, Schedule, Scheduler, ScheduleSpec
 from .stores import RunChanges, RunPage, RunQuery, SettleResult, StateStore, open_store
 
 __all__ = ["Engine", "RunNotFound"]
@@ -130,6 +140,8 @@ class Engine:
             track_start=track_start,
             default_retry=RetryPolicy(),
             logger=logging.getLogger("durably.workflow"),
+            spawn_children=self._spawn_children,
+            cancel_runs=self._cancel_runs,
         )
         self._executor: RunExecutor | None = None
         self._executor_limit = max_concurrent_runs
@@ -140,6 +152,8 @@ class Engine:
         self._loop_task: asyncio.Task[None] | None = None
         self._loop_wake: asyncio.Event | None = None
         self._draining = False
+        self._scheduler = Scheduler(self)
+        self._events = EventRouter(self)
 
     # -- registration ---------------------------------------------------------------------
 
@@ -150,18 +164,30 @@ class Engine:
         version: str = "1",
         input: Any = None,
         execution_timeout: Duration | None = None,
+        schedule: str | Mapping[str, Any] | None = None,
+        on_event: str | Sequence[str] | None = None,
     ) -> Callable[[F], F]:
         """Decorator registering ``async def fn(ctx, input)`` as workflow ``name``.
 
         ``input`` may be a pydantic model, a dataclass or any callable that
         converts/validates the input; ``start`` rejects invalid input before a
         run exists. ``execution_timeout`` cancels runs older than that.
+        ``schedule`` declares a schedule named after the workflow: a cron
+        expression (UTC), or a mapping of :meth:`schedule` options
+        (``{"every": "15m"}``, ``{"cron": "0 9 * * 1-5", "tz": "Europe/Paris"}``).
+        ``on_event`` starts a run (input: the payload) for every publish of
+        that event name (or names); see :meth:`on_event`.
         """
 
         def decorate(fn: F) -> F:
             self.register(
                 name, fn, version=version, input=input, execution_timeout=execution_timeout
             )
+            if schedule is not None:
+                options = {"cron": schedule} if isinstance(schedule, str) else dict(schedule)
+                self.schedule(str(options.pop("name", name)), name, **options)
+            if on_event is not None:
+                self.on_event(on_event, name)
             return fn
 
         return decorate
@@ -215,6 +241,7 @@ class Engine:
             if self.is_open:  # another task opened it while we waited for the lock
                 return
             await self.store.open()
+            await self._scheduler.sync()  # schedules declared in code
             self._executor = RunExecutor(self._execute, self._executor_limit)
             self._opened = True
             if self._stable_instance_id:
@@ -351,21 +378,101 @@ class Engine:
             await self._wake(run_id)
         return run_id
 
-    async def cancel(self, run_id: str) -> RunStatus:
-        """Cancel a run; return its status from before the call.
+    async def cancel(self, run_id: str, *, compensate: bool = False) -> RunStatus:
+        """Cancel a run and, recursively, its live children; return the run's
+        status from before the call.
 
         A terminal run is left alone (its status is returned). A turn running
         in this process stops at its next ``ctx`` call; one running elsewhere
-        is fenced when it next writes or renews its lease.
+        is fenced when it next writes or renews its lease. A waiting parent
+        hears of it as a failed child.
+
+        With ``compensate=True`` the cancel is recorded on the run (it
+        survives crashes) and the run takes one more turn that replays its
+        history without executing anything new, runs the undos of its
+        completed saga steps in reverse order, and only then becomes
+        ``cancelled``.
         """
         await self.open()
         run = await self._require(run_id)
+        if compensate:
+            if run.status in TERMINAL_STATUSES:
+                return run.status
+            if await self.store.update_run_if(
+                run_id, _LIVE, {"cancel_requested": "compensate"}, self.clock.now_ms()
+            ):
+                turn = self._active.get(run_id)
+                if turn is not None:
+                    turn.close("unwind")
+                else:
+                    await self._wake(run_id)
+            return run.status
         while run.status not in TERMINAL_STATUSES:
             error = {"message": "cancelled", "code": "cancelled", "type": "RunCancelled"}
             if await self._set_terminal(run, RunStatus.CANCELLED, error):
+                await self._cancel_children(run_id)
                 return run.status
             run = await self._require(run_id)
         return run.status
+
+    async def retry(self, run_id: str) -> Run:
+        """Run a failed or dead run again from where it failed.
+
+        Failed checkpoints are cleared (so those steps, waits and children run
+        again; failed or dead children are retried too), the stored error is
+        cleared, and the run goes back to ``pending``. Completed steps are not
+        re-executed.
+        """
+        await self.open()
+        run = await self._require(run_id)
+        retryable = frozenset({RunStatus.FAILED, RunStatus.DEAD})
+        if run.status not in retryable:
+            raise DurablyError(f"run {run_id!r} is {run.status}; only failed or dead runs retry")
+        history = await self.store.load_checkpoints(run_id)
+        stale = [
+            cp.seq
+            for cp in history.values()
+            if cp.status is not CheckpointStatus.COMPLETED or cp.seq < 0
+        ]
+        for cp in history.values():
+            if cp.kind == "child" and cp.status is CheckpointStatus.FAILED:
+                child_id = cp.input.get("run_id") if isinstance(cp.input, dict) else None
+                child = await self.store.get_run(str(child_id)) if child_id else None
+                if child is not None and child.status in retryable:
+                    await self.retry(child.run_id)
+        await self.store.delete_checkpoints(run_id, stale)
+        if not await self.store.update_run_if(
+            run_id,
+            retryable,
+            {
+                "status": RunStatus.PENDING.value,
+                "error": None,
+                "output": None,
+                "wake_at": None,
+                "recovery_attempts": 0,
+                "cancel_requested": None,
+            },
+            self.clock.now_ms(),
+        ):
+            raise DurablyError(f"run {run_id!r} changed while being retried; try again")
+        self._dispatch(run_id)
+        return await self._require(run_id)
+
+    async def retry_with_input(
+        self, run_id: str, input: Any, *, new_run_id: str | None = None
+    ) -> Run:
+        """Start a fresh run of the same workflow (latest version, same tags
+        and priority) with corrected ``input``; the original stays as it is.
+        The new id defaults to ``<run_id>~retry~<8 hex>``."""
+        await self.open()
+        run = await self._require(run_id)
+        return await self.start(
+            run.workflow,
+            input,
+            run_id=new_run_id or f"{run_id}~retry~{uuid.uuid4().hex[:8]}",
+            tags=run.tags,
+            priority=run.priority,
+        )
 
     async def wait_for_run(
         self, run_id: str, *, terminal: bool = False, timeout: float | None = None
@@ -454,6 +561,156 @@ class Engine:
             raise DurablyError(f"run {run_id!r} is {run.status}; cancel it before deleting it")
         return await self.store.delete_run(run_id)
 
+    # -- schedules (durably.schedules) ----------------------------------------------------
+
+    def schedule(
+        self,
+        name: str,
+        workflow: str,
+        *,
+        cron: str | None = None,
+        every: Duration | None = None,
+        tz: str | None = None,
+        input: Any = None,
+        overlap: Overlap = "skip",
+        catchup: bool = False,
+        paused: bool = False,
+    ) -> None:
+        """Declare schedule ``name``: start ``workflow`` with ``input`` on every
+        window of ``cron`` (five fields, in IANA time zone ``tz``, default UTC)
+        or ``every`` interval (``"15m"``; windows at multiples since the epoch).
+
+        Stored when the engine opens and fired by the worker loop of every
+        engine on the store, once per window (run id ``sched:<name>:<ms>``).
+        ``overlap``: ``"skip"`` a window while the previous run is live,
+        ``"allow"`` it, or ``"cancel_previous"``. After downtime only the most
+        recent missed window fires, unless ``catchup=True`` (every missed
+        window, oldest first). ``paused`` is the state the schedule is created
+        in; later pauses and resumes persist across restarts.
+        """
+        spec = ScheduleSpec.build(
+            workflow, cron=cron, every=every, tz=tz, input=input, overlap=overlap, catchup=catchup
+        )
+        self._scheduler.declare(name, spec, paused=paused)
+
+    async def add_schedule(
+        self,
+        name: str,
+        workflow: str,
+        *,
+        cron: str | None = None,
+        every: Duration | None = None,
+        tz: str | None = None,
+        input: Any = None,
+        overlap: Overlap = "skip",
+        catchup: bool = False,
+        paused: bool = False,
+    ) -> Schedule:
+        """Create (or replace) a schedule at runtime, persisted in the store;
+        options as :meth:`schedule`. The workflow must be registered here."""
+        spec = ScheduleSpec.build(
+            workflow,
+            cron=cron,
+            every=every,
+            tz=tz,
+            input=input,
+            overlap=overlap,
+            catchup=catchup,
+            source="runtime",
+        )
+        await self.open()
+        return await self._scheduler.add(name, spec, paused=paused)
+
+    async def remove_schedule(self, name: str) -> bool:
+        """Delete a schedule; ``False`` if there was none. Runs it started are
+        left alone; a schedule declared in code returns at the next start."""
+        await self.open()
+        return await self._scheduler.remove(name)
+
+    async def get_schedule(self, name: str) -> Schedule | None:
+        """A schedule with its state, or ``None``."""
+        await self.open()
+        return await self._scheduler.get(name)
+
+    async def list_schedules(self) -> list[Schedule]:
+        """This namespace's schedules with their state, by name."""
+        await self.open()
+        return await self._scheduler.list_all()
+
+    async def pause_schedule(self, name: str) -> Schedule:
+        """Stop firing ``name`` (for every engine, across restarts) until resumed.
+        Raises :class:`durably.ScheduleNotFound`."""
+        await self.open()
+        return await self._scheduler.pause(name)
+
+    async def resume_schedule(self, name: str) -> Schedule:
+        """Fire ``name`` again from its next window after now; windows missed
+        while paused are not fired. Raises :class:`durably.ScheduleNotFound`."""
+        await self.open()
+        return await self._scheduler.resume(name)
+
+    async def trigger_schedule(self, name: str) -> str:
+        """Start a run of schedule ``name`` now (id ``sched:<name>:manual:<ms>``),
+        even while paused; return its run id. An engine without the workflow
+        queues it for the next firing pass of one that has it."""
+        await self.open()
+        return await self._scheduler.trigger(name)
+
+    async def fire_schedules(self) -> int:
+        """Worker phase: start the runs of due schedule windows; return how many."""
+        await self.open()
+        if self._draining:
+            return 0
+        return await self._scheduler.fire()
+
+    # -- events (durably.events) ------------------------------------------------------------
+
+    def on_event(self, event: str | Sequence[str], workflow: str) -> None:
+        """Start a run of ``workflow`` for every publish of ``event`` (or of
+        each of several names), with the payload as input and the id
+        ``evt:<event id>:<workflow>`` (so a publish with ``id=`` starts it once)."""
+        self._events.add_trigger(event, workflow)
+
+    async def publish_event(
+        self, name: str, payload: Any = None, *, id: str | None = None, buffer: bool = True
+    ) -> int:
+        """Publish event ``name``; return how many runs received it.
+
+        Every run in ``ctx.wait_for_event(name, match=…)`` whose match the
+        payload satisfies receives it, and every ``on_event`` workflow starts a
+        run. If nobody receives it, one copy is kept for the first matching
+        wait (unless ``buffer=False``). With ``id`` the publish is idempotent:
+        publishing the same id again delivers nothing and returns the first count.
+        """
+        return await self._events.publish(name, payload, event_id=id, buffer=buffer)
+
+    async def signal_with_start(
+        self,
+        workflow: str,
+        input: Any = None,
+        *,
+        run_id: str,
+        token: str,
+        payload: Any = None,
+        tags: list[str] | None = None,
+        priority: int = 0,
+    ) -> Run:
+        """Start ``run_id`` unless it exists (idempotent, like :meth:`start`),
+        then send it signal ``token`` with ``payload``; return the run.
+
+        The signal is buffered until the run waits on ``token``, so entity and
+        accumulator workflows can be fed without knowing whether they run yet.
+        """
+        if not isinstance(token, str) or not token:
+            raise ValueError("a signal token must be a non-empty string")
+        try:
+            codec.dumps(payload)
+        except (TypeError, ValueError) as exc:
+            raise SchemaValidationError(f"signal payload cannot be stored as JSON: {exc}") from exc
+        run = await self.start(workflow, input, run_id=run_id, tags=tags, priority=priority)
+        await self.signal(token, payload)
+        return run
+
     # -- worker primitives ----------------------------------------------------------------
 
     async def run_one(self, run_id: str) -> bool:
@@ -496,6 +753,9 @@ class Engine:
             else:
                 _log.warning("run %s crashed too often; it is now %s", run_id, status)
                 self._notify(run_id)
+                dead = await self.store.get_run(run_id)
+                if dead is not None:
+                    await self._report_to_parent(dead)
         return recovered
 
     async def resume_due_timers(self) -> int:
@@ -537,6 +797,7 @@ class Engine:
             self.resume_due_timers,
             self.run_pending,
             self.sweep_timeouts,
+            self.fire_schedules,
         ):
             try:
                 await phase()
@@ -603,6 +864,7 @@ class Engine:
             value = definition.parse_input(run.input)
         except (WorkflowNotRegistered, SchemaValidationError) as exc:
             return TurnOutcome(TurnEnd.FAILED, error=error_info(exc)), None
+        await self._reconcile_children(run, checkpoints)
         turn = Turn(run, checkpoints, self.instance_id, self.clock.now_ms, self.reconcile_ms)
         ctx = WorkflowContext(turn, self._services)
         self._active[run.run_id] = turn
@@ -612,11 +874,18 @@ class Engine:
                 outcome = await turn.execute(lambda: definition.fn(ctx, value))
             else:
                 outcome = await turn.execute(lambda: definition.fn(ctx))
-            if outcome.end is not TurnEnd.CLOSED and not self.store.ordered_writes:
-                try:
+            if outcome.end is TurnEnd.CLOSED:
+                return outcome, turn
+            unwind = turn.unwinding or (
+                outcome.end is TurnEnd.FAILED and ctx._has_compensations
+            )
+            try:
+                if unwind or not self.store.ordered_writes:
                     await turn.flush()  # every result is durable before the outcome
-                except _TurnClosed:
-                    outcome = TurnOutcome(TurnEnd.CLOSED)
+                if unwind:
+                    outcome = _after_unwind(outcome, await ctx._compensate(), turn.unwinding)
+            except _TurnClosed:
+                outcome = TurnOutcome(TurnEnd.CLOSED)
             return outcome, turn
         finally:
             renewer.cancel()
@@ -645,8 +914,16 @@ class Engine:
         """Write the turn's outcome; return the run if it must take another turn."""
         run_id, now = run.run_id, self.clock.now_ms()
         if outcome.end is TurnEnd.CLOSED:
-            turn_reason = "drain" if self._draining else ""
-            if turn_reason == "drain":
+            if turn is not None and turn.close_reason == "unwind":
+                # A compensating cancel arrived mid-turn: take one more turn,
+                # which reads the intent and unwinds.
+                again = await self.store.continue_turn(
+                    run_id, self.instance_id, now + self.lease_ms
+                )
+                if again is not None:
+                    return again, await self.store.load_checkpoints(run_id)
+                return None
+            if self._draining:
                 await self.store.release_run(run_id, self.instance_id, now)
             return None
         if outcome.end is TurnEnd.CONTINUED:
@@ -656,6 +933,8 @@ class Engine:
             status, changes = RunStatus.COMPLETED, RunChanges(output=outcome.output)
         elif outcome.end is TurnEnd.FAILED:
             status, changes = RunStatus.FAILED, RunChanges(error=outcome.error)
+        elif outcome.end is TurnEnd.CANCELLED:
+            status, changes = RunStatus.CANCELLED, RunChanges(error=outcome.error)
         else:
             status, changes = RunStatus.SUSPENDED, RunChanges(wake_at=outcome.wake_at)
         result = await self.store.settle_run(run_id, self.instance_id, status, changes, now)
@@ -680,6 +959,12 @@ class Engine:
                     "run %s (%s) failed: %s", run_id, run.workflow, outcome.error.get("message")
                 )
             self._notify(run_id, RunResult(run_id, status, changes.output, changes.error))
+            if status in TERMINAL_STATUSES:
+                await self._report_to_parent(
+                    run.replace(status=status, output=changes.output, error=changes.error)
+                )
+                if status is RunStatus.CANCELLED:
+                    await self._cancel_children(run_id)
         return None
 
     async def _continue_as_new(self, run: Run, new_input: Any) -> str:
@@ -727,7 +1012,143 @@ class Engine:
             if turn is not None:
                 turn.close(status.value)
             self._notify(run.run_id)
+            await self._report_to_parent(run.replace(status=status, error=error, output=None))
         return changed
+
+    # -- children -------------------------------------------------------------------------
+
+    async def _spawn_children(self, parent: Run, calls: list[ChildCall]) -> list[ErrorInfo | None]:
+        """Create child runs in bulk; return a start error per child (or ``None``)."""
+        now = self.clock.now_ms()
+        errors: list[ErrorInfo | None] = [None] * len(calls)
+        runs: list[Run] = []
+        for i, call in enumerate(calls):
+            try:
+                definition = self._registry.get(call.workflow)
+                stored_input = definition.validate_input(call.input)
+            except (WorkflowNotRegistered, SchemaValidationError) as exc:
+                errors[i] = _child_error(call.run_id, "failed", error_info(exc))
+                continue
+            runs.append(
+                Run(
+                    run_id=call.run_id,
+                    workflow=definition.name,
+                    workflow_version=definition.version,
+                    status=RunStatus.PENDING,
+                    input=stored_input,
+                    namespace=parent.namespace,
+                    parent_id=parent.run_id,
+                    parent_seq=call.seq,
+                    priority=parent.priority,
+                    deadline_at=(
+                        now + definition.execution_timeout_ms
+                        if definition.execution_timeout_ms is not None
+                        else None
+                    ),
+                    created_at=now,
+                    updated_at=now,
+                )
+            )
+        for i, error in enumerate(errors):
+            if error is not None:
+                # A child that cannot start reaches its parent as a failed child.
+                await self.store.resolve_checkpoint(
+                    parent.run_id, calls[i].seq, CheckpointStatus.FAILED, None, error, now
+                )
+        created = set(await self.store.create_runs(runs)) if runs else set()
+        existing = [run.run_id for run in runs if run.run_id not in created]
+        for run in runs:
+            if run.run_id in created:
+                self._dispatch(run.run_id)
+        if existing:
+            # Started by an earlier turn that crashed before suspending: any
+            # that already finished settle their placeholder now.
+            for child in await self.store.get_runs(existing):
+                if child.status in TERMINAL_STATUSES:
+                    await self._report_to_parent(child)
+                elif child.status is RunStatus.PENDING:
+                    self._dispatch(child.run_id)
+        return errors
+
+    async def _cancel_runs(self, run_ids: list[str]) -> None:
+        for run_id in run_ids:
+            try:
+                await self.cancel(run_id)
+            except RunNotFound:
+                continue
+
+    async def _cancel_children(self, run_id: str) -> None:
+        cursor: str | None = None
+        while True:
+            page = await self.store.list_runs(
+                RunQuery(parent_id=run_id, limit=500, cursor=cursor)
+            )
+            await self._cancel_runs(
+                [r.run_id for r in page.runs if r.status not in TERMINAL_STATUSES]
+            )
+            cursor = page.next_cursor
+            if cursor is None:
+                return
+
+    async def _report_to_parent(self, child: Run) -> None:
+        """Tell a waiting parent that ``child`` ended, however it ended.
+
+        The child's own terminal state is written first; this delivery is
+        retried on store errors (0.25 s, 1 s, 4 s). Should it still be lost,
+        the parent's next turn reads its children and settles them.
+        """
+        if child.parent_id is None or child.parent_seq is None:
+            return
+        if child.status is RunStatus.COMPLETED:
+            status, output, error = CheckpointStatus.COMPLETED, child.output, None
+        else:
+            status, output = CheckpointStatus.FAILED, None
+            error = _child_error(child.run_id, child.status.value, child.error)
+        for delay in (0.25, 1.0, 4.0, None):
+            try:
+                left = await self.store.resolve_checkpoint(
+                    child.parent_id, child.parent_seq, status, output, error, self.clock.now_ms()
+                )
+                break
+            except Exception:
+                if delay is None:
+                    _log.exception("could not tell run %s that child %s ended",
+                                   child.parent_id, child.run_id)
+                    return
+                await asyncio.sleep(delay)
+        # Wake the parent when its fan-out is complete, or on a failure
+        # (fail_fast must hear of it); a fan of thousands costs one parent turn.
+        if left is not None and (left == 0 or status is CheckpointStatus.FAILED):
+            await self._wake(child.parent_id)
+
+    async def _reconcile_children(self, run: Run, checkpoints: dict[int, Checkpoint]) -> None:
+        """Settle the children this run waits on that already ended (their
+        notification may have been lost to a crash), in batches of 500."""
+        waiting = {
+            str(cp.input["run_id"]): cp
+            for cp in checkpoints.values()
+            if cp.kind == "child"
+            and cp.status is CheckpointStatus.PENDING
+            and isinstance(cp.input, dict)
+        }
+        if not waiting:
+            return
+        ids = list(waiting)
+        now = self.clock.now_ms()
+        for start in range(0, len(ids), 500):
+            for child in await self.store.get_runs(ids[start : start + 500]):
+                if child.status not in TERMINAL_STATUSES:
+                    continue
+                cp = waiting[child.run_id]
+                if child.status is RunStatus.COMPLETED:
+                    cp.status, cp.output = CheckpointStatus.COMPLETED, child.output
+                else:
+                    cp.status = CheckpointStatus.FAILED
+                    cp.error = _child_error(child.run_id, child.status.value, child.error)
+                cp.finished_at = now
+                await self.store.resolve_checkpoint(
+                    run.run_id, cp.seq, cp.status, cp.output, cp.error, now
+                )
 
     async def _expire_own_leases(self) -> None:
         now = self.clock.now_ms()
@@ -756,6 +1177,33 @@ class Engine:
         if run is None:
             raise RunNotFound(f"no run with id {run_id!r}")
         return run
+
+
+def _after_unwind(outcome: TurnOutcome, failures: list[ErrorInfo], cancelling: bool) -> TurnOutcome:
+    """The outcome of a turn whose saga compensations just ran."""
+    if cancelling:
+        error: ErrorInfo = {
+            "message": "cancelled; completed steps were compensated",
+            "code": "cancelled",
+            "type": "RunCancelled",
+            "details": {"compensation_failures": failures} if failures else None,
+        }
+        return TurnOutcome(TurnEnd.CANCELLED, error=error)
+    error = dict(outcome.error or {})
+    if failures:
+        error["details"] = {"original": error.get("details"), "compensation_failures": failures}
+    return TurnOutcome(TurnEnd.FAILED, error=error)
+
+
+def _child_error(run_id: str, status: str, error: ErrorInfo | None) -> ErrorInfo:
+    """How a child's failure is recorded on its parent's checkpoint."""
+    message = (error or {}).get("message", status)
+    return {
+        "message": f"child run {run_id} {status}: {message}",
+        "code": (error or {}).get("code") or f"child_{status}",
+        "type": "ChildFailed",
+        "details": {"run_id": run_id, "status": status},
+    }
 
 
 def _check_tags(tags: list[str] | None) -> list[str]:

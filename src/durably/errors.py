@@ -12,7 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
+    "ChildFailed",
     "DurablyError",
+    "EventTimeout",
     "FatalError",
     "GatherFailed",
     "NondeterminismError",
@@ -69,6 +71,23 @@ class StepFailed(DurablyError):
         self.attempts = attempts
 
 
+class ChildFailed(StepFailed):
+    """A child run (``ctx.child`` / ``ctx.all``) failed, was cancelled, went
+    dead, or could not be started. ``status`` is the child's final status."""
+
+    def __init__(
+        self,
+        run_id: str,
+        status: str,
+        message: str,
+        code: str | None = None,
+        details: Any = None,
+    ) -> None:
+        super().__init__(f"child {run_id}", message, code=code or f"child_{status}", details=details)
+        self.run_id = run_id
+        self.status = status
+
+
 class GatherFailed(DurablyError):
     """One or more branches of ``ctx.all`` failed; ``failures`` lists every one."""
 
@@ -88,6 +107,21 @@ class SignalTimeout(DurablyError):
     def __init__(self, token: str) -> None:
         super().__init__(f"timed out waiting for signal {token!r}")
         self.token = token
+
+
+class EventTimeout(SignalTimeout):
+    """``ctx.wait_for_event`` reached its timeout; ``event`` names the event.
+
+    A subclass of :class:`SignalTimeout`, so one ``except SignalTimeout``
+    covers both kinds of wait.
+    """
+
+    code = "event_timeout"
+
+    def __init__(self, event: str) -> None:
+        DurablyError.__init__(self, f"timed out waiting for event {event!r}")
+        self.token = event
+        self.event = event
 
 
 class NondeterminismError(DurablyError):

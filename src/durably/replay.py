@@ -44,6 +44,8 @@ class TurnEnd(StrEnum):
     FAILED = "failed"
     SUSPENDED = "suspended"
     CONTINUED = "continued"
+    CANCELLED = "cancelled"
+    """A compensating cancel finished unwinding."""
     CLOSED = "closed"
     """Stopped from outside (cancelled, fenced, drained): nothing to write."""
 
@@ -84,8 +86,15 @@ class Turn:
         self.closed = False
         self.close_reason = ""
         self.fenced = False
+        self.unwinding = run.cancel_requested == "compensate"
+        """A compensating cancel: replay only, park anything new, then undo."""
 
     # -- used by the context's operations ----------------------------------------------
+
+    @property
+    def next_seq(self) -> int:
+        """The position the next operation will take."""
+        return self._next_seq
 
     def allocate(self, name: str, kind: str) -> tuple[int, Checkpoint | None]:
         """Take the next position and return it with its recorded checkpoint.

@@ -63,6 +63,45 @@ async def multi_step(ctx: durably.WorkflowContext, n: int) -> int:
     return total
 
 
+FAN_WIDTH = 150
+SAGA_STEPS = 6
+
+
+async def fan_leaf(ctx: durably.WorkflowContext, i: int) -> int:
+    """One child of the fan: a single effect."""
+    return await ctx.local_step("leaf", effect, ctx.run_id, 0, i)
+
+
+async def fan_parent(ctx: durably.WorkflowContext, width: int) -> int:
+    """Fans out to ``width`` children and sums what they return."""
+    results = await ctx.all([ctx.child("fan-leaf", i) for i in range(width)])
+    return sum(results)
+
+
+def undo(run_id: str, index: int, _output: int) -> None:
+    """A compensation: recorded in the ledger like any effect (seq -2 - index)."""
+    effect(run_id, -2 - index, 0)
+    time.sleep(0.05)  # slow enough that kills land mid-unwind
+
+
+def _doomed() -> None:
+    raise durably.FatalError("the last step always fails", code="doomed")
+
+
+async def saga(ctx: durably.WorkflowContext, n: int) -> None:
+    """Completes SAGA_STEPS steps with undos, then fails: the unwind runs them all."""
+    for k in range(SAGA_STEPS):
+        await ctx.local_step(
+            f"book{k}",
+            effect,
+            ctx.run_id,
+            k,
+            n,
+            compensate=lambda out, rid=ctx.run_id, k=k: undo(rid, k, out),
+        )
+    await ctx.local_step("doomed", _doomed)
+
+
 def expected_output(n: int) -> int:
     """What ``multi_step(n)`` returns."""
     return n + sum(s if s < 2 else s + 1 for s in range(STEPS))
@@ -77,6 +116,9 @@ async def _serve() -> None:
         poll_interval=0.05,
     )
     engine.register("multi-step", multi_step)
+    engine.register("fan-leaf", fan_leaf)
+    engine.register("fan-parent", fan_parent)
+    engine.register("saga", saga)
     async with engine:
         print("ready", flush=True)
         await asyncio.Event().wait()

@@ -21,7 +21,7 @@ import pytest
 import durably
 from durably import RunStatus
 
-from .app import STEPS, expected_output
+from .app import FAN_WIDTH, SAGA_STEPS, STEPS, expected_output
 
 APP = Path(__file__).with_name("app.py")
 ROOT = Path(__file__).resolve().parents[2]
@@ -163,3 +163,67 @@ async def test_two_processes_on_one_file_never_run_a_step_twice(tmp_path: Path) 
         for proc in procs:
             proc.wait(timeout=30)
         await client.close()
+
+
+@pytest.mark.slow
+async def test_saga_unwind_and_fan_survive_sigkill(tmp_path: Path) -> None:
+    """SIGKILL lands mid-fan and mid-unwind; after restarts the fan completes
+    once and every completed step is undone exactly once."""
+    db, ledger = tmp_path / "saga.db", tmp_path / "ledger.txt"
+    client = durably.Engine(f"sqlite:///{db}", drive=False)
+    for name in ("fan-parent", "fan-leaf", "saga"):
+        client.register(name, _never, version="1")
+    sagas = 12
+    try:
+        await client.start("fan-parent", FAN_WIDTH, run_id="fan")
+        for i in range(sagas):
+            await client.start("saga", i, run_id=f"saga-{i:02}")
+        rng = random.Random()
+        kills = 0
+        for round_number in range(4):
+            instance = "saga-worker" if round_number % 2 == 0 else ""
+            proc = _spawn(db, ledger, instance, lease="1s", step_delay=0.03)
+            await asyncio.sleep(rng.uniform(0.6, 1.3))
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=10)
+            kills += 1
+        final = _spawn(db, ledger, "saga-worker", lease="1s")
+        try:
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                live = [
+                    r.run_id
+                    for s in ("pending", "running", "suspended")
+                    for r in (await client.list_runs(status=s, limit=1000)).runs
+                ]
+                if not live:
+                    break
+                await asyncio.sleep(0.25)
+            else:
+                raise AssertionError(f"runs still live: {live[:10]}")
+        finally:
+            final.send_signal(signal.SIGTERM)
+            final.wait(timeout=30)
+        executions, violations, _ = _read_ledger(ledger)
+        assert violations == [], f"completed work executed again: {violations[:5]}"
+        fan = await client.get_run("fan")
+        assert fan is not None and fan.status is RunStatus.COMPLETED
+        assert fan.output == sum(range(FAN_WIDTH))
+        for i in range(FAN_WIDTH):
+            assert executions[(f"fan.child.{i}", 0)] >= 1
+        for i in range(sagas):
+            run = await client.get_run(f"saga-{i:02}")
+            assert run is not None and run.status is RunStatus.FAILED
+            assert run.error is not None and run.error["code"] == "doomed"
+            history = {c.seq: c for c in await client.history(run.run_id)}
+            for k in range(SAGA_STEPS):
+                undo_seq = -2 - k
+                assert history[undo_seq].status.value == "completed"
+                assert executions[(run.run_id, undo_seq)] >= 1
+        print(f"{kills} SIGKILLs during the fan and the unwinds")
+    finally:
+        await client.close()
+
+
+async def _never(ctx: durably.WorkflowContext, n: int) -> int:
+    raise AssertionError("the client process must not execute runs")

@@ -3,15 +3,26 @@
 
 from __future__ import annotations
 
-from .base import RunChanges, RunPage, RunQuery, SettleResult, SignalWait, StateStore
+from .base import (
+    EventDelivery,
+    RunChanges,
+    RunPage,
+    RunQuery,
+    ScheduleRecord,
+    SettleResult,
+    SignalWait,
+    StateStore,
+)
 from .memory import MemoryStore
 from .sqlite import SqliteStore
 
 __all__ = [
+    "EventDelivery",
     "MemoryStore",
     "RunChanges",
     "RunPage",
     "RunQuery",
+    "ScheduleRecord",
     "SettleResult",
     "SignalWait",
     "SqliteStore",

@@ -83,4 +83,53 @@ MIGRATIONS: list[str] = [
     CREATE INDEX durably_checkpoints_group ON durably_checkpoints (run_id, parallel_group, status)
         WHERE parallel_group IS NOT NULL;
     """,
+    # 3: schedules; event waiters, buffered events and published event ids
+    """
+    CREATE TABLE durably_schedules (
+        name TEXT PRIMARY KEY,
+        namespace TEXT NOT NULL DEFAULT 'default',
+        spec TEXT NOT NULL,
+        paused INTEGER NOT NULL DEFAULT 0,
+        next_fire_at INTEGER,
+        last_fired_at INTEGER,
+        last_run_id TEXT,
+        firing_run_id TEXT,
+        revision INTEGER NOT NULL DEFAULT 0,
+        created_at INTEGER NOT NULL,
+        updated_at INTEGER NOT NULL
+    );
+    CREATE INDEX durably_schedules_due ON durably_schedules (namespace, next_fire_at)
+        WHERE paused = 0;
+    CREATE INDEX durably_schedules_firing ON durably_schedules (namespace)
+        WHERE firing_run_id IS NOT NULL;
+
+    CREATE TABLE durably_event_waiters (
+        run_id TEXT NOT NULL,
+        seq INTEGER NOT NULL,
+        name TEXT NOT NULL,
+        match_keys TEXT NOT NULL,
+        match TEXT NOT NULL,
+        created_at INTEGER NOT NULL,
+        PRIMARY KEY (run_id, seq)
+    ) WITHOUT ROWID;
+    CREATE INDEX durably_event_waiters_match
+        ON durably_event_waiters (name, match_keys, match);
+
+    CREATE TABLE durably_buffered_events (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        name TEXT NOT NULL,
+        event_id TEXT,
+        payload TEXT NOT NULL,
+        created_at INTEGER NOT NULL
+    );
+    CREATE INDEX durably_buffered_events_name ON durably_buffered_events (name, id);
+
+    CREATE TABLE durably_published_events (
+        id TEXT PRIMARY KEY,
+        name TEXT NOT NULL,
+        recipients INTEGER NOT NULL,
+        published_at INTEGER NOT NULL
+    );
+    CREATE INDEX durably_published_events_time ON durably_published_events (published_at);
+    """,
 ]

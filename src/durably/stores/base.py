@@ -20,9 +20,11 @@ from typing import Any, Protocol, runtime_checkable
 from ..model import Checkpoint, CheckpointStatus, ErrorInfo, Run, RunStatus
 
 __all__ = [
+    "EventDelivery",
     "RunChanges",
     "RunPage",
     "RunQuery",
+    "ScheduleRecord",
     "SettleResult",
     "SignalWait",
     "StateStore",
@@ -67,6 +69,45 @@ class SignalWait:
 
     delivered: bool
     payload: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class EventDelivery:
+    """What :meth:`StateStore.publish_event` did."""
+
+    run_ids: list[str]
+    """The runs whose waits the event completed (wake them)."""
+    recipients: int
+    """Runs that received it, plus the ``triggered`` count the caller passed;
+    for a duplicate, the count recorded by the first publish."""
+    buffered: bool = False
+    """Nobody received it and one copy was kept for the first matching waiter."""
+    duplicate: bool = False
+    """An event with this id was published before: nothing was delivered."""
+
+
+@dataclass(slots=True)
+class ScheduleRecord:
+    """One row of the schedules table (see :mod:`durably.schedules`)."""
+
+    name: str
+    spec: dict[str, Any]
+    """What fires: workflow, cron or interval, time zone, input, policies (JSON)."""
+    namespace: str = "default"
+    paused: bool = False
+    next_fire_at: int | None = None
+    """The next window not yet fired (epoch ms)."""
+    last_fired_at: int | None = None
+    """The window of the last run started by the schedule."""
+    last_run_id: str | None = None
+    """The last run started by the schedule (its overlap policy looks at it)."""
+    firing_run_id: str | None = None
+    """A run claimed for start whose start is not yet confirmed; any instance
+    (re)starts it, idempotently, so a crash after the claim loses no window."""
+    revision: int = 0
+    """Bumped by every update; :meth:`StateStore.update_schedule` can compare-and-set on it."""
+    created_at: int = 0
+    updated_at: int = 0
 
 
 @dataclass(slots=True)
@@ -215,6 +256,9 @@ class StateStore(Protocol):
         """:meth:`save_checkpoint` for many checkpoints of one run, in one
         transaction; ``False`` (and nothing written) if ``owner`` lost the lease."""
 
+    async def delete_checkpoints(self, run_id: str, seqs: list[int]) -> None:
+        """Forget checkpoints (``retry`` clears failed ones so they run again)."""
+
     async def resolve_checkpoint(
         self,
         run_id: str,
@@ -256,3 +300,80 @@ class StateStore(Protocol):
 
     async def list_buffered_signals(self, token: str) -> list[Any]:
         """Payloads buffered for ``token``, oldest first (for inspection)."""
+
+    # -- events ------------------------------------------------------------------
+
+    async def wait_event(
+        self,
+        checkpoint: Checkpoint,
+        name: str,
+        match: dict[str, Any] | None,
+        owner: str,
+        now: int,
+    ) -> SignalWait | None:
+        """*Atomic* with :meth:`publish_event` for the same ``name``: take the
+        oldest buffered event on ``name`` whose payload matches ``match`` (see
+        :mod:`durably.stores._match`) and complete ``checkpoint`` with it, or
+        else register a waiter ``(run, seq)`` on ``(name, match)`` and save
+        ``checkpoint`` as pending. Fenced like :meth:`save_checkpoint`
+        (``None`` if fenced). Many runs may wait on one name at once."""
+
+    async def publish_event(
+        self,
+        name: str,
+        payload: Any,
+        now: int,
+        *,
+        event_id: str | None = None,
+        buffer: bool = True,
+        triggered: int = 0,
+    ) -> EventDelivery:
+        """*Atomic* with :meth:`wait_event`: complete the checkpoint of every
+        waiter on ``name`` whose match the payload satisfies (removing those
+        waiters; a waiter whose run ended is dropped, not counted) and return
+        their runs. When none received it and ``buffer`` is set, keep one copy
+        for the first matching :meth:`wait_event`. With ``event_id``, the
+        publish is recorded and a later one with the same id does nothing but
+        return ``duplicate=True`` and the recorded ``recipients``.
+        ``triggered`` (runs the caller started for the event) is added to the
+        recorded count."""
+
+    async def cancel_event_wait(
+        self, run_id: str, seq: int, name: str, error: ErrorInfo, now: int
+    ) -> Checkpoint | None:
+        """*Atomic*: an event wait timed out. If an event already completed the
+        checkpoint, return it; otherwise remove exactly this waiter, mark the
+        checkpoint failed with ``error`` and return ``None``."""
+
+    async def list_buffered_events(self, name: str) -> list[Any]:
+        """Payloads buffered on event ``name``, oldest first (for inspection)."""
+
+    # -- schedules ---------------------------------------------------------------
+
+    async def create_schedule(self, record: ScheduleRecord) -> tuple[ScheduleRecord, bool]:
+        """Insert ``record`` unless its name exists. *Atomic*: of racing creates
+        exactly one returns ``created=True``; all return the stored record."""
+
+    async def get_schedule(self, name: str) -> ScheduleRecord | None:
+        """The schedule, or ``None``."""
+
+    async def list_schedules(self, namespace: str | None = None) -> list[ScheduleRecord]:
+        """Every schedule (of ``namespace``, when given), by name."""
+
+    async def list_due_schedules(
+        self, namespace: str, now: int, limit: int
+    ) -> list[ScheduleRecord]:
+        """Schedules of ``namespace`` with work to do: unpaused with
+        ``next_fire_at <= now``, or with a ``firing_run_id`` set (even paused);
+        earliest ``next_fire_at`` first."""
+
+    async def update_schedule(
+        self, name: str, changes: dict[str, Any], now: int, *, revision: int | None = None
+    ) -> ScheduleRecord | None:
+        """*Atomic*: apply ``changes`` (column → value; see
+        ``UPDATABLE_SCHEDULE_COLUMNS``), bump ``revision`` and stamp
+        ``updated_at``, only if the schedule exists and, when ``revision`` is
+        given, is still at that revision. Returns the updated record or ``None``."""
+
+    async def delete_schedule(self, name: str) -> bool:
+        """Delete a schedule; ``False`` if absent."""

@@ -12,8 +12,18 @@ from collections import defaultdict, deque
 from typing import Any
 
 from ..model import TERMINAL_STATUSES, Checkpoint, CheckpointStatus, ErrorInfo, Run, RunStatus
+from ._match import match_index, project
+from ._schedule_rows import check_schedule_changes
 from ._shared import check_run_changes, dead_error, decode_cursor, encode_cursor
-from .base import RunChanges, RunPage, RunQuery, SettleResult, SignalWait
+from .base import (
+    EventDelivery,
+    RunChanges,
+    RunPage,
+    RunQuery,
+    ScheduleRecord,
+    SettleResult,
+    SignalWait,
+)
 
 __all__ = ["MemoryStore"]
 
@@ -28,6 +38,11 @@ class MemoryStore:
         self._checkpoints: dict[str, dict[int, Checkpoint]] = defaultdict(dict)
         self._waiters: dict[str, tuple[str, int]] = {}
         self._buffered: dict[str, deque[Any]] = defaultdict(deque)
+        # events: name -> {(run_id, seq): (match_keys, match)}; buffered payloads; published ids
+        self._event_waiters: dict[str, dict[tuple[str, int], tuple[str, str]]] = {}
+        self._buffered_events: dict[str, deque[Any]] = {}
+        self._published: dict[str, int] = {}
+        self._schedules: dict[str, ScheduleRecord] = {}
 
     async def open(self) -> None:
         """Nothing to connect to."""
@@ -261,6 +276,12 @@ class MemoryStore:
             self._put(checkpoint)
         return True
 
+    async def delete_checkpoints(self, run_id: str, seqs: list[int]) -> None:
+        """Forget the given checkpoints."""
+        history = self._checkpoints.get(run_id, {})
+        for seq in seqs:
+            history.pop(seq, None)
+
     async def resolve_checkpoint(
         self,
         run_id: str,
@@ -341,6 +362,159 @@ class MemoryStore:
         """Buffered payloads for ``token``."""
         return copy.deepcopy(list(self._buffered.get(token, ())))
 
+    # -- events --------------------------------------------------------------------------
+
+    async def wait_event(
+        self,
+        checkpoint: Checkpoint,
+        name: str,
+        match: dict[str, Any] | None,
+        owner: str,
+        now: int,
+    ) -> SignalWait | None:
+        """Consume the oldest matching buffered event or register the waiter."""
+        if not self._holds(checkpoint.run_id, owner):
+            return None
+        keys, text = match_index(match)
+        buffered = self._buffered_events.get(name)
+        if buffered:
+            for index, payload in enumerate(buffered):
+                if project(payload, keys) == text:
+                    del buffered[index]
+                    if not buffered:
+                        del self._buffered_events[name]
+                    self._put(_completed(checkpoint, payload, now))
+                    return SignalWait(True, copy.deepcopy(payload))
+        self._event_waiters.setdefault(name, {})[(checkpoint.run_id, checkpoint.seq)] = (
+            keys,
+            text,
+        )
+        self._put(checkpoint)
+        return SignalWait(False)
+
+    async def publish_event(
+        self,
+        name: str,
+        payload: Any,
+        now: int,
+        *,
+        event_id: str | None = None,
+        buffer: bool = True,
+        triggered: int = 0,
+    ) -> EventDelivery:
+        """Deliver to every matching waiter, or buffer one copy."""
+        if event_id is not None and event_id in self._published:
+            return EventDelivery([], self._published[event_id], duplicate=True)
+        waiters = self._event_waiters.get(name, {})
+        projections: dict[str, str | None] = {}
+        delivered: list[str] = []
+        for (run_id, seq), (keys, text) in list(waiters.items()):
+            if keys not in projections:
+                projections[keys] = project(payload, keys)
+            if projections[keys] != text:
+                continue
+            del waiters[(run_id, seq)]
+            run = self._runs.get(run_id)
+            current = self._checkpoints.get(run_id, {}).get(seq)
+            if (
+                run is None
+                or run.status in TERMINAL_STATUSES
+                or current is None
+                or current.status is not CheckpointStatus.PENDING
+            ):
+                continue
+            self._put(_completed(current, copy.deepcopy(payload), now))
+            if run_id not in delivered:
+                delivered.append(run_id)
+        if not waiters:
+            self._event_waiters.pop(name, None)
+        buffered = not delivered and not triggered and buffer
+        if buffered:
+            self._buffered_events.setdefault(name, deque()).append(copy.deepcopy(payload))
+        recipients = len(delivered) + triggered
+        if event_id is not None:
+            self._published[event_id] = recipients
+        return EventDelivery(delivered, recipients, buffered=buffered)
+
+    async def cancel_event_wait(
+        self, run_id: str, seq: int, name: str, error: ErrorInfo, now: int
+    ) -> Checkpoint | None:
+        """Time an event wait out unless an event won the race."""
+        current = self._checkpoints.get(run_id, {}).get(seq)
+        if current is not None and current.status is CheckpointStatus.COMPLETED:
+            return copy.deepcopy(current)
+        waiters = self._event_waiters.get(name)
+        if waiters is not None:
+            waiters.pop((run_id, seq), None)
+            if not waiters:
+                del self._event_waiters[name]
+        if current is not None:
+            current.status = CheckpointStatus.FAILED
+            current.error = copy.deepcopy(error)
+            current.finished_at = now
+        return None
+
+    async def list_buffered_events(self, name: str) -> list[Any]:
+        """Buffered payloads on event ``name``."""
+        return copy.deepcopy(list(self._buffered_events.get(name, ())))
+
+    # -- schedules -----------------------------------------------------------------------
+
+    async def create_schedule(self, record: ScheduleRecord) -> tuple[ScheduleRecord, bool]:
+        """Insert unless the name exists."""
+        existing = self._schedules.get(record.name)
+        if existing is not None:
+            return copy.deepcopy(existing), False
+        self._schedules[record.name] = copy.deepcopy(record)
+        return copy.deepcopy(record), True
+
+    async def get_schedule(self, name: str) -> ScheduleRecord | None:
+        """The schedule, or ``None``."""
+        found = self._schedules.get(name)
+        return copy.deepcopy(found) if found is not None else None
+
+    async def list_schedules(self, namespace: str | None = None) -> list[ScheduleRecord]:
+        """Schedules by name."""
+        return [
+            copy.deepcopy(s)
+            for _, s in sorted(self._schedules.items())
+            if namespace is None or s.namespace == namespace
+        ]
+
+    async def list_due_schedules(
+        self, namespace: str, now: int, limit: int
+    ) -> list[ScheduleRecord]:
+        """Schedules with a window due or a start to confirm."""
+        due = [
+            s
+            for s in self._schedules.values()
+            if s.namespace == namespace
+            and (
+                s.firing_run_id is not None
+                or (not s.paused and s.next_fire_at is not None and s.next_fire_at <= now)
+            )
+        ]
+        due.sort(key=lambda s: (s.next_fire_at if s.next_fire_at is not None else -1, s.name))
+        return [copy.deepcopy(s) for s in due[:limit]]
+
+    async def update_schedule(
+        self, name: str, changes: dict[str, Any], now: int, *, revision: int | None = None
+    ) -> ScheduleRecord | None:
+        """Apply ``changes`` (compare-and-set on ``revision`` when given)."""
+        check_schedule_changes(changes)
+        record = self._schedules.get(name)
+        if record is None or (revision is not None and record.revision != revision):
+            return None
+        for column, value in changes.items():
+            setattr(record, column, copy.deepcopy(value))
+        record.revision += 1
+        record.updated_at = now
+        return copy.deepcopy(record)
+
+    async def delete_schedule(self, name: str) -> bool:
+        """Delete a schedule."""
+        return self._schedules.pop(name, None) is not None
+
     # -- helpers ---------------------------------------------------------------------------
 
     def _holds(self, run_id: str, owner: str) -> bool:
@@ -356,6 +530,11 @@ class MemoryStore:
     def _drop_waiters(self, run_id: str) -> None:
         for token in [t for t, (r, _) in self._waiters.items() if r == run_id]:
             del self._waiters[token]
+        for name, waiters in list(self._event_waiters.items()):
+            for key in [k for k in waiters if k[0] == run_id]:
+                del waiters[key]
+            if not waiters:
+                del self._event_waiters[name]
 
 
 def _leased(run: Run, now: int) -> bool:

@@ -33,9 +33,19 @@ import asyncpg
 
 from .. import codec
 from ..model import TERMINAL_STATUSES, Checkpoint, CheckpointStatus, ErrorInfo, Run, RunStatus
+from ._match import match_index, project
 from ._postgres_schema import MIGRATIONS
+from ._schedule_rows import SCHEDULE_COLUMNS, check_schedule_changes
 from ._shared import JSON_RUN_COLUMNS, check_run_changes, dead_error, decode_cursor, encode_cursor
-from .base import RunChanges, RunPage, RunQuery, SettleResult, SignalWait
+from .base import (
+    EventDelivery,
+    RunChanges,
+    RunPage,
+    RunQuery,
+    ScheduleRecord,
+    SettleResult,
+    SignalWait,
+)
 
 __all__ = ["PostgresStore"]
 
@@ -85,7 +95,10 @@ _SAVE_CHECKPOINT_FENCED = f"""
 _HOLD_LEASE = "SELECT 1 FROM durably_runs WHERE id = $1 AND locked_by = $2 FOR SHARE"
 _LOCK_TOKEN = "SELECT pg_advisory_xact_lock(hashtextextended($1::text, 0))"
 _LOCK_MIGRATIONS = "SELECT pg_advisory_xact_lock(hashtextextended('durably:migrate', 0))"
-_DELETE_WAITERS = "DELETE FROM durably_signal_waiters WHERE run_id = $1"
+_DELETE_WAITERS = (
+    "WITH events AS (DELETE FROM durably_event_waiters WHERE run_id = $1) "
+    "DELETE FROM durably_signal_waiters WHERE run_id = $1"
+)
 _TERMINAL = [s.value for s in sorted(TERMINAL_STATUSES)]
 _SCHEMA_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 
@@ -560,6 +573,14 @@ class PostgresStore:
             )
         return True
 
+    async def delete_checkpoints(self, run_id: str, seqs: list[int]) -> None:
+        """Forget the given checkpoints."""
+        await self._ready().execute(
+            "DELETE FROM durably_checkpoints WHERE run_id = $1 AND seq = ANY($2::integer[])",
+            run_id,
+            seqs,
+        )
+
     async def resolve_checkpoint(
         self,
         run_id: str,
@@ -699,6 +720,223 @@ class PostgresStore:
         )
         return [codec.loads(row[0]) for row in rows]
 
+    # -- events --------------------------------------------------------------------------
+    # wait_event, publish_event and cancel_event_wait hold the advisory lock of
+    # the event name (salted apart from signal tokens) for their transaction.
+
+    async def wait_event(
+        self,
+        checkpoint: Checkpoint,
+        name: str,
+        match: dict[str, Any] | None,
+        owner: str,
+        now: int,
+    ) -> SignalWait | None:
+        """Consume the oldest matching buffered event or register the waiter."""
+        keys, text = match_index(match)
+        async with self._transaction() as conn:
+            await conn.execute(_LOCK_TOKEN, _event_lock(name))
+            if not await conn.fetchval(_HOLD_LEASE, checkpoint.run_id, owner):
+                return None
+            found = await _take_buffered_event(conn, name, keys, text)
+            if found is not None:
+                await conn.execute(_UPSERT_CHECKPOINT, *_completed(checkpoint, found, now))
+                return SignalWait(True, codec.loads(found))
+            await conn.execute(
+                "INSERT INTO durably_event_waiters "
+                "(run_id, seq, name, match_keys, match, created_at) "
+                "VALUES ($1, $2, $3, $4, $5, $6) "
+                "ON CONFLICT (run_id, seq) DO UPDATE SET name = excluded.name, "
+                "match_keys = excluded.match_keys, match = excluded.match",
+                checkpoint.run_id,
+                checkpoint.seq,
+                name,
+                keys,
+                text,
+                now,
+            )
+            await conn.execute(_UPSERT_CHECKPOINT, *_checkpoint_params(checkpoint))
+            return SignalWait(False)
+
+    async def publish_event(
+        self,
+        name: str,
+        payload: Any,
+        now: int,
+        *,
+        event_id: str | None = None,
+        buffer: bool = True,
+        triggered: int = 0,
+    ) -> EventDelivery:
+        """Deliver to every matching waiter, or buffer one copy."""
+        text = codec.dumps(payload)
+        value = codec.loads(text)
+        async with self._transaction() as conn:
+            await conn.execute(_LOCK_TOKEN, _event_lock(name))
+            if event_id is not None:
+                # the row lock of a racing publish with this id (any name) decides
+                fresh = await conn.fetchval(
+                    "INSERT INTO durably_published_events (id, name, recipients, published_at) "
+                    "VALUES ($1, $2, 0, $3) ON CONFLICT (id) DO NOTHING RETURNING true",
+                    event_id,
+                    name,
+                    now,
+                )
+                if not fresh:
+                    seen = await conn.fetchval(
+                        "SELECT recipients FROM durably_published_events WHERE id = $1", event_id
+                    )
+                    return EventDelivery([], int(seen or 0), duplicate=True)
+            key_sets = await conn.fetch(
+                "SELECT DISTINCT match_keys FROM durably_event_waiters WHERE name = $1", name
+            )
+            delivered: list[str] = []
+            for row in key_sets:
+                keys = str(row[0])
+                projection = project(value, keys)
+                if projection is None:
+                    continue
+                rows = await conn.fetch(
+                    _DELIVER_EVENT, name, keys, projection, text, now, _TERMINAL
+                )
+                for got in sorted(str(r[0]) for r in rows):
+                    if got not in delivered:
+                        delivered.append(got)
+            buffered = buffer and not delivered and not triggered
+            if buffered:
+                await conn.execute(
+                    "INSERT INTO durably_buffered_events (name, event_id, payload, created_at) "
+                    "VALUES ($1, $2, $3, $4)",
+                    name,
+                    event_id,
+                    text,
+                    now,
+                )
+            recipients = len(delivered) + triggered
+            if event_id is not None:
+                await conn.execute(
+                    "UPDATE durably_published_events SET recipients = $1 WHERE id = $2",
+                    recipients,
+                    event_id,
+                )
+            return EventDelivery(delivered, recipients, buffered=buffered)
+
+    async def cancel_event_wait(
+        self, run_id: str, seq: int, name: str, error: ErrorInfo, now: int
+    ) -> Checkpoint | None:
+        """Time an event wait out unless an event won the race."""
+        async with self._transaction() as conn:
+            await conn.execute(_LOCK_TOKEN, _event_lock(name))
+            row = await conn.fetchrow(
+                f"SELECT {_CP_COLUMNS} FROM durably_checkpoints "
+                "WHERE run_id = $1 AND seq = $2 FOR UPDATE",
+                run_id,
+                seq,
+            )
+            if row is not None and row["status"] == CheckpointStatus.COMPLETED.value:
+                return _row_to_checkpoint(row)
+            await conn.execute(
+                "DELETE FROM durably_event_waiters WHERE run_id = $1 AND seq = $2 AND name = $3",
+                run_id,
+                seq,
+                name,
+            )
+            await conn.execute(
+                "UPDATE durably_checkpoints SET status = 'failed', error = $1, finished_at = $2 "
+                "WHERE run_id = $3 AND seq = $4 AND status <> 'completed'",
+                codec.dumps(error),
+                now,
+                run_id,
+                seq,
+            )
+            return None
+
+    async def list_buffered_events(self, name: str) -> list[Any]:
+        """Buffered payloads on event ``name``."""
+        rows = await self._ready().fetch(
+            "SELECT payload FROM durably_buffered_events WHERE name = $1 ORDER BY id", name
+        )
+        return [codec.loads(row[0]) for row in rows]
+
+    # -- schedules -----------------------------------------------------------------------
+
+    async def create_schedule(self, record: ScheduleRecord) -> tuple[ScheduleRecord, bool]:
+        """Insert unless the name exists."""
+        while True:
+            inserted = await self._ready().fetchval(
+                f"INSERT INTO durably_schedules ({SCHEDULE_COLUMNS}) "
+                "VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11) "
+                "ON CONFLICT (name) DO NOTHING RETURNING true",
+                *_schedule_params(record),
+            )
+            if inserted:
+                return record, True
+            existing = await self.get_schedule(record.name)
+            if existing is not None:
+                return existing, False
+            # deleted between our insert and our read: try again
+
+    async def get_schedule(self, name: str) -> ScheduleRecord | None:
+        """The schedule, or ``None``."""
+        row = await self._ready().fetchrow(
+            f"SELECT {SCHEDULE_COLUMNS} FROM durably_schedules WHERE name = $1", name
+        )
+        return _row_to_schedule(row) if row is not None else None
+
+    async def list_schedules(self, namespace: str | None = None) -> list[ScheduleRecord]:
+        """Schedules by name."""
+        rows = await self._ready().fetch(
+            f"SELECT {SCHEDULE_COLUMNS} FROM durably_schedules "
+            "WHERE $1::text IS NULL OR namespace = $1 ORDER BY name",
+            namespace,
+        )
+        return [_row_to_schedule(row) for row in rows]
+
+    async def list_due_schedules(
+        self, namespace: str, now: int, limit: int
+    ) -> list[ScheduleRecord]:
+        """Schedules with a window due or a start to confirm."""
+        rows = await self._ready().fetch(
+            f"SELECT {SCHEDULE_COLUMNS} FROM durably_schedules WHERE namespace = $1 AND "
+            "((NOT paused AND next_fire_at <= $2) OR firing_run_id IS NOT NULL) "
+            "ORDER BY next_fire_at NULLS FIRST, name LIMIT $3",
+            namespace,
+            now,
+            limit,
+        )
+        return [_row_to_schedule(row) for row in rows]
+
+    async def update_schedule(
+        self, name: str, changes: dict[str, Any], now: int, *, revision: int | None = None
+    ) -> ScheduleRecord | None:
+        """Apply ``changes`` (compare-and-set on ``revision`` when given)."""
+        check_schedule_changes(changes)
+        params: list[Any] = []
+        sets: list[str] = []
+        for column, value in changes.items():
+            params.append(codec.dumps(value) if column == "spec" else value)
+            sets.append(f"{column} = ${len(params)}")
+        params.extend([now, name])
+        sets.append(f"revision = revision + 1, updated_at = ${len(params) - 1}")
+        guard = ""
+        if revision is not None:
+            params.append(revision)
+            guard = f" AND revision = ${len(params)}"
+        row = await self._ready().fetchrow(
+            f"UPDATE durably_schedules SET {', '.join(sets)} "
+            f"WHERE name = ${len(params) - (1 if revision is not None else 0)}{guard} "
+            f"RETURNING {SCHEDULE_COLUMNS}",
+            *params,
+        )
+        return _row_to_schedule(row) if row is not None else None
+
+    async def delete_schedule(self, name: str) -> bool:
+        """Delete a schedule."""
+        done = await self._ready().fetchval(
+            "DELETE FROM durably_schedules WHERE name = $1 RETURNING true", name
+        )
+        return bool(done)
+
     # -- helpers ---------------------------------------------------------------------------
 
     async def _ids(self, sql: str, *params: Any) -> list[str]:
@@ -715,6 +953,92 @@ def _split_schema(url: str) -> tuple[str, str | None]:
         return url, None
     rest = urlencode([(key, value) for key, value in query if key != "schema"])
     return urlunsplit(parts._replace(query=rest)), schema
+
+
+_DELIVER_EVENT = """
+    WITH taken AS (
+        DELETE FROM durably_event_waiters
+        WHERE name = $1 AND match_keys = $2 AND match = $3
+        RETURNING run_id, seq
+    )
+    UPDATE durably_checkpoints AS cp
+    SET status = 'completed', output = $4, finished_at = $5
+    FROM taken
+    WHERE cp.run_id = taken.run_id AND cp.seq = taken.seq
+        AND cp.kind = 'event' AND cp.status = 'pending'
+        AND EXISTS (
+            SELECT 1 FROM durably_runs AS r
+            WHERE r.id = cp.run_id AND r.status <> ALL($6::text[])
+        )
+    RETURNING cp.run_id
+"""
+"""Take the waiters on ``(name, match_keys, match)`` and complete the waits
+of those whose run is live, in one statement; returns those runs."""
+
+
+def _event_lock(name: str) -> str:
+    """The advisory-lock key of an event name, apart from any signal token."""
+    return f"durably:event:{name}"
+
+
+async def _take_buffered_event(conn: Any, name: str, keys: str, match: str) -> str | None:
+    """Delete and return (as JSON text) the oldest buffered event on ``name``
+    matching ``(keys, match)``, or ``None``. The caller holds the name's lock."""
+    if keys == "[]":
+        row = await conn.fetchrow(
+            "DELETE FROM durably_buffered_events WHERE id = ("
+            " SELECT id FROM durably_buffered_events WHERE name = $1 ORDER BY id LIMIT 1"
+            ") RETURNING payload",
+            name,
+        )
+        return str(row[0]) if row is not None else None
+    after = 0
+    while True:
+        rows = await conn.fetch(
+            "SELECT id, payload FROM durably_buffered_events WHERE name = $1 AND id > $2 "
+            "ORDER BY id LIMIT 200",
+            name,
+            after,
+        )
+        for row in rows:
+            if project(codec.loads(row["payload"]), keys) == match:
+                await conn.execute("DELETE FROM durably_buffered_events WHERE id = $1", row["id"])
+                return str(row["payload"])
+        if len(rows) < 200:
+            return None
+        after = rows[-1]["id"]
+
+
+def _schedule_params(record: ScheduleRecord) -> tuple[Any, ...]:
+    return (
+        record.name,
+        record.namespace,
+        codec.dumps(record.spec),
+        record.paused,
+        record.next_fire_at,
+        record.last_fired_at,
+        record.last_run_id,
+        record.firing_run_id,
+        record.revision,
+        record.created_at,
+        record.updated_at,
+    )
+
+
+def _row_to_schedule(row: Any) -> ScheduleRecord:
+    return ScheduleRecord(
+        name=row["name"],
+        namespace=row["namespace"],
+        spec=codec.loads(row["spec"]),
+        paused=bool(row["paused"]),
+        next_fire_at=row["next_fire_at"],
+        last_fired_at=row["last_fired_at"],
+        last_run_id=row["last_run_id"],
+        firing_run_id=row["firing_run_id"],
+        revision=int(row["revision"]),
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+    )
 
 
 def _row_count(status: str) -> int:

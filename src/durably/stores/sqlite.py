@@ -17,6 +17,8 @@ from urllib.parse import unquote, urlsplit
 
 from .. import codec
 from ..model import TERMINAL_STATUSES, Checkpoint, CheckpointStatus, ErrorInfo, Run, RunStatus
+from ._match import match_index, project
+from ._schedule_rows import SCHEDULE_COLUMNS, check_schedule_changes
 from ._shared import (
     JSON_RUN_COLUMNS,
     check_run_changes,
@@ -26,7 +28,15 @@ from ._shared import (
 )
 from ._sqlite_schema import MIGRATIONS
 from ._sqlite_thread import SqliteThread
-from .base import RunChanges, RunPage, RunQuery, SettleResult, SignalWait
+from .base import (
+    EventDelivery,
+    RunChanges,
+    RunPage,
+    RunQuery,
+    ScheduleRecord,
+    SettleResult,
+    SignalWait,
+)
 
 __all__ = ["SqliteStore", "sqlite_path_from_url"]
 
@@ -196,7 +206,7 @@ class SqliteStore:
 
         def op(conn: sqlite3.Connection) -> bool:
             conn.execute("DELETE FROM durably_checkpoints WHERE run_id = ?", (run_id,))
-            conn.execute("DELETE FROM durably_signal_waiters WHERE run_id = ?", (run_id,))
+            _drop_waiters(conn, run_id)
             return conn.execute("DELETE FROM durably_runs WHERE id = ?", (run_id,)).rowcount == 1
 
         return await self._db.run(op)
@@ -301,7 +311,7 @@ class SqliteStore:
             )
             if cur.rowcount == 1:
                 if terminal:
-                    conn.execute("DELETE FROM durably_signal_waiters WHERE run_id = ?", (run_id,))
+                    _drop_waiters(conn, run_id)
                 return SettleResult.SETTLED
             if (
                 not terminal
@@ -363,7 +373,7 @@ class SqliteStore:
             if conn.execute(sql, params).rowcount != 1:
                 return False
             if terminal:
-                conn.execute("DELETE FROM durably_signal_waiters WHERE run_id = ?", (run_id,))
+                _drop_waiters(conn, run_id)
             return True
 
         return await self._db.run(op)
@@ -407,7 +417,7 @@ class SqliteStore:
                     "UPDATE durably_runs SET error = ? WHERE id = ?",
                     (codec.dumps(dead_error(row[1])), run_id),
                 )
-                conn.execute("DELETE FROM durably_signal_waiters WHERE run_id = ?", (run_id,))
+                _drop_waiters(conn, run_id)
             return status
 
         return await self._db.run(op)
@@ -491,6 +501,17 @@ class SqliteStore:
             return True
 
         return await self._db.run(op)
+
+    async def delete_checkpoints(self, run_id: str, seqs: list[int]) -> None:
+        """Forget the given checkpoints."""
+        params = [(run_id, seq) for seq in seqs]
+
+        def op(conn: sqlite3.Connection) -> None:
+            conn.executemany(
+                "DELETE FROM durably_checkpoints WHERE run_id = ? AND seq = ?", params
+            )
+
+        await self._db.run(op)
 
     async def resolve_checkpoint(
         self,
@@ -623,6 +644,221 @@ class SqliteStore:
 
         return await self._db.run(op)
 
+    # -- events --------------------------------------------------------------------------
+
+    async def wait_event(
+        self,
+        checkpoint: Checkpoint,
+        name: str,
+        match: dict[str, Any] | None,
+        owner: str,
+        now: int,
+    ) -> SignalWait | None:
+        """Consume the oldest matching buffered event or register the waiter."""
+        keys, text = match_index(match)
+        params = _checkpoint_params(checkpoint)
+
+        def op(conn: sqlite3.Connection) -> SignalWait | None:
+            if not conn.execute(_HOLDS_LEASE, (checkpoint.run_id, owner)).fetchone():
+                return None
+            found = _take_buffered_event(conn, name, keys, text)
+            if found is not None:
+                conn.execute(_UPSERT_CHECKPOINT, _completed(checkpoint, found, now))
+                return SignalWait(True, codec.loads(found))
+            conn.execute(
+                "INSERT INTO durably_event_waiters "
+                "(run_id, seq, name, match_keys, match, created_at) VALUES (?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT (run_id, seq) DO UPDATE SET name = excluded.name, "
+                "match_keys = excluded.match_keys, match = excluded.match",
+                (checkpoint.run_id, checkpoint.seq, name, keys, text, now),
+            )
+            conn.execute(_UPSERT_CHECKPOINT, params)
+            return SignalWait(False)
+
+        return await self._db.run(op)
+
+    async def publish_event(
+        self,
+        name: str,
+        payload: Any,
+        now: int,
+        *,
+        event_id: str | None = None,
+        buffer: bool = True,
+        triggered: int = 0,
+    ) -> EventDelivery:
+        """Deliver to every matching waiter, or buffer one copy."""
+        text = codec.dumps(payload)
+        value = codec.loads(text)
+
+        def op(conn: sqlite3.Connection) -> EventDelivery:
+            if event_id is not None:
+                seen = conn.execute(
+                    "SELECT recipients FROM durably_published_events WHERE id = ?", (event_id,)
+                ).fetchone()
+                if seen is not None:
+                    return EventDelivery([], int(seen[0]), duplicate=True)
+            key_sets = [
+                row[0]
+                for row in conn.execute(
+                    "SELECT DISTINCT match_keys FROM durably_event_waiters WHERE name = ?",
+                    (name,),
+                ).fetchall()
+            ]
+            delivered: list[str] = []
+            for keys in key_sets:
+                projection = project(value, keys)
+                if projection is None:
+                    continue
+                taken = conn.execute(
+                    "DELETE FROM durably_event_waiters "
+                    "WHERE name = ? AND match_keys = ? AND match = ? RETURNING run_id, seq",
+                    (name, keys, projection),
+                ).fetchall()
+                for run_id, seq in sorted(taken):
+                    done = conn.execute(
+                        "UPDATE durably_checkpoints SET status = 'completed', output = ?, "
+                        "finished_at = ? WHERE run_id = ? AND seq = ? AND kind = 'event' "
+                        "AND status = 'pending' AND EXISTS (SELECT 1 FROM durably_runs "
+                        f"WHERE id = ? AND status NOT IN ({_TERMINAL_SQL}))",
+                        (text, now, run_id, seq, run_id),
+                    )
+                    if done.rowcount == 1 and run_id not in delivered:
+                        delivered.append(str(run_id))
+            buffered = buffer and not delivered and not triggered
+            if buffered:
+                conn.execute(
+                    "INSERT INTO durably_buffered_events (name, event_id, payload, created_at) "
+                    "VALUES (?, ?, ?, ?)",
+                    (name, event_id, text, now),
+                )
+            recipients = len(delivered) + triggered
+            if event_id is not None:
+                conn.execute(
+                    "INSERT INTO durably_published_events (id, name, recipients, published_at) "
+                    "VALUES (?, ?, ?, ?)",
+                    (event_id, name, recipients, now),
+                )
+            return EventDelivery(delivered, recipients, buffered=buffered)
+
+        return await self._db.run(op)
+
+    async def cancel_event_wait(
+        self, run_id: str, seq: int, name: str, error: ErrorInfo, now: int
+    ) -> Checkpoint | None:
+        """Time an event wait out unless an event won the race."""
+
+        def op(conn: sqlite3.Connection) -> Checkpoint | None:
+            row = conn.execute(
+                f"SELECT {_CP_COLUMNS} FROM durably_checkpoints WHERE run_id = ? AND seq = ?",
+                (run_id, seq),
+            ).fetchone()
+            if row is not None and row[4] == CheckpointStatus.COMPLETED.value:
+                return _row_to_checkpoint(row)
+            conn.execute(
+                "DELETE FROM durably_event_waiters WHERE run_id = ? AND seq = ? AND name = ?",
+                (run_id, seq, name),
+            )
+            conn.execute(
+                "UPDATE durably_checkpoints SET status = 'failed', error = ?, finished_at = ? "
+                "WHERE run_id = ? AND seq = ? AND status != 'completed'",
+                (codec.dumps(error), now, run_id, seq),
+            )
+            return None
+
+        return await self._db.run(op)
+
+    async def list_buffered_events(self, name: str) -> list[Any]:
+        """Buffered payloads on event ``name``."""
+
+        def op(conn: sqlite3.Connection) -> list[Any]:
+            rows = conn.execute(
+                "SELECT payload FROM durably_buffered_events WHERE name = ? ORDER BY id", (name,)
+            )
+            return [codec.loads(row[0]) for row in rows]
+
+        return await self._db.run(op)
+
+    # -- schedules -----------------------------------------------------------------------
+
+    async def create_schedule(self, record: ScheduleRecord) -> tuple[ScheduleRecord, bool]:
+        """Insert unless the name exists."""
+
+        def op(conn: sqlite3.Connection) -> tuple[ScheduleRecord, bool]:
+            cur = conn.execute(
+                f"INSERT INTO durably_schedules ({SCHEDULE_COLUMNS}) "
+                "VALUES (?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT (name) DO NOTHING",
+                _schedule_params(record),
+            )
+            if cur.rowcount == 1:
+                return record, True
+            existing = _fetch_schedule(conn, record.name)
+            assert existing is not None
+            return existing, False
+
+        return await self._db.run(op)
+
+    async def get_schedule(self, name: str) -> ScheduleRecord | None:
+        """The schedule, or ``None``."""
+        return await self._db.run(lambda conn: _fetch_schedule(conn, name))
+
+    async def list_schedules(self, namespace: str | None = None) -> list[ScheduleRecord]:
+        """Schedules by name."""
+        where, params = ("WHERE namespace = ?", (namespace,)) if namespace is not None else ("", ())
+
+        def op(conn: sqlite3.Connection) -> list[ScheduleRecord]:
+            rows = conn.execute(
+                f"SELECT {SCHEDULE_COLUMNS} FROM durably_schedules {where} ORDER BY name", params
+            )
+            return [_row_to_schedule(row) for row in rows]
+
+        return await self._db.run(op)
+
+    async def list_due_schedules(
+        self, namespace: str, now: int, limit: int
+    ) -> list[ScheduleRecord]:
+        """Schedules with a window due or a start to confirm."""
+
+        def op(conn: sqlite3.Connection) -> list[ScheduleRecord]:
+            rows = conn.execute(
+                f"SELECT {SCHEDULE_COLUMNS} FROM durably_schedules WHERE namespace = ? AND "
+                "((paused = 0 AND next_fire_at <= ?) OR firing_run_id IS NOT NULL) "
+                "ORDER BY coalesce(next_fire_at, -1), name LIMIT ?",
+                (namespace, now, limit),
+            )
+            return [_row_to_schedule(row) for row in rows]
+
+        return await self._db.run(op)
+
+    async def update_schedule(
+        self, name: str, changes: dict[str, Any], now: int, *, revision: int | None = None
+    ) -> ScheduleRecord | None:
+        """Apply ``changes`` (compare-and-set on ``revision`` when given)."""
+        check_schedule_changes(changes)
+        sets = "".join(f"{column} = ?, " for column in changes)
+        values = [_schedule_value(column, value) for column, value in changes.items()]
+        guard = "" if revision is None else " AND revision = ?"
+        sql = (
+            f"UPDATE durably_schedules SET {sets}revision = revision + 1, updated_at = ? "
+            f"WHERE name = ?{guard} RETURNING {SCHEDULE_COLUMNS}"
+        )
+        params = [*values, now, name, *([] if revision is None else [revision])]
+
+        def op(conn: sqlite3.Connection) -> ScheduleRecord | None:
+            row = conn.execute(sql, params).fetchone()
+            return _row_to_schedule(row) if row else None
+
+        return await self._db.run(op)
+
+    async def delete_schedule(self, name: str) -> bool:
+        """Delete a schedule."""
+
+        def op(conn: sqlite3.Connection) -> bool:
+            cur = conn.execute("DELETE FROM durably_schedules WHERE name = ?", (name,))
+            return cur.rowcount == 1
+
+        return await self._db.run(op)
+
     # -- helpers ---------------------------------------------------------------------------
 
     async def _ids(self, sql: str, params: tuple[Any, ...]) -> list[str]:
@@ -651,6 +887,75 @@ def _migrate(conn: sqlite3.Connection) -> None:
 
 def _dump(value: Any) -> str | None:
     return None if value is None else codec.dumps(value)
+
+
+def _drop_waiters(conn: sqlite3.Connection, run_id: str) -> None:
+    """Forget every signal and event wait of a run that ended or is deleted."""
+    conn.execute("DELETE FROM durably_signal_waiters WHERE run_id = ?", (run_id,))
+    conn.execute("DELETE FROM durably_event_waiters WHERE run_id = ?", (run_id,))
+
+
+def _take_buffered_event(
+    conn: sqlite3.Connection, name: str, keys: str, match: str
+) -> str | None:
+    """Delete and return (as JSON text) the oldest buffered event on ``name``
+    matching ``(keys, match)``, or ``None``."""
+    rows = conn.execute(
+        "SELECT id, payload FROM durably_buffered_events WHERE name = ? ORDER BY id", (name,)
+    )
+    for event_row, payload in rows:
+        if keys == "[]" or project(codec.loads(payload), keys) == match:
+            rows.close()
+            conn.execute("DELETE FROM durably_buffered_events WHERE id = ?", (event_row,))
+            return str(payload) if payload is not None else "null"
+    return None
+
+
+def _schedule_value(column: str, value: Any) -> Any:
+    if column == "spec":
+        return codec.dumps(value)
+    if column == "paused":
+        return 1 if value else 0
+    return value
+
+
+def _schedule_params(record: ScheduleRecord) -> tuple[Any, ...]:
+    return (
+        record.name,
+        record.namespace,
+        codec.dumps(record.spec),
+        1 if record.paused else 0,
+        record.next_fire_at,
+        record.last_fired_at,
+        record.last_run_id,
+        record.firing_run_id,
+        record.revision,
+        record.created_at,
+        record.updated_at,
+    )
+
+
+def _row_to_schedule(row: tuple[Any, ...]) -> ScheduleRecord:
+    return ScheduleRecord(
+        name=row[0],
+        namespace=row[1],
+        spec=codec.loads(row[2]),
+        paused=bool(row[3]),
+        next_fire_at=row[4],
+        last_fired_at=row[5],
+        last_run_id=row[6],
+        firing_run_id=row[7],
+        revision=row[8],
+        created_at=row[9],
+        updated_at=row[10],
+    )
+
+
+def _fetch_schedule(conn: sqlite3.Connection, name: str) -> ScheduleRecord | None:
+    row = conn.execute(
+        f"SELECT {SCHEDULE_COLUMNS} FROM durably_schedules WHERE name = ?", (name,)
+    ).fetchone()
+    return _row_to_schedule(row) if row else None
 
 
 def _column_value(column: str, value: Any) -> Any:

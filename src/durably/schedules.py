@@ -1,0 +1,595 @@
+"""Schedules: start a workflow on a cron expression or a fixed interval.
+
+A schedule is a row of the ``durably_schedules`` table, shared by every engine
+on the store: its spec (workflow, cron or interval, time zone, input, overlap
+and catch-up policies), whether it is paused, and its next window not yet
+fired. Schedules declared in code (``engine.schedule(...)`` or
+``@engine.workflow(..., schedule=...)``) are upserted when the engine opens;
+``engine.add_schedule`` adds one at runtime.
+
+Each window has one deterministic run id, ``sched:<name>:<window epoch ms>``,
+and a window is claimed by a compare-and-set on the row's revision before its
+run is started. The claim records the run as ``firing_run_id`` until the start
+is confirmed, so a crash in between is repaired by whichever instance looks
+next, and the start itself is idempotent by run id: several instances ticking
+the same schedule never start a window twice.
+
+Cron expressions have five fields (minute hour day-of-month month day-of-week)
+or are one of ``@hourly``, ``@daily``, ``@weekly``, ``@monthly``, ``@yearly``,
+evaluated in an IANA time zone with its daylight-saving changes:
+
+- a local time skipped when clocks go forward fires at the first valid
+  instant after it (``30 2 * * *`` runs at 03:00 that day), except for
+  expressions firing every hour (hour field ``*``), which simply have one
+  window fewer;
+- a local time repeated when clocks go back fires once (at its first
+  occurrence), except for every-hour expressions, which fire in both hours.
+
+Intervals (``every="15m"``) have windows at whole multiples of the interval
+since the Unix epoch (UTC).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Literal
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from croniter import CroniterBadDateError, croniter
+
+from . import codec
+from .durations import Duration, to_ms
+from .errors import DurablyError, SchemaValidationError, WorkflowNotRegistered
+from .model import RunStatus
+from .stores.base import ScheduleRecord
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+__all__ = ["Overlap", "Schedule", "ScheduleNotFound", "ScheduleSpec", "Scheduler"]
+
+_log = logging.getLogger("durably.schedules")
+
+Overlap = Literal["skip", "allow", "cancel_previous"]
+"""What a window does while the schedule's previous run is still live: ``skip``
+it, ``allow`` both to run, or ``cancel_previous`` and start the new one."""
+
+_OVERLAPS = ("skip", "allow", "cancel_previous")
+_ALIASES = frozenset(
+    {"@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight", "@hourly"}
+)
+_LIVE = frozenset({RunStatus.PENDING, RunStatus.RUNNING, RunStatus.SUSPENDED, RunStatus.BLOCKED})
+_MIN_EVERY_MS = 1000
+_MAX_WINDOWS_PER_PASS = 100
+"""Catch-up windows one schedule fires per pass; the rest fire on the next passes."""
+_DUE_BATCH = 100
+_SEARCH_LIMIT = 1000
+
+
+class ScheduleNotFound(DurablyError, LookupError):
+    """No schedule has the given name."""
+
+    code = "schedule_not_found"
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleSpec:
+    """What a schedule fires and when: validated, with its window arithmetic.
+
+    Build one with :meth:`build`; exactly one of ``cron`` and ``every_ms`` is set.
+    """
+
+    workflow: str
+    cron: str | None = None
+    every_ms: int | None = None
+    tz: str = "UTC"
+    input: Any = None
+    overlap: Overlap = "skip"
+    catchup: bool = False
+    source: str = "code"
+    """``code`` (declared in the application) or ``runtime`` (``add_schedule``)."""
+
+    @classmethod
+    def build(
+        cls,
+        workflow: str,
+        *,
+        cron: str | None = None,
+        every: Duration | None = None,
+        tz: str | None = None,
+        input: Any = None,
+        overlap: str = "skip",
+        catchup: bool = False,
+        source: str = "code",
+    ) -> ScheduleSpec:
+        """Validate the arguments of ``engine.schedule`` into a spec (``ValueError`` if wrong)."""
+        if not isinstance(workflow, str) or not workflow:
+            raise ValueError("a schedule needs the name of the workflow it starts")
+        if (cron is None) == (every is None):
+            raise ValueError("give a schedule exactly one of cron= or every=")
+        every_ms: int | None = None
+        if cron is not None:
+            cron = _check_cron(cron)
+            zone = "UTC" if tz is None else tz
+            _zone(zone)
+        else:
+            assert every is not None
+            if tz is not None:
+                raise ValueError("tz= applies to cron schedules; intervals are counted in UTC")
+            every_ms = to_ms(every, name="every")
+            if every_ms < _MIN_EVERY_MS:
+                raise ValueError("a schedule interval must be at least 1s")
+            zone = "UTC"
+        if overlap not in _OVERLAPS:
+            raise ValueError(f"overlap must be one of {', '.join(_OVERLAPS)}; got {overlap!r}")
+        try:
+            stored_input = codec.to_jsonable(input)
+        except (TypeError, ValueError) as exc:
+            raise SchemaValidationError(f"schedule input cannot be stored as JSON: {exc}") from exc
+        return cls(
+            workflow=workflow,
+            cron=cron,
+            every_ms=every_ms,
+            tz=zone,
+            input=stored_input,
+            overlap=overlap,  # type: ignore[arg-type]
+            catchup=bool(catchup),
+            source=source,
+        )
+
+    # -- persistence ---------------------------------------------------------------------
+
+    def to_json(self) -> dict[str, Any]:
+        """The spec as stored in the ``spec`` column."""
+        return {
+            "workflow": self.workflow,
+            "cron": self.cron,
+            "every_ms": self.every_ms,
+            "tz": self.tz,
+            "input": self.input,
+            "overlap": self.overlap,
+            "catchup": self.catchup,
+            "source": self.source,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ScheduleSpec:
+        """The spec stored in a ``spec`` column."""
+        return cls(
+            workflow=str(data["workflow"]),
+            cron=data.get("cron"),
+            every_ms=data.get("every_ms"),
+            tz=str(data.get("tz") or "UTC"),
+            input=data.get("input"),
+            overlap=data.get("overlap", "skip"),
+            catchup=bool(data.get("catchup", False)),
+            source=str(data.get("source", "code")),
+        )
+
+    def same_timing(self, other: ScheduleSpec) -> bool:
+        """Whether both specs have the same windows."""
+        return (self.cron, self.every_ms, self.tz) == (other.cron, other.every_ms, other.tz)
+
+    # -- windows -------------------------------------------------------------------------
+
+    def next_after(self, after_ms: int) -> int | None:
+        """The first window strictly after ``after_ms`` (``None``: it never fires again)."""
+        if self.every_ms is not None:
+            return (after_ms // self.every_ms + 1) * self.every_ms
+        assert self.cron is not None
+        zone = _zone(self.tz)
+        skip_repeats = not _every_hour(self.cron)
+        try:
+            it = croniter(self.cron, datetime.fromtimestamp(after_ms / 1000, zone))
+            for _ in range(_SEARCH_LIMIT):
+                moment: datetime = it.get_next(datetime)
+                ms = round(moment.timestamp() * 1000)
+                if ms > after_ms and not (skip_repeats and _repeated(moment)):
+                    return ms
+        except CroniterBadDateError:
+            return None
+        return None  # pragma: no cover - needs a thousand repeated local times in a row
+
+    def latest_at(self, at_ms: int) -> int | None:
+        """The last window at or before ``at_ms`` (``None`` if there is none)."""
+        if self.every_ms is not None:
+            return at_ms - at_ms % self.every_ms
+        assert self.cron is not None
+        zone = _zone(self.tz)
+        skip_repeats = not _every_hour(self.cron)
+        try:
+            it = croniter(self.cron, datetime.fromtimestamp((at_ms + 1) / 1000, zone))
+            for _ in range(_SEARCH_LIMIT):
+                moment: datetime = it.get_prev(datetime)
+                ms = round(moment.timestamp() * 1000)
+                if ms <= at_ms and not (skip_repeats and _repeated(moment)):
+                    return ms
+        except CroniterBadDateError:
+            return None
+        return None  # pragma: no cover
+
+    def windows(self, start_ms: int, end_ms: int) -> list[int]:
+        """Every window in ``(start_ms, end_ms]``, in order (for inspection and tests)."""
+        found: list[int] = []
+        at = start_ms
+        while True:
+            nxt = self.next_after(at)
+            if nxt is None or nxt > end_ms:
+                return found
+            found.append(nxt)
+            at = nxt
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    """A schedule as ``engine.list_schedules()`` shows it. Times are epoch ms."""
+
+    name: str
+    workflow: str
+    cron: str | None
+    every_ms: int | None
+    tz: str
+    input: Any
+    overlap: str
+    catchup: bool
+    paused: bool
+    next_fire_at: int | None
+    """The next window that will fire (while not paused)."""
+    last_fired_at: int | None
+    """The window of the last run the schedule started."""
+    last_run_id: str | None
+    """The last run the schedule started (by a window or a trigger)."""
+    source: str
+    """``code`` or ``runtime``."""
+    namespace: str
+
+    @classmethod
+    def from_record(cls, record: ScheduleRecord) -> Schedule:
+        """The view of a stored schedule row."""
+        spec = ScheduleSpec.from_json(record.spec)
+        return cls(
+            name=record.name,
+            workflow=spec.workflow,
+            cron=spec.cron,
+            every_ms=spec.every_ms,
+            tz=spec.tz,
+            input=spec.input,
+            overlap=spec.overlap,
+            catchup=spec.catchup,
+            paused=record.paused,
+            next_fire_at=record.next_fire_at,
+            last_fired_at=record.last_fired_at,
+            last_run_id=record.last_run_id,
+            source=spec.source,
+            namespace=record.namespace,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data (for JSON output)."""
+        return {
+            "name": self.name,
+            "workflow": self.workflow,
+            "cron": self.cron,
+            "every_ms": self.every_ms,
+            "tz": self.tz,
+            "input": self.input,
+            "overlap": self.overlap,
+            "catchup": self.catchup,
+            "paused": self.paused,
+            "next_fire_at": self.next_fire_at,
+            "last_fired_at": self.last_fired_at,
+            "last_run_id": self.last_run_id,
+            "source": self.source,
+            "namespace": self.namespace,
+        }
+
+
+def window_run_id(name: str, window_ms: int) -> str:
+    """The run id of a schedule's window: ``sched:<name>:<window epoch ms>``."""
+    return f"sched:{name}:{window_ms}"
+
+
+def manual_run_id(name: str, now_ms: int) -> str:
+    """The run id of a manual trigger: ``sched:<name>:manual:<epoch ms>``."""
+    return f"sched:{name}:manual:{now_ms}"
+
+
+class Scheduler:
+    """The engine's schedules: those declared in code, and the firing phase.
+
+    Internal: the engine's ``schedule``/``add_schedule``/``fire_schedules``…
+    methods delegate here.
+    """
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self._declared: dict[str, tuple[ScheduleSpec, bool]] = {}
+        self._dirty = False
+
+    # -- declared in code ----------------------------------------------------------------
+
+    def declare(self, name: str, spec: ScheduleSpec, *, paused: bool = False) -> None:
+        """Remember a schedule declared in code; it is upserted at the next open or pass."""
+        _check_name(name)
+        self._declared[name] = (spec, paused)
+        self._dirty = True
+
+    async def sync(self) -> None:
+        """Upsert the schedules declared in code (once per change of the declarations).
+
+        A declared schedule's spec replaces the stored one; its pause state,
+        last run and next window are kept unless its windows changed.
+        ``paused=`` in code applies only when the schedule is created.
+        """
+        if not self._dirty:
+            return
+        self._dirty = False
+        try:
+            for name, (spec, paused) in list(self._declared.items()):
+                try:
+                    self._validate(spec)
+                except WorkflowNotRegistered as exc:
+                    raise WorkflowNotRegistered(f"schedule {name!r}: {exc}") from exc
+                except SchemaValidationError as exc:
+                    raise SchemaValidationError(f"schedule {name!r}: {exc}", exc.details) from exc
+                await self._upsert(name, spec, paused=None, initial_paused=paused)
+        except BaseException:
+            self._dirty = True
+            raise
+
+    # -- the client API ------------------------------------------------------------------
+
+    async def add(self, name: str, spec: ScheduleSpec, *, paused: bool) -> Schedule:
+        """Create or replace a persisted schedule."""
+        _check_name(name)
+        self._validate(spec)
+        record = await self._upsert(name, spec, paused=paused, initial_paused=paused)
+        return Schedule.from_record(record)
+
+    async def remove(self, name: str) -> bool:
+        """Delete a schedule (a schedule declared in code comes back on the next start)."""
+        return await self._engine.store.delete_schedule(name)
+
+    async def get(self, name: str) -> Schedule | None:
+        """One schedule, or ``None``."""
+        record = await self._engine.store.get_schedule(name)
+        return Schedule.from_record(record) if record is not None else None
+
+    async def list_all(self) -> list[Schedule]:
+        """The schedules of the engine's namespace, by name."""
+        records = await self._engine.store.list_schedules(self._engine.namespace)
+        return [Schedule.from_record(r) for r in records]
+
+    async def pause(self, name: str) -> Schedule:
+        """Stop firing windows until resumed."""
+        store = self._engine.store
+        record = await store.update_schedule(name, {"paused": True}, self._now())
+        if record is None:
+            raise ScheduleNotFound(f"no schedule named {name!r}")
+        return Schedule.from_record(record)
+
+    async def resume(self, name: str) -> Schedule:
+        """Fire again from the next window after now (windows missed while paused are skipped)."""
+        store = self._engine.store
+        while True:
+            record = await self._require(name)
+            if not record.paused:
+                return Schedule.from_record(record)
+            now = self._now()
+            spec = ScheduleSpec.from_json(record.spec)
+            updated = await store.update_schedule(
+                name,
+                {"paused": False, "next_fire_at": spec.next_after(now)},
+                now,
+                revision=record.revision,
+            )
+            if updated is not None:
+                return Schedule.from_record(updated)
+
+    async def trigger(self, name: str) -> str:
+        """Start a run of the schedule now, outside its windows; return its id.
+
+        Started here when this engine has the workflow registered; otherwise
+        queued on the schedule row for the next firing pass of an engine that has.
+        """
+        engine, store = self._engine, self._engine.store
+        while True:
+            record = await self._require(name)
+            spec = ScheduleSpec.from_json(record.spec)
+            now = self._now()
+            run_id = manual_run_id(name, now)
+            if spec.workflow in engine.workflows:
+                await self._start(name, spec, run_id, strict=True)
+                await store.update_schedule(name, {"last_run_id": run_id}, now)
+                return run_id
+            if record.firing_run_id is not None:
+                raise DurablyError(
+                    f"schedule {name!r} already has a start queued ({record.firing_run_id}); "
+                    "no engine with its workflow has picked it up yet"
+                )
+            changes = {"firing_run_id": run_id, "last_run_id": run_id}
+            if await store.update_schedule(name, changes, now, revision=record.revision):
+                return run_id
+
+    # -- the firing phase ----------------------------------------------------------------
+
+    async def fire(self) -> int:
+        """Fire every due window of this namespace's schedules; return the runs started."""
+        await self.sync()
+        engine = self._engine
+        now = self._now()
+        started = 0
+        for record in await engine.store.list_due_schedules(engine.namespace, now, _DUE_BATCH):
+            try:
+                started += await self._fire_one(record, now)
+            except Exception:
+                _log.exception("firing schedule %s failed", record.name)
+        return started
+
+    async def _fire_one(self, record: ScheduleRecord, now: int) -> int:
+        engine, store, name = self._engine, self._engine.store, record.name
+        spec = ScheduleSpec.from_json(record.spec)
+        if spec.workflow not in engine.workflows:
+            return 0  # an engine that has the workflow fires it
+        started = 0
+        if record.firing_run_id is not None:
+            # A claimed start that was never confirmed (a crash, or a trigger
+            # queued by an engine without the workflow): start it, idempotently.
+            if await self._start(name, spec, record.firing_run_id):
+                started += 1
+            cleared = await store.update_schedule(
+                name, {"firing_run_id": None}, now, revision=record.revision
+            )
+            if cleared is None:
+                return started
+            record = cleared
+        for _ in range(_MAX_WINDOWS_PER_PASS):
+            if record.paused or record.next_fire_at is None or record.next_fire_at > now:
+                break
+            window = record.next_fire_at if spec.catchup else spec.latest_at(now)
+            if window is None or window < record.next_fire_at:
+                window = record.next_fire_at
+            run_id = window_run_id(name, window)
+            previous = record.last_run_id
+            live = False
+            if spec.overlap != "allow" and previous is not None:
+                prior = await store.get_run(previous)
+                live = prior is not None and prior.status in _LIVE
+            fire = not (live and spec.overlap == "skip")
+            changes: dict[str, Any] = {"next_fire_at": spec.next_after(window)}
+            if fire:
+                changes.update(last_fired_at=window, last_run_id=run_id, firing_run_id=run_id)
+            claimed = await store.update_schedule(name, changes, now, revision=record.revision)
+            if claimed is None:
+                break  # another instance took this window
+            record = claimed
+            if not fire:
+                _log.info(
+                    "schedule %s skipped window %s: run %s is still live", name, window, previous
+                )
+                continue
+            if live and spec.overlap == "cancel_previous" and previous is not None:
+                await engine.cancel(previous)
+            if await self._start(name, spec, run_id):
+                started += 1
+                _log.info("schedule %s fired window %s: run %s", name, window, run_id)
+            cleared = await store.update_schedule(
+                name, {"firing_run_id": None}, now, revision=record.revision
+            )
+            if cleared is None:
+                break
+            record = cleared
+        return started
+
+    async def _start(
+        self, name: str, spec: ScheduleSpec, run_id: str, strict: bool = False
+    ) -> bool:
+        try:
+            await self._engine.start(
+                spec.workflow, spec.input, run_id=run_id, tags=[f"schedule:{name}"]
+            )
+        except (WorkflowNotRegistered, SchemaValidationError) as exc:
+            if strict:
+                raise
+            _log.error("schedule %s could not start run %s (dropped): %s", name, run_id, exc)
+            return False
+        return True
+
+    # -- helpers -------------------------------------------------------------------------
+
+    def _now(self) -> int:
+        return self._engine.clock.now_ms()
+
+    def _validate(self, spec: ScheduleSpec) -> None:
+        definition = self._engine._registry.get(spec.workflow)
+        if definition.takes_input:
+            definition.validate_input(spec.input)
+        elif spec.input is not None:
+            raise SchemaValidationError(f"workflow {spec.workflow!r} takes no input")
+
+    async def _require(self, name: str) -> ScheduleRecord:
+        record = await self._engine.store.get_schedule(name)
+        if record is None:
+            raise ScheduleNotFound(f"no schedule named {name!r}")
+        return record
+
+    async def _upsert(
+        self, name: str, spec: ScheduleSpec, *, paused: bool | None, initial_paused: bool
+    ) -> ScheduleRecord:
+        store, namespace = self._engine.store, self._engine.namespace
+        data = spec.to_json()
+        while True:
+            now = self._now()
+            fresh = ScheduleRecord(
+                name=name,
+                spec=data,
+                namespace=namespace,
+                paused=initial_paused,
+                next_fire_at=spec.next_after(now),
+                created_at=now,
+                updated_at=now,
+            )
+            stored, created = await store.create_schedule(fresh)
+            if created:
+                return stored
+            changes: dict[str, Any] = {}
+            if stored.spec != data:
+                changes["spec"] = data
+            if stored.namespace != namespace:
+                changes["namespace"] = namespace
+            if paused is not None and stored.paused != paused:
+                changes["paused"] = paused
+            if not ScheduleSpec.from_json(stored.spec).same_timing(spec) or (
+                paused is False and stored.paused
+            ):
+                changes["next_fire_at"] = spec.next_after(now)
+            if not changes:
+                return stored
+            updated = await store.update_schedule(name, changes, now, revision=stored.revision)
+            if updated is not None:
+                return updated
+
+
+def _check_name(name: str) -> None:
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError("a schedule needs a non-empty name")
+
+
+def _check_cron(expression: str) -> str:
+    if not isinstance(expression, str):
+        raise ValueError("cron= must be a string such as '0 * * * *'")
+    text = " ".join(expression.split())
+    if text.lower() in _ALIASES:
+        return text.lower()
+    if len(text.split(" ")) != 5 or not croniter.is_valid(text):
+        raise ValueError(
+            f"invalid cron expression {expression!r}: use five fields (minute hour "
+            "day-of-month month day-of-week) or @hourly/@daily/@weekly/@monthly/@yearly"
+        )
+    return text
+
+
+def _zone(name: str) -> ZoneInfo:
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError) as exc:
+        raise ValueError(
+            f"unknown time zone {name!r}: use an IANA name such as 'Europe/Paris'"
+        ) from exc
+
+
+def _every_hour(expression: str) -> bool:
+    """Whether the expression fires in every hour (hour field ``*``)."""
+    hours = croniter(expression).expanded[1]
+    return list(hours) == ["*"]
+
+
+def _repeated(moment: datetime) -> bool:
+    """Whether ``moment`` is the second occurrence of a local time repeated
+    when clocks went back."""
+    if not moment.fold:
+        return False
+    return moment.replace(fold=0).utcoffset() != moment.utcoffset()
