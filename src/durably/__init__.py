@@ -31,9 +31,9 @@ from .stores import RunPage
 
 __all__ = [
     "Checkpoint",
+    "CheckpointStatus",
     "ChildCall",
     "ChildFailed",
-    "CheckpointStatus",
     "DurablyError",
     "Duration",
     "Engine",

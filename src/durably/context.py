@@ -540,7 +540,9 @@ class WorkflowContext:
             child_id = run_id or f"{self.run_id}.child.{seq}"
         return ChildCall(self, seq, child_id, workflow, input, recorded)
 
-    def all(self, items: Iterable[Awaitable[Any]], *, fail_fast: bool = False) -> Awaitable[list[Any]]:
+    def all(
+        self, items: Iterable[Awaitable[Any]], *, fail_fast: bool = False
+    ) -> Awaitable[list[Any]]:
         """Await many children and steps; return their values in input order.
 
         Children (:meth:`child`) are started together and cost one suspension,
@@ -684,8 +686,14 @@ class WorkflowContext:
             now = self._services.clock.now_ms()
             self._save_later(
                 Checkpoint(
-                    self.run_id, seq, name, "patch", CheckpointStatus.COMPLETED,
-                    output=True, started_at=now, finished_at=now,
+                    self.run_id,
+                    seq,
+                    name,
+                    "patch",
+                    CheckpointStatus.COMPLETED,
+                    output=True,
+                    started_at=now,
+                    finished_at=now,
                 )
             )
         return _resolved(True)
@@ -714,8 +722,15 @@ class WorkflowContext:
             started = services.clock.now_ms()
             name = f"compensate:{entry.name}"
             if not await services.store.save_checkpoint(
-                Checkpoint(self.run_id, seq, name, "compensation", CheckpointStatus.RUNNING,
-                           started_at=started, attempts=1),
+                Checkpoint(
+                    self.run_id,
+                    seq,
+                    name,
+                    "compensation",
+                    CheckpointStatus.RUNNING,
+                    started_at=started,
+                    attempts=1,
+                ),
                 turn.owner,
             ):
                 raise _TurnClosed("fenced")
@@ -732,8 +747,17 @@ class WorkflowContext:
                         await services.clock.sleep(policy.delay_ms(attempt + 1) / 1000)
             status = CheckpointStatus.COMPLETED if error is None else CheckpointStatus.FAILED
             if not await services.store.save_checkpoint(
-                Checkpoint(self.run_id, seq, name, "compensation", status, error=error,
-                           started_at=started, finished_at=services.clock.now_ms(), attempts=1),
+                Checkpoint(
+                    self.run_id,
+                    seq,
+                    name,
+                    "compensation",
+                    status,
+                    error=error,
+                    started_at=started,
+                    finished_at=services.clock.now_ms(),
+                    attempts=1,
+                ),
                 turn.owner,
             ):
                 raise _TurnClosed("fenced")

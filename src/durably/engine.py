@@ -876,9 +876,7 @@ class Engine:
                 outcome = await turn.execute(lambda: definition.fn(ctx))
             if outcome.end is TurnEnd.CLOSED:
                 return outcome, turn
-            unwind = turn.unwinding or (
-                outcome.end is TurnEnd.FAILED and ctx._has_compensations
-            )
+            unwind = turn.unwinding or (outcome.end is TurnEnd.FAILED and ctx._has_compensations)
             try:
                 if unwind or not self.store.ordered_writes:
                     await turn.flush()  # every result is durable before the outcome
@@ -1080,9 +1078,7 @@ class Engine:
     async def _cancel_children(self, run_id: str) -> None:
         cursor: str | None = None
         while True:
-            page = await self.store.list_runs(
-                RunQuery(parent_id=run_id, limit=500, cursor=cursor)
-            )
+            page = await self.store.list_runs(RunQuery(parent_id=run_id, limit=500, cursor=cursor))
             await self._cancel_runs(
                 [r.run_id for r in page.runs if r.status not in TERMINAL_STATUSES]
             )
@@ -1112,8 +1108,9 @@ class Engine:
                 break
             except Exception:
                 if delay is None:
-                    _log.exception("could not tell run %s that child %s ended",
-                                   child.parent_id, child.run_id)
+                    _log.exception(
+                        "could not tell run %s that child %s ended", child.parent_id, child.run_id
+                    )
                     return
                 await asyncio.sleep(delay)
         # Wake the parent when its fan-out is complete, or on a failure

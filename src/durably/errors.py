@@ -83,7 +83,9 @@ class ChildFailed(StepFailed):
         code: str | None = None,
         details: Any = None,
     ) -> None:
-        super().__init__(f"child {run_id}", message, code=code or f"child_{status}", details=details)
+        super().__init__(
+            f"child {run_id}", message, code=code or f"child_{status}", details=details
+        )
         self.run_id = run_id
         self.status = status
 
