@@ -31,6 +31,7 @@ from .context import ChildCall, WorkflowContext, _Services
 from .durations import Duration, to_ms
 from .errors import DurablyError, SchemaValidationError, WorkflowNotRegistered, _TurnClosed
 from .events import EventRouter
+from .hooks import EvictHook, Handler, Hooks, StalledHook, call_safely, handler_input
 from .model import (
     TERMINAL_STATUSES,
     Checkpoint,
@@ -86,6 +87,11 @@ class Engine:
             previous incarnation held at once, instead of after the lease.
         clock: the time source (a :class:`durably.testing.VirtualClock` in tests).
         drain_timeout: seconds ``async with`` waits for turns on exit.
+        step_threads: worker threads for synchronous step functions.
+        retention: delete terminal runs this long after they ended (``None``
+            keeps them); :meth:`on_evict` hooks may archive them first.
+        stalled_after: how long a live run may make no progress before
+            :meth:`on_stalled` hooks hear of it.
     """
 
     def __init__(
@@ -105,6 +111,8 @@ class Engine:
         instance_id: str | None = None,
         drain_timeout: float = 10.0,
         step_threads: int = 32,
+        retention: Duration | None = None,
+        stalled_after: Duration = "1h",
     ) -> None:
         target = store if store is not None else os.environ.get("DURABLY_DATABASE_URL")
         self.store: StateStore = open_store(target or "sqlite:///durably.db")
@@ -131,6 +139,10 @@ class Engine:
         self.drive = drive
         self.drain_timeout = drain_timeout
         self._stable_instance_id = instance_id is not None
+        self.retention_ms = None if retention is None else to_ms(retention, name="retention")
+        self.stalled_after_ms = to_ms(stalled_after, name="stalled_after")
+        self._hooks = Hooks()
+        self._last_sweep: dict[str, float] = {}
         self._registry = Registry()
         self._threads = StepThreads(step_threads)
         self._services = _Services(
@@ -228,6 +240,34 @@ class Engine:
     def workflows(self) -> list[str]:
         """Names of the registered workflows."""
         return self._registry.names()
+
+    def on_dead(self, handler: Handler) -> None:
+        """Call ``handler`` for every run that goes ``dead`` (crashed its
+        executor too often). A workflow name is started as ``dlq:<run_id>``
+        with the dead run's id, workflow, error and input."""
+        self._hooks.dead.append(_check_handler(handler))
+
+    def on_error(self, code: str, handler: Handler) -> None:
+        """Route failed runs whose error ``code`` matches (``"*"``: any) to
+        ``handler``. A workflow name is started as ``onerror:<code>:<run_id>``."""
+        if not isinstance(code, str) or not code:
+            raise ValueError("on_error needs an error code, or '*' for every failure")
+        self._hooks.errors.setdefault(code, []).append(_check_handler(handler))
+
+    def on_evict(self, hook: EvictHook) -> None:
+        """Archive runs before retention deletes them: ``await hook(run,
+        history)``; if it raises, the run is kept and offered again later."""
+        if not callable(hook):
+            raise TypeError("on_evict takes an async callable (run, history)")
+        self._hooks.evict.append(hook)
+
+    def on_stalled(self, hook: StalledHook) -> None:
+        """Hear of live runs that made no progress for ``stalled_after``
+        (pending or running that long, or a timer that long overdue), once
+        per episode: a run that moves and stalls again is reported again."""
+        if not callable(hook):
+            raise TypeError("on_stalled takes an async callable (run)")
+        self._hooks.stalled.append(hook)
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -756,6 +796,7 @@ class Engine:
                 dead = await self.store.get_run(run_id)
                 if dead is not None:
                     await self._report_to_parent(dead)
+                    await self._after_failure(dead)
         return recovered
 
     async def resume_due_timers(self) -> int:
@@ -790,6 +831,81 @@ class Engine:
                 swept += 1
         return swept
 
+    async def sweep_retention(self, limit: int = 500, *, force: bool = False) -> int:
+        """Delete terminal runs older than ``retention`` (at most one pass a
+        minute unless ``force``), offering each to the ``on_evict`` hooks
+        first; a run whose hook raises is kept. Returns how many were deleted."""
+        if self.retention_ms is None or not self._due_sweep("retention", force):
+            return 0
+        await self.open()
+        cutoff = self.clock.now_ms() - self.retention_ms
+        deleted = 0
+        for run_id in await self.store.list_finished_before(cutoff, limit):
+            run = await self.store.get_run(run_id)
+            if run is None or run.status not in TERMINAL_STATUSES:
+                continue
+            if self._hooks.evict:
+                history = list((await self.store.load_checkpoints(run_id)).values())
+                kept = False
+                for hook in self._hooks.evict:
+                    if not await call_safely(hook, run, history):
+                        kept = True
+                if kept:
+                    continue
+            if await self.store.delete_run(run_id):
+                deleted += 1
+        return deleted
+
+    async def sweep_stalled(self, limit: int = 500, *, force: bool = False) -> int:
+        """Report stalled runs to the ``on_stalled`` hooks (at most one pass a
+        minute unless ``force``); returns how many were reported."""
+        if not self._hooks.stalled or not self._due_sweep("stalled", force):
+            return 0
+        await self.open()
+        before = self.clock.now_ms() - self.stalled_after_ms
+        reported = 0
+        seen = self._hooks.stalled_seen
+        current: dict[str, int] = {}
+        for run_id in await self.store.list_stalled(before, limit):
+            run = await self.store.get_run(run_id)
+            if run is None or run.status in TERMINAL_STATUSES:
+                continue
+            current[run_id] = run.updated_at
+            if seen.get(run_id) == run.updated_at:
+                continue  # this episode was reported already
+            reported += 1
+            for hook in self._hooks.stalled:
+                await call_safely(hook, run)
+        self._hooks.stalled_seen = current
+        return reported
+
+    def _due_sweep(self, name: str, force: bool) -> bool:
+        now = asyncio.get_running_loop().time()
+        if not force and now - self._last_sweep.get(name, -1e9) < 60:
+            return False
+        self._last_sweep[name] = now
+        return True
+
+    async def _after_failure(self, run: Run) -> None:
+        """Route a run that just became failed or dead to its handlers."""
+        if run.status is RunStatus.DEAD:
+            handlers = self._hooks.dead
+            handler_id = f"dlq:{run.run_id}"
+        elif run.status is RunStatus.FAILED:
+            code = (run.error or {}).get("code")
+            handlers = self._hooks.error_handlers(code)
+            handler_id = f"onerror:{code}:{run.run_id}"
+        else:
+            return
+        for handler in handlers:
+            if isinstance(handler, str):
+                try:
+                    await self.start(handler, handler_input(run), run_id=handler_id)
+                except Exception:
+                    _log.exception("could not start handler %s for run %s", handler, run.run_id)
+            else:
+                await call_safely(handler, run)
+
     async def tick(self) -> None:
         """One pass of every worker phase; a failing phase never stops the others."""
         for phase in (
@@ -798,6 +914,8 @@ class Engine:
             self.run_pending,
             self.sweep_timeouts,
             self.fire_schedules,
+            self.sweep_retention,
+            self.sweep_stalled,
         ):
             try:
                 await phase()
@@ -958,9 +1076,10 @@ class Engine:
                 )
             self._notify(run_id, RunResult(run_id, status, changes.output, changes.error))
             if status in TERMINAL_STATUSES:
-                await self._report_to_parent(
-                    run.replace(status=status, output=changes.output, error=changes.error)
-                )
+                ended = run.replace(status=status, output=changes.output, error=changes.error)
+                await self._report_to_parent(ended)
+                if status is RunStatus.FAILED:
+                    await self._after_failure(ended)
                 if status is RunStatus.CANCELLED:
                     await self._cancel_children(run_id)
         return None
@@ -1201,6 +1320,14 @@ def _child_error(run_id: str, status: str, error: ErrorInfo | None) -> ErrorInfo
         "type": "ChildFailed",
         "details": {"run_id": run_id, "status": status},
     }
+
+
+def _check_handler(handler: Handler) -> Handler:
+    if isinstance(handler, str) and handler:
+        return handler
+    if callable(handler):
+        return handler
+    raise TypeError("a handler is a workflow name or an async callable taking the run")
 
 
 def _check_tags(tags: list[str] | None) -> list[str]:

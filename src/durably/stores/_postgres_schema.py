@@ -99,6 +99,7 @@ MIGRATIONS: list[str] = [
     ALTER TABLE durably_checkpoints ADD COLUMN parallel_group TEXT;
     CREATE INDEX durably_checkpoints_group ON durably_checkpoints (run_id, parallel_group, status)
         WHERE parallel_group IS NOT NULL;
+    CREATE INDEX durably_runs_updated ON durably_runs (status, updated_at);
     """,
     # 3: schedules; event waiters, buffered events and published event ids
     """

@@ -237,6 +237,13 @@ class StateStore(Protocol):
         """*Atomic*: if the run is still suspended, unleased and due, move its
         ``wake_at`` to ``next_wake_at`` so no other poll claims it."""
 
+    async def list_finished_before(self, before: int, limit: int) -> list[str]:
+        """Ids of terminal runs last updated before ``before`` (retention)."""
+
+    async def list_stalled(self, before: int, limit: int) -> list[str]:
+        """Ids of live runs making no progress since ``before``: pending or
+        running (updated before then) or suspended on a wake time before then."""
+
     async def list_expired(self, now: int, limit: int) -> list[str]:
         """Ids of non-terminal runs whose ``deadline_at`` passed."""
 

@@ -243,6 +243,22 @@ class MemoryStore:
         run.wake_requested_at = None
         return True
 
+    async def list_finished_before(self, before: int, limit: int) -> list[str]:
+        """Terminal runs last updated before ``before``, oldest first."""
+        old = [
+            r
+            for r in self._runs.values()
+            if r.status in TERMINAL_STATUSES and r.updated_at < before
+        ]
+        old.sort(key=lambda r: (r.updated_at, r.run_id))
+        return [r.run_id for r in old[:limit]]
+
+    async def list_stalled(self, before: int, limit: int) -> list[str]:
+        """Live runs with no progress since ``before``."""
+        stalled = [r for r in self._runs.values() if _stalled(r, before)]
+        stalled.sort(key=lambda r: (r.updated_at, r.run_id))
+        return [r.run_id for r in stalled[:limit]]
+
     async def list_expired(self, now: int, limit: int) -> list[str]:
         """Live runs past their execution deadline."""
         expired = [
@@ -535,6 +551,12 @@ class MemoryStore:
                 del waiters[key]
             if not waiters:
                 del self._event_waiters[name]
+
+
+def _stalled(run: Run, before: int) -> bool:
+    if run.status in (RunStatus.PENDING, RunStatus.RUNNING):
+        return run.updated_at < before
+    return run.status is RunStatus.SUSPENDED and run.wake_at is not None and run.wake_at < before
 
 
 def _leased(run: Run, now: int) -> bool:

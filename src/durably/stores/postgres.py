@@ -535,6 +535,28 @@ class PostgresStore:
         )
         return bool(done)
 
+    async def list_finished_before(self, before: int, limit: int) -> list[str]:
+        """Terminal runs last updated before ``before``, oldest first."""
+        rows = await self._ready().fetch(
+            "SELECT id FROM durably_runs WHERE status = ANY($1::text[]) AND updated_at < $2 "
+            "ORDER BY updated_at, id LIMIT $3",
+            _TERMINAL,
+            before,
+            limit,
+        )
+        return [row["id"] for row in rows]
+
+    async def list_stalled(self, before: int, limit: int) -> list[str]:
+        """Live runs with no progress since ``before``."""
+        rows = await self._ready().fetch(
+            "SELECT id FROM durably_runs WHERE "
+            "(status IN ('pending', 'running') AND updated_at < $1) "
+            "OR (status = 'suspended' AND wake_at < $1) ORDER BY updated_at, id LIMIT $2",
+            before,
+            limit,
+        )
+        return [row["id"] for row in rows]
+
     async def list_expired(self, now: int, limit: int) -> list[str]:
         """Live runs past their execution deadline."""
         return await self._ids(

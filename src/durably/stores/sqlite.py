@@ -450,6 +450,23 @@ class SqliteStore:
 
         return await self._db.run(op)
 
+    async def list_finished_before(self, before: int, limit: int) -> list[str]:
+        """Terminal runs last updated before ``before``, oldest first."""
+        return await self._ids(
+            f"SELECT id FROM durably_runs WHERE status IN ({_TERMINAL_SQL}) AND updated_at < ? "
+            "ORDER BY updated_at, id LIMIT ?",
+            (before, limit),
+        )
+
+    async def list_stalled(self, before: int, limit: int) -> list[str]:
+        """Live runs with no progress since ``before``."""
+        return await self._ids(
+            "SELECT id FROM durably_runs WHERE "
+            "(status IN ('pending', 'running') AND updated_at < ?) "
+            "OR (status = 'suspended' AND wake_at < ?) ORDER BY updated_at, id LIMIT ?",
+            (before, before, limit),
+        )
+
     async def list_expired(self, now: int, limit: int) -> list[str]:
         """Live runs past their execution deadline."""
         return await self._ids(

@@ -1,0 +1,63 @@
+"""Failure routing and housekeeping hooks: dead letters, error routes,
+retention with archival, stalled-run detection.
+
+A *handler* is either the name of a workflow (started durably, with an id
+derived from the run, so a handler fires once per run however often the
+hook is invoked) or an async callable taking the :class:`Run` (called in this
+process; an exception is logged, never propagated).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from .model import Checkpoint, Run
+
+__all__ = ["EvictHook", "Handler", "Hooks", "StalledHook"]
+
+Handler = str | Callable[[Run], Awaitable[Any]]
+"""A workflow name, or ``async def handler(run)``."""
+EvictHook = Callable[[Run, list[Checkpoint]], Awaitable[Any]]
+"""``async def archive(run, history)``; raising keeps the run."""
+StalledHook = Callable[[Run], Awaitable[Any]]
+"""``async def alert(run)``, called once per stalled episode."""
+
+_log = logging.getLogger("durably.hooks")
+
+
+class Hooks:
+    """What the engine calls when runs fail, die, age out or stall."""
+
+    def __init__(self) -> None:
+        self.dead: list[Handler] = []
+        self.errors: dict[str, list[Handler]] = {}
+        self.evict: list[EvictHook] = []
+        self.stalled: list[StalledHook] = []
+        self.stalled_seen: dict[str, int] = {}
+
+    def error_handlers(self, code: str | None) -> list[Handler]:
+        """Handlers for a failure with ``code``, then the catch-all ``"*"`` ones."""
+        return [*self.errors.get(code or "error", []), *self.errors.get("*", [])]
+
+
+def handler_input(run: Run) -> dict[str, Any]:
+    """What a handler workflow receives about the run it handles."""
+    return {
+        "run_id": run.run_id,
+        "workflow": run.workflow,
+        "status": run.status.value,
+        "error": run.error,
+        "input": run.input,
+    }
+
+
+async def call_safely(hook: Callable[..., Awaitable[Any]], *args: Any) -> bool:
+    """Await ``hook(*args)``; log and return ``False`` if it raises."""
+    try:
+        await hook(*args)
+    except Exception:
+        _log.exception("hook %r failed", hook)
+        return False
+    return True
