@@ -281,7 +281,11 @@ class Engine:
             if self.is_open:  # another task opened it while we waited for the lock
                 return
             await self.store.open()
-            await self._scheduler.sync()  # schedules declared in code
+            try:
+                await self._scheduler.sync()  # upsert the schedules declared in code
+            except BaseException:
+                await self.store.close()
+                raise
             self._executor = RunExecutor(self._execute, self._executor_limit)
             self._opened = True
             if self._stable_instance_id:
@@ -828,6 +832,7 @@ class Engine:
                 "type": "ExecutionTimeout",
             }
             if await self._set_terminal(run, RunStatus.CANCELLED, error):
+                await self._cancel_children(run_id)
                 swept += 1
         return swept
 

@@ -445,3 +445,27 @@ async def test_patched_keeps_old_runs_on_the_old_path(make_engine: EngineFactory
     assert old_result.output == "new" and old_result.status is RunStatus.COMPLETED
     assert new_result.output == "new"
     assert new_history == ["patch:add-audit", "audit", "a", "signal:go:new-run"]
+
+
+async def test_execution_timeout_cancels_children_too(
+    make_engine: EngineFactory, clock: VirtualClock
+) -> None:
+    engine = make_engine(clock=clock)
+    _register_children(engine)
+
+    @engine.workflow("bounded-parent", execution_timeout="1h")
+    async def bounded_parent(ctx: durably.WorkflowContext) -> None:
+        await ctx.child("gated", "never", run_id="orphan-to-be")
+
+    await engine.open()
+    await engine.start("bounded-parent", run_id="bp")
+    for _ in range(200):
+        await engine.join()
+        kid = await engine.get_run("orphan-to-be")
+        if kid is not None and kid.status is RunStatus.SUSPENDED:
+            break
+        await asyncio.sleep(0.01)
+    clock.advance("1h")
+    assert await engine.sweep_timeouts() == 1
+    kid = await engine.get_run("orphan-to-be")
+    assert kid is not None and kid.status is RunStatus.CANCELLED
