@@ -34,6 +34,7 @@ import asyncpg
 from .. import codec
 from ..model import TERMINAL_STATUSES, Checkpoint, CheckpointStatus, ErrorInfo, Run, RunStatus
 from ._match import match_index, project
+from ._pg_batch import PgWriteBatcher, settle_params
 from ._postgres_schema import MIGRATIONS
 from ._schedule_rows import SCHEDULE_COLUMNS, check_schedule_changes
 from ._shared import JSON_RUN_COLUMNS, check_run_changes, dead_error, decode_cursor, encode_cursor
@@ -121,7 +122,7 @@ class PostgresStore:
         **connect_kwargs: Any,
     ) -> None:
         self.url = url
-        self.ordered_writes = False
+        self.ordered_writes = True  # one batching writer commits writes in call order
         dsn, url_schema = _split_schema(url)
         self.schema = schema if schema is not None else url_schema
         if self.schema is not None and not _SCHEMA_NAME.match(self.schema):
@@ -131,6 +132,7 @@ class PostgresStore:
         self._max_size = max_size
         self._connect_kwargs = connect_kwargs
         self._pool: Any = None
+        self._batcher: PgWriteBatcher | None = None
         self._opening = asyncio.Lock()
 
     async def open(self) -> None:
@@ -161,7 +163,10 @@ class PostgresStore:
         return pool
 
     async def close(self) -> None:
-        """Close the pool."""
+        """Commit queued writes and close the pool."""
+        batcher, self._batcher = self._batcher, None
+        if batcher is not None:
+            await batcher.close()
         pool, self._pool = self._pool, None
         if pool is not None:
             await pool.close()
@@ -190,6 +195,12 @@ class PostgresStore:
                     "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
                     str(number),
                 )
+
+    def _writes(self) -> PgWriteBatcher:
+        self._ready()
+        if self._batcher is None:
+            self._batcher = PgWriteBatcher(self._ready().acquire)
+        return self._batcher
 
     def _ready(self) -> Any:
         if self._pool is None:
@@ -369,10 +380,21 @@ class PostgresStore:
         )
         return bool(done)
 
-    async def settle_run(
+    def settle_run(
+        self, run_id: str, owner: str, status: RunStatus, changes: RunChanges, now: int
+    ) -> asyncio.Future[SettleResult]:
+        """End a turn by compare-and-set, committed with other turns' writes."""
+        return self._writes().settle(
+            settle_params(
+                run_id, owner, status, _dump(changes.output), _dump(changes.error),
+                changes.wake_at, now,
+            )
+        )
+
+    async def _settle_run_alone(
         self, run_id: str, owner: str, status: RunStatus, changes: RunChanges, now: int
     ) -> SettleResult:
-        """End a turn by compare-and-set."""
+        """End a turn by compare-and-set, in a statement of its own."""
         terminal = status in TERMINAL_STATUSES
         guard = "" if terminal else " AND wake_requested_at IS NULL"
         sql = (
@@ -577,8 +599,13 @@ class PostgresStore:
         )
         return {row["seq"]: _row_to_checkpoint(row) for row in rows}
 
-    async def save_checkpoint(self, checkpoint: Checkpoint, owner: str) -> bool:
-        """Upsert under the lease; never replace a completed checkpoint."""
+    def save_checkpoint(self, checkpoint: Checkpoint, owner: str) -> asyncio.Future[bool]:
+        """Upsert under the lease (never replacing a completed checkpoint),
+        committed together with other turns' writes."""
+        return self._writes().save_checkpoint(_checkpoint_params(checkpoint), owner)
+
+    async def _save_checkpoint_alone(self, checkpoint: Checkpoint, owner: str) -> bool:
+        """Upsert under the lease, in a statement of its own."""
         held = await self._ready().fetchval(
             _SAVE_CHECKPOINT_FENCED, *_checkpoint_params(checkpoint), owner
         )
@@ -915,16 +942,18 @@ class PostgresStore:
         return [_row_to_schedule(row) for row in rows]
 
     async def list_due_schedules(
-        self, namespace: str, now: int, limit: int
+        self, namespace: str, now: int, limit: int, workflows: list[str] | None = None
     ) -> list[ScheduleRecord]:
         """Schedules with a window due or a start to confirm."""
         rows = await self._ready().fetch(
             f"SELECT {SCHEDULE_COLUMNS} FROM durably_schedules WHERE namespace = $1 AND "
             "((NOT paused AND next_fire_at <= $2) OR firing_run_id IS NOT NULL) "
+            "AND ($4::text[] IS NULL OR (spec::jsonb ->> 'workflow') = ANY($4::text[])) "
             "ORDER BY next_fire_at NULLS FIRST, name LIMIT $3",
             namespace,
             now,
             limit,
+            workflows,
         )
         return [_row_to_schedule(row) for row in rows]
 
