@@ -573,6 +573,15 @@ def _fail(message: str, code: int) -> NoReturn:
     sys.exit(code)
 
 
+def _attach_subcommands() -> None:
+    from ._cli_schedules import schedules
+
+    cli.add_command(schedules)
+
+
+_attach_subcommands()
+
+
 def main(argv: list[str] | None = None) -> NoReturn:
     """Run the ``durably`` command (the console-script entry point)."""
     try:

@@ -695,7 +695,8 @@ class Engine:
 
     async def trigger_schedule(self, name: str) -> str:
         """Start a run of schedule ``name`` now (id ``sched:<name>:manual:<ms>``),
-        even while paused; return its run id. An engine without the workflow
+        even while paused; return its run id. It counts as the schedule's
+        previous run for its overlap policy. An engine without the workflow
         queues it for the next firing pass of one that has it."""
         await self.open()
         return await self._scheduler.trigger(name)

@@ -49,7 +49,15 @@ from .stores.base import ScheduleRecord
 if TYPE_CHECKING:
     from .engine import Engine
 
-__all__ = ["Overlap", "Schedule", "ScheduleNotFound", "ScheduleSpec", "Scheduler"]
+__all__ = [
+    "Overlap",
+    "Schedule",
+    "ScheduleNotFound",
+    "ScheduleSpec",
+    "Scheduler",
+    "manual_run_id",
+    "window_run_id",
+]
 
 _log = logging.getLogger("durably.schedules")
 
@@ -422,7 +430,10 @@ class Scheduler:
         engine = self._engine
         now = self._now()
         started = 0
-        for record in await engine.store.list_due_schedules(engine.namespace, now, _DUE_BATCH):
+        due = await engine.store.list_due_schedules(
+            engine.namespace, now, _DUE_BATCH, engine.workflows
+        )
+        for record in due:
             try:
                 started += await self._fire_one(record, now)
             except Exception:
@@ -438,7 +449,8 @@ class Scheduler:
         if record.firing_run_id is not None:
             # A claimed start that was never confirmed (a crash, or a trigger
             # queued by an engine without the workflow): start it, idempotently.
-            if await self._start(name, spec, record.firing_run_id):
+            exists = await store.get_run(record.firing_run_id) is not None
+            if not exists and await self._start(name, spec, record.firing_run_id):
                 started += 1
             cleared = await store.update_schedule(
                 name, {"firing_run_id": None}, now, revision=record.revision

@@ -176,6 +176,23 @@ async def test_list_due_schedules(store: StateStore) -> None:
     assert [s.name for s in await store.list_due_schedules("default", NOW - 150, 10)] == ["firing"]
 
 
+async def test_list_due_schedules_of_some_workflows(store: StateStore) -> None:
+    for i, workflow in enumerate(["a", "b", "c", "a"]):
+        spec = {"workflow": workflow, "every_ms": 60_000, "input": {"workflow": "b"}}
+        await store.create_schedule(make_schedule(f"s{i}", spec=spec, next_fire_at=NOW + i))
+
+    def names(found: list[ScheduleRecord]) -> list[str]:
+        return [s.name for s in found]
+
+    assert names(await store.list_due_schedules("default", NOW + 5, 10, ["a"])) == ["s0", "s3"]
+    assert names(await store.list_due_schedules("default", NOW + 5, 10, ["b", "c"])) == [
+        "s1",
+        "s2",
+    ]
+    assert await store.list_due_schedules("default", NOW + 5, 10, []) == []
+    assert len(await store.list_due_schedules("default", NOW + 5, 10, None)) == 4
+
+
 async def test_delete_schedule(store: StateStore) -> None:
     await store.create_schedule(make_schedule("s"))
 

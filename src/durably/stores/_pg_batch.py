@@ -23,7 +23,11 @@ __all__ = ["PgWriteBatcher"]
 
 _log = logging.getLogger("durably.stores.postgres")
 
-_CHECKPOINTS = """
+# One statement for a whole batch. Every part sees the same snapshot, so the
+# checkpoints are fenced by the leases as they were before the settles in the
+# same batch release them; FOR SHARE makes a concurrent takeover wait and
+# re-checks the lease against the row it committed.
+_BATCH = """
     WITH v AS (
         SELECT * FROM unnest(
             $1::text[], $2::integer[], $3::text[], $4::text[], $5::text[], $6::text[],
@@ -46,19 +50,27 @@ _CHECKPOINTS = """
             started_at = excluded.started_at, finished_at = excluded.finished_at,
             parallel_group = excluded.parallel_group
         WHERE durably_checkpoints.status <> 'completed'
+    ), s AS (
+        SELECT * FROM unnest($15::text[], $16::text[], $17::text[], $18::text[], $19::text[],
+                             $20::bigint[], $21::bigint[], $22::boolean[])
+            AS s(id, owner, status, output, error, wake_at, now, terminal)
+    ), settled AS (
+        UPDATE durably_runs r SET status = s.status, output = s.output, error = s.error,
+            wake_at = s.wake_at, locked_by = NULL, locked_until = NULL, updated_at = s.now
+        FROM s
+        WHERE r.id = s.id AND r.status = 'running' AND r.locked_by = s.owner
+            AND (s.terminal OR r.wake_requested_at IS NULL)
+        RETURNING r.id, s.terminal
+    ), cleared AS (
+        DELETE FROM durably_signal_waiters
+        WHERE run_id IN (SELECT id FROM settled WHERE terminal)
+    ), cleared_events AS (
+        DELETE FROM durably_event_waiters
+        WHERE run_id IN (SELECT id FROM settled WHERE terminal)
     )
-    SELECT run_id, seq FROM held
-"""
-
-_SETTLES = """
-    UPDATE durably_runs r SET status = v.status, output = v.output, error = v.error,
-        wake_at = v.wake_at, locked_by = NULL, locked_until = NULL, updated_at = v.now
-    FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bigint[],
-                $7::bigint[], $8::boolean[])
-        AS v(id, owner, status, output, error, wake_at, now, terminal)
-    WHERE r.id = v.id AND r.status = 'running' AND r.locked_by = v.owner
-        AND (v.terminal OR r.wake_requested_at IS NULL)
-    RETURNING r.id
+    SELECT run_id AS id, seq FROM held
+    UNION ALL
+    SELECT id, NULL FROM settled
 """
 
 _STILL_HELD = """
@@ -128,9 +140,8 @@ class PgWriteBatcher:
                 self._idle.set()
                 continue
             try:
-                async with self._acquire() as conn, conn.transaction():
-                    held = await self._write_checkpoints(conn, checkpoints)
-                    settled = await self._write_settles(conn, settles)
+                async with self._acquire() as conn:
+                    held, settled = await self._write(conn, checkpoints, settles)
             except Exception as exc:
                 _log.warning(
                     "a batch of %d writes failed: %s", len(checkpoints) + len(settles), exc
@@ -149,49 +160,44 @@ class PgWriteBatcher:
             if not self._checkpoints and not self._settles:
                 self._idle.set()
 
-    async def _write_checkpoints(
+    async def _write(
         self,
         conn: Any,
         checkpoints: dict[tuple[str, int], tuple[tuple[Any, ...], list[asyncio.Future[bool]]]],
-    ) -> set[tuple[str, int]]:
-        if not checkpoints:
-            return set()
-        columns = list(zip(*(row for row, _ in checkpoints.values()), strict=True))
-        rows = await conn.fetch(_CHECKPOINTS, *[list(column) for column in columns])
-        return {(row["run_id"], row["seq"]) for row in rows}
-
-    async def _write_settles(
-        self, conn: Any, settles: list[tuple[tuple[Any, ...], asyncio.Future[SettleResult]]]
-    ) -> list[SettleResult]:
-        if not settles:
-            return []
-        results: list[SettleResult] = []
-        # One run never settles twice in one batch (a turn awaits its settle),
-        # but keep the statement safe if it does: later entries go one by one.
-        seen: set[str] = set()
-        first = [p for p, _ in settles if not (p[0] in seen or seen.add(p[0]))]  # type: ignore[func-returns-value]
-        columns = list(zip(*first, strict=True))
-        rows = await conn.fetch(_SETTLES, *[list(column) for column in columns])
-        done = {row["id"] for row in rows}
-        missed = [p for p in first if p[0] not in done]
-        held: set[str] = set()
+        settles: list[tuple[tuple[Any, ...], asyncio.Future[SettleResult]]],
+    ) -> tuple[set[tuple[str, int]], list[SettleResult]]:
+        cp_rows = [row for row, _ in checkpoints.values()]
+        # A run settles once per turn, and a turn awaits its settle; should one
+        # appear twice anyway, only its first settle goes in the statement.
+        first: dict[str, tuple[Any, ...]] = {}
+        for params, _ in settles:
+            first.setdefault(params[0], params)
+        settle_rows = list(first.values())
+        rows = await conn.fetch(_BATCH, *_columns(cp_rows, 14), *_columns(settle_rows, 8))
+        held = {(row["id"], row["seq"]) for row in rows if row["seq"] is not None}
+        done = {row["id"] for row in rows if row["seq"] is None}
+        missed = [p for p in settle_rows if p[0] not in done]
+        still_held: set[str] = set()
         if missed:
             found = await conn.fetch(_STILL_HELD, [p[0] for p in missed], [p[1] for p in missed])
-            held = {row["id"] for row in found}
-        finished = [p[0] for p in first if p[0] in done and p[7]]
-        if finished:
-            await conn.execute(
-                "DELETE FROM durably_signal_waiters WHERE run_id = ANY($1::text[])", finished
-            )
+            still_held = {row["id"] for row in found}
+        results: list[SettleResult] = []
         for params, _ in settles:
             run_id = params[0]
-            if run_id in done:
+            if run_id in done and first[run_id] is params:
                 results.append(SettleResult.SETTLED)
-            elif run_id in held and not params[7]:
+            elif run_id in still_held and not params[7]:
                 results.append(SettleResult.WAKE_REQUESTED)
             else:
                 results.append(SettleResult.LOST)
-        return results
+        return held, results
+
+
+def _columns(rows: list[tuple[Any, ...]], width: int) -> list[list[Any]]:
+    """Rows to the per-column arrays ``unnest`` takes."""
+    if not rows:
+        return [[] for _ in range(width)]
+    return [list(column) for column in zip(*rows, strict=True)]
 
 
 def settle_params(

@@ -368,11 +368,13 @@ class StateStore(Protocol):
         """Every schedule (of ``namespace``, when given), by name."""
 
     async def list_due_schedules(
-        self, namespace: str, now: int, limit: int
+        self, namespace: str, now: int, limit: int, workflows: list[str] | None = None
     ) -> list[ScheduleRecord]:
         """Schedules of ``namespace`` with work to do: unpaused with
         ``next_fire_at <= now``, or with a ``firing_run_id`` set (even paused);
-        earliest ``next_fire_at`` first."""
+        earliest ``next_fire_at`` first. With ``workflows``, only schedules
+        starting one of them (``spec["workflow"]``), so schedules no engine
+        here can fire never crowd out those it can."""
 
     async def update_schedule(
         self, name: str, changes: dict[str, Any], now: int, *, revision: int | None = None

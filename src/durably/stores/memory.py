@@ -498,13 +498,14 @@ class MemoryStore:
         ]
 
     async def list_due_schedules(
-        self, namespace: str, now: int, limit: int
+        self, namespace: str, now: int, limit: int, workflows: list[str] | None = None
     ) -> list[ScheduleRecord]:
         """Schedules with a window due or a start to confirm."""
         due = [
             s
             for s in self._schedules.values()
             if s.namespace == namespace
+            and (workflows is None or s.spec.get("workflow") in workflows)
             and (
                 s.firing_run_id is not None
                 or (not s.paused and s.next_fire_at is not None and s.next_fire_at <= now)

@@ -335,27 +335,44 @@ class PostgresStore:
     async def start_turn(
         self, run_id: str, owner: str, now: int, lease_until: int, statuses: frozenset[RunStatus]
     ) -> tuple[Run, dict[int, Checkpoint]] | None:
-        """Lease the run and load its history on one connection."""
-        async with self._ready().acquire() as conn:
-            row = await conn.fetchrow(
-                "UPDATE durably_runs SET status = 'running', locked_by = $1, locked_until = $2, "
-                "wake_requested_at = NULL, wake_at = NULL, updated_at = $3 "
-                "WHERE id = $4 AND status = ANY($5::text[]) "
-                "AND (locked_by IS NULL OR locked_until IS NULL OR locked_until < $3) "
-                f"RETURNING {_SELECT_RUN}",
-                owner,
-                lease_until,
-                now,
-                run_id,
-                [s.value for s in statuses],
+        """Lease the run and load its history, in one statement."""
+        row = await self._ready().fetchrow(
+            "WITH r AS (UPDATE durably_runs SET status = 'running', locked_by = $1, "
+            "locked_until = $2, wake_requested_at = NULL, wake_at = NULL, updated_at = $3 "
+            "WHERE id = $4 AND status = ANY($5::text[]) "
+            "AND (locked_by IS NULL OR locked_until IS NULL OR locked_until < $3) "
+            f"RETURNING {_SELECT_RUN}) "
+            "SELECT r.*, (SELECT coalesce(json_agg(json_build_array(c.seq, c.name, c.kind, "
+            "c.status, c.input, c.output, c.error, c.attempts, c.wake_at, c.started_at, "
+            "c.finished_at, c.parallel_group) ORDER BY c.seq), '[]')::text "
+            "FROM durably_checkpoints c WHERE c.run_id = r.id) AS history FROM r",
+            owner,
+            lease_until,
+            now,
+            run_id,
+            [s.value for s in statuses],
+        )
+        if row is None:
+            return None
+        history = {}
+        for item in codec.loads(row["history"]):
+            checkpoint = Checkpoint(
+                run_id=run_id,
+                seq=item[0],
+                name=item[1],
+                kind=item[2],
+                status=CheckpointStatus(item[3]),
+                input=codec.loads(item[4]),
+                output=codec.loads(item[5]),
+                error=codec.loads(item[6]),
+                attempts=item[7],
+                wake_at=item[8],
+                started_at=item[9],
+                finished_at=item[10],
+                group=item[11],
             )
-            if row is None:
-                return None
-            rows = await conn.fetch(
-                f"SELECT {_CP_COLUMNS} FROM durably_checkpoints WHERE run_id = $1 ORDER BY seq",
-                run_id,
-            )
-        return _row_to_run(row), {r["seq"]: _row_to_checkpoint(r) for r in rows}
+            history[checkpoint.seq] = checkpoint
+        return _row_to_run(row), history
 
     async def continue_turn(self, run_id: str, owner: str, lease_until: int) -> Run | None:
         """Keep the lease for one more turn."""
@@ -386,8 +403,13 @@ class PostgresStore:
         """End a turn by compare-and-set, committed with other turns' writes."""
         return self._writes().settle(
             settle_params(
-                run_id, owner, status, _dump(changes.output), _dump(changes.error),
-                changes.wake_at, now,
+                run_id,
+                owner,
+                status,
+                _dump(changes.output),
+                _dump(changes.error),
+                changes.wake_at,
+                now,
             )
         )
 

@@ -524,9 +524,7 @@ class SqliteStore:
         params = [(run_id, seq) for seq in seqs]
 
         def op(conn: sqlite3.Connection) -> None:
-            conn.executemany(
-                "DELETE FROM durably_checkpoints WHERE run_id = ? AND seq = ?", params
-            )
+            conn.executemany("DELETE FROM durably_checkpoints WHERE run_id = ? AND seq = ?", params)
 
         await self._db.run(op)
 
@@ -832,16 +830,20 @@ class SqliteStore:
         return await self._db.run(op)
 
     async def list_due_schedules(
-        self, namespace: str, now: int, limit: int
+        self, namespace: str, now: int, limit: int, workflows: list[str] | None = None
     ) -> list[ScheduleRecord]:
         """Schedules with a window due or a start to confirm."""
+        only = ""
+        if workflows is not None:
+            only = " AND json_extract(spec, '$.workflow') IN (SELECT value FROM json_each(?))"
+        params = (namespace, now, *(() if workflows is None else (codec.dumps(workflows),)), limit)
 
         def op(conn: sqlite3.Connection) -> list[ScheduleRecord]:
             rows = conn.execute(
                 f"SELECT {SCHEDULE_COLUMNS} FROM durably_schedules WHERE namespace = ? AND "
-                "((paused = 0 AND next_fire_at <= ?) OR firing_run_id IS NOT NULL) "
+                f"((paused = 0 AND next_fire_at <= ?) OR firing_run_id IS NOT NULL){only} "
                 "ORDER BY coalesce(next_fire_at, -1), name LIMIT ?",
-                (namespace, now, limit),
+                params,
             )
             return [_row_to_schedule(row) for row in rows]
 
@@ -912,9 +914,7 @@ def _drop_waiters(conn: sqlite3.Connection, run_id: str) -> None:
     conn.execute("DELETE FROM durably_event_waiters WHERE run_id = ?", (run_id,))
 
 
-def _take_buffered_event(
-    conn: sqlite3.Connection, name: str, keys: str, match: str
-) -> str | None:
+def _take_buffered_event(conn: sqlite3.Connection, name: str, keys: str, match: str) -> str | None:
     """Delete and return (as JSON text) the oldest buffered event on ``name``
     matching ``(keys, match)``, or ``None``."""
     rows = conn.execute(

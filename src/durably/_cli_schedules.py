@@ -1,0 +1,196 @@
+"""``durably schedules …``: list, pause, resume, trigger and remove schedules.
+
+A click group for the ``durably`` command to attach (``cli.add_command(schedules)``)::
+
+    durably schedules list [--json]       every schedule with its state and next window
+    durably schedules pause NAME          stop firing NAME (all instances, across restarts)
+    durably schedules resume NAME         fire again from the next window after now
+    durably schedules trigger NAME        start a run now (queued for the next worker pass)
+    durably schedules remove NAME         delete NAME (one declared in code returns on restart)
+
+The commands talk to the store only (``--store URL``, ``DURABLY_DATABASE_URL``),
+like the other client commands. A worker of the application starts a triggered
+run at its next firing pass, since only it has the workflow registered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
+
+import click
+from rich import box
+from rich.table import Table
+
+from ._cli_render import abbreviate, format_time, make_console
+from .engine import Engine
+from .schedules import Schedule, ScheduleNotFound
+
+__all__ = ["schedules", "schedules_table"]
+
+T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _store_option(fn: F) -> F:
+    option = click.option(
+        "--store",
+        "store_url",
+        envvar="DURABLY_DATABASE_URL",
+        default="sqlite:///durably.db",
+        show_default=True,
+        show_envvar=True,
+        metavar="URL",
+        help="Store URL: sqlite:///path.db, postgresql://…, memory://, or a SQLite file path.",
+    )
+    return option(fn)
+
+
+def _with_engine(store_url: str, action: Callable[[Engine], Awaitable[T]]) -> T:
+    """Run ``action`` on a client engine opened on ``store_url``; an unknown
+    schedule becomes a one-line CLI error."""
+    from .cli import CliError, open_client  # imported late: cli imports this module
+
+    async def go() -> T:
+        async with open_client(store_url) as engine:
+            try:
+                return await action(engine)
+            except ScheduleNotFound as exc:
+                raise CliError(str(exc)) from None
+
+    coro: Coroutine[Any, Any, T] = go()
+    return asyncio.run(coro)
+
+
+def _when(schedule: Schedule) -> str:
+    if schedule.cron is not None:
+        return schedule.cron if schedule.tz == "UTC" else f"{schedule.cron} ({schedule.tz})"
+    return f"every {_interval(schedule.every_ms or 0)}"
+
+
+def _interval(ms: int) -> str:
+    """``900000`` → ``15m``; ``5400000`` → ``1h30m`` (the ``every=`` spelling)."""
+    parts = []
+    for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000)):
+        count, ms = divmod(ms, size)
+        if count:
+            parts.append(f"{count}{unit}")
+    if ms:
+        parts.append(f"{ms}ms")
+    return "".join(parts) or "0s"
+
+
+def schedules_table(found: list[Schedule]) -> Table:
+    """The ``durably schedules list`` table."""
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False)
+    table.add_column("name", no_wrap=True)
+    table.add_column("workflow")
+    table.add_column("when")
+    table.add_column("state")
+    table.add_column("next window")
+    table.add_column("last window")
+    table.add_column("last run", no_wrap=True)
+    table.add_column("input")
+    namespaces = {s.namespace for s in found}
+    for s in found:
+        state = "paused" if s.paused else "active"
+        if s.overlap != "skip":
+            state += f", overlap={s.overlap}"
+        if s.catchup:
+            state += ", catch-up"
+        name = s.name if namespaces == {"default"} else f"{s.namespace}/{s.name}"
+        table.add_row(
+            name,
+            s.workflow,
+            _when(s),
+            f"[yellow]{state}[/yellow]" if s.paused else state,
+            "-" if s.paused else format_time(s.next_fire_at),
+            format_time(s.last_fired_at),
+            s.last_run_id or "-",
+            abbreviate(s.input, 40) if s.input is not None else "",
+        )
+    return table
+
+
+@click.group()
+def schedules() -> None:
+    """List, pause, resume, trigger and remove schedules."""
+
+
+@schedules.command("list")
+@_store_option
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def schedules_list(store_url: str, as_json: bool) -> None:
+    """List every schedule (all namespaces) with its state and next window."""
+
+    async def load(engine: Engine) -> list[Schedule]:
+        return [Schedule.from_record(r) for r in await engine.store.list_schedules()]
+
+    found = _with_engine(store_url, load)
+    if as_json:
+        click.echo(
+            json.dumps([s.to_dict() for s in found], indent=2, ensure_ascii=False, default=str)
+        )
+        return
+    console = make_console()
+    if not found:
+        console.print("No schedules.")
+        return
+    console.print(schedules_table(found))
+
+
+@schedules.command("pause")
+@_store_option
+@click.argument("name")
+def schedules_pause(store_url: str, name: str) -> None:
+    """Stop firing NAME until it is resumed (for every instance, across restarts)."""
+    _with_engine(store_url, lambda engine: engine.pause_schedule(name))
+    click.echo(f"paused schedule {name}")
+
+
+@schedules.command("resume")
+@_store_option
+@click.argument("name")
+def schedules_resume(store_url: str, name: str) -> None:
+    """Fire NAME again from its next window (windows missed while paused are skipped)."""
+    resumed = _with_engine(store_url, lambda engine: engine.resume_schedule(name))
+    click.echo(f"resumed schedule {name}; next window {format_time(resumed.next_fire_at)}")
+
+
+@schedules.command("trigger")
+@_store_option
+@click.argument("name")
+def schedules_trigger(store_url: str, name: str) -> None:
+    """Start a run of NAME now, outside its windows (even while paused).
+
+    The run is queued on the schedule; the next worker pass of the
+    application (which has the workflow registered) starts it.
+    """
+    from .cli import CliError
+    from .errors import DurablyError
+
+    async def trigger(engine: Engine) -> str:
+        try:
+            return await engine.trigger_schedule(name)
+        except ScheduleNotFound:
+            raise
+        except DurablyError as exc:
+            raise CliError(str(exc)) from None
+
+    run_id = _with_engine(store_url, trigger)
+    click.echo(f"queued run {run_id} of schedule {name}; a worker starts it on its next pass")
+
+
+@schedules.command("remove")
+@_store_option
+@click.argument("name")
+def schedules_remove(store_url: str, name: str) -> None:
+    """Delete schedule NAME (runs it started are kept). A schedule declared in
+    the application's code comes back when the application starts again."""
+    if not _with_engine(store_url, lambda engine: engine.remove_schedule(name)):
+        from .cli import CliError
+
+        raise CliError(f"no schedule named {name!r}")
+    click.echo(f"removed schedule {name}")
