@@ -72,7 +72,9 @@ class Engine:
         store: a store URL (``sqlite:///durably.db``, ``memory://``,
             ``postgresql://…``) or a store object. Defaults to the
             ``DURABLY_DATABASE_URL`` environment variable, else ``./durably.db``.
-        namespace: the pool this engine's runs belong to.
+        namespace: the pool this engine's runs belong to; an engine given a
+            namespace executes only that pool's runs, one without (runs go to
+            ``"default"``) drives every pool sharing the database.
         lease: how long a turn's lease lasts without renewal (renewed every half).
         reconcile: the fallback wake of a run waiting on someone else (a
             signal), so a wake lost to a crash cannot strand it. ``0`` disables.
@@ -98,7 +100,7 @@ class Engine:
         self,
         store: str | StateStore | None = None,
         *,
-        namespace: str = "default",
+        namespace: str | None = None,
         clock: Clock | None = None,
         lease: Duration = "30s",
         reconcile: Duration = "5m",
@@ -117,7 +119,10 @@ class Engine:
         target = store if store is not None else os.environ.get("DURABLY_DATABASE_URL")
         self.store: StateStore = open_store(target or "sqlite:///durably.db")
         """The state store runs live in."""
-        self.namespace = namespace
+        self.namespace = namespace or "default"
+        """The pool this engine's new runs and schedules belong to."""
+        self.drives_namespace = namespace
+        """The namespace whose runs this engine executes; ``None``: every one."""
         """The pool this engine's runs belong to."""
         self.clock: Clock = clock or SystemClock()
         """The engine's time source."""
@@ -773,7 +778,9 @@ class Engine:
     async def run_pending(self, limit: int = 100) -> int:
         """Hand pending runs to the executor; return how many."""
         await self.open()
-        ids = await self.store.list_pending(self.clock.now_ms(), limit)
+        ids = await self.store.list_pending(
+            self.clock.now_ms(), limit, namespace=self.drives_namespace
+        )
         for run_id in ids:
             self._dispatch(run_id)
         return len(ids)
@@ -787,7 +794,7 @@ class Engine:
         await self.open()
         now = self.clock.now_ms()
         recovered = 0
-        for run_id in await self.store.list_orphans(now, limit):
+        for run_id in await self.store.list_orphans(now, limit, namespace=self.drives_namespace):
             status = await self.store.recover_orphan(run_id, now, self.max_recovery_attempts)
             if status is None:
                 continue
@@ -810,7 +817,7 @@ class Engine:
         before it is woken so other instances do not wake it too."""
         await self.open()
         now = self.clock.now_ms()
-        ids = await self.store.list_due(now, self.timer_batch_size)
+        ids = await self.store.list_due(now, self.timer_batch_size, namespace=self.drives_namespace)
         random.shuffle(ids)
         woken = 0
         for run_id in ids:
@@ -823,7 +830,9 @@ class Engine:
         """Cancel runs past their workflow's ``execution_timeout``."""
         await self.open()
         swept = 0
-        for run_id in await self.store.list_expired(self.clock.now_ms(), limit):
+        for run_id in await self.store.list_expired(
+            self.clock.now_ms(), limit, namespace=self.drives_namespace
+        ):
             run = await self.store.get_run(run_id)
             if run is None or run.status in TERMINAL_STATUSES:
                 continue
@@ -975,6 +984,11 @@ class Engine:
         )
 
     async def _drive(self, run: Run, checkpoints: dict[int, Checkpoint]) -> None:
+        if self.drives_namespace is not None and run.namespace != self.drives_namespace:
+            # Woken here by a signal or a child, but it belongs to another
+            # pool: hand it back as pending for that pool's instances.
+            await self.store.release_run(run.run_id, self.instance_id, self.clock.now_ms())
+            return
         leased: _Leased | None = (run, checkpoints)
         while leased is not None:
             outcome, turn = await self._turn(*leased)

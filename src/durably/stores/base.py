@@ -217,19 +217,23 @@ class StateStore(Protocol):
         is in ``statuses``. Moving to a terminal status clears the lease and
         deletes the run's signal waiters."""
 
-    # -- the worker loop ---------------------------------------------------------
+    # -- the worker loop (``namespace=None``: every namespace) --------------------------
 
-    async def list_pending(self, now: int, limit: int) -> list[str]:
+    async def list_pending(
+        self, now: int, limit: int, *, namespace: str | None = None
+    ) -> list[str]:
         """Ids of ``pending`` runs, most urgent priority first, then oldest."""
 
-    async def list_orphans(self, now: int, limit: int) -> list[str]:
+    async def list_orphans(
+        self, now: int, limit: int, *, namespace: str | None = None
+    ) -> list[str]:
         """Ids of ``running`` runs whose lease expired before ``now``."""
 
     async def recover_orphan(self, run_id: str, now: int, max_attempts: int) -> RunStatus | None:
         """*Atomic*: if the run is still an orphan, count the recovery and make it
         ``pending`` or, past ``max_attempts``, ``dead``; return the new status."""
 
-    async def list_due(self, now: int, limit: int) -> list[str]:
+    async def list_due(self, now: int, limit: int, *, namespace: str | None = None) -> list[str]:
         """Ids of ``suspended`` runs due now (``wake_at <= now`` or a stamped
         ``wake_requested_at``), most overdue first."""
 
@@ -244,7 +248,9 @@ class StateStore(Protocol):
         """Ids of live runs making no progress since ``before``: pending or
         running (updated before then) or suspended on a wake time before then."""
 
-    async def list_expired(self, now: int, limit: int) -> list[str]:
+    async def list_expired(
+        self, now: int, limit: int, *, namespace: str | None = None
+    ) -> list[str]:
         """Ids of non-terminal runs whose ``deadline_at`` passed."""
 
     # -- checkpoints -------------------------------------------------------------

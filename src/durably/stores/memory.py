@@ -196,18 +196,24 @@ class MemoryStore:
 
     # -- the worker loop ---------------------------------------------------------------
 
-    async def list_pending(self, now: int, limit: int) -> list[str]:
+    async def list_pending(
+        self, now: int, limit: int, *, namespace: str | None = None
+    ) -> list[str]:
         """Pending runs, most urgent first, then oldest."""
-        pending = [r for r in self._runs.values() if r.status is RunStatus.PENDING]
+        pending = [
+            r for r in self._runs.values() if r.status is RunStatus.PENDING and _in(r, namespace)
+        ]
         pending.sort(key=lambda r: (-r.priority, r.created_at, r.run_id))
         return [r.run_id for r in pending[:limit]]
 
-    async def list_orphans(self, now: int, limit: int) -> list[str]:
+    async def list_orphans(
+        self, now: int, limit: int, *, namespace: str | None = None
+    ) -> list[str]:
         """Running runs whose lease expired."""
         orphans = [
             r
             for r in self._runs.values()
-            if r.status is RunStatus.RUNNING and (r.locked_until or 0) < now
+            if r.status is RunStatus.RUNNING and (r.locked_until or 0) < now and _in(r, namespace)
         ]
         orphans.sort(key=lambda r: (r.locked_until or 0, r.run_id))
         return [r.run_id for r in orphans[:limit]]
@@ -228,9 +234,9 @@ class MemoryStore:
             run.status = RunStatus.PENDING
         return run.status
 
-    async def list_due(self, now: int, limit: int) -> list[str]:
+    async def list_due(self, now: int, limit: int, *, namespace: str | None = None) -> list[str]:
         """Suspended runs whose timer is due or whose wake was requested."""
-        due = [r for r in self._runs.values() if _due(r, now)]
+        due = [r for r in self._runs.values() if _due(r, now) and _in(r, namespace)]
         due.sort(key=lambda r: (_due_key(r, now), r.run_id))
         return [r.run_id for r in due[:limit]]
 
@@ -259,12 +265,15 @@ class MemoryStore:
         stalled.sort(key=lambda r: (r.updated_at, r.run_id))
         return [r.run_id for r in stalled[:limit]]
 
-    async def list_expired(self, now: int, limit: int) -> list[str]:
+    async def list_expired(
+        self, now: int, limit: int, *, namespace: str | None = None
+    ) -> list[str]:
         """Live runs past their execution deadline."""
         expired = [
             r
             for r in self._runs.values()
             if r.status not in TERMINAL_STATUSES
+            and _in(r, namespace)
             and r.deadline_at is not None
             and r.deadline_at <= now
         ]
@@ -558,6 +567,10 @@ def _stalled(run: Run, before: int) -> bool:
     if run.status in (RunStatus.PENDING, RunStatus.RUNNING):
         return run.updated_at < before
     return run.status is RunStatus.SUSPENDED and run.wake_at is not None and run.wake_at < before
+
+
+def _in(run: Run, namespace: str | None) -> bool:
+    return namespace is None or run.namespace == namespace
 
 
 def _leased(run: Run, now: int) -> bool:

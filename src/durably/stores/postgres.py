@@ -507,22 +507,30 @@ class PostgresStore:
 
     # -- the worker loop ---------------------------------------------------------------
 
-    async def list_pending(self, now: int, limit: int) -> list[str]:
+    async def list_pending(
+        self, now: int, limit: int, *, namespace: str | None = None
+    ) -> list[str]:
         """Pending runs, most urgent first, then oldest."""
         return await self._ids(
             "SELECT id FROM durably_runs WHERE status = 'pending' "
+            "AND ($2::text IS NULL OR namespace = $2) "
             "ORDER BY priority DESC, created_at, id LIMIT $1",
             limit,
+            namespace,
         )
 
-    async def list_orphans(self, now: int, limit: int) -> list[str]:
+    async def list_orphans(
+        self, now: int, limit: int, *, namespace: str | None = None
+    ) -> list[str]:
         """Running runs whose lease expired."""
         return await self._ids(
             "SELECT id FROM durably_runs WHERE status = 'running' "
             "AND (locked_until IS NULL OR locked_until < $1) "
+            "AND ($3::text IS NULL OR namespace = $3) "
             "ORDER BY locked_until NULLS FIRST, id LIMIT $2",
             now,
             limit,
+            namespace,
         )
 
     async def recover_orphan(self, run_id: str, now: int, max_attempts: int) -> RunStatus | None:
@@ -551,18 +559,21 @@ class PostgresStore:
                 await conn.execute(_DELETE_WAITERS, run_id)
             return status
 
-    async def list_due(self, now: int, limit: int) -> list[str]:
+    async def list_due(self, now: int, limit: int, *, namespace: str | None = None) -> list[str]:
         """Suspended runs whose timer is due or whose wake was requested."""
         return await self._ids(
             "SELECT id FROM ("
             " SELECT id, wake_at AS due FROM durably_runs"
             "  WHERE status = 'suspended' AND wake_at <= $1"
+            "  AND ($3::text IS NULL OR namespace = $3)"
             " UNION ALL"
             " SELECT id, wake_requested_at AS due FROM durably_runs"
             "  WHERE wake_requested_at IS NOT NULL AND status = 'suspended'"
+            "  AND ($3::text IS NULL OR namespace = $3)"
             ") AS due_runs GROUP BY id ORDER BY min(due), id LIMIT $2",
             now,
             limit,
+            namespace,
         )
 
     async def claim_due(self, run_id: str, now: int, next_wake_at: int) -> bool:
@@ -601,14 +612,18 @@ class PostgresStore:
         )
         return [row["id"] for row in rows]
 
-    async def list_expired(self, now: int, limit: int) -> list[str]:
+    async def list_expired(
+        self, now: int, limit: int, *, namespace: str | None = None
+    ) -> list[str]:
         """Live runs past their execution deadline."""
         return await self._ids(
             "SELECT id FROM durably_runs WHERE deadline_at IS NOT NULL AND deadline_at <= $1 "
-            "AND status <> ALL($2::text[]) ORDER BY deadline_at, id LIMIT $3",
+            "AND status <> ALL($2::text[]) AND ($4::text IS NULL OR namespace = $4) "
+            "ORDER BY deadline_at, id LIMIT $3",
             now,
             _TERMINAL,
             limit,
+            namespace,
         )
 
     # -- checkpoints -------------------------------------------------------------------

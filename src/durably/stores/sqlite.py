@@ -380,20 +380,26 @@ class SqliteStore:
 
     # -- the worker loop ---------------------------------------------------------------
 
-    async def list_pending(self, now: int, limit: int) -> list[str]:
+    async def list_pending(
+        self, now: int, limit: int, *, namespace: str | None = None
+    ) -> list[str]:
         """Pending runs, most urgent first, then oldest."""
+        ns, ns_params = _namespace(namespace)
         return await self._ids(
-            "SELECT id FROM durably_runs WHERE status = 'pending' "
+            f"SELECT id FROM durably_runs WHERE status = 'pending'{ns} "
             "ORDER BY priority DESC, created_at, id LIMIT ?",
-            (limit,),
+            (*ns_params, limit),
         )
 
-    async def list_orphans(self, now: int, limit: int) -> list[str]:
+    async def list_orphans(
+        self, now: int, limit: int, *, namespace: str | None = None
+    ) -> list[str]:
         """Running runs whose lease expired."""
+        ns, ns_params = _namespace(namespace)
         return await self._ids(
-            "SELECT id FROM durably_runs WHERE status = 'running' AND "
+            f"SELECT id FROM durably_runs WHERE status = 'running'{ns} AND "
             "(locked_until IS NULL OR locked_until < ?) ORDER BY locked_until, id LIMIT ?",
-            (now, limit),
+            (*ns_params, now, limit),
         )
 
     async def recover_orphan(self, run_id: str, now: int, max_attempts: int) -> RunStatus | None:
@@ -422,17 +428,18 @@ class SqliteStore:
 
         return await self._db.run(op)
 
-    async def list_due(self, now: int, limit: int) -> list[str]:
+    async def list_due(self, now: int, limit: int, *, namespace: str | None = None) -> list[str]:
         """Suspended runs whose timer is due or whose wake was requested."""
+        ns, ns_params = _namespace(namespace)
         return await self._ids(
             "SELECT id FROM ("
             " SELECT id, wake_at AS due FROM durably_runs"
-            "  WHERE status = 'suspended' AND wake_at <= ?"
+            f"  WHERE status = 'suspended' AND wake_at <= ?{ns}"
             " UNION"
             " SELECT id, wake_requested_at AS due FROM durably_runs"
-            "  WHERE wake_requested_at IS NOT NULL AND status = 'suspended'"
+            f"  WHERE wake_requested_at IS NOT NULL AND status = 'suspended'{ns}"
             ") GROUP BY id ORDER BY min(due), id LIMIT ?",
-            (now, limit),
+            (now, *ns_params, *ns_params, limit),
         )
 
     async def claim_due(self, run_id: str, now: int, next_wake_at: int) -> bool:
@@ -467,12 +474,15 @@ class SqliteStore:
             (before, before, limit),
         )
 
-    async def list_expired(self, now: int, limit: int) -> list[str]:
+    async def list_expired(
+        self, now: int, limit: int, *, namespace: str | None = None
+    ) -> list[str]:
         """Live runs past their execution deadline."""
+        ns, ns_params = _namespace(namespace)
         return await self._ids(
             "SELECT id FROM durably_runs WHERE deadline_at IS NOT NULL AND deadline_at <= ? "
-            f"AND status NOT IN ({_TERMINAL_SQL}) ORDER BY deadline_at, id LIMIT ?",
-            (now, limit),
+            f"AND status NOT IN ({_TERMINAL_SQL}){ns} ORDER BY deadline_at, id LIMIT ?",
+            (now, *ns_params, limit),
         )
 
     # -- checkpoints -------------------------------------------------------------------
@@ -882,6 +892,11 @@ class SqliteStore:
 
     async def _ids(self, sql: str, params: tuple[Any, ...]) -> list[str]:
         return await self._db.run(lambda conn: [row[0] for row in conn.execute(sql, params)])
+
+
+def _namespace(namespace: str | None) -> tuple[str, tuple[str, ...]]:
+    """A ``namespace = ?`` filter and its parameter, or nothing for every namespace."""
+    return ("", ()) if namespace is None else (" AND namespace = ?", (namespace,))
 
 
 def _migrate(conn: sqlite3.Connection) -> None:
