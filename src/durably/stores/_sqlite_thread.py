@@ -3,9 +3,10 @@
 SQLite allows one writer at a time, and a commit costs far more than the
 statements inside it. So every operation is queued to a single thread, which
 takes whatever has queued up since its last commit and runs it all inside one
-``BEGIN IMMEDIATE … COMMIT``, each operation under its own savepoint so one
-failing operation does not undo its neighbours. The event loop pays one thread
-hop per batch, never a blocking call.
+``BEGIN IMMEDIATE … COMMIT``. Operations rarely fail, so none pays for a
+savepoint: if one raises, the batch is rolled back and every operation of it
+runs again in a transaction of its own, so only the failing one fails. The
+event loop pays one thread hop per batch, never a blocking call.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ __all__ = ["SqliteThread"]
 
 T = TypeVar("T")
 _Op = tuple[Callable[[sqlite3.Connection], Any], asyncio.Future[Any], asyncio.AbstractEventLoop]
+_Outcome = tuple[asyncio.Future[Any], Any, BaseException | None]
 
 _MAX_BATCH = 512
 
@@ -114,27 +116,15 @@ class SqliteThread:
             conn.close()
 
     def _run_batch(self, conn: sqlite3.Connection, batch: list[_Op]) -> None:
-        outcomes: list[tuple[asyncio.Future[Any], Any, BaseException | None]] = []
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-            for fn, future, _ in batch:
-                conn.execute("SAVEPOINT op")
-                try:
-                    result = fn(conn)
-                except Exception as exc:
-                    conn.execute("ROLLBACK TO op")
-                    conn.execute("RELEASE op")
-                    outcomes.append((future, None, exc))
-                else:
-                    conn.execute("RELEASE op")
-                    outcomes.append((future, result, None))
-            conn.execute("COMMIT")
-        except Exception as exc:
-            if conn.in_transaction:
-                # a failing rollback must not kill the thread: every caller would hang
-                with contextlib.suppress(sqlite3.Error):
-                    conn.rollback()
-            outcomes = [(future, None, exc) for _, future, _ in batch]
+        outcomes = self._try_together(conn, batch)
+        if outcomes is None:
+            # Something in the batch failed: undo it all, then give every
+            # operation a transaction of its own so only the culprit fails.
+            outcomes = [
+                outcome
+                for op in batch
+                for outcome in self._try_together(conn, [op], alone=True) or ()
+            ]
         by_loop: dict[asyncio.AbstractEventLoop, list[Any]] = {}
         for (_, _, loop), outcome in zip(batch, outcomes, strict=True):
             by_loop.setdefault(loop, []).append(outcome)
@@ -142,6 +132,27 @@ class SqliteThread:
             # A loop that closed while we worked has nobody waiting on it.
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(_resolve, items)
+
+    def _try_together(
+        self, conn: sqlite3.Connection, batch: list[_Op], *, alone: bool = False
+    ) -> list[_Outcome] | None:
+        """Run ``batch`` in one transaction. ``None`` if an operation raised
+        and the batch had others (all undone); alone, its error is the outcome."""
+        outcomes: list[_Outcome] = []
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            for fn, future, _ in batch:
+                outcomes.append((future, fn(conn), None))
+            conn.execute("COMMIT")
+        except Exception as exc:
+            if conn.in_transaction:
+                # a failing rollback must not kill the thread: every caller would hang
+                with contextlib.suppress(sqlite3.Error):
+                    conn.rollback()
+            if len(batch) > 1 and not alone:
+                return None
+            return [(future, None, exc) for _, future, _ in batch]
+        return outcomes
 
 
 def _resolve(items: list[tuple[asyncio.Future[Any], Any, BaseException | None]]) -> None:
