@@ -7,15 +7,20 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from ..model import ErrorInfo
+from .. import codec
+from ..model import Checkpoint, CheckpointStatus, ErrorInfo, Run
 
 __all__ = [
     "JSON_RUN_COLUMNS",
     "UPDATABLE_RUN_COLUMNS",
     "check_run_changes",
+    "checkpoint_params",
+    "completed_params",
     "dead_error",
     "decode_cursor",
+    "dump_json",
     "encode_cursor",
+    "run_params",
 ]
 
 UPDATABLE_RUN_COLUMNS = frozenset(
@@ -74,3 +79,73 @@ def check_run_changes(changes: Mapping[str, Any]) -> None:
     unknown = set(changes) - UPDATABLE_RUN_COLUMNS
     if unknown:
         raise ValueError(f"cannot update run columns {sorted(unknown)}")
+
+
+def dump_json(value: Any) -> str | None:
+    """JSON text for a column, ``None`` staying SQL ``NULL``."""
+    return None if value is None else codec.dumps(value)
+
+
+def run_params(run: Run) -> tuple[Any, ...]:
+    """A run as the column tuple both SQL stores insert (``RUN_COLUMNS`` order)."""
+    return (
+        run.run_id,
+        run.workflow,
+        run.workflow_version,
+        run.status.value,
+        run.namespace,
+        run.parent_id,
+        dump_json(run.input),
+        dump_json(run.output),
+        dump_json(run.error),
+        codec.dumps(run.tags),
+        run.priority,
+        run.wake_at,
+        run.wake_requested_at,
+        run.locked_by,
+        run.locked_until,
+        run.recovery_attempts,
+        run.deadline_at,
+        run.created_at,
+        run.updated_at,
+        run.parent_seq,
+        run.cancel_requested,
+    )
+
+
+def checkpoint_params(cp: Checkpoint) -> tuple[Any, ...]:
+    """A checkpoint as the column tuple both SQL stores upsert."""
+    return (
+        cp.run_id,
+        cp.seq,
+        cp.name,
+        cp.kind,
+        cp.status.value,
+        dump_json(cp.input),
+        dump_json(cp.output),
+        dump_json(cp.error),
+        cp.attempts,
+        cp.wake_at,
+        cp.started_at,
+        cp.finished_at,
+        cp.group,
+    )
+
+
+def completed_params(cp: Checkpoint, payload_text: str | None, now: int) -> tuple[Any, ...]:
+    """``checkpoint_params`` of ``cp`` completed with JSON text ``payload_text``."""
+    return (
+        cp.run_id,
+        cp.seq,
+        cp.name,
+        cp.kind,
+        CheckpointStatus.COMPLETED.value,
+        dump_json(cp.input),
+        payload_text,
+        None,
+        cp.attempts,
+        cp.wake_at,
+        cp.started_at,
+        now,
+        cp.group,
+    )

@@ -37,7 +37,17 @@ from ._match import match_index, project
 from ._pg_batch import PgWriteBatcher, settle_params
 from ._postgres_schema import MIGRATIONS
 from ._schedule_rows import SCHEDULE_COLUMNS, check_schedule_changes
-from ._shared import JSON_RUN_COLUMNS, check_run_changes, dead_error, decode_cursor, encode_cursor
+from ._shared import (
+    JSON_RUN_COLUMNS,
+    check_run_changes,
+    checkpoint_params,
+    completed_params,
+    dead_error,
+    decode_cursor,
+    dump_json,
+    encode_cursor,
+    run_params,
+)
 from .base import (
     EventDelivery,
     RunChanges,
@@ -223,7 +233,7 @@ class PostgresStore:
                 "($1,$2,$3,$4,$5,$6,$7,$8,$9,$10::jsonb,$11,$12,$13,$14,$15,$16,$17,$18,$19,"
                 "$20,$21) "
                 "ON CONFLICT (id) DO NOTHING RETURNING true",
-                *_run_params(run),
+                *run_params(run),
             )
             if inserted:
                 return run, True
@@ -238,7 +248,7 @@ class PostgresStore:
         async with self._ready().acquire() as conn:
             for start in range(0, len(runs), 500):
                 chunk = runs[start : start + 500]
-                columns = list(zip(*(_run_params(run) for run in chunk), strict=True))
+                columns = list(zip(*(run_params(run) for run in chunk), strict=True))
                 rows = await conn.fetch(
                     f"INSERT INTO durably_runs ({_RUN_COLUMNS}) "
                     "SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], "
@@ -406,8 +416,8 @@ class PostgresStore:
                 run_id,
                 owner,
                 status,
-                _dump(changes.output),
-                _dump(changes.error),
+                dump_json(changes.output),
+                dump_json(changes.error),
                 changes.wake_at,
                 now,
             )
@@ -426,8 +436,8 @@ class PostgresStore:
         )
         params = (
             status.value,
-            _dump(changes.output),
-            _dump(changes.error),
+            dump_json(changes.output),
+            dump_json(changes.error),
             changes.wake_at,
             now,
             run_id,
@@ -639,12 +649,12 @@ class PostgresStore:
     def save_checkpoint(self, checkpoint: Checkpoint, owner: str) -> asyncio.Future[bool]:
         """Upsert under the lease (never replacing a completed checkpoint),
         committed together with other turns' writes."""
-        return self._writes().save_checkpoint(_checkpoint_params(checkpoint), owner)
+        return self._writes().save_checkpoint(checkpoint_params(checkpoint), owner)
 
     async def _save_checkpoint_alone(self, checkpoint: Checkpoint, owner: str) -> bool:
         """Upsert under the lease, in a statement of its own."""
         held = await self._ready().fetchval(
-            _SAVE_CHECKPOINT_FENCED, *_checkpoint_params(checkpoint), owner
+            _SAVE_CHECKPOINT_FENCED, *checkpoint_params(checkpoint), owner
         )
         return bool(held)
 
@@ -655,7 +665,7 @@ class PostgresStore:
                 if not await conn.fetchval(_HOLD_LEASE, run_id, owner):
                     return False
             await conn.executemany(
-                _UPSERT_CHECKPOINT, [_checkpoint_params(cp) for cp in checkpoints]
+                _UPSERT_CHECKPOINT, [checkpoint_params(cp) for cp in checkpoints]
             )
         return True
 
@@ -687,8 +697,8 @@ class PostgresStore:
                 "finished_at = $4 WHERE run_id = $5 AND seq = $6 "
                 "AND status NOT IN ('completed', 'failed') RETURNING parallel_group",
                 status.value,
-                _dump(output),
-                _dump(error),
+                dump_json(output),
+                dump_json(error),
                 now,
                 run_id,
                 seq,
@@ -723,7 +733,7 @@ class PostgresStore:
                 token,
             )
             if row is not None:
-                await conn.execute(_UPSERT_CHECKPOINT, *_completed(checkpoint, row[0], now))
+                await conn.execute(_UPSERT_CHECKPOINT, *completed_params(checkpoint, row[0], now))
                 return SignalWait(True, codec.loads(row[0]))
             await conn.execute(
                 "INSERT INTO durably_signal_waiters (token, run_id, seq) VALUES ($1, $2, $3) "
@@ -732,7 +742,7 @@ class PostgresStore:
                 checkpoint.run_id,
                 checkpoint.seq,
             )
-            await conn.execute(_UPSERT_CHECKPOINT, *_checkpoint_params(checkpoint))
+            await conn.execute(_UPSERT_CHECKPOINT, *checkpoint_params(checkpoint))
             return SignalWait(False)
 
     async def send_signal(self, token: str, payload: Any, now: int) -> str | None:
@@ -766,7 +776,7 @@ class PostgresStore:
                 base = Checkpoint(
                     run_id, seq, f"signal:{token}", "signal", CheckpointStatus.PENDING
                 )
-                await conn.execute(_UPSERT_CHECKPOINT, *_completed(base, text, now))
+                await conn.execute(_UPSERT_CHECKPOINT, *completed_params(base, text, now))
             return run_id
 
     async def cancel_signal_wait(
@@ -826,7 +836,7 @@ class PostgresStore:
                 return None
             found = await _take_buffered_event(conn, name, keys, text)
             if found is not None:
-                await conn.execute(_UPSERT_CHECKPOINT, *_completed(checkpoint, found, now))
+                await conn.execute(_UPSERT_CHECKPOINT, *completed_params(checkpoint, found, now))
                 return SignalWait(True, codec.loads(found))
             await conn.execute(
                 "INSERT INTO durably_event_waiters "
@@ -841,7 +851,7 @@ class PostgresStore:
                 text,
                 now,
             )
-            await conn.execute(_UPSERT_CHECKPOINT, *_checkpoint_params(checkpoint))
+            await conn.execute(_UPSERT_CHECKPOINT, *checkpoint_params(checkpoint))
             return SignalWait(False)
 
     async def publish_event(
@@ -1135,44 +1145,14 @@ def _row_count(status: str) -> int:
     return int(tail) if tail.isdigit() else 0
 
 
-def _dump(value: Any) -> str | None:
-    return None if value is None else codec.dumps(value)
-
-
 def _column_value(column: str, value: Any) -> Any:
     if column == "status":
         return RunStatus(value).value
     if column == "tags":
         return codec.dumps(value if value is not None else [])
     if column in JSON_RUN_COLUMNS:
-        return _dump(value)
+        return dump_json(value)
     return value
-
-
-def _run_params(run: Run) -> tuple[Any, ...]:
-    return (
-        run.run_id,
-        run.workflow,
-        run.workflow_version,
-        run.status.value,
-        run.namespace,
-        run.parent_id,
-        _dump(run.input),
-        _dump(run.output),
-        _dump(run.error),
-        codec.dumps(run.tags),
-        run.priority,
-        run.wake_at,
-        run.wake_requested_at,
-        run.locked_by,
-        run.locked_until,
-        run.recovery_attempts,
-        run.deadline_at,
-        run.created_at,
-        run.updated_at,
-        run.parent_seq,
-        run.cancel_requested,
-    )
 
 
 def _row_to_run(row: Any) -> Run:
@@ -1198,42 +1178,6 @@ def _row_to_run(row: Any) -> Run:
         updated_at=row["updated_at"],
         parent_seq=row["parent_seq"],
         cancel_requested=row["cancel_requested"],
-    )
-
-
-def _checkpoint_params(cp: Checkpoint) -> tuple[Any, ...]:
-    return (
-        cp.run_id,
-        cp.seq,
-        cp.name,
-        cp.kind,
-        cp.status.value,
-        _dump(cp.input),
-        _dump(cp.output),
-        _dump(cp.error),
-        cp.attempts,
-        cp.wake_at,
-        cp.started_at,
-        cp.finished_at,
-        cp.group,
-    )
-
-
-def _completed(cp: Checkpoint, payload_text: str | None, now: int) -> tuple[Any, ...]:
-    return (
-        cp.run_id,
-        cp.seq,
-        cp.name,
-        cp.kind,
-        CheckpointStatus.COMPLETED.value,
-        _dump(cp.input),
-        payload_text,
-        None,
-        cp.attempts,
-        cp.wake_at,
-        cp.started_at,
-        now,
-        cp.group,
     )
 
 

@@ -22,9 +22,13 @@ from ._schedule_rows import SCHEDULE_COLUMNS, check_schedule_changes
 from ._shared import (
     JSON_RUN_COLUMNS,
     check_run_changes,
+    checkpoint_params,
+    completed_params,
     dead_error,
     decode_cursor,
+    dump_json,
     encode_cursor,
+    run_params,
 )
 from ._sqlite_schema import MIGRATIONS
 from ._sqlite_thread import SqliteThread
@@ -115,7 +119,7 @@ class SqliteStore:
             cur = conn.execute(
                 f"INSERT INTO durably_runs ({_RUN_COLUMNS}) "
                 "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT (id) DO NOTHING",
-                _run_params(run),
+                run_params(run),
             )
             if cur.rowcount == 1:
                 return run, True
@@ -127,7 +131,7 @@ class SqliteStore:
 
     async def create_runs(self, runs: list[Run]) -> list[str]:
         """Insert the runs whose ids are new, in one transaction."""
-        params = [_run_params(run) for run in runs]
+        params = [run_params(run) for run in runs]
 
         def op(conn: sqlite3.Connection) -> list[str]:
             created: list[str] = []
@@ -294,8 +298,8 @@ class SqliteStore:
         guard = "" if terminal else " AND wake_requested_at IS NULL"
         params = (
             status.value,
-            _dump(changes.output),
-            _dump(changes.error),
+            dump_json(changes.output),
+            dump_json(changes.error),
             changes.wake_at,
             now,
             run_id,
@@ -504,7 +508,7 @@ class SqliteStore:
 
         Queued when called (not when awaited), so writes land in call order.
         """
-        params = _checkpoint_params(checkpoint)
+        params = checkpoint_params(checkpoint)
         run_id = checkpoint.run_id
 
         def op(conn: sqlite3.Connection) -> bool:
@@ -517,7 +521,7 @@ class SqliteStore:
 
     async def save_checkpoints(self, checkpoints: list[Checkpoint], owner: str) -> bool:
         """Upsert many checkpoints under the lease, in one transaction."""
-        params = [_checkpoint_params(cp) for cp in checkpoints]
+        params = [checkpoint_params(cp) for cp in checkpoints]
         run_ids = {cp.run_id for cp in checkpoints}
 
         def op(conn: sqlite3.Connection) -> bool:
@@ -548,7 +552,7 @@ class SqliteStore:
         now: int,
     ) -> int | None:
         """Settle a pending checkpoint; count its group's pending siblings."""
-        values = (status.value, _dump(output), _dump(error), now, run_id, seq)
+        values = (status.value, dump_json(output), dump_json(error), now, run_id, seq)
 
         def op(conn: sqlite3.Connection) -> int | None:
             row = conn.execute(
@@ -588,7 +592,7 @@ class SqliteStore:
             ).fetchone()
             if row is not None:
                 payload = codec.loads(row[0])
-                done = _completed(checkpoint, row[0], now)
+                done = completed_params(checkpoint, row[0], now)
                 conn.execute(_UPSERT_CHECKPOINT, done)
                 return SignalWait(True, payload)
             conn.execute(
@@ -596,7 +600,7 @@ class SqliteStore:
                 "ON CONFLICT (token) DO UPDATE SET run_id = excluded.run_id, seq = excluded.seq",
                 (token, checkpoint.run_id, checkpoint.seq),
             )
-            conn.execute(_UPSERT_CHECKPOINT, _checkpoint_params(checkpoint))
+            conn.execute(_UPSERT_CHECKPOINT, checkpoint_params(checkpoint))
             return SignalWait(False)
 
         return await self._db.run(op)
@@ -627,7 +631,7 @@ class SqliteStore:
                 base = Checkpoint(
                     run_id, seq, f"signal:{token}", "signal", CheckpointStatus.PENDING
                 )
-                conn.execute(_UPSERT_CHECKPOINT, _completed(base, text, now))
+                conn.execute(_UPSERT_CHECKPOINT, completed_params(base, text, now))
             return str(run_id)
 
         return await self._db.run(op)
@@ -681,14 +685,14 @@ class SqliteStore:
     ) -> SignalWait | None:
         """Consume the oldest matching buffered event or register the waiter."""
         keys, text = match_index(match)
-        params = _checkpoint_params(checkpoint)
+        params = checkpoint_params(checkpoint)
 
         def op(conn: sqlite3.Connection) -> SignalWait | None:
             if not conn.execute(_HOLDS_LEASE, (checkpoint.run_id, owner)).fetchone():
                 return None
             found = _take_buffered_event(conn, name, keys, text)
             if found is not None:
-                conn.execute(_UPSERT_CHECKPOINT, _completed(checkpoint, found, now))
+                conn.execute(_UPSERT_CHECKPOINT, completed_params(checkpoint, found, now))
                 return SignalWait(True, codec.loads(found))
             conn.execute(
                 "INSERT INTO durably_event_waiters "
@@ -919,10 +923,6 @@ def _migrate(conn: sqlite3.Connection) -> None:
         )
 
 
-def _dump(value: Any) -> str | None:
-    return None if value is None else codec.dumps(value)
-
-
 def _drop_waiters(conn: sqlite3.Connection, run_id: str) -> None:
     """Forget every signal and event wait of a run that ended or is deleted."""
     conn.execute("DELETE FROM durably_signal_waiters WHERE run_id = ?", (run_id,))
@@ -994,34 +994,8 @@ def _column_value(column: str, value: Any) -> Any:
     if column == "status":
         return RunStatus(value).value
     if column in JSON_RUN_COLUMNS:
-        return _dump(value)
+        return dump_json(value)
     return value
-
-
-def _run_params(run: Run) -> tuple[Any, ...]:
-    return (
-        run.run_id,
-        run.workflow,
-        run.workflow_version,
-        run.status.value,
-        run.namespace,
-        run.parent_id,
-        _dump(run.input),
-        _dump(run.output),
-        _dump(run.error),
-        codec.dumps(run.tags),
-        run.priority,
-        run.wake_at,
-        run.wake_requested_at,
-        run.locked_by,
-        run.locked_until,
-        run.recovery_attempts,
-        run.deadline_at,
-        run.created_at,
-        run.updated_at,
-        run.parent_seq,
-        run.cancel_requested,
-    )
 
 
 def _row_to_run(row: tuple[Any, ...]) -> Run:
@@ -1055,42 +1029,6 @@ def _fetch_run(conn: sqlite3.Connection, run_id: str) -> Run | None:
         f"SELECT {_RUN_COLUMNS} FROM durably_runs WHERE id = ?", (run_id,)
     ).fetchone()
     return _row_to_run(row) if row else None
-
-
-def _checkpoint_params(cp: Checkpoint) -> tuple[Any, ...]:
-    return (
-        cp.run_id,
-        cp.seq,
-        cp.name,
-        cp.kind,
-        cp.status.value,
-        _dump(cp.input),
-        _dump(cp.output),
-        _dump(cp.error),
-        cp.attempts,
-        cp.wake_at,
-        cp.started_at,
-        cp.finished_at,
-        cp.group,
-    )
-
-
-def _completed(cp: Checkpoint, payload_text: str | None, now: int) -> tuple[Any, ...]:
-    return (
-        cp.run_id,
-        cp.seq,
-        cp.name,
-        cp.kind,
-        CheckpointStatus.COMPLETED.value,
-        _dump(cp.input),
-        payload_text,
-        None,
-        cp.attempts,
-        cp.wake_at,
-        cp.started_at,
-        now,
-        cp.group,
-    )
 
 
 def _row_to_checkpoint(row: tuple[Any, ...]) -> Checkpoint:
