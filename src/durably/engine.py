@@ -12,6 +12,7 @@ moving: pending runs, orphan recovery, due timers, execution timeouts.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import random
@@ -26,6 +27,7 @@ from typing import Any, TypeVar, cast
 from . import codec
 from ._executor import RunExecutor
 from ._threads import StepThreads
+from ._watch import RunWatcher
 from .clock import Clock, SystemClock
 from .context import ChildCall, WorkflowContext, _Services
 from .durations import Duration, to_ms
@@ -163,12 +165,14 @@ class Engine:
         self._executor: RunExecutor | None = None
         self._executor_limit = max_concurrent_runs
         self._active: dict[str, Turn] = {}
-        self._watchers: dict[str, list[asyncio.Future[RunResult | None]]] = {}
+        self._watcher = RunWatcher(self.store.get_runs)
         self._opened = False
         self._open_lock: asyncio.Lock | None = None
         self._loop_task: asyncio.Task[None] | None = None
         self._loop_wake: asyncio.Event | None = None
         self._draining = False
+        self._listening = False
+        """Whether the store pushes other processes' changes (PostgreSQL)."""
         self._scheduler = Scheduler(self)
         self._events = EventRouter(self)
 
@@ -293,10 +297,17 @@ class Engine:
                 raise
             self._executor = RunExecutor(self._execute, self._executor_limit)
             self._opened = True
+            self._listening = await self.store.subscribe(self._on_store_event)
             if self._stable_instance_id:
                 # Our previous incarnation's turns died with it; no one else can
                 # hold our id, so reclaim its runs now rather than after the lease.
                 await self._expire_own_leases()
+
+    @property
+    def listening(self) -> bool:
+        """Whether the store pushes other processes' changes to this engine
+        (PostgreSQL's LISTEN/NOTIFY); otherwise it learns of them by polling."""
+        return self._listening
 
     @property
     def is_open(self) -> bool:
@@ -308,6 +319,7 @@ class Engine:
         if not self._opened:
             return
         await self.drain(self.drain_timeout)
+        await self._watcher.close()
         self._opened = False
         await self.store.close()
         self._threads.shutdown()
@@ -533,39 +545,8 @@ class Engine:
         (seconds) raises :class:`TimeoutError` and leaves the run alone.
         """
         await self.open()
-        loop = asyncio.get_running_loop()
-        deadline = None if timeout is None else loop.time() + timeout
-        poll = 0.01
-        settled = TERMINAL_STATUSES if terminal else _SETTLED
-        reread = True
-        while True:
-            future: asyncio.Future[RunResult | None] = loop.create_future()
-            self._watchers.setdefault(run_id, []).append(future)
-            try:
-                if reread:
-                    run = await self._require(run_id)
-                    if run.status in settled:
-                        return RunResult(run.run_id, run.status, run.output, run.error)
-                wait = poll
-                if deadline is not None:
-                    remaining = deadline - loop.time()
-                    if remaining <= 0:
-                        raise TimeoutError(f"wait_for_run({run_id!r}) timed out")
-                    wait = min(wait, remaining)
-                await asyncio.wait({future}, timeout=wait)
-                poll = min(poll * 2, 0.5)
-                # A turn settled here hands over its outcome: no read needed.
-                result = future.result() if future.done() else None
-                if result is not None and result.status in settled:
-                    return result
-                reread = result is None
-            finally:
-                watchers = self._watchers.get(run_id)
-                if watchers is not None:
-                    if future in watchers:
-                        watchers.remove(future)
-                    if not watchers:
-                        del self._watchers[run_id]
+        statuses = TERMINAL_STATUSES if terminal else _SETTLED
+        return await self._watcher.wait(await self._require(run_id), statuses, timeout)
 
     async def get_run(self, run_id: str) -> Run | None:
         """The run, or ``None``."""
@@ -971,7 +952,7 @@ class Engine:
         if leased is not None or not wake:
             return leased
         current = await self.store.get_run(run_id)
-        if current is None or current.status is not RunStatus.RUNNING:
+        if current is None or current.status in TERMINAL_STATUSES:
             return None
         # Someone holds the lease: leave a stamp so the holder runs one more
         # turn instead of letting go. If it let go before the stamp landed,
@@ -1296,17 +1277,41 @@ class Engine:
                 )
 
     async def _worker_loop(self) -> None:
+        wake = self._loop_wake
+        assert wake is not None
         while True:
+            wake.clear()
             await self.tick()
-            await asyncio.sleep(self.poll_interval)
+            # A store that notifies (PostgreSQL) cuts the wait short when
+            # another process creates a run; polling remains the safety net.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wake.wait(), self.poll_interval)
+
+    def _on_store_event(self, kind: str, run_id: str) -> None:
+        """React to another process's change, as the store reports it."""
+        if kind in ("settled", "ended"):
+            if kind == "ended":
+                turn = self._active.get(run_id)
+                if turn is not None:
+                    turn.close("cancelled")
+            self._notify(run_id)
+        elif kind == "pending":
+            if self._loop_wake is not None:
+                self._loop_wake.set()
+        elif kind == "wake" and self._executor is not None and run_id not in self._active:
+            # Poll semantics: if another process holds the run, the stamp that
+            # sent this is already on it; stamping again would ping-pong.
+            self._dispatch(run_id)
 
     # -- helpers --------------------------------------------------------------------------
 
     def _notify(self, run_id: str, result: RunResult | None = None) -> None:
-        """Wake ``wait_for_run`` callers; with ``result`` they need not re-read."""
-        for future in self._watchers.get(run_id, ()):
-            if not future.done():
-                future.set_result(result)
+        """Wake ``wait_for_run`` callers: with the outcome of a turn settled
+        here, or (``None``) by having them look at the run now."""
+        if result is not None:
+            self._watcher.settled(result)
+        else:
+            self._watcher.changed(run_id)
 
     async def _require(self, run_id: str) -> Run:
         run = await self.store.get_run(run_id)

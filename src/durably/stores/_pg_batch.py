@@ -68,9 +68,9 @@ _BATCH = """
         DELETE FROM durably_event_waiters
         WHERE run_id IN (SELECT id FROM settled WHERE terminal)
     )
-    SELECT run_id AS id, seq FROM held
+    SELECT run_id AS id, seq, NULL::boolean AS notified FROM held
     UNION ALL
-    SELECT id, NULL FROM settled
+    SELECT id, NULL, (SELECT pg_notify($23, 'settled:' || id)) IS NULL FROM settled
 """
 
 _STILL_HELD = """
@@ -85,8 +85,9 @@ Acquire = Callable[[], AbstractAsyncContextManager[Any]]
 class PgWriteBatcher:
     """Queues fenced checkpoint upserts and settles; commits them in batches."""
 
-    def __init__(self, acquire: Acquire) -> None:
+    def __init__(self, acquire: Acquire, channel: str) -> None:
         self._acquire = acquire
+        self._channel = channel
         self._checkpoints: dict[
             tuple[str, int], tuple[tuple[Any, ...], list[asyncio.Future[bool]]]
         ] = {}
@@ -173,7 +174,9 @@ class PgWriteBatcher:
         for params, _ in settles:
             first.setdefault(params[0], params)
         settle_rows = list(first.values())
-        rows = await conn.fetch(_BATCH, *_columns(cp_rows, 14), *_columns(settle_rows, 8))
+        rows = await conn.fetch(
+            _BATCH, *_columns(cp_rows, 14), *_columns(settle_rows, 8), self._channel
+        )
         held = {(row["id"], row["seq"]) for row in rows if row["seq"] is not None}
         done = {row["id"] for row in rows if row["seq"] is None}
         missed = [p for p in settle_rows if p[0] not in done]

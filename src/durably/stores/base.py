@@ -12,7 +12,7 @@ clock (real or virtual) is the only clock.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol, runtime_checkable
@@ -142,6 +142,12 @@ class StateStore(Protocol):
 
     async def close(self) -> None:
         """Release connections. Idempotent."""
+
+    async def subscribe(self, on_event: Callable[[str, str], None]) -> bool:
+        """Deliver other processes' changes as they happen: ``on_event(kind,
+        run_id)`` with kind ``"settled"``, ``"pending"`` (run id ``""``: new
+        runs exist), ``"wake"`` or ``"cancelled"``. ``False`` when the store
+        has no such channel (the engine then relies on polling alone)."""
 
     # -- runs ----------------------------------------------------------------
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 from collections import defaultdict, deque
+from collections.abc import Callable
 from typing import Any
 
 from ..model import TERMINAL_STATUSES, Checkpoint, CheckpointStatus, ErrorInfo, Run, RunStatus
@@ -49,6 +50,10 @@ class MemoryStore:
 
     async def close(self) -> None:
         """Nothing to release."""
+
+    async def subscribe(self, on_event: Callable[[str, str], None]) -> bool:
+        """No cross-process channel: the engine polls."""
+        return False
 
     # -- runs --------------------------------------------------------------------
 

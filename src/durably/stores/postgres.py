@@ -23,8 +23,9 @@ every table in that schema, creating it if needed; tests use it to isolate.
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -59,6 +60,8 @@ from .base import (
 )
 
 __all__ = ["PostgresStore"]
+
+_log = logging.getLogger("durably.stores.postgres")
 
 _RUN_COLUMNS = (
     "id, workflow, workflow_version, status, namespace, parent_id, input, output, error, tags, "
@@ -135,6 +138,10 @@ class PostgresStore:
         self.ordered_writes = True  # one batching writer commits writes in call order
         dsn, url_schema = _split_schema(url)
         self.schema = schema if schema is not None else url_schema
+        self.channel = f"durably_{self.schema or 'public'}"
+        """The LISTEN/NOTIFY channel of this store's schema."""
+        self._listener: Any = None
+        self._on_event: Callable[[str, str], None] | None = None
         if self.schema is not None and not _SCHEMA_NAME.match(self.schema):
             raise ValueError(f"invalid schema name {self.schema!r}")
         self._dsn = dsn
@@ -172,8 +179,47 @@ class PostgresStore:
             raise
         return pool
 
+    async def subscribe(self, on_event: Callable[[str, str], None]) -> bool:
+        """LISTEN on this schema's channel; ``on_event(kind, run_id)`` for each
+        notification. The listening connection is re-opened if it drops."""
+        self._on_event = on_event
+        await self._listen()
+        return True
+
+    async def _listen(self) -> None:
+        kwargs = dict(self._connect_kwargs)
+        kwargs.pop("server_settings", None)
+        conn = await asyncpg.connect(self._dsn, **kwargs)
+        await conn.add_listener(self.channel, self._heard)
+        conn.add_termination_listener(self._listener_lost)
+        self._listener = conn
+
+    def _heard(self, _conn: Any, _pid: int, _channel: str, payload: str) -> None:
+        kind, _, run_id = payload.partition(":")
+        if self._on_event is not None:
+            self._on_event(kind, run_id)
+
+    def _listener_lost(self, _conn: Any) -> None:
+        if self._on_event is None or self._pool is None:
+            return  # closing
+        _log.warning("lost the LISTEN connection of %s; reconnecting", self.channel)
+        asyncio.get_running_loop().create_task(self._relisten())
+
+    async def _relisten(self) -> None:
+        for delay in (0.5, 1, 2, 5, 10, 30):
+            try:
+                await self._listen()
+                return
+            except (OSError, asyncpg.PostgresError):
+                await asyncio.sleep(delay)
+        _log.error("could not LISTEN on %s; relying on polling", self.channel)
+
     async def close(self) -> None:
         """Commit queued writes and close the pool."""
+        self._on_event = None
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            await listener.close()
         batcher, self._batcher = self._batcher, None
         if batcher is not None:
             await batcher.close()
@@ -209,7 +255,7 @@ class PostgresStore:
     def _writes(self) -> PgWriteBatcher:
         self._ready()
         if self._batcher is None:
-            self._batcher = PgWriteBatcher(self._ready().acquire)
+            self._batcher = PgWriteBatcher(self._ready().acquire, self.channel)
         return self._batcher
 
     def _ready(self) -> Any:
@@ -229,13 +275,15 @@ class PostgresStore:
         pool = self._ready()
         while True:
             inserted = await pool.fetchval(
-                f"INSERT INTO durably_runs ({_RUN_COLUMNS}) VALUES "
+                f"WITH ins AS (INSERT INTO durably_runs ({_RUN_COLUMNS}) VALUES "
                 "($1,$2,$3,$4,$5,$6,$7,$8,$9,$10::jsonb,$11,$12,$13,$14,$15,$16,$17,$18,$19,"
                 "$20,$21) "
-                "ON CONFLICT (id) DO NOTHING RETURNING true",
+                "ON CONFLICT (id) DO NOTHING RETURNING id) "
+                "SELECT (SELECT pg_notify($22, 'pending:')) IS NULL FROM ins",
                 *run_params(run),
+                self.channel,
             )
-            if inserted:
+            if inserted is not None:
                 return run, True
             existing = await self.get_run(run.run_id)
             if existing is not None:
@@ -260,6 +308,8 @@ class PostgresStore:
                     *[list(column) for column in columns],
                 )
                 created.extend(row["id"] for row in rows)
+            if created:
+                await conn.execute("SELECT pg_notify($1, 'pending:')", self.channel)
         return created
 
     async def get_run(self, run_id: str) -> Run | None:
@@ -466,23 +516,27 @@ class PostgresStore:
         done = await self._ready().fetchval(
             "UPDATE durably_runs SET status = 'pending', locked_by = NULL, "
             "locked_until = NULL, updated_at = $1 "
-            "WHERE id = $2 AND status = 'running' AND locked_by = $3 RETURNING true",
+            "WHERE id = $2 AND status = 'running' AND locked_by = $3 "
+            "RETURNING (SELECT pg_notify($4, 'pending:')) IS NULL",
             now,
             run_id,
             owner,
+            self.channel,
         )
-        return bool(done)
+        return done is not None
 
     async def request_wake(self, run_id: str, now: int) -> bool:
         """Stamp a wake request on a live run."""
         done = await self._ready().fetchval(
             "UPDATE durably_runs SET wake_requested_at = $1 "
-            "WHERE id = $2 AND status <> ALL($3::text[]) RETURNING true",
+            "WHERE id = $2 AND status <> ALL($3::text[]) "
+            "RETURNING (SELECT pg_notify($4, 'wake:' || id)) IS NULL",
             now,
             run_id,
             _TERMINAL,
+            self.channel,
         )
-        return bool(done)
+        return done is not None
 
     async def update_run_if(
         self, run_id: str, statuses: frozenset[RunStatus], changes: dict[str, Any], now: int
@@ -513,6 +567,7 @@ class PostgresStore:
             if not await conn.fetchval(sql, *params):
                 return False
             await conn.execute(_DELETE_WAITERS, run_id)
+            await conn.execute("SELECT pg_notify($1, 'ended:' || $2::text)", self.channel, run_id)
             return True
 
     # -- the worker loop ---------------------------------------------------------------
@@ -567,6 +622,9 @@ class PostgresStore:
                     run_id,
                 )
                 await conn.execute(_DELETE_WAITERS, run_id)
+                await conn.execute(
+                    "SELECT pg_notify($1, 'ended:' || $2::text)", self.channel, run_id
+                )
             return status
 
     async def list_due(self, now: int, limit: int, *, namespace: str | None = None) -> list[str]:

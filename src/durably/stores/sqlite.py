@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sqlite3
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
@@ -109,6 +110,10 @@ class SqliteStore:
         """Flush and close."""
         self._opened = False
         await self._db.stop()
+
+    async def subscribe(self, on_event: Callable[[str, str], None]) -> bool:
+        """No cross-process channel: the engine polls."""
+        return False
 
     # -- runs --------------------------------------------------------------------
 

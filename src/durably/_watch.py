@@ -1,0 +1,90 @@
+"""Waiting for runs to settle, for any number of waiters at once.
+
+A turn that settles in this process hands its outcome straight to the
+waiters. Runs settled by other processes are found by one poll for all
+waiters together (``get_runs`` in batches of 500), so ten thousand
+``wait_for_run`` calls cost a few queries per interval, not ten thousand.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+
+from .model import Run, RunResult, RunStatus
+
+__all__ = ["RunWatcher"]
+
+_Entry = tuple[asyncio.Future[RunResult], frozenset[RunStatus]]
+
+
+class RunWatcher:
+    """Resolves waiters when their run reaches one of the statuses they wait for."""
+
+    def __init__(
+        self, get_runs: Callable[[list[str]], Awaitable[list[Run]]], interval: float = 0.1
+    ) -> None:
+        self._get_runs = get_runs
+        self.interval = interval
+        self._waiting: dict[str, list[_Entry]] = {}
+        self._poller: asyncio.Task[None] | None = None
+        self._poke = asyncio.Event()
+
+    async def wait(
+        self, run: Run, statuses: frozenset[RunStatus], timeout: float | None
+    ) -> RunResult:
+        """Wait until ``run`` (as last read) reaches one of ``statuses``."""
+        if run.status in statuses:
+            return RunResult(run.run_id, run.status, run.output, run.error)
+        future: asyncio.Future[RunResult] = asyncio.get_running_loop().create_future()
+        entry = (future, statuses)
+        self._waiting.setdefault(run.run_id, []).append(entry)
+        if self._poller is None or self._poller.done():
+            self._poller = asyncio.get_running_loop().create_task(self._poll())
+        # Settled between the caller's read and our registration: the next
+        # poll sees it, and it is due at once.
+        self._poke.set()
+        try:
+            return await asyncio.wait_for(future, timeout)
+        except TimeoutError:
+            raise TimeoutError(f"wait_for_run({run.run_id!r}) timed out") from None
+        finally:
+            entries = self._waiting.get(run.run_id)
+            if entries is not None:
+                if entry in entries:
+                    entries.remove(entry)
+                if not entries:
+                    del self._waiting[run.run_id]
+
+    def settled(self, result: RunResult) -> None:
+        """A run settled in this process: hand its outcome to its waiters."""
+        for future, statuses in self._waiting.get(result.run_id, ()):
+            if result.status in statuses and not future.done():
+                future.set_result(result)
+
+    def changed(self, run_id: str) -> None:
+        """A run changed somewhere (a notification): look at it now."""
+        if run_id in self._waiting:
+            self._poke.set()
+
+    async def close(self) -> None:
+        """Stop polling (waiters still waiting time out on their own)."""
+        poller, self._poller = self._poller, None
+        if poller is not None:
+            poller.cancel()
+            await asyncio.gather(poller, return_exceptions=True)
+
+    async def _poll(self) -> None:
+        while self._waiting:
+            ids = list(self._waiting)
+            for start in range(0, len(ids), 500):
+                try:
+                    runs = await self._get_runs(ids[start : start + 500])
+                except Exception:
+                    continue  # the store is failing; the next round tries again
+                for run in runs:
+                    self.settled(RunResult(run.run_id, run.status, run.output, run.error))
+            self._poke.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._poke.wait(), self.interval)
