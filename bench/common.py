@@ -21,9 +21,10 @@ import statistics
 import sys
 import time
 import traceback
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Sequence
+from typing import Any
 
 PG_ADMIN_URL_DEFAULT = "postgresql://postgres@127.0.0.1:5432/postgres"
 
@@ -59,14 +60,17 @@ def make_target(db: str, name: str, workdir: Path) -> Target:
     raise SystemExit(f"unknown db {db!r} (use sqlite or postgres)")
 
 
+def remove_sqlite(path: Path) -> None:
+    """Delete a SQLite database file with its WAL, shared-memory and journal files."""
+    for suffix in ("", "-wal", "-shm", "-journal"):
+        Path(str(path) + suffix).unlink(missing_ok=True)
+
+
 async def reset_target(t: Target) -> None:
     """Delete the SQLite file(s) or drop and re-create the PostgreSQL database."""
     if t.db == "sqlite":
         assert t.sqlite_path is not None
-        for suffix in ("", "-wal", "-shm", "-journal"):
-            p = Path(str(t.sqlite_path) + suffix)
-            if p.exists():
-                p.unlink()
+        remove_sqlite(t.sqlite_path)
         return
     import asyncpg  # only the bench venv needs it
 
@@ -118,7 +122,7 @@ def side_parser(description: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--db", choices=["sqlite", "postgres"], required=True)
     p.add_argument("--name", default=None, help="database / file name (default: bench_<side>)")
-    p.add_argument("--workdir", default=".work", help="directory for SQLite files (cwd for the run)")
+    p.add_argument("--workdir", default=".work", help="SQLite files go here (the run's cwd)")
     sub = p.add_subparsers(dest="scenario", required=True)
     tp = sub.add_parser("throughput", help="N workflows of K trivial local steps started at once")
     tp.add_argument("--n", type=int, default=500)
@@ -167,7 +171,9 @@ def throughput_result(n: int, k: int, t_started: float, elapsed: float) -> dict[
     }
 
 
-def error_result(base: dict[str, Any], exc: BaseException, *, skipped: bool = False) -> dict[str, Any]:
+def error_result(
+    base: dict[str, Any], exc: BaseException, *, skipped: bool = False
+) -> dict[str, Any]:
     traceback.print_exc(file=sys.stderr)
     msg = f"{type(exc).__name__}: {exc}".strip()
     if len(msg) > 300:

@@ -17,6 +17,7 @@ import asyncio
 import logging
 import sqlite3
 import time
+from importlib.metadata import version
 from typing import Any
 
 from common import (
@@ -31,8 +32,7 @@ from common import (
     throughput_result,
     timed_batch,
 )
-
-from dbos import DBOS, DBOSConfig  # noqa: E402  (imported after common on purpose: same venv)
+from dbos import DBOS, DBOSConfig
 
 
 @DBOS.step()
@@ -107,20 +107,16 @@ async def latency(count: int, warmup: int, timeout: float) -> dict[str, Any]:
 
 def main() -> None:
     p = side_parser(__doc__ or "")
-    p.add_argument("--sqlite-journal", default=None, help="e.g. wal: set before DBOS opens the file")
+    p.add_argument("--sqlite-journal", default=None, help="e.g. wal: set before DBOS opens it")
     args = p.parse_args()
     wd = prepare_workdir(args.workdir)
     t = make_target(args.db, args.name or "bench_dbos", wd)
-    import dbos as dbos_pkg
-    from importlib.metadata import version
-
     base: dict[str, Any] = {
         "side": "dbos",
         "version": version("dbos"),
         "db": args.db,
         "scenario": args.scenario,
     }
-    del dbos_pkg
     logging.getLogger("dbos").setLevel(logging.WARNING)
     try:
         asyncio.run(reset_target(t))

@@ -64,9 +64,7 @@ async def pg_floor(url: str, count: int, concurrency: int) -> dict[str, Any]:
 
     conns = [await asyncpg.connect(url) for _ in range(max(1, concurrency))]
     try:
-        await conns[0].execute(
-            "CREATE TABLE t (id BIGSERIAL PRIMARY KEY, run_id TEXT, v TEXT)"
-        )
+        await conns[0].execute("CREATE TABLE t (id BIGSERIAL PRIMARY KEY, run_id TEXT, v TEXT)")
         samples: list[float] = []
         per = count // len(conns)
 

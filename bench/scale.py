@@ -1,13 +1,13 @@
 """Scale scenarios, durably only: time and peak memory at 10,000 runs.
 
-    python scale.py --db sqlite fanout   --n 10000   # one parent, ctx.all over 10,000 children
+    python scale.py --db sqlite fanout   --n 10000   # one parent, ctx.all of 10,000 ctx.child
     python scale.py --db sqlite sleepers --n 10000   # 10,000 runs sleep, then wake together
     python scale.py --db sqlite recovery --n 10000   # a process holding 10,000 runs is SIGKILLed;
                                                      # a fresh engine recovers and finishes them
 
 Each prints one JSON line: ``seconds`` (the part that scales: see each scenario), ``per_s``
 (runs per second over that part) and ``peak_rss_mb`` of the measuring process. A feature the
-engine does not have yet (``ctx.all``, ``ctx.sleep``, …) is reported as
+engine does not have yet (``ctx.child``, ``ctx.sleep``, …) is reported as
 ``{"skipped": true, "error": "..."}`` instead of failing.
 
 ``BENCH_ENGINE_KWARGS`` (JSON) is passed to ``durably.Engine`` in every phase, e.g.
@@ -21,7 +21,6 @@ import asyncio
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -36,12 +35,13 @@ class MissingFeature(Exception):
     """The engine under test does not have what the scenario needs yet."""
 
 
-def engine_kwargs() -> dict[str, Any]:
+def engine_kwargs(**defaults: Any) -> dict[str, Any]:
+    """``defaults`` overridden by the JSON object in BENCH_ENGINE_KWARGS."""
     raw = os.environ.get("BENCH_ENGINE_KWARGS", "").strip()
-    return dict(json.loads(raw)) if raw else {}
+    return {**defaults, **(dict(json.loads(raw)) if raw else {})}
 
 
-def require(*names: str) -> Any:
+def require(*names: str) -> None:
     """Import durably and check that WorkflowContext has every ``ctx`` operation named."""
     try:
         import durably
@@ -55,7 +55,6 @@ def require(*names: str) -> Any:
         raise MissingFeature(
             "durably.WorkflowContext has no " + ", ".join(f"ctx.{n}" for n in missing) + " yet"
         )
-    return durably
 
 
 def check_completed(res: Any) -> None:
@@ -66,19 +65,41 @@ def check_completed(res: Any) -> None:
         )
 
 
+WAITERS = int(os.environ.get("BENCH_WAITERS", "64"))
+
+
 async def wait_all(engine: Any, run_ids: list[str], timeout: float) -> None:
-    results = await asyncio.gather(
-        *(engine.wait_for_run(r, terminal=True, timeout=timeout) for r in run_ids)
-    )
-    for res in results:
-        check_completed(res)
+    """Wait for every run with at most WAITERS ``wait_for_run`` calls in flight.
+
+    10,000 simultaneous waiters would each poll the store: the scenario would measure the polls,
+    not the engine's wake-up or recovery. With a bounded pool the waiters walk through the runs
+    as they finish, and a run already finished costs one read.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    pending = iter(run_ids)
+
+    async def waiter() -> None:
+        for r in pending:
+            left = max(deadline - loop.time(), 0.001)
+            check_completed(await engine.wait_for_run(r, terminal=True, timeout=left))
+
+    await asyncio.gather(*(waiter() for _ in range(max(1, min(WAITERS, len(run_ids))))))
 
 
 # ------------------------------------------------------------------------------------- fan-out
 
 
 async def fanout(t: Target, n: int, timeout: float) -> dict[str, Any]:
-    durably = require("all")
+    """One parent starts n children and waits for them all:
+    ``await ctx.all([ctx.child("leaf", i) for i in range(n)])`` (children are started together
+    and cost the parent one suspension), or ``ctx.child`` calls gathered without ``ctx.all``."""
+    require("child")
+    import durably
+
+    how = (
+        "ctx.all of ctx.child" if hasattr(durably.WorkflowContext, "all") else "gather of ctx.child"
+    )
     engine = durably.Engine(store=t.url, **engine_kwargs())
 
     @engine.workflow("leaf", version="1")
@@ -87,7 +108,11 @@ async def fanout(t: Target, n: int, timeout: float) -> dict[str, Any]:
 
     @engine.workflow("fan", version="1")
     async def fan(ctx: Any, count: int) -> int:
-        outs = await ctx.all("leaf", list(range(count)))
+        calls = [ctx.child("leaf", i) for i in range(count)]
+        if how.startswith("ctx.all"):
+            outs = await ctx.all(calls)
+        else:
+            outs = await asyncio.gather(*calls)
         if list(outs) != list(range(count)):
             raise RuntimeError("children's outputs are not in input order")
         return len(outs)
@@ -100,14 +125,16 @@ async def fanout(t: Target, n: int, timeout: float) -> dict[str, Any]:
     check_completed(res)
     if res.output != n:
         raise RuntimeError(f"parent returned {res.output!r}, expected {n}")
-    return {"n": n, "seconds": round(elapsed, 3), "per_s": round(n / elapsed, 1)}
+    return {"n": n, "via": how, "seconds": round(elapsed, 3), "per_s": round(n / elapsed, 1)}
 
 
 # ------------------------------------------------------------------------------------ sleepers
 
 
 async def sleepers(t: Target, n: int, sleep_s: float, timeout: float) -> dict[str, Any]:
-    durably = require("sleep")
+    require("sleep")
+    import durably
+
     engine = durably.Engine(store=t.url, **engine_kwargs())
 
     @engine.workflow("sleeper", version="1")
@@ -138,9 +165,11 @@ async def sleepers(t: Target, n: int, sleep_s: float, timeout: float) -> dict[st
 # ------------------------------------------------------------------------------------ recovery
 
 
-def build_orphan_engine(t: Target, hang: bool) -> tuple[Any, list[int]]:
-    durably = require("local_step")
-    engine = durably.Engine(store=t.url, **engine_kwargs())
+def build_orphan_engine(t: Target, hang: bool, lease: str) -> tuple[Any, list[int]]:
+    require("local_step")
+    import durably
+
+    engine = durably.Engine(store=t.url, **engine_kwargs(lease=lease))
     entered: list[int] = [0]
 
     async def work(i: int) -> int:
@@ -157,9 +186,9 @@ def build_orphan_engine(t: Target, hang: bool) -> tuple[Any, list[int]]:
     return engine, entered
 
 
-async def victim(t: Target, n: int, settle_s: float) -> None:
+async def victim(t: Target, n: int, settle_s: float, lease: str) -> None:
     """Start n runs whose step hangs, say 'ready' once no more are being picked up, then wait."""
-    engine, entered = build_orphan_engine(t, hang=True)
+    engine, entered = build_orphan_engine(t, hang=True, lease=lease)
     async with engine:
         await asyncio.gather(*(engine.start("orphan", i, run_id=f"orphan-{i}") for i in range(n)))
         last, still = -1, 0.0
@@ -171,24 +200,47 @@ async def victim(t: Target, n: int, settle_s: float) -> None:
         await asyncio.sleep(3600)
 
 
-async def recovery(t: Target, n: int, timeout: float, settle_s: float) -> dict[str, Any]:
+async def recovery(
+    t: Target, name: str, n: int, timeout: float, settle_s: float, lease: str
+) -> dict[str, Any]:
     require("local_step")
-    env = dict(os.environ)
-    argv = [sys.executable, str(HERE / "scale.py"), "--db", t.db, "--name", t.url.rsplit("/", 1)[-1]
-            .removesuffix(".db"), "--workdir", os.getcwd(), "recovery-victim", "--n", str(n),
-            "--settle", str(settle_s)]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env, cwd=HERE)
+    argv = [
+        sys.executable,
+        str(HERE / "scale.py"),
+        "--db",
+        t.db,
+        "--name",
+        name,
+        "--workdir",
+        os.getcwd(),
+        "recovery-victim",
+        "--n",
+        str(n),
+        "--settle",
+        str(settle_s),
+        "--lease",
+        lease,
+    ]
+    victim_log = Path(os.getcwd()) / "recovery-victim.log"
+    err = victim_log.open("w")
     try:
-        assert proc.stdout is not None
-        line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), timeout)
-        info = json.loads(line) if line.strip() else {}
-        if not info.get("ready"):
-            raise RuntimeError(f"victim process did not get ready (rc={proc.poll()}): {line!r}")
+        proc = await asyncio.create_subprocess_exec(
+            *argv, stdout=asyncio.subprocess.PIPE, stderr=err, cwd=HERE
+        )
+        try:
+            assert proc.stdout is not None
+            line = (await asyncio.wait_for(proc.stdout.readline(), timeout)).decode()
+            info = json.loads(line) if line.strip() else {}
+        finally:
+            if proc.returncode is None:
+                proc.send_signal(signal.SIGKILL)  # the crash being recovered from
+            await proc.wait()
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGKILL)
-        proc.wait()
-    engine, _ = build_orphan_engine(t, hang=False)
+        err.close()
+    if not info.get("ready"):
+        tail = (victim_log.read_text().strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(f"the process to be killed failed first (rc={proc.returncode}): {tail}")
+    engine, _ = build_orphan_engine(t, hang=False, lease=lease)
     ids = [f"orphan-{i}" for i in range(n)]
     t0 = time.perf_counter()
     async with engine:
@@ -199,13 +251,15 @@ async def recovery(t: Target, n: int, timeout: float, settle_s: float) -> dict[s
         "in_step_when_killed": info.get("in_step"),
         "seconds": round(elapsed, 3),
         "per_s": round(n / elapsed, 1),
-        "engine_kwargs": engine_kwargs(),
-        "note": "seconds from the new engine's start (includes waiting out the dead leases)",
+        "engine_kwargs": engine_kwargs(lease=lease),
+        "note": "seconds from the new engine's start, including waiting out the dead leases",
     }
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--db", choices=["sqlite", "postgres"], required=True)
     p.add_argument("--name", default="bench_durably_scale")
     p.add_argument("--workdir", default=".work")
@@ -215,13 +269,23 @@ def main() -> None:
         sp.add_argument("--n", type=int, default=10_000)
         sp.add_argument("--timeout", type=float, default=1200.0)
         sp.add_argument("--sleep", type=float, default=10.0, help="sleepers: seconds asleep")
-        sp.add_argument("--settle", type=float, default=3.0,
-                        help="recovery: kill once no new run entered its step for this long")
+        sp.add_argument(
+            "--settle",
+            type=float,
+            default=3.0,
+            help="recovery: kill once no new run entered its step for this long",
+        )
+        sp.add_argument(
+            "--lease",
+            default="5s",
+            help="recovery: Engine(lease=...) in both processes (how long a dead "
+            "process's runs stay locked)",
+        )
     args = p.parse_args()
     wd = prepare_workdir(args.workdir)
     t = make_target(args.db, args.name, wd)
     if args.scenario == "recovery-victim":  # internal: the process that gets SIGKILLed
-        asyncio.run(victim(t, args.n, args.settle))
+        asyncio.run(victim(t, args.n, args.settle, args.lease))
         return
     base: dict[str, Any] = {"side": "durably", "db": args.db, "scenario": f"scale-{args.scenario}"}
 
@@ -231,7 +295,7 @@ def main() -> None:
             return await fanout(t, args.n, args.timeout)
         if args.scenario == "sleepers":
             return await sleepers(t, args.n, args.sleep, args.timeout)
-        return await recovery(t, args.n, args.timeout, args.settle)
+        return await recovery(t, args.name, args.n, args.timeout, args.settle, args.lease)
 
     try:
         emit({**base, **asyncio.run(go())})
