@@ -55,6 +55,10 @@ class RunExecutor:
         self._waiting_ids[run_id] = wake
         self._pump()
 
+    def knows(self, run_id: str) -> bool:
+        """Whether ``run_id`` is waiting for a slot or executing here."""
+        return run_id in self._waiting_ids or run_id in self._executing
+
     def executing(self, run_id: str) -> bool:
         """Whether ``run_id`` is executing in this process now."""
         return run_id in self._executing

@@ -171,6 +171,7 @@ class Engine:
         self._loop_task: asyncio.Task[None] | None = None
         self._loop_wake: asyncio.Event | None = None
         self._draining = False
+        self._pending_poll: asyncio.Task[None] | None = None
         self._listening = False
         """Whether the store pushes other processes' changes (PostgreSQL)."""
         self._scheduler = Scheduler(self)
@@ -1287,6 +1288,13 @@ class Engine:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(wake.wait(), self.poll_interval)
 
+    async def _poll_pending_soon(self) -> None:
+        await asyncio.sleep(0.005)
+        try:
+            await self.run_pending()
+        except Exception:
+            _log.exception("polling pending runs failed")
+
     def _on_store_event(self, kind: str, run_id: str) -> None:
         """React to another process's change, as the store reports it."""
         if kind in ("settled", "ended"):
@@ -1295,9 +1303,15 @@ class Engine:
                 if turn is not None:
                     turn.close("cancelled")
             self._notify(run_id)
-        elif kind == "pending":
-            if self._loop_wake is not None:
-                self._loop_wake.set()
+        elif kind == "pending" and self._loop_task is not None and not self._draining:
+            if run_id and self._executor is not None and self._executor.knows(run_id):
+                return  # our own start, already dispatched here
+            # Only the pending-run poll, once for a burst of notifications
+            # (our own starts notify us too, and we dispatched those already).
+            if self._pending_poll is None or self._pending_poll.done():
+                self._pending_poll = asyncio.get_running_loop().create_task(
+                    self._poll_pending_soon()
+                )
         elif kind == "wake" and self._executor is not None and run_id not in self._active:
             # Poll semantics: if another process holds the run, the stamp that
             # sent this is already on it; stamping again would ping-pong.

@@ -145,8 +145,8 @@ class StateStore(Protocol):
 
     async def subscribe(self, on_event: Callable[[str, str], None]) -> bool:
         """Deliver other processes' changes as they happen: ``on_event(kind,
-        run_id)`` with kind ``"settled"``, ``"pending"`` (run id ``""``: new
-        runs exist), ``"wake"`` or ``"cancelled"``. ``False`` when the store
+        run_id)`` with kind ``"settled"``, ``"pending"`` (a new run, or ``""``:
+        new runs exist), ``"wake"`` or ``"cancelled"``. ``False`` when the store
         has no such channel (the engine then relies on polling alone)."""
 
     # -- runs ----------------------------------------------------------------

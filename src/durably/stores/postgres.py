@@ -279,7 +279,7 @@ class PostgresStore:
                 "($1,$2,$3,$4,$5,$6,$7,$8,$9,$10::jsonb,$11,$12,$13,$14,$15,$16,$17,$18,$19,"
                 "$20,$21) "
                 "ON CONFLICT (id) DO NOTHING RETURNING id) "
-                "SELECT (SELECT pg_notify($22, 'pending:')) IS NULL FROM ins",
+                "SELECT (SELECT pg_notify($22, 'pending:' || id)) IS NULL FROM ins",
                 *run_params(run),
                 self.channel,
             )
