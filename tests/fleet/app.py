@@ -5,8 +5,11 @@ Configured by environment variables so the test and the processes agree:
 ``FLEET_STORE`` (``postgresql://…?schema=NAME``), ``FLEET_LEDGER`` (effects
 file), ``FLEET_INSTANCE`` (lease owner id; empty for a fresh one per process),
 ``FLEET_NAMESPACE`` (the pool to drive; empty: every pool), ``FLEET_POLL``
-(seconds between worker ticks), ``FLEET_GATES`` (directory of the files the
-``gated`` workflow's step waits on).
+(seconds between worker ticks), ``FLEET_RECONCILE`` (the engine's
+``reconcile``), ``FLEET_GATES`` (directory of the files the ``gated``
+workflow's step waits on and of the markers below), ``FLEET_STALL`` (a store
+method, e.g. ``create_runs``: its first call writes ``<gates>/stalled.<method>``
+and never returns, so the test can SIGKILL the process exactly there).
 
 Every effect appends ``run_id seq pid`` to the ledger (one ``O_APPEND`` write)
 and first reads its own checkpoint over a separate asyncpg connection: if it
@@ -119,12 +122,19 @@ async def where(ctx: durably.WorkflowContext) -> int:
     return await ctx.local_step("where", effect, ctx.run_id, 0, 0)
 
 
+def _mark(path: Path) -> None:
+    path.write_text(str(os.getpid()))
+
+
+def _is_open(gate: Path) -> bool:
+    return gate.exists()
+
+
 async def wait_for_gate(run_id: str) -> str:
     """Say the step started (``<run_id>.started``), then hold until ``<run_id>.go``."""
-    gates = Path(GATES)
-    (gates / f"{run_id}.started").write_text(str(os.getpid()))
+    _mark(Path(GATES, f"{run_id}.started"))
     for _ in range(3000):
-        if (gates / f"{run_id}.go").exists():
+        if _is_open(Path(GATES, f"{run_id}.go")):
             return "slow-done"
         await asyncio.sleep(0.02)
     raise RuntimeError("the gate never opened")
@@ -160,12 +170,39 @@ def expected_fan(width: int) -> int:
     return sum(range(width)) + width
 
 
+class StallingStore:
+    """A store whose ``method`` hangs forever once called: the process is
+    stuck right before that write, where the test kills it."""
+
+    def __init__(self, inner: Any, method: str) -> None:
+        self._inner = inner
+        self._method = method
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self._inner, name)
+        if name != self._method:
+            return attribute
+
+        async def stall(*args: Any, **kwargs: Any) -> Any:
+            _mark(Path(GATES, f"stalled.{name}"))
+            await asyncio.Event().wait()
+
+        return stall
+
+
 async def _serve() -> None:
     options: dict[str, Any] = {}
     if os.environ.get("FLEET_NAMESPACE"):
         options["namespace"] = os.environ["FLEET_NAMESPACE"]
+    if os.environ.get("FLEET_RECONCILE"):
+        options["reconcile"] = os.environ["FLEET_RECONCILE"]
+    store: Any = STORE
+    if os.environ.get("FLEET_STALL"):
+        from durably.stores.postgres import PostgresStore
+
+        store = StallingStore(PostgresStore(STORE), os.environ["FLEET_STALL"])
     engine = durably.Engine(
-        STORE,
+        store,
         instance_id=os.environ.get("FLEET_INSTANCE") or None,
         lease=os.environ.get("FLEET_LEASE", "2s"),
         poll_interval=float(os.environ.get("FLEET_POLL", "0.05")),
