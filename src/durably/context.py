@@ -619,6 +619,17 @@ class WorkflowContext:
         if fresh and turn.unwinding:
             waiting.extend(fresh)
             fresh = []
+        lost = [i for i in waiting if calls[i].run_id in turn.missing_children]
+        if lost and not turn.unwinding:
+            # An earlier turn stored these placeholders and died before it
+            # created the children: create them now.
+            with turn.in_flight():
+                errors = await services.spawn_children(turn.run, [calls[i] for i in lost])
+            for i, error in zip(lost, errors, strict=True):
+                turn.missing_children.discard(calls[i].run_id)
+                if error is not None:
+                    waiting.remove(i)
+                    outcomes[i] = (False, _child_failed(calls[i].run_id, error))
         if fresh:
             now = services.clock.now_ms()
             # The placeholders a child settles exist before any child can finish.

@@ -837,7 +837,9 @@ class Engine:
         await self.open()
         cutoff = self.clock.now_ms() - self.retention_ms
         deleted = 0
-        for run_id in await self.store.list_finished_before(cutoff, limit):
+        for run_id in await self.store.list_finished_before(
+            cutoff, limit, namespace=self.drives_namespace
+        ):
             run = await self.store.get_run(run_id)
             if run is None or run.status not in TERMINAL_STATUSES:
                 continue
@@ -863,7 +865,7 @@ class Engine:
         reported = 0
         seen = self._hooks.stalled_seen
         current: dict[str, int] = {}
-        for run_id in await self.store.list_stalled(before, limit):
+        for run_id in await self.store.list_stalled(before, limit, namespace=self.drives_namespace):
             run = await self.store.get_run(run_id)
             if run is None or run.status in TERMINAL_STATUSES:
                 continue
@@ -984,8 +986,9 @@ class Engine:
             value = definition.parse_input(run.input)
         except (WorkflowNotRegistered, SchemaValidationError) as exc:
             return TurnOutcome(TurnEnd.FAILED, error=error_info(exc)), None
-        await self._reconcile_children(run, checkpoints)
+        missing_children = await self._reconcile_children(run, checkpoints)
         turn = Turn(run, checkpoints, self.instance_id, self.clock.now_ms, self.reconcile_ms)
+        turn.missing_children = missing_children
         ctx = WorkflowContext(turn, self._services)
         self._active[run.run_id] = turn
         renewer = asyncio.create_task(self._renew(turn))
@@ -1055,6 +1058,15 @@ class Engine:
             status, changes = RunStatus.CANCELLED, RunChanges(error=outcome.error)
         else:
             status, changes = RunStatus.SUSPENDED, RunChanges(wake_at=outcome.wake_at)
+        if status in TERMINAL_STATUSES and run.parent_id is not None:
+            # The parent hears first, so no crash can fall between a child
+            # ending and its parent knowing (the report stamps the parent's
+            # wake in the same write). A fenced or cancelled turn may report
+            # an outcome the store then refuses: a replay computes the same
+            # one, and a parent's checkpoint is settled once.
+            await self._report_to_parent(
+                run.replace(status=status, output=changes.output, error=changes.error)
+            )
         result = await self.store.settle_run(run_id, self.instance_id, status, changes, now)
         if turn is not None and self.store.ordered_writes:
             # The outcome was queued behind the turn's results, so they are
@@ -1079,7 +1091,6 @@ class Engine:
             self._notify(run_id, RunResult(run_id, status, changes.output, changes.error))
             if status in TERMINAL_STATUSES:
                 ended = run.replace(status=status, output=changes.output, error=changes.error)
-                await self._report_to_parent(ended)
                 if status is RunStatus.FAILED:
                     await self._after_failure(ended)
                 if status is RunStatus.CANCELLED:
@@ -1239,9 +1250,11 @@ class Engine:
         if left is not None and (left == 0 or status is CheckpointStatus.FAILED):
             await self._wake(child.parent_id)
 
-    async def _reconcile_children(self, run: Run, checkpoints: dict[int, Checkpoint]) -> None:
+    async def _reconcile_children(self, run: Run, checkpoints: dict[int, Checkpoint]) -> set[str]:
         """Settle the children this run waits on that already ended (their
-        notification may have been lost to a crash), in batches of 500."""
+        notification may have been lost to a crash), in batches of 500.
+        Returns the ids of waited-on children that do not exist: an earlier
+        turn stored their placeholders and died before creating them."""
         waiting = {
             str(cp.input["run_id"]): cp
             for cp in checkpoints.values()
@@ -1250,11 +1263,13 @@ class Engine:
             and isinstance(cp.input, dict)
         }
         if not waiting:
-            return
+            return set()
         ids = list(waiting)
+        missing = set(ids)
         now = self.clock.now_ms()
         for start in range(0, len(ids), 500):
             for child in await self.store.get_runs(ids[start : start + 500]):
+                missing.discard(child.run_id)
                 if child.status not in TERMINAL_STATUSES:
                     continue
                 cp = waiting[child.run_id]
@@ -1267,6 +1282,7 @@ class Engine:
                 await self.store.resolve_checkpoint(
                     run.run_id, cp.seq, cp.status, cp.output, cp.error, now
                 )
+        return missing
 
     async def _expire_own_leases(self) -> None:
         now = self.clock.now_ms()

@@ -86,6 +86,8 @@ class Turn:
         self.closed = False
         self.close_reason = ""
         self.fenced = False
+        self.missing_children: set[str] = set()
+        """Children waited on whose runs were never created (see the engine)."""
         self.unwinding = run.cancel_requested == "compensate"
         """A compensating cancel: replay only, park anything new, then undo."""
 

@@ -606,13 +606,6 @@ async def test_namespaces_keep_pools_apart(postgres_url: str, tmp_path: Path) ->
             await engine.close()
 
 
-_HOUSEKEEPING_GAP = (
-    "sweep_retention and sweep_stalled are not scoped to the engine's namespace: "
-    "StateStore.list_finished_before / list_stalled take no namespace"
-)
-
-
-@pytest.mark.xfail(strict=True, reason=_HOUSEKEEPING_GAP)
 async def test_retention_of_one_pool_keeps_other_pools_runs(postgres_url: str) -> None:
     """An engine of pool a with a retention must not delete pool b's runs."""
     pool_b = durably.Engine(postgres_url, namespace="b")
@@ -630,7 +623,6 @@ async def test_retention_of_one_pool_keeps_other_pools_runs(postgres_url: str) -
         await pool_b.close()
 
 
-@pytest.mark.xfail(strict=True, reason=_HOUSEKEEPING_GAP)
 async def test_stalled_hooks_of_one_pool_hear_only_its_runs(postgres_url: str) -> None:
     """An engine of pool a reports only pool a's stalled runs to its hooks."""
     pool_b = durably.Engine(postgres_url, namespace="b", drive=False)
@@ -755,11 +747,6 @@ async def _kill_when_stalled(crew: Fleet, worker: Worker, method: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="engine bug: a parent killed after storing its child placeholders but before "
-    "create_runs waits forever; its replay treats the pending placeholders as started children",
-)
 async def test_a_fan_whose_spawner_died_before_creating_its_children_completes(
     postgres_url: str, tmp_path: Path
 ) -> None:
@@ -784,17 +771,15 @@ async def test_a_fan_whose_spawner_died_before_creating_its_children_completes(
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="liveness: a child whose executor dies between its terminal settle and telling "
-    "its parent leaves the parent suspended until the reconcile fallback (5 min)",
-)
 async def test_a_fan_whose_reporter_died_completes_promptly(
     postgres_url: str, tmp_path: Path
 ) -> None:
-    """The fan's children complete, then their worker is SIGKILLed before it
-    tells the parent. Nothing else wakes the suspended parent but its
-    ``reconcile`` fallback: it should complete well before that."""
+    """The fan's children finish their bodies, then their worker is SIGKILLed
+    while telling the parent. A child tells its parent *before* it records its
+    own end (and the report stamps the parent's wake in the same write), so no
+    crash can leave a finished child whose parent was not told: the restarted
+    worker replays the children, reports, and the parent completes long
+    before its ``reconcile`` fallback (5 min)."""
     calls: list[str] = []
     client = producer(postgres_url, calls)
     try:
@@ -809,7 +794,8 @@ async def test_a_fan_whose_reporter_died_completes_promptly(
             await _until(parent_suspended, 20, "the parent to suspend on its children")
             await _kill_when_stalled(crew, reporter, "resolve_checkpoint")
             children = [await client.get_run(f"fan.child.{i}") for i in range(3)]
-            assert any(c is not None and c.status is RunStatus.COMPLETED for c in children)
+            # Killed while reporting: no child has recorded its end yet.
+            assert all(c is not None and not c.status.is_terminal for c in children)
             await crew.spawn("rescuer", "reporter")
             result = await client.wait_for_run("fan", terminal=True, timeout=10)
             assert result.output == expected_fan(3)

@@ -247,10 +247,14 @@ class StateStore(Protocol):
         """*Atomic*: if the run is still suspended, unleased and due, move its
         ``wake_at`` to ``next_wake_at`` so no other poll claims it."""
 
-    async def list_finished_before(self, before: int, limit: int) -> list[str]:
+    async def list_finished_before(
+        self, before: int, limit: int, *, namespace: str | None = None
+    ) -> list[str]:
         """Ids of terminal runs last updated before ``before`` (retention)."""
 
-    async def list_stalled(self, before: int, limit: int) -> list[str]:
+    async def list_stalled(
+        self, before: int, limit: int, *, namespace: str | None = None
+    ) -> list[str]:
         """Ids of live runs making no progress since ``before``: pending or
         running (updated before then) or suspended on a wake time before then."""
 
@@ -292,8 +296,10 @@ class StateStore(Protocol):
 
         Returns ``None`` if there was nothing to settle (already settled, or
         missing); otherwise how many checkpoints of the same parallel group are
-        still pending (``0`` when it has no group), so the caller can wake the
-        run only when a fan-out is complete."""
+        still pending (``0`` when it has no group). When that is ``0``, or the
+        checkpoint failed, the run's ``wake_requested_at`` is stamped in the
+        same transaction, so the wake survives the caller dying right after:
+        the run is due for every instance's timer poll."""
 
     # -- signals -----------------------------------------------------------------
 

@@ -254,19 +254,23 @@ class MemoryStore:
         run.wake_requested_at = None
         return True
 
-    async def list_finished_before(self, before: int, limit: int) -> list[str]:
+    async def list_finished_before(
+        self, before: int, limit: int, *, namespace: str | None = None
+    ) -> list[str]:
         """Terminal runs last updated before ``before``, oldest first."""
         old = [
             r
             for r in self._runs.values()
-            if r.status in TERMINAL_STATUSES and r.updated_at < before
+            if r.status in TERMINAL_STATUSES and r.updated_at < before and _in(r, namespace)
         ]
         old.sort(key=lambda r: (r.updated_at, r.run_id))
         return [r.run_id for r in old[:limit]]
 
-    async def list_stalled(self, before: int, limit: int) -> list[str]:
+    async def list_stalled(
+        self, before: int, limit: int, *, namespace: str | None = None
+    ) -> list[str]:
         """Live runs with no progress since ``before``."""
-        stalled = [r for r in self._runs.values() if _stalled(r, before)]
+        stalled = [r for r in self._runs.values() if _stalled(r, before) and _in(r, namespace)]
         stalled.sort(key=lambda r: (r.updated_at, r.run_id))
         return [r.run_id for r in stalled[:limit]]
 
@@ -332,13 +336,18 @@ class MemoryStore:
         current.status = status
         current.output, current.error = copy.deepcopy(output), copy.deepcopy(error)
         current.finished_at = now
-        if current.group is None:
-            return 0
-        return sum(
-            1
-            for cp in history.values()
-            if cp.group == current.group and cp.status is CheckpointStatus.PENDING
-        )
+        left = 0
+        if current.group is not None:
+            left = sum(
+                1
+                for cp in history.values()
+                if cp.group == current.group and cp.status is CheckpointStatus.PENDING
+            )
+        run = self._runs.get(run_id)
+        wake = left == 0 or status is CheckpointStatus.FAILED
+        if wake and run is not None and run.status not in TERMINAL_STATUSES:
+            run.wake_requested_at = now
+        return left
 
     # -- signals -------------------------------------------------------------------------
 

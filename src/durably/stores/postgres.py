@@ -658,25 +658,32 @@ class PostgresStore:
         )
         return bool(done)
 
-    async def list_finished_before(self, before: int, limit: int) -> list[str]:
+    async def list_finished_before(
+        self, before: int, limit: int, *, namespace: str | None = None
+    ) -> list[str]:
         """Terminal runs last updated before ``before``, oldest first."""
         rows = await self._ready().fetch(
             "SELECT id FROM durably_runs WHERE status = ANY($1::text[]) AND updated_at < $2 "
-            "ORDER BY updated_at, id LIMIT $3",
+            "AND ($4::text IS NULL OR namespace = $4) ORDER BY updated_at, id LIMIT $3",
             _TERMINAL,
             before,
             limit,
+            namespace,
         )
         return [row["id"] for row in rows]
 
-    async def list_stalled(self, before: int, limit: int) -> list[str]:
+    async def list_stalled(
+        self, before: int, limit: int, *, namespace: str | None = None
+    ) -> list[str]:
         """Live runs with no progress since ``before``."""
         rows = await self._ready().fetch(
             "SELECT id FROM durably_runs WHERE "
-            "(status IN ('pending', 'running') AND updated_at < $1) "
-            "OR (status = 'suspended' AND wake_at < $1) ORDER BY updated_at, id LIMIT $2",
+            "((status IN ('pending', 'running') AND updated_at < $1) "
+            "OR (status = 'suspended' AND wake_at < $1)) "
+            "AND ($3::text IS NULL OR namespace = $3) ORDER BY updated_at, id LIMIT $2",
             before,
             limit,
+            namespace,
         )
         return [row["id"] for row in rows]
 
@@ -764,14 +771,25 @@ class PostgresStore:
             if row is None:
                 return None
             group = row["parallel_group"]
-            if group is None:
-                return 0
-            left = await conn.fetchval(
-                "SELECT count(*) FROM durably_checkpoints "
-                "WHERE run_id = $1 AND parallel_group = $2 AND status = 'pending'",
-                run_id,
-                group,
-            )
+            left = 0
+            if group is not None:
+                left = await conn.fetchval(
+                    "SELECT count(*) FROM durably_checkpoints "
+                    "WHERE run_id = $1 AND parallel_group = $2 AND status = 'pending'",
+                    run_id,
+                    group,
+                )
+            if left == 0 or status is CheckpointStatus.FAILED:
+                await conn.execute(
+                    "UPDATE durably_runs SET wake_requested_at = $1 "
+                    "WHERE id = $2 AND status <> ALL($3::text[])",
+                    now,
+                    run_id,
+                    _TERMINAL,
+                )
+                await conn.execute(
+                    "SELECT pg_notify($1, 'wake:' || $2::text)", self.channel, run_id
+                )
             return int(left)
 
     # -- signals -------------------------------------------------------------------------

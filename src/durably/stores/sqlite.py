@@ -466,21 +466,27 @@ class SqliteStore:
 
         return await self._db.run(op)
 
-    async def list_finished_before(self, before: int, limit: int) -> list[str]:
+    async def list_finished_before(
+        self, before: int, limit: int, *, namespace: str | None = None
+    ) -> list[str]:
         """Terminal runs last updated before ``before``, oldest first."""
+        ns, ns_params = _namespace(namespace)
         return await self._ids(
-            f"SELECT id FROM durably_runs WHERE status IN ({_TERMINAL_SQL}) AND updated_at < ? "
-            "ORDER BY updated_at, id LIMIT ?",
-            (before, limit),
+            f"SELECT id FROM durably_runs WHERE status IN ({_TERMINAL_SQL}) AND updated_at < ?"
+            f"{ns} ORDER BY updated_at, id LIMIT ?",
+            (before, *ns_params, limit),
         )
 
-    async def list_stalled(self, before: int, limit: int) -> list[str]:
+    async def list_stalled(
+        self, before: int, limit: int, *, namespace: str | None = None
+    ) -> list[str]:
         """Live runs with no progress since ``before``."""
+        ns, ns_params = _namespace(namespace)
         return await self._ids(
             "SELECT id FROM durably_runs WHERE "
-            "(status IN ('pending', 'running') AND updated_at < ?) "
-            "OR (status = 'suspended' AND wake_at < ?) ORDER BY updated_at, id LIMIT ?",
-            (before, before, limit),
+            "((status IN ('pending', 'running') AND updated_at < ?) "
+            f"OR (status = 'suspended' AND wake_at < ?)){ns} ORDER BY updated_at, id LIMIT ?",
+            (before, before, *ns_params, limit),
         )
 
     async def list_expired(
@@ -568,14 +574,20 @@ class SqliteStore:
             ).fetchone()
             if row is None:
                 return None
-            if row[0] is None:
-                return 0
-            left = conn.execute(
-                "SELECT count(*) FROM durably_checkpoints "
-                "WHERE run_id = ? AND parallel_group = ? AND status = 'pending'",
-                (run_id, row[0]),
-            ).fetchone()
-            return int(left[0])
+            left = 0
+            if row[0] is not None:
+                left = conn.execute(
+                    "SELECT count(*) FROM durably_checkpoints "
+                    "WHERE run_id = ? AND parallel_group = ? AND status = 'pending'",
+                    (run_id, row[0]),
+                ).fetchone()[0]
+            if left == 0 or status is CheckpointStatus.FAILED:
+                conn.execute(
+                    "UPDATE durably_runs SET wake_requested_at = ? "
+                    f"WHERE id = ? AND status NOT IN ({_TERMINAL_SQL})",
+                    (now, run_id),
+                )
+            return int(left)
 
         return await self._db.run(op)
 
