@@ -19,7 +19,7 @@ import random
 import re
 import socket
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime
 from types import TracebackType
 from typing import Any, TypeVar, cast
@@ -56,6 +56,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 _log = logging.getLogger("durably")
 _WAKEABLE = frozenset({RunStatus.PENDING, RunStatus.SUSPENDED})
 _SETTLED = frozenset({*TERMINAL_STATUSES, RunStatus.SUSPENDED, RunStatus.BLOCKED})
+_RECOVERY_BATCH = 500
+_MAX_EXTRA_PASSES = 20
+_BACKLOG_LIMIT = 10_000
 _LIVE = frozenset({RunStatus.PENDING, RunStatus.RUNNING, RunStatus.SUSPENDED, RunStatus.BLOCKED})
 _Leased = tuple[Run, dict[int, Checkpoint]]
 _CONTINUATION = re.compile(r"^(.*)~(\d+)$")
@@ -757,7 +760,7 @@ class Engine:
         await self._drive(*leased)
         return True
 
-    async def run_pending(self, limit: int = 100) -> int:
+    async def run_pending(self, limit: int = 1000) -> int:
         """Hand pending runs to the executor; return how many."""
         await self.open()
         ids = await self.store.list_pending(
@@ -767,7 +770,7 @@ class Engine:
             self._dispatch(run_id)
         return len(ids)
 
-    async def recover_incomplete(self, limit: int = 100) -> int:
+    async def recover_incomplete(self, limit: int = _RECOVERY_BATCH) -> int:
         """Reclaim runs whose executor died (lease expired while ``running``).
 
         Each recovery is counted; past ``max_recovery_attempts`` the run is
@@ -917,9 +920,22 @@ class Engine:
             self.sweep_stalled,
         ):
             try:
-                await phase()
+                done = await phase()
+                if phase in (self.recover_incomplete, self.resume_due_timers):
+                    await self._drain_backlog(phase, done)
             except Exception:
                 _log.exception("worker phase %s failed", phase.__name__)
+
+    async def _drain_backlog(self, phase: Callable[[], Awaitable[int]], done: int) -> None:
+        """Run more passes of a phase that claims rows (so each pass makes
+        progress) while it keeps finding full batches and the executor's
+        waiting list is short: a wave of 10,000 orphans or due timers then
+        drains in seconds instead of one batch per poll interval."""
+        full = self.timer_batch_size if phase == self.resume_due_timers else _RECOVERY_BATCH
+        for _ in range(_MAX_EXTRA_PASSES):
+            if done < full or self._executor is None or self._executor.waiting > _BACKLOG_LIMIT:
+                return
+            done = await phase()
 
     async def join(self) -> None:
         """Wait until this process executes no turn and has none waiting."""
