@@ -114,6 +114,7 @@ async def _serve() -> None:
         lease=os.environ.get("CRASH_LEASE", "2s"),
         max_recovery_attempts=50,
         poll_interval=0.05,
+        max_concurrent_runs=int(os.environ.get("CRASH_CONCURRENCY", "256")),
     )
     engine.register("multi-step", multi_step)
     engine.register("fan-leaf", fan_leaf)

@@ -28,10 +28,16 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _spawn(
-    db: Path, ledger: Path, instance: str, lease: str = "2s", step_delay: float = 0.004
+    db: Path,
+    ledger: Path,
+    instance: str,
+    lease: str = "2s",
+    step_delay: float = 0.004,
+    concurrency: int = 256,
 ) -> subprocess.Popen[bytes]:
     env = dict(os.environ)
     env.update(
+        CRASH_CONCURRENCY=str(concurrency),
         CRASH_STEP_DELAY=str(step_delay),
         CRASH_DB=str(db),
         CRASH_LEDGER=str(ledger),
@@ -145,7 +151,9 @@ async def test_two_processes_on_one_file_never_run_a_step_twice(tmp_path: Path) 
     db, ledger = tmp_path / "shared.db", tmp_path / "ledger.txt"
     count = 200
     client = await _create_runs(db, 0)
-    procs = [_spawn(db, ledger, f"peer-{i}") for i in range(2)]
+    # Each peer executes at most 16 runs at once, so neither can take all
+    # 200 in its first poll: they must compete for the same pending rows.
+    procs = [_spawn(db, ledger, f"peer-{i}", concurrency=16) for i in range(2)]
     try:
         # Both peers must be polling before the runs exist, so both compete.
         await asyncio.sleep(1.0)
