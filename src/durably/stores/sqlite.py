@@ -658,25 +658,17 @@ class SqliteStore:
     ) -> Checkpoint | None:
         """Time a wait out unless a signal won the race."""
 
-        def op(conn: sqlite3.Connection) -> Checkpoint | None:
-            row = conn.execute(
-                f"SELECT {_CP_COLUMNS} FROM durably_checkpoints WHERE run_id = ? AND seq = ?",
-                (run_id, seq),
-            ).fetchone()
-            if row is not None and row[4] == CheckpointStatus.COMPLETED.value:
-                return _row_to_checkpoint(row)
-            conn.execute(
+        return await self._db.run(
+            lambda conn: _time_out_wait(
+                conn,
+                run_id,
+                seq,
+                error,
+                now,
                 "DELETE FROM durably_signal_waiters WHERE token = ? AND run_id = ? AND seq = ?",
                 (token, run_id, seq),
             )
-            conn.execute(
-                "UPDATE durably_checkpoints SET status = 'failed', error = ?, finished_at = ? "
-                "WHERE run_id = ? AND seq = ? AND status != 'completed'",
-                (codec.dumps(error), now, run_id, seq),
-            )
-            return None
-
-        return await self._db.run(op)
+        )
 
     async def list_buffered_signals(self, token: str) -> list[Any]:
         """Buffered payloads for ``token``."""
@@ -794,25 +786,17 @@ class SqliteStore:
     ) -> Checkpoint | None:
         """Time an event wait out unless an event won the race."""
 
-        def op(conn: sqlite3.Connection) -> Checkpoint | None:
-            row = conn.execute(
-                f"SELECT {_CP_COLUMNS} FROM durably_checkpoints WHERE run_id = ? AND seq = ?",
-                (run_id, seq),
-            ).fetchone()
-            if row is not None and row[4] == CheckpointStatus.COMPLETED.value:
-                return _row_to_checkpoint(row)
-            conn.execute(
+        return await self._db.run(
+            lambda conn: _time_out_wait(
+                conn,
+                run_id,
+                seq,
+                error,
+                now,
                 "DELETE FROM durably_event_waiters WHERE run_id = ? AND seq = ? AND name = ?",
                 (run_id, seq, name),
             )
-            conn.execute(
-                "UPDATE durably_checkpoints SET status = 'failed', error = ?, finished_at = ? "
-                "WHERE run_id = ? AND seq = ? AND status != 'completed'",
-                (codec.dumps(error), now, run_id, seq),
-            )
-            return None
-
-        return await self._db.run(op)
+        )
 
     async def list_buffered_events(self, name: str) -> list[Any]:
         """Buffered payloads on event ``name``."""
@@ -913,6 +897,32 @@ class SqliteStore:
 
     async def _ids(self, sql: str, params: tuple[Any, ...]) -> list[str]:
         return await self._db.run(lambda conn: [row[0] for row in conn.execute(sql, params)])
+
+
+def _time_out_wait(
+    conn: sqlite3.Connection,
+    run_id: str,
+    seq: int,
+    error: ErrorInfo,
+    now: int,
+    forget_waiter: str,
+    waiter_params: tuple[Any, ...],
+) -> Checkpoint | None:
+    """A signal or event wait timed out: return the checkpoint if a delivery
+    won the race, else forget exactly this waiter and fail the checkpoint."""
+    row = conn.execute(
+        f"SELECT {_CP_COLUMNS} FROM durably_checkpoints WHERE run_id = ? AND seq = ?",
+        (run_id, seq),
+    ).fetchone()
+    if row is not None and row[4] == CheckpointStatus.COMPLETED.value:
+        return _row_to_checkpoint(row)
+    conn.execute(forget_waiter, waiter_params)
+    conn.execute(
+        "UPDATE durably_checkpoints SET status = 'failed', error = ?, finished_at = ? "
+        "WHERE run_id = ? AND seq = ? AND status != 'completed'",
+        (codec.dumps(error), now, run_id, seq),
+    )
+    return None
 
 
 def _namespace(namespace: str | None) -> tuple[str, tuple[str, ...]]:
