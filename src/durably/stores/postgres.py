@@ -861,29 +861,15 @@ class PostgresStore:
         """Time a wait out unless a signal won the race."""
         async with self._transaction() as conn:
             await conn.execute(_LOCK_TOKEN, token)
-            row = await conn.fetchrow(
-                f"SELECT {_CP_COLUMNS} FROM durably_checkpoints "
-                "WHERE run_id = $1 AND seq = $2 FOR UPDATE",
+            return await _time_out_wait(
+                conn,
                 run_id,
                 seq,
-            )
-            if row is not None and row["status"] == CheckpointStatus.COMPLETED.value:
-                return _row_to_checkpoint(row)
-            await conn.execute(
-                "DELETE FROM durably_signal_waiters WHERE token = $1 AND run_id = $2 AND seq = $3",
-                token,
-                run_id,
-                seq,
-            )
-            await conn.execute(
-                "UPDATE durably_checkpoints SET status = 'failed', error = $1, finished_at = $2 "
-                "WHERE run_id = $3 AND seq = $4 AND status <> 'completed'",
-                codec.dumps(error),
+                error,
                 now,
-                run_id,
-                seq,
+                "DELETE FROM durably_signal_waiters WHERE token = $1 AND run_id = $2 AND seq = $3",
+                (token, run_id, seq),
             )
-            return None
 
     async def list_buffered_signals(self, token: str) -> list[Any]:
         """Buffered payloads for ``token``."""
@@ -999,29 +985,15 @@ class PostgresStore:
         """Time an event wait out unless an event won the race."""
         async with self._transaction() as conn:
             await conn.execute(_LOCK_TOKEN, _event_lock(name))
-            row = await conn.fetchrow(
-                f"SELECT {_CP_COLUMNS} FROM durably_checkpoints "
-                "WHERE run_id = $1 AND seq = $2 FOR UPDATE",
+            return await _time_out_wait(
+                conn,
                 run_id,
                 seq,
-            )
-            if row is not None and row["status"] == CheckpointStatus.COMPLETED.value:
-                return _row_to_checkpoint(row)
-            await conn.execute(
-                "DELETE FROM durably_event_waiters WHERE run_id = $1 AND seq = $2 AND name = $3",
-                run_id,
-                seq,
-                name,
-            )
-            await conn.execute(
-                "UPDATE durably_checkpoints SET status = 'failed', error = $1, finished_at = $2 "
-                "WHERE run_id = $3 AND seq = $4 AND status <> 'completed'",
-                codec.dumps(error),
+                error,
                 now,
-                run_id,
-                seq,
+                "DELETE FROM durably_event_waiters WHERE run_id = $1 AND seq = $2 AND name = $3",
+                (run_id, seq, name),
             )
-            return None
 
     async def list_buffered_events(self, name: str) -> list[Any]:
         """Buffered payloads on event ``name``."""
@@ -1115,6 +1087,37 @@ class PostgresStore:
 
     async def _ids(self, sql: str, *params: Any) -> list[str]:
         return [str(row[0]) for row in await self._ready().fetch(sql, *params)]
+
+
+async def _time_out_wait(
+    conn: Any,
+    run_id: str,
+    seq: int,
+    error: ErrorInfo,
+    now: int,
+    forget_waiter: str,
+    waiter_params: tuple[Any, ...],
+) -> Checkpoint | None:
+    """A signal or event wait timed out (inside the caller's transaction and
+    advisory lock): return the checkpoint if a delivery won the race, else
+    forget exactly this waiter and fail the checkpoint."""
+    row = await conn.fetchrow(
+        f"SELECT {_CP_COLUMNS} FROM durably_checkpoints WHERE run_id = $1 AND seq = $2 FOR UPDATE",
+        run_id,
+        seq,
+    )
+    if row is not None and row["status"] == CheckpointStatus.COMPLETED.value:
+        return _row_to_checkpoint(row)
+    await conn.execute(forget_waiter, *waiter_params)
+    await conn.execute(
+        "UPDATE durably_checkpoints SET status = 'failed', error = $1, finished_at = $2 "
+        "WHERE run_id = $3 AND seq = $4 AND status <> 'completed'",
+        codec.dumps(error),
+        now,
+        run_id,
+        seq,
+    )
+    return None
 
 
 def _split_schema(url: str) -> tuple[str, str | None]:
