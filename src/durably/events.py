@@ -139,6 +139,8 @@ async def wait_for_event(
             return recorded.output
         if recorded.status is CheckpointStatus.FAILED:
             raise EventTimeout(name)
+        if turn.unwinding:
+            return await turn.park(seq, None, reconcile=False)
         deadline = recorded.wake_at
         now = services.clock.now_ms()
         if deadline is not None and deadline <= now:
@@ -151,6 +153,9 @@ async def wait_for_event(
                 return won.output
             raise EventTimeout(name)
         return await turn.park(seq, deadline, reconcile=True)
+    if turn.unwinding:
+        # A compensating cancel replays history only: nothing new is waited on.
+        return await turn.park(seq, None, reconcile=False)
     now = services.clock.now_ms()
     deadline = None if timeout_ms is None else now + timeout_ms
     checkpoint = Checkpoint(

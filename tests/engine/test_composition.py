@@ -469,3 +469,27 @@ async def test_execution_timeout_cancels_children_too(
     assert await engine.sweep_timeouts() == 1
     kid = await engine.get_run("orphan-to-be")
     assert kid is not None and kid.status is RunStatus.CANCELLED
+
+
+async def test_a_compensating_cancel_waits_on_nothing_new(make_engine: EngineFactory) -> None:
+    """The unwinding turn replays history only: a wait it reaches for the
+    first time (here an event wait after a signal that already arrived)
+    registers nothing and records nothing."""
+    engine = make_engine()
+    sender = make_engine(drive=False)
+    undone: list[str] = []
+
+    @engine.workflow("order")
+    async def order(ctx: durably.WorkflowContext) -> None:
+        await ctx.local_step("reserve", lambda: "R", compensate=lambda r: undone.append(r))
+        await ctx.wait_for_signal("paid")
+        await ctx.wait_for_event("shipped")
+
+    await engine.open()
+    await engine.start("order", run_id="o")
+    await engine.join()
+    assert await sender.signal("paid") == "o"  # stamped only: no worker loop runs here
+    assert await engine.cancel("o", compensate=True) is RunStatus.SUSPENDED
+    result = await engine.wait_for_run("o", terminal=True, timeout=10)
+    assert result.status is RunStatus.CANCELLED and undone == ["R"]
+    assert [c.name for c in await engine.history("o") if c.seq >= 0] == ["reserve", "signal:paid"]
