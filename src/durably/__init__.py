@@ -27,7 +27,9 @@ from .errors import (
 from .model import Checkpoint, CheckpointStatus, Run, RunResult, RunStatus
 from .retry import RetryPolicy
 from .schedules import Schedule, ScheduleNotFound
+from .steps import StepLogger, StepRef
 from .stores import RunPage
+from .transports import Transport, TransportError
 
 __all__ = [
     "Checkpoint",
@@ -54,6 +56,10 @@ __all__ = [
     "Settled",
     "SignalTimeout",
     "StepFailed",
+    "StepLogger",
+    "StepRef",
+    "Transport",
+    "TransportError",
     "WorkflowContext",
     "WorkflowNotRegistered",
     "is_control_flow",

@@ -67,3 +67,19 @@ def to_jsonable(value: Any) -> Any:
     if value is None or isinstance(value, str | int | float | bool):
         return value
     return loads(dumps(value))
+
+
+def parse_as(kind: Any, value: Any) -> Any:
+    """``value`` (JSON data) converted to ``kind``: a pydantic model (validated),
+    a dataclass (built from an object), or any callable type. Raises whatever
+    the type raises for data it rejects."""
+    validate = getattr(kind, "model_validate", None)
+    if callable(validate):
+        return validate(value)
+    if isinstance(kind, type) and dataclasses.is_dataclass(kind):
+        if isinstance(value, kind):
+            return value
+        if not isinstance(value, dict):
+            raise TypeError(f"expected an object for {kind.__name__}")
+        return kind(**value)
+    return kind(value)

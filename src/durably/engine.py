@@ -22,10 +22,12 @@ import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime
 from types import TracebackType
-from typing import Any, TypeVar, cast
+from typing import Any, Literal, TypeVar, cast
 
 from . import codec
+from ._dispatch import FlowQueue, StepDispatcher
 from ._executor import RunExecutor
+from ._step_runtime import StepServer
 from ._threads import StepThreads
 from ._watch import RunWatcher
 from .clock import Clock, SystemClock
@@ -47,10 +49,14 @@ from .registry import Registry, WorkflowDef, takes_input
 from .replay import Turn, TurnEnd, TurnOutcome, error_info
 from .retry import RetryPolicy
 from .schedules import Overlap, Schedule, Scheduler, ScheduleSpec
+from .steps import StepDefinition, StepRef, takes_logger
 from .stores import RunChanges, RunPage, RunQuery, SettleResult, StateStore, open_store
+from .transports import Transport, open_transport
+from .wire import StepTask, routing_token
 
 __all__ = ["Engine", "RunNotFound"]
 
+Consumers = Literal["auto", "always", "never"]
 F = TypeVar("F", bound=Callable[..., Any])
 
 _log = logging.getLogger("durably")
@@ -99,6 +105,23 @@ class Engine:
             keeps them); :meth:`on_evict` hooks may archive them first.
         stalled_after: how long a live run may make no progress before
             :meth:`on_stalled` hooks hear of it.
+        transport: how dispatched steps (``ctx.step``) reach workers: a URL
+            (``local://``, the default; ``memory://``; ``db://``, a message
+            table in the store's database) or a transport object.
+        consumers: ``"auto"`` (default): once :meth:`start_worker` runs, serve
+            this engine's step handlers and settle step results here;
+            ``"never"``: a pure producer that never executes steps;
+            ``"always"``: consume even when only opened.
+        step_concurrency: step handlers executing at once in this process.
+        serve_groups / serve_steps: serve only the steps of these groups /
+            with these names (``durably worker --group/--steps``).
+        remote_redispatch: send a dispatched step's task again if no result
+            came this long after it went out (a lost dispatch); ``None``
+            (default) relies on the transport's own redelivery.
+        remote_redispatch_max: re-sends before the step fails with code
+            ``remote_step_lost``.
+        heartbeat_persist_throttle: at most one heartbeat per step is written
+            to the store per this window.
     """
 
     def __init__(
@@ -120,6 +143,14 @@ class Engine:
         step_threads: int = 32,
         retention: Duration | None = None,
         stalled_after: Duration = "1h",
+        transport: str | Transport | None = None,
+        consumers: Consumers = "auto",
+        step_concurrency: int = 64,
+        serve_groups: Sequence[str] | None = None,
+        serve_steps: Sequence[str] | None = None,
+        remote_redispatch: Duration | None = None,
+        remote_redispatch_max: int = 3,
+        heartbeat_persist_throttle: Duration = "10s",
     ) -> None:
         target = store if store is not None else os.environ.get("DURABLY_DATABASE_URL")
         self.store: StateStore = open_store(target or "sqlite:///durably.db")
@@ -151,10 +182,29 @@ class Engine:
         self._stable_instance_id = instance_id is not None
         self.retention_ms = None if retention is None else to_ms(retention, name="retention")
         self.stalled_after_ms = to_ms(stalled_after, name="stalled_after")
+        if consumers not in ("auto", "always", "never"):
+            raise ValueError("consumers must be 'auto', 'always' or 'never'")
+        if step_concurrency < 1 or remote_redispatch_max < 0:
+            raise ValueError("step_concurrency must be >= 1 and remote_redispatch_max >= 0")
+        self.consumers: Consumers = consumers
+        self.step_concurrency = step_concurrency
+        self.serve_groups = None if serve_groups is None else frozenset(serve_groups)
+        self.serve_steps = None if serve_steps is None else frozenset(serve_steps)
+        self.transport: Transport = open_transport(transport, self.store)
+        """How dispatched steps reach workers."""
+        self._consuming = False
         self._hooks = Hooks()
         self._last_sweep: dict[str, float] = {}
         self._registry = Registry()
         self._threads = StepThreads(step_threads)
+        self._steps = StepDispatcher(
+            self.store,
+            self.transport,
+            self.clock,
+            self._wake,
+            to_ms(heartbeat_persist_throttle, name="heartbeat_persist_throttle"),
+        )
+        self._step_server = StepServer(self.transport, self._threads, self._ended_runs)
         self._services = _Services(
             store=self.store,
             clock=self.clock,
@@ -164,6 +214,13 @@ class Engine:
             logger=logging.getLogger("durably.workflow"),
             spawn_children=self._spawn_children,
             cancel_runs=self._cancel_runs,
+            steps=self._steps,
+            redispatch_ms=(
+                None
+                if remote_redispatch is None
+                else to_ms(remote_redispatch, name="remote_redispatch")
+            ),
+            redispatch_max=remote_redispatch_max,
         )
         self._executor: RunExecutor | None = None
         self._executor_limit = max_concurrent_runs
@@ -284,6 +341,131 @@ class Engine:
 
     # -- lifecycle ------------------------------------------------------------------------
 
+    def step(
+        self,
+        name: str,
+        *,
+        retries: int | None = None,
+        backoff: str | None = None,
+        backoff_base: Duration | None = None,
+        backoff_max: Duration | None = None,
+        jitter: bool | None = None,
+        timeout: Duration | None = None,
+        pickup_timeout: Duration | None = None,
+        group: str | None = None,
+        queue: str | None = None,
+        priority: int | None = None,
+        input: Any = None,
+        output: Any = None,
+    ) -> Callable[[Callable[..., Any]], StepRef[Any]]:
+        """Register a step handler served by ``name``; returns a :class:`StepRef`
+        for ``ctx.step``.
+
+        The handler takes ``(data)`` or ``(data, log: StepLogger)`` and may be
+        sync (run in a thread) or async. ``input`` / ``output`` (a pydantic
+        model or dataclass) are validated where the handler runs; a failure
+        there is not retried. The other options are the defaults of every
+        ``ctx.step`` call of it (see :meth:`WorkflowContext.step`); ``group``
+        names the worker group that serves it (``durably worker --group``).
+        """
+
+        def decorate(fn: Callable[..., Any]) -> StepRef[Any]:
+            return self.register_step(
+                name,
+                fn,
+                retries=retries,
+                backoff=backoff,
+                backoff_base=backoff_base,
+                backoff_max=backoff_max,
+                jitter=jitter,
+                timeout=timeout,
+                pickup_timeout=pickup_timeout,
+                group=group,
+                queue=queue,
+                priority=priority,
+                input=input,
+                output=output,
+            )
+
+        return decorate
+
+    def register_step(
+        self,
+        name: str,
+        fn: Callable[..., Any],
+        *,
+        retries: int | None = None,
+        backoff: str | None = None,
+        backoff_base: Duration | None = None,
+        backoff_max: Duration | None = None,
+        jitter: bool | None = None,
+        timeout: Duration | None = None,
+        pickup_timeout: Duration | None = None,
+        group: str | None = None,
+        queue: str | None = None,
+        priority: int | None = None,
+        input: Any = None,
+        output: Any = None,
+    ) -> StepRef[Any]:
+        """The non-decorator form of :meth:`step`."""
+        if not isinstance(name, str) or not name.strip():
+            raise ValueError("a step needs a non-empty name")
+        if not callable(fn):
+            raise TypeError(f"step {name!r}: {fn!r} is not callable")
+        if name in self._steps.definitions:
+            raise ValueError(f"step {name!r} is already registered")
+        definition = StepDefinition(
+            name=name,
+            fn=fn,
+            retry=RetryPolicy.build(retries, backoff, backoff_base, backoff_max, jitter),
+            timeout_ms=None if timeout is None else to_ms(timeout, name="step timeout"),
+            pickup_timeout_ms=(
+                None if pickup_timeout is None else to_ms(pickup_timeout, name="pickup timeout")
+            ),
+            group=group,
+            queue=queue,
+            priority=priority,
+            input_model=input,
+            output_model=output,
+            takes_logger=takes_logger(fn),
+        )
+        self._steps.definitions[name] = definition
+        return StepRef(definition)
+
+    @property
+    def steps(self) -> list[str]:
+        """The names of the registered step handlers."""
+        return sorted(self._steps.definitions)
+
+    def register_queue(
+        self,
+        name: str,
+        *,
+        concurrency: int | None = None,
+        rate: tuple[int, Duration] | None = None,
+        retry: Duration = "1s",
+    ) -> None:
+        """Declare a flow-control queue for ``ctx.step(..., queue=name)``.
+
+        ``concurrency`` caps the steps holding a slot at once and ``rate`` =
+        ``(count, period)`` the admissions per period, across every process
+        sharing the store (declare the queue identically in each). A step not
+        admitted suspends durably and asks again after ``retry``; a freed
+        slot wakes the next waiter early. A slot is held from dispatch until
+        the step's result is settled or its run ends.
+        """
+        self._steps.queues[name] = FlowQueue.build(name, concurrency, rate, retry)
+
+    def _served_tokens(self) -> dict[str, StepDefinition]:
+        served: dict[str, StepDefinition] = {}
+        for definition in self._steps.definitions.values():
+            if self.serve_steps is not None and definition.name not in self.serve_steps:
+                continue
+            if self.serve_groups is not None and definition.group not in self.serve_groups:
+                continue
+            served[routing_token(definition.name, self.namespace)] = definition
+        return served
+
     async def open(self) -> None:
         """Connect the store and migrate its schema (done lazily by every call)."""
         if self._opened:
@@ -302,6 +484,9 @@ class Engine:
             self._executor = RunExecutor(self._execute, self._executor_limit)
             self._opened = True
             self._listening = await self.store.subscribe(self._on_store_event)
+            await self.transport.open()
+            if self.consumers == "always":
+                await self._start_consumers()
             if self._stable_instance_id:
                 # Our previous incarnation's turns died with it; no one else can
                 # hold our id, so reclaim its runs now rather than after the lease.
@@ -324,6 +509,8 @@ class Engine:
             return
         await self.drain(self.drain_timeout)
         await self._watcher.close()
+        await self.transport.close()
+        self._consuming = False
         self._opened = False
         await self.store.close()
         self._threads.shutdown()
@@ -341,8 +528,11 @@ class Engine:
         await self.close()
 
     async def start_worker(self) -> None:
-        """Open the engine and start the background worker loop."""
+        """Open the engine and start the background worker loop (and, unless
+        ``consumers="never"``, serve step handlers and settle step results)."""
         await self.open()
+        if self.consumers != "never":
+            await self._start_consumers()
         self._draining = False
         if self._executor is not None:
             self._executor.reopen()
@@ -350,9 +540,19 @@ class Engine:
             self._loop_wake = asyncio.Event()
             self._loop_task = asyncio.create_task(self._worker_loop(), name="durably-worker")
 
+    async def _start_consumers(self) -> None:
+        if self._consuming:
+            return
+        self._consuming = True
+        await self.transport.consume_results(self._steps.on_results, self._steps.on_heartbeat)
+        await self._step_server.start(self._served_tokens(), self.step_concurrency)
+
     async def drain(self, timeout: float | None = None) -> None:
         """Stop taking work, let running turns finish for up to ``timeout``
-        seconds, then hand the runs still executing back as ``pending``."""
+        seconds, then hand the runs still executing back as ``pending``.
+        Step handlers stop taking tasks first; queued ones stay queued."""
+        bound = self.drain_timeout if timeout is None else timeout
+        await self._step_server.stop(bound)
         self._draining = True
         task, self._loop_task = self._loop_task, None
         if task is not None:
@@ -360,7 +560,6 @@ class Engine:
             await asyncio.gather(task, return_exceptions=True)
         if self._executor is None:
             return
-        bound = self.drain_timeout if timeout is None else timeout
         still_running = await self._executor.close(bound)
         for turn in list(self._active.values()):
             turn.close("drain")
@@ -476,6 +675,7 @@ class Engine:
             error = {"message": "cancelled", "code": "cancelled", "type": "RunCancelled"}
             if await self._set_terminal(run, RunStatus.CANCELLED, error):
                 await self._cancel_children(run_id)
+                await self._after_end(run_id, cancelled=True)
                 return run.status
             run = await self._require(run_id)
         return run.status
@@ -1106,6 +1306,7 @@ class Engine:
                 )
             self._notify(run_id, RunResult(run_id, status, changes.output, changes.error))
             if status in TERMINAL_STATUSES:
+                await self._after_end(run_id, cancelled=status is RunStatus.CANCELLED)
                 ended = run.replace(status=status, output=changes.output, error=changes.error)
                 if status is RunStatus.FAILED:
                     await self._after_failure(ended)
@@ -1215,6 +1416,57 @@ class Engine:
                 elif child.status is RunStatus.PENDING:
                     self._dispatch(child.run_id)
         return errors
+
+    async def _after_end(self, run_id: str, *, cancelled: bool) -> None:
+        """A run ended: free its flow-control slots and stop its step handlers."""
+        if self._steps.queues:
+            try:
+                await self.store.release_slots(run_id, self.clock.now_ms())
+            except Exception:
+                _log.exception("could not release the flow-control slots of run %s", run_id)
+        if cancelled:
+            try:
+                await self.transport.publish_cancel([run_id])
+            except Exception:
+                _log.warning("could not publish the cancel of run %s", run_id, exc_info=True)
+
+    async def _ended_runs(self, run_ids: list[str]) -> set[str]:
+        """Of ``run_ids``, those that ended or are being cancelled (for step handlers)."""
+        runs = await self.store.get_runs(run_ids)
+        return {
+            run.run_id
+            for run in runs
+            if run.status in TERMINAL_STATUSES or run.cancel_requested is not None
+        }
+
+    async def redispatch_pending(self, run_id: str) -> int:
+        """Send again the tasks of every dispatched step of ``run_id`` still
+        awaiting a result (after a broker outage, say); return how many. A
+        duplicate result is harmless: only a pending step is settled."""
+        await self.open()
+        run = await self._require(run_id)
+        if run.status in TERMINAL_STATUSES:
+            return 0
+        tasks = [
+            StepTask(
+                run_id=run_id,
+                seq=cp.seq,
+                name=cp.name,
+                group=routing_token(cp.name, run.namespace),
+                input=cp.input,
+                attempt=max(1, cp.attempts),
+                priority=self._steps.definitions[cp.name].priority
+                if cp.name in self._steps.definitions
+                else None,
+            )
+            for cp in (await self.store.load_checkpoints(run_id)).values()
+            if cp.kind == "step"
+            and cp.status is CheckpointStatus.PENDING
+            and cp.dispatched_at is not None
+        ]
+        if tasks:
+            await self._steps.dispatch(tasks)
+        return len(tasks)
 
     async def _cancel_runs(self, run_ids: list[str]) -> None:
         for run_id in run_ids:

@@ -114,6 +114,19 @@ class Checkpoint:
     finished_at: int | None = None
     group: str | None = None
     """The fan-out (``ctx.all``) this operation belongs to, if any."""
+    dispatched_at: int | None = None
+    """A dispatched step: when its current attempt's task went out; ``None``
+    while it waits for admission or for a retry's backoff."""
+    redispatches: int = 0
+    """A dispatched step: how often its current attempt was sent again
+    because no result came within ``remote_redispatch_ms``."""
+    queue: str | None = None
+    """A dispatched step holding a flow-control slot: the queue it holds it in
+    (released by whichever instance settles the step)."""
+    last_heartbeat_at: int | None = None
+    """A dispatched step: the newest heartbeat persisted for it."""
+    progress: Any = None
+    """A dispatched step: the progress its newest persisted heartbeat carried."""
 
     @property
     def step_id(self) -> str:

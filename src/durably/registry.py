@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -47,16 +46,7 @@ class WorkflowDef:
         if kind is None:
             return value
         try:
-            validate = getattr(kind, "model_validate", None)
-            if callable(validate):
-                return validate(value)
-            if isinstance(kind, type) and dataclasses.is_dataclass(kind):
-                if isinstance(value, kind):
-                    return value
-                if not isinstance(value, dict):
-                    raise TypeError(f"expected an object for {kind.__name__}")
-                return kind(**value)
-            return kind(value)
+            return codec.parse_as(kind, value)
         except Exception as exc:
             details = None
             errors = getattr(exc, "errors", None)

@@ -20,7 +20,9 @@ from typing import Any, Protocol, runtime_checkable
 from ..model import Checkpoint, CheckpointStatus, ErrorInfo, Run, RunStatus
 
 __all__ = [
+    "Admission",
     "EventDelivery",
+    "Resolution",
     "RunChanges",
     "RunPage",
     "RunQuery",
@@ -117,6 +119,38 @@ class RunChanges:
     output: Any = None
     error: ErrorInfo | None = None
     wake_at: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Resolution:
+    """One outcome for :meth:`StateStore.resolve_checkpoints` (a step result)."""
+
+    run_id: str
+    seq: int
+    status: CheckpointStatus
+    output: Any = None
+    error: ErrorInfo | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """A dispatched step asking a flow-control queue for a slot."""
+
+    queue: str
+    step_id: str
+    """``<run_id>:<seq>`` of the asking step: the slot's (and the waiter's) key."""
+    run_id: str
+    concurrency: int | None
+    """Slots held at once across the fleet; ``None``: unlimited."""
+    rate_limit: int | None
+    """Admissions per ``rate_period_ms`` across the fleet; ``None``: unlimited."""
+    rate_period_ms: int = 1000
+    priority: int = 0
+    """Higher is admitted first."""
+    fairness_key: str | None = None
+    """Waiters are taken round-robin across keys (the run id when ``None``)."""
+    retry_ms: int = 1000
+    """When a refused step asks again; a waiter not seen for three of these is dropped."""
 
 
 @runtime_checkable
@@ -300,6 +334,42 @@ class StateStore(Protocol):
         checkpoint failed, the run's ``wake_requested_at`` is stamped in the
         same transaction, so the wake survives the caller dying right after:
         the run is due for every instance's timer poll."""
+
+    async def resolve_checkpoints(self, resolutions: list[Resolution], now: int) -> list[int | None]:
+        """:meth:`resolve_checkpoint` for many outcomes in one transaction
+        (results of a fan's steps arriving together); one answer per entry, in
+        order. Both also release the flow-control slot a settled checkpoint
+        holds (its ``queue``) and stamp ``wake_requested_at`` on the run of
+        that queue's first waiter, so a freed slot wakes the next step."""
+
+    # -- dispatched steps ----------------------------------------------------------
+
+    async def get_checkpoint(self, run_id: str, seq: int) -> Checkpoint | None:
+        """One checkpoint, or ``None``."""
+
+    async def record_heartbeat(self, run_id: str, seq: int, at: int, progress: Any) -> bool:
+        """Persist a step's heartbeat: on a *pending* checkpoint set
+        ``last_heartbeat_at`` to the later of the stored value and ``at``, and
+        ``progress`` when it is not ``None``. Not fenced (any instance that
+        hears the beat may write it). ``False`` if missing or settled."""
+
+    async def try_admit(self, request: Admission, now: int) -> int | None:
+        """*Atomic* across processes: give ``request.step_id`` a slot in
+        ``request.queue`` and return ``None``, or register it as a waiter and
+        return when to ask again (epoch ms).
+
+        Admitted only when the queue holds fewer than ``concurrency`` slots,
+        fewer than ``rate_limit`` admissions started within the last
+        ``rate_period_ms``, and no waiter is ahead of it: higher priority
+        first, then the fairness key holding the fewest slots, then the oldest.
+        Asking again for a step that already holds a slot returns ``None``
+        (idempotent under replay). Waiters not seen for ``3 * retry_ms`` are
+        dropped (their run moved on or died)."""
+
+    async def release_slots(self, run_id: str, now: int) -> int:
+        """The run ended: free every slot its steps hold and drop its waiters;
+        stamp the wake of each affected queue's first waiter. Returns how many
+        slots were freed."""
 
     # -- signals -----------------------------------------------------------------
 

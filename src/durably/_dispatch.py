@@ -1,0 +1,171 @@
+"""The engine side of dispatched steps: sending tasks, and settling what comes back.
+
+Whichever instance receives a result settles the step's checkpoint (only a
+*pending* one: at-least-once delivery makes duplicates normal) and wakes the
+run. A dispatcher awaiting a step with a ``timeout`` in memory registers a
+:class:`LiveStep` here first, so results and heartbeats it hears reach it at
+once; beats are also persisted (throttled) so a dispatcher elsewhere, that did
+not hear them, does not fail over a live worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+
+from .clock import Clock
+from .durations import Duration, to_ms
+from .model import CheckpointStatus
+from .steps import StepDefinition
+from .stores.base import Resolution, StateStore
+from .transports.base import Transport
+from .wire import Heartbeat, StepResult, StepTask
+
+__all__ = ["FlowQueue", "LiveStep", "StepDispatcher"]
+
+_log = logging.getLogger("durably.dispatch")
+_MAX_THROTTLE_ENTRIES = 50_000
+
+
+@dataclass(frozen=True, slots=True)
+class FlowQueue:
+    """A flow-control queue registered with ``engine.register_queue``."""
+
+    name: str
+    concurrency: int | None
+    rate_limit: int | None
+    rate_period_ms: int
+    retry_ms: int
+
+    @classmethod
+    def build(
+        cls,
+        name: str,
+        concurrency: int | None,
+        rate: tuple[int, Duration] | None,
+        retry: Duration,
+    ) -> FlowQueue:
+        """Validate ``engine.register_queue``'s arguments."""
+        if not isinstance(name, str) or not name:
+            raise ValueError("a queue needs a non-empty name")
+        if concurrency is not None and (not isinstance(concurrency, int) or concurrency < 1):
+            raise ValueError(f"queue {name!r}: concurrency must be an int >= 1")
+        limit, period = (None, 1000) if rate is None else (rate[0], to_ms(rate[1], name="rate"))
+        if limit is not None and (not isinstance(limit, int) or limit < 1 or period < 1):
+            raise ValueError(f"queue {name!r}: rate must be (count >= 1, period > 0)")
+        if concurrency is None and limit is None:
+            raise ValueError(f"queue {name!r}: give concurrency=, rate= or both")
+        return cls(name, concurrency, limit, period, to_ms(retry, name="retry"))
+
+
+@dataclass(eq=False)
+class LiveStep:
+    """A dispatched step whose dispatcher awaits it in memory."""
+
+    heard_at: int | None = None
+    """When this process last heard a heartbeat for it."""
+    result: StepResult | None = None
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class StepDispatcher:
+    """Sends tasks and settles results; see the module docstring."""
+
+    def __init__(
+        self,
+        store: StateStore,
+        transport: Transport,
+        clock: Clock,
+        wake: Callable[[str], Awaitable[None]],
+        heartbeat_throttle_ms: int,
+    ) -> None:
+        self.store = store
+        self.transport = transport
+        self.clock = clock
+        self._wake = wake
+        self.heartbeat_throttle_ms = heartbeat_throttle_ms
+        self.definitions: dict[str, StepDefinition] = {}
+        self.queues: dict[str, FlowQueue] = {}
+        self._live: dict[str, LiveStep] = {}
+        self._persisted: OrderedDict[str, int] = OrderedDict()
+
+    async def dispatch(self, tasks: list[StepTask]) -> None:
+        """Send tasks; raises :class:`~durably.transports.TransportError` if not sent."""
+        await self.transport.dispatch(tasks)
+
+    @contextlib.contextmanager
+    def live(self, step_id: str) -> Iterator[LiveStep]:
+        """Register an in-memory waiter for ``step_id`` (before dispatching it,
+        so an inline result cannot slip past)."""
+        waiter = LiveStep()
+        self._live[step_id] = waiter
+        try:
+            yield waiter
+        finally:
+            if self._live.get(step_id) is waiter:
+                del self._live[step_id]
+
+    async def on_results(self, results: list[StepResult]) -> None:
+        """Settle a batch of results and wake the runs that can move on."""
+        now = self.clock.now_ms()
+        resolutions = [
+            Resolution(
+                result.run_id,
+                result.seq,
+                CheckpointStatus.COMPLETED if result.ok else CheckpointStatus.FAILED,
+                result.output if result.ok else None,
+                None if result.ok else (result.error or {"message": "step failed"}),
+            )
+            for result in results
+        ]
+        answers = await self.store.resolve_checkpoints(resolutions, now)
+        to_wake: dict[str, None] = {}
+        for result, left in zip(results, answers, strict=True):
+            self._persisted.pop(result.step_id, None)
+            waiter = self._live.get(result.step_id)
+            if waiter is not None:
+                # Its dispatcher holds the run's turn here; it returns the
+                # value itself, a wake would only cost another turn.
+                waiter.result = result
+                waiter.changed.set()
+                continue
+            if left is None or left == 0 or not result.ok:
+                # left is None: already settled, or a duplicate; resuming
+                # again is harmless and covers a settler that died before
+                # waking the run.
+                to_wake[result.run_id] = None
+        for run_id in to_wake:
+            try:
+                await self._wake(run_id)
+            except Exception:
+                _log.exception("could not wake run %s after a step result", run_id)
+
+    async def on_heartbeat(self, beat: Heartbeat) -> None:
+        """Re-arm a live waiter here; persist the beat at most once per throttle window."""
+        # The receiver's clock, not the worker's: every deadline compared
+        # with it is on the engine's clock.
+        now = self.clock.now_ms()
+        waiter = self._live.get(beat.step_id)
+        if waiter is not None:
+            waiter.heard_at = max(waiter.heard_at or 0, now)
+            waiter.changed.set()
+        last = self._persisted.get(beat.step_id)
+        first_progress = last is None and beat.progress is not None
+        if last is not None and now - last < self.heartbeat_throttle_ms and not first_progress:
+            return
+        self._persisted[beat.step_id] = now
+        self._persisted.move_to_end(beat.step_id)
+        while len(self._persisted) > _MAX_THROTTLE_ENTRIES:
+            self._persisted.popitem(last=False)
+        try:
+            await self.store.record_heartbeat(beat.run_id, beat.seq, now, beat.progress)
+        except Exception:
+            _log.warning("could not persist a heartbeat of %s", beat.step_id, exc_info=True)
+
+    def definition(self, name: str) -> StepDefinition | None:
+        """The step registered here under ``name``, if any."""
+        return self.definitions.get(name)

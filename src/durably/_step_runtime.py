@@ -1,0 +1,194 @@
+"""The worker side of dispatched steps: run a task's handler, send its result.
+
+One :class:`StepServer` per engine serves the handlers registered with
+``@engine.step`` over the engine's transport. It turns every handler outcome
+into a result message (an exception never escapes, so a task is only
+delivered again when this process dies), beats at pickup and while the
+handler runs, and tells handlers when their run was cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import time
+from collections.abc import Awaitable, Callable, Collection
+from typing import Any
+
+from ._threads import StepThreads
+from .steps import StepDefinition, StepLogger, failure_of
+from .transports.base import Transport
+from .wire import Heartbeat, StepResult, StepTask
+
+__all__ = ["StepServer"]
+
+_log = logging.getLogger("durably.worker")
+_BEAT_EVERY_S = 5.0
+_CANCEL_POLL_S = 1.0
+
+CancelCheck = Callable[[list[str]], Awaitable[set[str]]]
+"""Given run ids, return those that were cancelled or ended (read from the store)."""
+
+
+class StepServer:
+    """Serves step handlers by routing token; see the module docstring."""
+
+    def __init__(
+        self,
+        transport: Transport,
+        threads: StepThreads,
+        cancelled_runs: CancelCheck,
+    ) -> None:
+        self._transport = transport
+        self._threads = threads
+        self._cancelled_runs = cancelled_runs
+        self._by_token: dict[str, StepDefinition] = {}
+        self._running: dict[str, StepLogger] = {}
+        self._watch: asyncio.Task[None] | None = None
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._beats: set[asyncio.Future[None]] = set()
+        transport.on_cancel(self._cancel)
+
+    @property
+    def tokens(self) -> list[str]:
+        """The routing tokens served."""
+        return sorted(self._by_token)
+
+    @property
+    def running(self) -> int:
+        """Handlers executing right now."""
+        return len(self._running)
+
+    async def start(self, by_token: dict[str, StepDefinition], concurrency: int) -> None:
+        """Serve these definitions (keyed by routing token)."""
+        self._by_token = dict(by_token)
+        if not self._by_token:
+            return
+        await self._transport.serve(list(self._by_token), self.handle, concurrency=concurrency)
+        if self._watch is None:
+            self._watch = asyncio.create_task(self._watch_cancellations(), name="durably-cancels")
+
+    async def stop(self, timeout: float) -> None:
+        """Stop taking tasks and give running handlers up to ``timeout`` seconds."""
+        if self._by_token:
+            await self._transport.stop_serving()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        watch, self._watch = self._watch, None
+        if watch is not None:
+            watch.cancel()
+            await asyncio.gather(watch, return_exceptions=True)
+
+    async def handle(self, task: StepTask) -> None:
+        """Run one task and send its result (never raises for a handler failure)."""
+        definition = self._by_token.get(task.group)
+        if definition is None or definition.name != task.name:
+            await self._transport.send_result(
+                StepResult(
+                    task.run_id,
+                    task.seq,
+                    ok=False,
+                    error={"message": f"no handler for {task.name}", "retryable": False},
+                )
+            )
+            return
+        loop = asyncio.get_running_loop()
+        log = StepLogger(task.run_id, task.seq, task.name, task.attempt, task.context)
+
+        def beat(progress: Any) -> None:
+            message = Heartbeat(task.run_id, task.seq, task.group, _now_ms(), progress)
+            loop.call_soon_threadsafe(self._send_beat, message)
+
+        log._beat = beat
+        started = _now_ms()
+        self._running[task.step_id] = log
+        self._idle.clear()
+        beater = asyncio.create_task(self._beat_while_running(task, log))
+        try:
+            await self._send_beat_now(Heartbeat(task.run_id, task.seq, task.group, started))
+            result = await self._execute(definition, task, log, started)
+        finally:
+            beater.cancel()
+            self._running.pop(task.step_id, None)
+            if not self._running:
+                self._idle.set()
+        await self._transport.send_result(result)
+
+    async def _execute(
+        self, definition: StepDefinition, task: StepTask, log: StepLogger, started: int
+    ) -> StepResult:
+        try:
+            data = definition.parse_input(task.input)
+            args = (data, log) if definition.takes_logger else (data,)
+            if inspect.iscoroutinefunction(definition.fn):
+                value = await definition.fn(*args)
+            else:
+                value = await self._threads.call(definition.fn, args)
+                if inspect.isawaitable(value):
+                    value = await value
+            output = definition.dump_output(value)
+        except Exception as exc:
+            _log.info(
+                "step %s (%s) attempt %d failed: %s", task.name, task.step_id, task.attempt, exc
+            )
+            return StepResult(
+                task.run_id,
+                task.seq,
+                ok=False,
+                error=failure_of(exc),
+                started_at=started,
+                events=list(log.events),
+            )
+        return StepResult(
+            task.run_id,
+            task.seq,
+            ok=True,
+            output=output,
+            started_at=started,
+            events=list(log.events),
+        )
+
+    async def _beat_while_running(self, task: StepTask, log: StepLogger) -> None:
+        # Without this a long handler that never calls log.heartbeat() would
+        # look dead to a dispatcher with a timeout.
+        while True:
+            await asyncio.sleep(_BEAT_EVERY_S)
+            if time.monotonic() - log._last_beat >= _BEAT_EVERY_S:
+                await self._send_beat_now(Heartbeat(task.run_id, task.seq, task.group, _now_ms()))
+
+    def _send_beat(self, beat: Heartbeat) -> None:
+        sending = asyncio.ensure_future(self._send_beat_now(beat))
+        self._beats.add(sending)
+        sending.add_done_callback(self._beats.discard)
+
+    async def _send_beat_now(self, beat: Heartbeat) -> None:
+        try:
+            await self._transport.send_heartbeat(beat)
+        except Exception:
+            _log.warning("could not send a heartbeat for %s", beat.step_id, exc_info=True)
+
+    def _cancel(self, run_ids: Collection[str]) -> None:
+        wanted = set(run_ids)
+        for log in self._running.values():
+            if log.run_id in wanted:
+                log._cancelled.set()
+
+    async def _watch_cancellations(self) -> None:
+        # The store is the source of truth: a cancel notice lost on the
+        # transport still reaches the handler within a poll.
+        while True:
+            await asyncio.sleep(_CANCEL_POLL_S)
+            run_ids = sorted({log.run_id for log in self._running.values()})
+            if not run_ids:
+                continue
+            try:
+                self._cancel(await self._cancelled_runs(run_ids))
+            except Exception:
+                _log.warning("could not check runs for cancellation", exc_info=True)
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)

@@ -1,0 +1,211 @@
+"""Dispatched steps: definitions (``@engine.step``) and the logger a handler gets.
+
+A step definition is two things at once. For the workflow that calls
+``ctx.step(ref, input)`` it is a policy: retries, backoff, liveness window,
+flow-control queue. For a worker process it is a handler served by name. The
+same module usually registers both, so the defaults agree on every side.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+from . import codec
+from .errors import FatalError, SchemaValidationError
+from .retry import RetryPolicy
+from .wire import StepEvent
+
+__all__ = ["StepDefinition", "StepLogger", "StepRef"]
+
+T = TypeVar("T")
+
+_BEAT_INTERVAL_S = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class StepDefinition:
+    """A step registered with ``@engine.step``: its handler and its policy."""
+
+    name: str
+    fn: Callable[..., Any]
+    retry: RetryPolicy
+    timeout_ms: int | None = None
+    """Maximum silence (no heartbeat) while the dispatcher awaits the result
+    in memory. ``None``: the run suspends durably instead."""
+    pickup_timeout_ms: int | None = None
+    """With ``timeout_ms``: how long the task may wait in the queue before the
+    worker's first heartbeat."""
+    group: str | None = None
+    """The worker group serving it (``durably worker --group``)."""
+    queue: str | None = None
+    """The flow-control queue every call goes through by default."""
+    priority: int | None = None
+    input_model: Any = None
+    output_model: Any = None
+    takes_logger: bool = False
+
+    def parse_input(self, data: Any) -> Any:
+        """``data`` as the handler's input model (``SchemaValidationError`` if invalid)."""
+        if self.input_model is None:
+            return data
+        try:
+            return codec.parse_as(self.input_model, data)
+        except Exception as exc:
+            raise SchemaValidationError(f"step {self.name!r}: invalid input: {exc}") from exc
+
+    def dump_output(self, value: Any) -> Any:
+        """The handler's return value as JSON, validated against the output model."""
+        if self.output_model is not None:
+            try:
+                value = codec.parse_as(self.output_model, value)
+            except Exception as exc:
+                raise SchemaValidationError(f"step {self.name!r}: invalid output: {exc}") from exc
+        return codec.to_jsonable(value)
+
+
+@dataclass(frozen=True, slots=True)
+class StepRef(Generic[T]):
+    """What ``@engine.step`` returns: pass it to ``ctx.step`` (or call the
+    handler directly in a unit test via :attr:`fn`)."""
+
+    definition: StepDefinition
+
+    @property
+    def name(self) -> str:
+        """The name tasks are routed by."""
+        return self.definition.name
+
+    @property
+    def fn(self) -> Callable[..., Any]:
+        """The handler function itself."""
+        return self.definition.fn
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Call the handler directly (tests, scripts) — nothing is dispatched."""
+        return self.definition.fn(*args, **kwargs)
+
+
+def takes_logger(fn: Callable[..., Any]) -> bool:
+    """Whether a handler accepts a second (logger) argument."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    positional = [
+        p
+        for p in params
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)
+    ]
+    return len(positional) >= 2 or any(p.kind is p.VAR_POSITIONAL for p in positional)
+
+
+@dataclass(eq=False)
+class StepLogger:
+    """Handed to a step handler as its second argument.
+
+    Lines logged here travel back with the result and are stored on the
+    step's checkpoint. :meth:`heartbeat` tells the engine the handler is
+    alive (and how far along), which keeps a step with a ``timeout`` from
+    being failed over. Safe to use from a synchronous handler's thread.
+    """
+
+    run_id: str
+    seq: int
+    name: str
+    attempt: int
+    context: Any = None
+    """The opaque ``context`` the dispatcher attached to the task."""
+    events: list[StepEvent] = field(default_factory=list)
+    _beat: Callable[[Any], None] | None = None
+    _cancelled: threading.Event = field(default_factory=threading.Event)
+    _last_beat: float = 0.0
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def step_id(self) -> str:
+        """``<run_id>:<seq>``, stable across attempts: deduplicate side effects on it."""
+        return f"{self.run_id}:{self.seq}"
+
+    @property
+    def cancelled(self) -> bool:
+        """True once the step's run was cancelled: stop early and return."""
+        return self._cancelled.is_set()
+
+    async def wait_cancelled(self) -> None:
+        """Return once the run is cancelled (race it against slow work)."""
+        # A threading.Event (set from the loop, read from handler threads)
+        # cannot be awaited; polling it costs nothing measurable.
+        while not self._cancelled.is_set():  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+
+    def debug(self, message: str, **data: Any) -> None:
+        """Record a debug line."""
+        self._add("debug", message, data)
+
+    def info(self, message: str, **data: Any) -> None:
+        """Record an info line."""
+        self._add("info", message, data)
+
+    def warn(self, message: str, **data: Any) -> None:
+        """Record a warning."""
+        self._add("warn", message, data)
+
+    def error(self, message: str, **data: Any) -> None:
+        """Record an error line (the step does not fail because of it)."""
+        self._add("error", message, data)
+
+    def sub(self, name: str, status: str = "ok", message: str = "", **data: Any) -> None:
+        """Record a sub-process event (``status`` ``ok``, ``failed`` or ``skipped``)."""
+        if status not in ("ok", "failed", "skipped"):
+            raise ValueError("a sub-process status is 'ok', 'failed' or 'skipped'")
+        extra: dict[str, Any] = {"name": name, "status": status}
+        if data:
+            extra["data"] = codec.to_jsonable(data)
+        with self._lock:
+            self.events.append(StepEvent(_now_ms(), "info", message or name, extra))
+
+    def heartbeat(self, progress: Any = None) -> None:
+        """Tell the engine this step is alive. Sent at most every 5 s, except
+        that a beat carrying ``progress`` always goes out."""
+        now = time.monotonic()
+        with self._lock:
+            if progress is None and now - self._last_beat < _BEAT_INTERVAL_S:
+                return
+            self._last_beat = now
+        if self._beat is not None:
+            self._beat(codec.to_jsonable(progress))
+
+    def _add(self, level: str, message: str, data: dict[str, Any]) -> None:
+        extra = {"data": codec.to_jsonable(data)} if data else {}
+        with self._lock:
+            self.events.append(StepEvent(_now_ms(), level, str(message), extra))
+
+
+def failure_of(exc: BaseException) -> dict[str, Any]:
+    """A handler's exception as a wire error (``retryable: false`` when fatal)."""
+    if isinstance(exc, FatalError):
+        error: dict[str, Any] = {"message": exc.message, "code": exc.code, "retryable": False}
+        if exc.details is not None:
+            error["details"] = codec.to_jsonable(exc.details)
+        return error
+    if isinstance(exc, SchemaValidationError | codec.EncodeError):
+        return {"message": str(exc), "code": "schema_validation", "retryable": False}
+    return {"message": str(exc) or type(exc).__name__, "type": type(exc).__name__}
+
+
+def call_handler(
+    definition: StepDefinition, data: Any, log: StepLogger
+) -> Callable[[], Awaitable[Any]] | Callable[[], Any]:
+    """A zero-argument callable running the handler with the right arguments."""
+    args = (data, log) if definition.takes_logger else (data,)
+    return lambda: definition.fn(*args)
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)

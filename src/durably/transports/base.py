@@ -1,0 +1,97 @@
+"""The ``Transport`` protocol: how dispatched-step tasks reach workers and how
+their results and heartbeats come back.
+
+A transport only carries messages; the engine decides what they mean and the
+store keeps what must survive. Every delivery may happen more than once (a
+worker that dies holding a task has it redelivered where the medium allows),
+so the engine settles only a *pending* checkpoint and drops the rest.
+Implementations: :mod:`.memory` (inline, for tests), :mod:`.local` (in-process
+queues, the default) and :mod:`.db` (a message table in the store's database,
+for fleets without a broker), all proven by ``tests/transports``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Collection
+from typing import Protocol, runtime_checkable
+
+from ..errors import DurablyError
+from ..wire import Heartbeat, StepResult, StepTask
+
+__all__ = [
+    "CancelHandler",
+    "HeartbeatHandler",
+    "ResultHandler",
+    "TaskHandler",
+    "Transport",
+    "TransportError",
+]
+
+TaskHandler = Callable[[StepTask], Awaitable[None]]
+"""Worker side: run one task and send its result. The transport counts the task
+delivered once this returns; if it raises, or the process dies first, the task
+is delivered again where the medium allows."""
+
+ResultHandler = Callable[[list[StepResult]], Awaitable[None]]
+"""Engine side: settle a batch of results (several may belong to one run)."""
+
+HeartbeatHandler = Callable[[Heartbeat], Awaitable[None]]
+"""Engine side: a worker is alive and working on a step."""
+
+CancelHandler = Callable[[list[str]], None]
+"""Worker side: these runs were cancelled; handlers working for them should stop."""
+
+
+class TransportError(DurablyError):
+    """A transport could not send a message (nothing was sent)."""
+
+
+@runtime_checkable
+class Transport(Protocol):
+    """Carries tasks to workers and results, heartbeats and cancel notices back."""
+
+    url: str
+    """The URL the transport was chosen by (``memory://``, ``local://``, ``db://``)."""
+
+    async def open(self) -> None:
+        """Connect. Idempotent."""
+
+    async def close(self) -> None:
+        """Stop every consumer and disconnect. Idempotent."""
+
+    async def dispatch(self, tasks: list[StepTask]) -> None:
+        """Send tasks to whichever worker serves each task's ``group``.
+
+        Raises :class:`TransportError` if they could not be sent. Returning
+        means the transport holds them: they are not lost if this process dies.
+        """
+
+    async def serve(
+        self, groups: Collection[str], on_task: TaskHandler, *, concurrency: int
+    ) -> None:
+        """Start delivering tasks routed to ``groups`` to ``on_task``, at most
+        ``concurrency`` at once. Calling it again replaces the served set."""
+
+    async def stop_serving(self) -> None:
+        """Stop taking tasks; hand back those taken but not started. Tasks
+        whose handlers are running are left to finish."""
+
+    async def consume_results(
+        self, on_results: ResultHandler, on_heartbeat: HeartbeatHandler
+    ) -> None:
+        """Start delivering results and heartbeats sent by workers. At most
+        one consumer per transport object."""
+
+    async def send_result(self, result: StepResult) -> None:
+        """Send a task's result back to the engines."""
+
+    async def send_heartbeat(self, beat: Heartbeat) -> None:
+        """Tell the engines a step is alive (fire and forget: a lost beat costs
+        at most one silence window)."""
+
+    async def publish_cancel(self, run_ids: list[str]) -> None:
+        """Tell every worker these runs were cancelled (best effort: workers
+        also learn it from the store)."""
+
+    def on_cancel(self, handler: CancelHandler) -> None:
+        """Register the worker's cancel-notice handler."""

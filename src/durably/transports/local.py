@@ -1,0 +1,174 @@
+"""The ``local://`` transport (the default): in-process queues.
+
+Behaves like a broker inside one process: ``dispatch`` only enqueues, a
+consumer task hands tasks to the served handlers (at most ``concurrency`` at
+once, highest priority first), and results come back on a later loop
+iteration, batched. A task for a group nobody serves waits in its queue
+(as with a broker, it looks like a lost dispatch until someone serves it).
+Nothing survives the process: a run waiting on a task that was in flight is
+rescued by the engine's redispatch net or its reconcile wake.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import logging
+from collections.abc import Collection
+
+from ..wire import Heartbeat, StepResult, StepTask
+from .base import CancelHandler, HeartbeatHandler, ResultHandler, TaskHandler
+
+__all__ = ["LocalTransport"]
+
+_log = logging.getLogger("durably.transport")
+_RESULT_BATCH = 256
+
+
+class LocalTransport:
+    """In-process queues; see the module docstring."""
+
+    url = "local://"
+
+    def __init__(self) -> None:
+        self._order = itertools.count()
+        self._queues: dict[str, list[tuple[int, int, StepTask]]] = {}
+        self._groups: frozenset[str] = frozenset()
+        self._on_task: TaskHandler | None = None
+        self._concurrency = 1
+        self._running: set[asyncio.Task[None]] = set()
+        self._task_ready = asyncio.Event()
+        self._pump: asyncio.Task[None] | None = None
+        self._results: list[StepResult] = []
+        self._beats: list[Heartbeat] = []
+        self._result_ready = asyncio.Event()
+        self._consumer: asyncio.Task[None] | None = None
+        self._cancel_handlers: list[CancelHandler] = []
+
+    async def open(self) -> None:
+        """Nothing to connect."""
+
+    async def close(self) -> None:
+        """Stop both consumers (running handlers are left to finish)."""
+        await self.stop_serving()
+        consumer, self._consumer = self._consumer, None
+        if consumer is not None:
+            consumer.cancel()
+            await asyncio.gather(consumer, return_exceptions=True)
+
+    async def dispatch(self, tasks: list[StepTask]) -> None:
+        """Enqueue the tasks; a serving consumer picks them up."""
+        for task in tasks:
+            queue = self._queues.setdefault(task.group, [])
+            heapq.heappush(queue, (-(task.priority or 0), next(self._order), task))
+        self._task_ready.set()
+
+    async def serve(
+        self, groups: Collection[str], on_task: TaskHandler, *, concurrency: int
+    ) -> None:
+        """Hand tasks of ``groups`` to ``on_task``, ``concurrency`` at once."""
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        self._groups, self._on_task, self._concurrency = frozenset(groups), on_task, concurrency
+        if self._pump is None:
+            self._pump = asyncio.create_task(self._serve_loop(), name="durably-local-tasks")
+        self._task_ready.set()
+
+    async def stop_serving(self) -> None:
+        """Stop taking tasks; queued ones stay queued for the next server."""
+        pump, self._pump = self._pump, None
+        self._on_task = None
+        if pump is not None:
+            pump.cancel()
+            await asyncio.gather(pump, return_exceptions=True)
+
+    async def _serve_loop(self) -> None:
+        while True:
+            await self._task_ready.wait()
+            self._task_ready.clear()
+            while len(self._running) < self._concurrency:
+                task = self._next_task()
+                if task is None:
+                    break
+                runner = asyncio.create_task(self._handle(task))
+                self._running.add(runner)
+                runner.add_done_callback(self._handler_done)
+
+    def _next_task(self) -> StepTask | None:
+        best: tuple[int, int, StepTask] | None = None
+        best_group = ""
+        for group in self._groups:
+            queue = self._queues.get(group)
+            if queue and (best is None or queue[0] < best):
+                best, best_group = queue[0], group
+        if best is None:
+            return None
+        heapq.heappop(self._queues[best_group])
+        return best[2]
+
+    def _handler_done(self, runner: asyncio.Task[None]) -> None:
+        self._running.discard(runner)
+        self._task_ready.set()
+
+    async def _handle(self, task: StepTask) -> None:
+        handler = self._on_task
+        if handler is None:
+            await self.dispatch([task])
+            return
+        try:
+            await handler(task)
+        except Exception:
+            _log.exception(
+                "task %s failed in its handler wrapper; delivering it again", task.step_id
+            )
+            await self.dispatch([task])
+
+    async def consume_results(
+        self, on_results: ResultHandler, on_heartbeat: HeartbeatHandler
+    ) -> None:
+        """Deliver results (in batches of up to 256) and beats from now on."""
+        if self._consumer is not None:
+            raise RuntimeError("this transport already has a results consumer")
+        self._consumer = asyncio.create_task(
+            self._consume_loop(on_results, on_heartbeat), name="durably-local-results"
+        )
+
+    async def _consume_loop(
+        self, on_results: ResultHandler, on_heartbeat: HeartbeatHandler
+    ) -> None:
+        while True:
+            await self._result_ready.wait()
+            self._result_ready.clear()
+            beats, self._beats = self._beats, []
+            for beat in beats:
+                try:
+                    await on_heartbeat(beat)
+                except Exception:
+                    _log.exception("heartbeat of %s could not be handled", beat.step_id)
+            while self._results:
+                batch = self._results[:_RESULT_BATCH]
+                del self._results[:_RESULT_BATCH]
+                try:
+                    await on_results(batch)
+                except Exception:
+                    _log.exception("a batch of %d step results could not be settled", len(batch))
+
+    async def send_result(self, result: StepResult) -> None:
+        """Queue ``result`` for the results consumer."""
+        self._results.append(result)
+        self._result_ready.set()
+
+    async def send_heartbeat(self, beat: Heartbeat) -> None:
+        """Queue ``beat`` for the results consumer."""
+        self._beats.append(beat)
+        self._result_ready.set()
+
+    async def publish_cancel(self, run_ids: list[str]) -> None:
+        """Tell the cancel handlers at once."""
+        for handler in self._cancel_handlers:
+            handler(run_ids)
+
+    def on_cancel(self, handler: CancelHandler) -> None:
+        """Register a cancel-notice handler."""
+        self._cancel_handlers.append(handler)

@@ -1,0 +1,502 @@
+"""Dispatched steps (``ctx.step``): handlers served by name, durable waiting,
+retries, liveness, lost-dispatch nets and cancellation reaching the worker."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pydantic
+import pytest
+
+import durably
+from durably import CheckpointStatus, RunStatus
+from durably.testing import VirtualClock
+from durably.transports import LocalTransport
+from durably.wire import StepResult, StepTask
+
+from .conftest import EngineFactory
+
+pytestmark = pytest.mark.timeout(60)
+
+
+async def finish(engine: durably.Engine, run_id: str, timeout: float = 15) -> durably.RunResult:
+    return await engine.wait_for_run(run_id, terminal=True, timeout=timeout)
+
+
+async def step_checkpoint(engine: durably.Engine, run_id: str, seq: int = 0) -> durably.Checkpoint:
+    history = {cp.seq: cp for cp in await engine.history(run_id)}
+    return history[seq]
+
+
+async def eventually(predicate: Any, timeout: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not await predicate():
+        assert asyncio.get_running_loop().time() < deadline, "condition never held"
+        await asyncio.sleep(0.02)
+
+
+@pytest.mark.parametrize("transport", ["memory://", "local://"])
+async def test_step_by_ref_and_by_name_sync_and_async(
+    make_engine: EngineFactory, transport: str
+) -> None:
+    engine = make_engine(transport=transport)
+    seen: list[str] = []
+
+    @engine.step("double")
+    async def double(data: dict[str, int], log: durably.StepLogger) -> dict[str, int]:
+        log.info("doubling", n=data["n"])
+        seen.append(log.step_id)
+        return {"n": data["n"] * 2}
+
+    @engine.step("plus-one")
+    def plus_one(data: int) -> int:  # sync: runs in a worker thread
+        return data + 1
+
+    @engine.workflow("pipeline")
+    async def pipeline(ctx: durably.WorkflowContext, n: int) -> int:
+        doubled = await ctx.step(double, {"n": n})
+        return int(await ctx.step("plus-one", doubled["n"]))
+
+    async with engine:
+        run = await engine.start("pipeline", 20, run_id="p1")
+        result = await finish(engine, run.run_id)
+    assert result.status is RunStatus.COMPLETED and result.output == 41
+    assert seen == ["p1:0"]
+    history = await engine.history("p1")
+    assert [(cp.kind, cp.name, cp.status, cp.attempts) for cp in history] == [
+        ("step", "double", CheckpointStatus.COMPLETED, 1),
+        ("step", "plus-one", CheckpointStatus.COMPLETED, 1),
+    ]
+
+
+async def test_a_step_out_suspends_the_run_and_its_result_resumes_it(
+    make_engine: EngineFactory,
+) -> None:
+    engine = make_engine(transport="local://")
+    release = asyncio.Event()
+
+    @engine.step("slow")
+    async def slow(data: Any) -> str:
+        await release.wait()
+        return "done"
+
+    @engine.workflow("waits")
+    async def waits(ctx: durably.WorkflowContext) -> str:
+        return str(await ctx.step(slow))
+
+    async with engine:
+        run = await engine.start("waits", run_id="w1")
+
+        async def suspended() -> bool:
+            current = await engine.get_run("w1")
+            return current is not None and current.status is RunStatus.SUSPENDED
+
+        await eventually(suspended)
+        checkpoint = await step_checkpoint(engine, "w1")
+        assert checkpoint.status is CheckpointStatus.PENDING
+        assert checkpoint.dispatched_at is not None
+        release.set()
+        result = await finish(engine, run.run_id)
+    assert result.output == "done"
+
+
+async def test_retries_wait_on_a_durable_timer(make_engine: EngineFactory) -> None:
+    clock = VirtualClock()
+    engine = make_engine(transport="memory://", clock=clock)
+    calls: list[int] = []
+
+    @engine.step("flaky", retries=2, backoff="fixed", backoff_base="10s", jitter=False)
+    def flaky(data: Any, log: durably.StepLogger) -> int:
+        calls.append(log.attempt)
+        if len(calls) < 3:
+            raise RuntimeError(f"boom {len(calls)}")
+        return len(calls)
+
+    @engine.workflow("retrying")
+    async def retrying(ctx: durably.WorkflowContext) -> int:
+        return int(await ctx.step(flaky))
+
+    async with engine:
+        await engine.start("retrying", run_id="r1")
+
+        async def backing_off() -> bool:
+            current = await engine.get_run("r1")
+            return current is not None and current.status is RunStatus.SUSPENDED and bool(calls)
+
+        await eventually(backing_off)
+        checkpoint = await step_checkpoint(engine, "r1")
+        # Waiting for the backoff: not out, an error kept, a timer set.
+        assert checkpoint.status is CheckpointStatus.PENDING
+        assert checkpoint.dispatched_at is None
+        assert checkpoint.error is not None and "boom 1" in checkpoint.error["message"]
+        assert checkpoint.wake_at == clock.now_ms() + 10_000
+        assert calls == [1]
+        clock.advance("10s")
+        await eventually(lambda: _true(len(calls) == 2))
+        clock.advance("10s")
+        result = await finish(engine, "r1")
+    assert result.output == 3 and calls == [1, 2, 3]
+    assert (await step_checkpoint(engine, "r1")).attempts == 3
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+async def test_fatal_error_is_not_retried_and_reaches_the_workflow(
+    make_engine: EngineFactory,
+) -> None:
+    engine = make_engine(transport="local://")
+    calls = 0
+
+    @engine.step("charge", retries=5)
+    def charge(data: Any) -> None:
+        nonlocal calls
+        calls += 1
+        raise durably.FatalError("card declined", code="declined", details={"last4": "4242"})
+
+    @engine.workflow("checkout")
+    async def checkout(ctx: durably.WorkflowContext) -> dict[str, Any]:
+        try:
+            await ctx.step(charge, {"amount": 5})
+        except durably.StepFailed as failure:
+            return {"code": failure.code, "details": failure.details, "step": failure.step}
+        return {}
+
+    async with engine:
+        run = await engine.start("checkout")
+        result = await finish(engine, run.run_id)
+    assert result.output == {"code": "declined", "details": {"last4": "4242"}, "step": "charge"}
+    assert calls == 1
+
+
+async def test_a_step_without_a_handler_fails_on_the_memory_transport(
+    make_engine: EngineFactory,
+) -> None:
+    engine = make_engine(transport="memory://")
+
+    @engine.workflow("orphan")
+    async def orphan(ctx: durably.WorkflowContext) -> Any:
+        return await ctx.step("nobody-serves-this", retries=3)
+
+    async with engine:
+        run = await engine.start("orphan")
+        result = await finish(engine, run.run_id)
+    assert result.status is RunStatus.FAILED
+    assert (
+        result.error is not None and "no handler for nobody-serves-this" in result.error["message"]
+    )
+
+
+async def test_input_and_output_models_are_checked_where_the_handler_runs(
+    make_engine: EngineFactory,
+) -> None:
+    class Order(pydantic.BaseModel):
+        id: int
+        amount: float
+
+    class Receipt(pydantic.BaseModel):
+        order: int
+
+    engine = make_engine(transport="memory://")
+    calls = 0
+
+    @engine.step("receipt", input=Order, output=Receipt, retries=3)
+    def receipt(order: Order) -> Receipt:
+        nonlocal calls
+        calls += 1
+        assert isinstance(order, Order)
+        return Receipt(order=order.id)
+
+    @engine.workflow("orders")
+    async def orders(ctx: durably.WorkflowContext, data: Any) -> Any:
+        try:
+            return await ctx.step(receipt, data)
+        except durably.StepFailed as failure:
+            return failure.code
+
+    async with engine:
+        good = await engine.start("orders", {"id": 7, "amount": 1.5})
+        bad = await engine.start("orders", {"id": "not a number"})
+        assert (await finish(engine, good.run_id)).output == {"order": 7}
+        assert (await finish(engine, bad.run_id)).output == "schema_validation"
+    assert calls == 1
+
+
+async def test_heartbeats_keep_a_step_with_a_timeout_alive(make_engine: EngineFactory) -> None:
+    engine = make_engine(transport="local://")
+
+    @engine.step("long", timeout=0.4)
+    async def long(data: Any, log: durably.StepLogger) -> str:
+        for i in range(12):  # 1.2 s in all, three times the silence window
+            await asyncio.sleep(0.1)
+            log.heartbeat({"done": i})
+        return "finished"
+
+    @engine.workflow("patient")
+    async def patient(ctx: durably.WorkflowContext) -> Any:
+        return await ctx.step(long)
+
+    async with engine:
+        run = await engine.start("patient")
+        result = await finish(engine, run.run_id)
+    assert result.output == "finished"
+
+
+async def test_a_silent_worker_fails_the_attempt_after_the_window(
+    make_engine: EngineFactory,
+) -> None:
+    # Served by nobody here: the task sits in the queue, no beat ever comes.
+    engine = make_engine(transport="local://", serve_steps=["other"])
+
+    @engine.step("ghost", timeout=0.3, pickup_timeout=0.3)
+    def ghost(data: Any) -> None:  # pragma: no cover - never served
+        raise AssertionError("not served")
+
+    @engine.workflow("waits-for-ghost")
+    async def waits_for_ghost(ctx: durably.WorkflowContext) -> Any:
+        try:
+            return await ctx.step(ghost)
+        except durably.StepFailed as failure:
+            return failure.code
+
+    async with engine:
+        run = await engine.start("waits-for-ghost")
+        result = await finish(engine, run.run_id)
+    assert result.output == "remote_step_timeout"
+
+
+async def test_a_beat_persisted_by_another_instance_is_honoured(
+    make_engine: EngineFactory,
+) -> None:
+    """The dispatcher hears nothing itself, but another instance persisted
+    beats: it must not fail a live worker, and must fail a dead one within
+    the window plus one persist throttle."""
+    engine = make_engine(
+        transport="local://", serve_steps=["other"], heartbeat_persist_throttle=0.3
+    )
+
+    @engine.step("elsewhere", timeout=0.4)
+    def elsewhere(data: Any) -> None:  # pragma: no cover - never served
+        raise AssertionError("not served")
+
+    @engine.workflow("remote")
+    async def remote(ctx: durably.WorkflowContext) -> Any:
+        try:
+            return await ctx.step(elsewhere)
+        except durably.StepFailed as failure:
+            return failure.code
+
+    async with engine:
+        await engine.start("remote", run_id="x1")
+
+        async def dispatched() -> bool:
+            history = await engine.history("x1")
+            return bool(history) and history[0].dispatched_at is not None
+
+        await eventually(dispatched)
+        # "Another instance" persists a beat every 0.2 s for 1.2 s: three
+        # windows during which the dispatcher heard nothing itself.
+        for _ in range(6):
+            await engine.store.record_heartbeat("x1", 0, engine.clock.now_ms(), None)
+            await asyncio.sleep(0.2)
+        current = await engine.get_run("x1")
+        assert current is not None and current.status is RunStatus.RUNNING
+        beats_stopped = engine.clock.now_ms()
+        result = await finish(engine, "x1")
+        gave_up = engine.clock.now_ms()
+    assert result.output == "remote_step_timeout"
+    # Detected within timeout + throttle (+ scheduling slack), not never.
+    assert gave_up - beats_stopped < 400 + 300 + 2000
+
+
+class _DropFirst(LocalTransport):
+    """Loses the first dispatch of every step, as a broker outage would."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dropped: list[str] = []
+
+    async def dispatch(self, tasks: list[StepTask]) -> None:
+        kept = []
+        for task in tasks:
+            if task.step_id in self.dropped:
+                kept.append(task)
+            else:
+                self.dropped.append(task.step_id)
+        await super().dispatch(kept)
+
+
+async def test_a_lost_dispatch_is_sent_again(make_engine: EngineFactory) -> None:
+    transport = _DropFirst()
+    engine = make_engine(transport=transport, remote_redispatch=0.2, remote_redispatch_max=3)
+
+    @engine.step("echo")
+    def echo(data: Any) -> Any:
+        return data
+
+    @engine.workflow("resend")
+    async def resend(ctx: durably.WorkflowContext) -> Any:
+        return await ctx.step(echo, "hello")
+
+    async with engine:
+        run = await engine.start("resend", run_id="rs")
+        result = await finish(engine, run.run_id)
+    assert result.output == "hello"
+    assert transport.dropped == ["rs:0"]
+    assert (await step_checkpoint(engine, "rs")).redispatches == 1
+
+
+async def test_a_step_lost_every_time_fails_with_remote_step_lost(
+    make_engine: EngineFactory,
+) -> None:
+    engine = make_engine(
+        transport="local://", serve_steps=[], remote_redispatch=0.1, remote_redispatch_max=2
+    )
+
+    @engine.workflow("lost")
+    async def lost(ctx: durably.WorkflowContext) -> Any:
+        try:
+            return await ctx.step("unserved")
+        except durably.StepFailed as failure:
+            return failure.code
+
+    async with engine:
+        run = await engine.start("lost")
+        result = await finish(engine, run.run_id)
+    assert result.output == "remote_step_lost"
+
+
+async def test_redispatch_pending_sends_the_outstanding_tasks_again(
+    make_engine: EngineFactory,
+) -> None:
+    transport = _DropFirst()
+    engine = make_engine(transport=transport)  # no redispatch timer: only the API helps
+
+    @engine.step("echo")
+    def echo(data: Any) -> Any:
+        return data
+
+    @engine.workflow("manual")
+    async def manual(ctx: durably.WorkflowContext) -> Any:
+        return await ctx.all([ctx.step(echo, 1), ctx.step(echo, 2)])
+
+    async with engine:
+        await engine.start("manual", run_id="m1")
+
+        async def both_out() -> bool:
+            history = await engine.history("m1")
+            return len(history) == 2 and all(cp.dispatched_at for cp in history)
+
+        await eventually(both_out)
+        assert await engine.redispatch_pending("m1") == 2
+        result = await finish(engine, "m1")
+    assert result.output == [1, 2]
+
+
+async def test_a_late_result_for_a_finished_run_is_dropped(make_engine: EngineFactory) -> None:
+    engine = make_engine(transport="local://", serve_steps=[])
+
+    @engine.workflow("abandoned")
+    async def abandoned(ctx: durably.WorkflowContext) -> Any:
+        return await ctx.step("slow-elsewhere")
+
+    async with engine:
+        await engine.start("abandoned", run_id="a1")
+
+        async def out() -> bool:
+            history = await engine.history("a1")
+            return bool(history) and history[0].dispatched_at is not None
+
+        await eventually(out)
+        await engine.cancel("a1")
+        await engine.transport.send_result(StepResult("a1", 0, ok=True, output="late"))
+        await asyncio.sleep(0.3)
+        current = await engine.get_run("a1")
+    assert current is not None and current.status is RunStatus.CANCELLED
+    assert current.output is None
+
+
+async def test_cancelling_a_run_reaches_its_running_handler(make_engine: EngineFactory) -> None:
+    engine = make_engine(transport="local://")
+    started = asyncio.Event()
+    stopped: list[bool] = []
+
+    @engine.step("loop")
+    async def loop(data: Any, log: durably.StepLogger) -> str:
+        started.set()
+        await log.wait_cancelled()
+        assert log.cancelled
+        stopped.append(True)
+        return "stopped early"
+
+    @engine.workflow("cancellable")
+    async def cancellable(ctx: durably.WorkflowContext) -> Any:
+        return await ctx.step(loop)
+
+    async with engine:
+        await engine.start("cancellable", run_id="c1")
+        await asyncio.wait_for(started.wait(), 10)
+        await engine.cancel("c1")
+        await eventually(lambda: _true(bool(stopped)))
+    assert stopped == [True]
+    current = await engine.get_run("c1")
+    assert current is not None and current.status is RunStatus.CANCELLED
+
+
+async def test_a_queue_caps_concurrent_steps(make_engine: EngineFactory) -> None:
+    engine = make_engine(transport="local://")
+    engine.register_queue("api", concurrency=2, retry=0.05)
+    running = 0
+    peak = 0
+
+    @engine.step("call-api", queue="api")
+    async def call_api(data: int) -> int:
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        await asyncio.sleep(0.05)
+        running -= 1
+        return data
+
+    @engine.workflow("caller")
+    async def caller(ctx: durably.WorkflowContext, n: int) -> int:
+        return int(await ctx.step(call_api, n))
+
+    async with engine:
+        runs = [await engine.start("caller", i) for i in range(8)]
+        results = [await finish(engine, run.run_id, timeout=30) for run in runs]
+    assert [r.output for r in results] == list(range(8))
+    assert peak == 2
+
+
+async def test_a_step_in_an_unknown_queue_is_refused(make_engine: EngineFactory) -> None:
+    engine = make_engine(transport="memory://")
+
+    @engine.workflow("bad-queue")
+    async def bad_queue(ctx: durably.WorkflowContext) -> Any:
+        return await ctx.step("x", queue="nope")
+
+    async with engine:
+        run = await engine.start("bad-queue")
+        result = await finish(engine, run.run_id)
+    assert result.status is RunStatus.FAILED
+    assert result.error is not None and "queue 'nope' is not registered" in result.error["message"]
+
+
+def test_step_registration_errors() -> None:
+    engine = durably.Engine("memory://")
+    engine.register_step("a", lambda data: data)
+    with pytest.raises(ValueError, match="already registered"):
+        engine.register_step("a", lambda data: data)
+    with pytest.raises(ValueError, match="non-empty name"):
+        engine.register_step("", lambda data: data)
+    with pytest.raises(TypeError, match="not callable"):
+        engine.register_step("b", 42)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="concurrency"):
+        engine.register_queue("q", concurrency=0)
+    with pytest.raises(ValueError, match="give concurrency"):
+        engine.register_queue("q")
+    with pytest.raises(ValueError, match="consumers"):
+        durably.Engine("memory://", consumers="sometimes")  # type: ignore[arg-type]
