@@ -372,6 +372,26 @@ def signal_cmd(store_url: str, token: str, payload: str | None) -> None:
     "reclaims its previous incarnation's runs at once.",
 )
 @click.option(
+    "--group",
+    "groups",
+    multiple=True,
+    metavar="NAME",
+    help="Serve only the step handlers of this group (repeatable).",
+)
+@click.option(
+    "--steps",
+    "step_names",
+    default=None,
+    metavar="A,B,...",
+    help="Serve only these step handlers (comma-separated names).",
+)
+@click.option(
+    "--concurrency",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Step handlers executing at once (default: the engine's step_concurrency).",
+)
+@click.option(
     "--log-level",
     type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
     default="INFO",
@@ -383,11 +403,15 @@ def worker(
     interval: float | None,
     drain_timeout: float | None,
     instance_id: str | None,
+    groups: tuple[str, ...],
+    step_names: str | None,
+    concurrency: int | None,
     log_level: str,
 ) -> None:
-    """Run the worker loop of an app's Engine until SIGTERM or SIGINT.
+    """Run the worker loop of an app's Engine until SIGTERM or SIGINT, and
+    serve its step handlers (all of them, or those picked by --group/--steps).
 
-    On the first signal it drains: stops taking work, lets running turns
+    On the first signal it drains: stops taking tasks and work, lets running turns
     finish for up to --drain-timeout seconds, hands the rest back as pending,
     closes the store and exits 0. A second signal stops without waiting.
     """
@@ -414,6 +438,19 @@ def worker(
     configure_worker(
         engine, interval=interval, drain_timeout=drain_timeout, instance_id=instance_id
     )
+    if groups:
+        engine.serve_groups = frozenset(groups)
+    if step_names is not None:
+        names = frozenset(n.strip() for n in step_names.split(",") if n.strip())
+        unknown = sorted(names - set(engine.steps))
+        if unknown:
+            raise CliError(
+                f"--steps names steps {app_spec} does not register: {', '.join(unknown)}",
+                EXIT_USAGE,
+            )
+        engine.serve_steps = names
+    if concurrency is not None:
+        engine.step_concurrency = concurrency
     try:
         _run(serve(engine))
     except _StoppedEarly:
@@ -509,9 +546,10 @@ async def serve(engine: Engine) -> None:
                 f"cannot open the store {redact_url(engine.store.url)}: {_describe(exc)}"
             ) from None
         _log.info(
-            "worker %s serving %s on %s (tick every %gs)",
+            "worker %s serving %s and steps %s on %s (tick every %gs)",
             engine.instance_id,
             ", ".join(engine.workflows) or "no workflows",
+            ", ".join(engine.served_steps) or "none",
             redact_url(engine.store.url),
             engine.poll_interval,
         )

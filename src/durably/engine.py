@@ -456,6 +456,14 @@ class Engine:
         """
         self._steps.queues[name] = FlowQueue.build(name, concurrency, rate, retry)
 
+    @property
+    def served_steps(self) -> list[str]:
+        """The step handlers this engine serves (after ``serve_groups`` /
+        ``serve_steps``; none with ``consumers="never"``)."""
+        if self.consumers == "never":
+            return []
+        return sorted(d.name for d in self._served_tokens().values())
+
     def _served_tokens(self) -> dict[str, StepDefinition]:
         served: dict[str, StepDefinition] = {}
         for definition in self._steps.definitions.values():
