@@ -7,7 +7,10 @@ import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
 
-__all__ = ["RunExecutor"]
+__all__ = ["Done", "RunExecutor"]
+
+Done = Callable[[bool], None]
+"""Called when a submission's execution finished (``True``) or was dropped."""
 
 _log = logging.getLogger("durably.executor")
 
@@ -27,6 +30,8 @@ class RunExecutor:
         self._waiting: deque[str] = deque()
         self._waiting_ids: dict[str, bool] = {}
         self._executing: set[str] = set()
+        self._waiting_done: dict[str, list[Done]] = {}
+        self._executing_done: dict[str, list[Done]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
         self._idle = asyncio.Event()
@@ -42,17 +47,30 @@ class RunExecutor:
         """Run ids waiting for a slot."""
         return len(self._waiting)
 
-    def submit(self, run_id: str, *, wake: bool = False) -> None:
-        """Execute ``run_id`` when a slot is free (no-op once closed)."""
+    def submit(self, run_id: str, *, wake: bool = False, on_done: Done | None = None) -> None:
+        """Execute ``run_id`` when a slot is free (no-op once closed).
+
+        ``on_done(True)`` is called once the execution this submission joined
+        has finished (at once if a poll's id was merged into one executing
+        now), ``on_done(False)`` if it was dropped (the executor closed).
+        """
         if self._closed:
+            if on_done is not None:
+                on_done(False)
             return
         if run_id in self._waiting_ids:
             self._waiting_ids[run_id] |= wake
+            if on_done is not None:
+                self._waiting_done.setdefault(run_id, []).append(on_done)
             return
         if not wake and run_id in self._executing:
+            if on_done is not None:
+                on_done(True)
             return
         self._waiting.append(run_id)
         self._waiting_ids[run_id] = wake
+        if on_done is not None:
+            self._waiting_done.setdefault(run_id, []).append(on_done)
         self._pump()
 
     def knows(self, run_id: str) -> bool:
@@ -67,6 +85,9 @@ class RunExecutor:
         while self._waiting and len(self._tasks) < self._limit:
             run_id = self._waiting.popleft()
             wake = self._waiting_ids.pop(run_id)
+            done = self._waiting_done.pop(run_id, None)
+            if done:
+                self._executing_done.setdefault(run_id, []).extend(done)
             task = asyncio.create_task(self._run(run_id, wake), name=f"durably-run:{run_id}")
             self._tasks.add(task)
             self._idle.clear()
@@ -79,6 +100,8 @@ class RunExecutor:
             _log.exception("executing run %s failed", run_id)
         finally:
             self._executing.discard(run_id)
+            for on_done in self._executing_done.pop(run_id, ()):
+                on_done(True)
             task = asyncio.current_task()
             if task is not None:
                 self._tasks.discard(task)
@@ -96,6 +119,10 @@ class RunExecutor:
         self._closed = True
         self._waiting.clear()
         self._waiting_ids.clear()
+        dropped, self._waiting_done = self._waiting_done, {}
+        for callbacks in dropped.values():
+            for on_done in callbacks:
+                on_done(False)
         if self._tasks:
             await asyncio.wait(set(self._tasks), timeout=timeout)
         return {t for t in self._tasks if not t.done()}

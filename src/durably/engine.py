@@ -27,6 +27,7 @@ from typing import Any, Literal, TypeVar, cast
 from . import codec
 from ._dispatch import FlowQueue, StepDispatcher
 from ._executor import RunExecutor
+from ._run_queue import RunQueue
 from ._step_runtime import StepServer
 from ._threads import StepThreads
 from ._watch import RunWatcher
@@ -52,6 +53,7 @@ from .schedules import Overlap, Schedule, Scheduler, ScheduleSpec
 from .steps import StepDefinition, StepRef, takes_logger
 from .stores import RunChanges, RunPage, RunQuery, SettleResult, StateStore, open_store
 from .transports import Transport, open_transport
+from .transports.base import RunCarrier
 from .wire import StepTask, routing_token
 
 __all__ = ["Engine", "RunNotFound"]
@@ -177,7 +179,8 @@ class Engine:
         self.max_recovery_attempts = max_recovery_attempts
         self.poll_interval = poll_interval
         self.timer_batch_size = timer_batch_size
-        self.drive = drive
+        # A pure producer (consumers="never"): no turn, no step, no queued run lands here.
+        self.drive = drive and consumers != "never"
         self.drain_timeout = drain_timeout
         self._stable_instance_id = instance_id is not None
         self.retention_ms = None if retention is None else to_ms(retention, name="retention")
@@ -193,6 +196,7 @@ class Engine:
         self.transport: Transport = open_transport(transport, self.store)
         """How dispatched steps reach workers."""
         self._consuming = False
+        self._run_queue: RunQueue | None = None
         self._hooks = Hooks()
         self._last_sweep: dict[str, float] = {}
         self._registry = Registry()
@@ -493,6 +497,16 @@ class Engine:
             self._opened = True
             self._listening = await self.store.subscribe(self._on_store_event)
             await self.transport.open()
+            carrier = self.transport.run_queue() if isinstance(self.transport, RunCarrier) else None
+            if carrier is not None:
+                self._run_queue = RunQueue(
+                    carrier,
+                    self.instance_id,
+                    self.lease_ms,
+                    self._run_from_queue,
+                    self._enqueue_failed,
+                    self._namespaces_of,
+                )
             if self.consumers == "always":
                 await self._start_consumers()
             if self._stable_instance_id:
@@ -517,6 +531,9 @@ class Engine:
             return
         await self.drain(self.drain_timeout)
         await self._watcher.close()
+        if self._run_queue is not None:
+            await self._run_queue.flush()
+            self._run_queue = None
         await self.transport.close()
         self._consuming = False
         self._opened = False
@@ -544,6 +561,9 @@ class Engine:
         self._draining = False
         if self._executor is not None:
             self._executor.reopen()
+        if self._run_queue is not None and self.drive and not self._run_queue.consuming:
+            pools = None if self.drives_namespace is None else [self.drives_namespace]
+            await self._run_queue.start(pools)
         if self._loop_task is None and self.drive:
             self._loop_wake = asyncio.Event()
             self._loop_task = asyncio.create_task(self._worker_loop(), name="durably-worker")
@@ -560,6 +580,8 @@ class Engine:
         seconds, then hand the runs still executing back as ``pending``.
         Step handlers stop taking tasks first; queued ones stay queued."""
         bound = self.drain_timeout if timeout is None else timeout
+        if self._run_queue is not None:
+            await self._run_queue.stop_claiming()
         await self._step_server.stop(bound)
         self._draining = True
         task, self._loop_task = self._loop_task, None
@@ -573,6 +595,8 @@ class Engine:
             turn.close("drain")
         if still_running:
             await asyncio.wait(still_running, timeout=5.0)
+        if self._run_queue is not None:
+            await self._run_queue.hand_back()
 
     # -- client API -----------------------------------------------------------------------
 
@@ -628,7 +652,7 @@ class Engine:
         )
         stored, _created = await self.store.create_run(run)
         if stored.status is RunStatus.PENDING:
-            self._dispatch(stored.run_id)
+            self._dispatch(stored.run_id, namespace=stored.namespace, priority=stored.priority)
         return stored
 
     async def signal(self, token: str, payload: Any = None) -> str | None:
@@ -728,7 +752,7 @@ class Engine:
             self.clock.now_ms(),
         ):
             raise DurablyError(f"run {run_id!r} changed while being retried; try again")
-        self._dispatch(run_id)
+        self._dispatch(run_id, namespace=run.namespace, priority=run.priority)
         return await self._require(run_id)
 
     async def retry_with_input(
@@ -969,8 +993,21 @@ class Engine:
         return True
 
     async def run_pending(self, limit: int = 1000) -> int:
-        """Hand pending runs to the executor; return how many."""
+        """Hand pending runs to the executor; return how many.
+
+        With a run queue this is only the safety net for a start whose
+        enqueue failed: while the queue still holds runs for this engine's
+        pools they will be delivered, so nothing is re-queued (re-queueing
+        a backlog would only duplicate it).
+        """
         await self.open()
+        if self._run_queue is not None:
+            now = asyncio.get_running_loop().time()
+            if now - self._last_sweep.get("pending", -1e9) < 1.0:
+                return 0
+            self._last_sweep["pending"] = now
+            if await self._run_queue.has_backlog():
+                return 0
         ids = await self.store.list_pending(
             self.clock.now_ms(), limit, namespace=self.drives_namespace
         )
@@ -1152,19 +1189,63 @@ class Engine:
 
     # -- turns ----------------------------------------------------------------------------
 
-    def _dispatch(self, run_id: str) -> None:
-        if self.drive and not self._draining and self._executor is not None:
-            self._executor.submit(run_id)
+    def _dispatch(self, run_id: str, *, namespace: str | None = None, priority: int = 0) -> None:
+        """Give ``run_id`` a turn: through the run queue when the transport
+        carries one (any driving instance takes it), else here."""
+        if self._run_queue is not None and not self._draining:
+            pool = namespace or self.drives_namespace
+            self._run_queue.submit(run_id, wake=False, namespace=pool, priority=priority)
+            return
+        self._submit_here(run_id)
 
-    async def _wake(self, run_id: str) -> None:
+    def _submit_here(self, run_id: str, *, wake: bool = False) -> None:
+        if self.drive and not self._draining and self._executor is not None:
+            self._executor.submit(run_id, wake=wake)
+
+    async def _wake(self, run_id: str, *, namespace: str | None = None) -> None:
         """Make sure ``run_id`` takes a turn that sees what the caller just wrote."""
-        if run_id in self._active or not (self.drive and not self._draining):
-            # Our own turn holds it (it will run once more), or nobody here
-            # will run it (whoever polls sees it due).
+        if run_id in self._active:
+            # Our own turn holds it: the stamp makes it run once more.
             await self.store.request_wake(run_id, self.clock.now_ms())
             return
-        if self._executor is not None:
+        if self._run_queue is not None and not self._draining:
+            # A wake can cross pools (a signal from another namespace's
+            # process): unless the caller knows the run's pool, look it up.
+            self._run_queue.submit(run_id, wake=True, namespace=namespace)
+            return
+        if not (self.drive and not self._draining):
+            # Nobody here will run it: the stamp makes it due for whoever polls.
+            await self.store.request_wake(run_id, self.clock.now_ms())
+            return
+        self._submit_here(run_id, wake=True)
+
+    async def _run_from_queue(self, run_id: str, wake: bool) -> bool:
+        """Execute a queued run here; ``False`` asks the queue to hand its
+        message back (this instance is draining) instead of acking it."""
+        if self._executor is None or self._draining:
+            return False
+        done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+
+        def finished(ok: bool) -> None:
+            if not done.done():
+                done.set_result(ok)
+
+        self._executor.submit(run_id, wake=wake, on_done=finished)
+        executed: bool = await done
+        return executed and not self._draining
+
+    async def _namespaces_of(self, run_ids: list[str]) -> dict[str, str]:
+        return {run.run_id: run.namespace for run in await self.store.get_runs(run_ids)}
+
+    async def _enqueue_failed(self, run_id: str, wake: bool) -> None:
+        """A run could not be queued: a start stays pending for the poll; a
+        wake runs here, or is stamped on the run for the timer poll."""
+        if not wake:
+            return
+        if self.drive and not self._draining and self._executor is not None:
             self._executor.submit(run_id, wake=True)
+        else:
+            await self.store.request_wake(run_id, self.clock.now_ms())
 
     async def _execute(self, run_id: str, wake: bool) -> None:
         leased = await self._acquire(run_id, wake=wake)
@@ -1196,6 +1277,8 @@ class Engine:
             # Woken here by a signal or a child, but it belongs to another
             # pool: hand it back as pending for that pool's instances.
             await self.store.release_run(run.run_id, self.instance_id, self.clock.now_ms())
+            if self._run_queue is not None:
+                self._dispatch(run.run_id, namespace=run.namespace, priority=run.priority)
             return
         leased: _Leased | None = (run, checkpoints)
         while leased is not None:
@@ -1352,7 +1435,7 @@ class Engine:
                 ),
             )
         )
-        self._dispatch(next_id)
+        self._dispatch(next_id, namespace=run.namespace, priority=run.priority)
         return next_id
 
     async def _set_terminal(self, run: Run, status: RunStatus, error: dict[str, Any]) -> bool:
@@ -1414,7 +1497,7 @@ class Engine:
         existing = [run.run_id for run in runs if run.run_id not in created]
         for run in runs:
             if run.run_id in created:
-                self._dispatch(run.run_id)
+                self._dispatch(run.run_id, namespace=run.namespace, priority=run.priority)
         if existing:
             # Started by an earlier turn that crashed before suspending: any
             # that already finished settle their placeholder now.
@@ -1422,7 +1505,7 @@ class Engine:
                 if child.status in TERMINAL_STATUSES:
                     await self._report_to_parent(child)
                 elif child.status is RunStatus.PENDING:
-                    self._dispatch(child.run_id)
+                    self._dispatch(child.run_id, namespace=child.namespace)
         return errors
 
     async def _after_end(self, run_id: str, *, cancelled: bool) -> None:
@@ -1595,7 +1678,12 @@ class Engine:
                 if turn is not None:
                     turn.close("cancelled")
             self._notify(run_id)
-        elif kind == "pending" and self._loop_task is not None and not self._draining:
+        elif (
+            kind == "pending"
+            and self._loop_task is not None
+            and not self._draining
+            and self._run_queue is None  # the queue's own notices wake its consumers
+        ):
             if run_id and self._executor is not None and self._executor.knows(run_id):
                 return  # our own start, already dispatched here
             # Only the pending-run poll, once for a burst of notifications
@@ -1607,7 +1695,7 @@ class Engine:
         elif kind == "wake" and self._executor is not None and run_id not in self._active:
             # Poll semantics: if another process holds the run, the stamp that
             # sent this is already on it; stamping again would ping-pong.
-            self._dispatch(run_id)
+            self._submit_here(run_id)
 
     # -- helpers --------------------------------------------------------------------------
 

@@ -207,6 +207,9 @@ async def _serve() -> None:
         lease=os.environ.get("FLEET_LEASE", "2s"),
         poll_interval=float(os.environ.get("FLEET_POLL", "0.05")),
         max_recovery_attempts=50,
+        # Runs travel through the db transport's run queue (FLEET_TRANSPORT=local:// for the
+        # poll-only path).
+        transport=os.environ.get("FLEET_TRANSPORT", "db://"),
         **options,
     )
     register(engine)

@@ -148,6 +148,7 @@ def producer(url: str, calls: list[str], **options: Any) -> durably.Engine:
     otherwise): a workflow body called here records the run in ``calls`` and
     raises."""
     options.setdefault("drive", False)
+    options.setdefault("transport", "db://")
     engine = durably.Engine(url, **options)
 
     def refuse(ctx: durably.WorkflowContext) -> None:

@@ -32,27 +32,35 @@ _BATCH = """
         SELECT * FROM unnest(
             $1::text[], $2::integer[], $3::text[], $4::text[], $5::text[], $6::text[],
             $7::text[], $8::text[], $9::integer[], $10::bigint[], $11::bigint[],
-            $12::bigint[], $13::text[], $14::text[]
+            $12::bigint[], $13::text[], $14::bigint[], $15::integer[], $16::text[],
+            $17::bigint[], $18::text[], $19::text[]
         ) AS v(run_id, seq, name, kind, status, input, output, error, attempts, wake_at,
-               started_at, finished_at, parallel_group, owner)
+               started_at, finished_at, parallel_group, dispatched_at, redispatches, queue,
+               last_heartbeat_at, progress, owner)
     ), held AS (
         SELECT v.* FROM v JOIN durably_runs r ON r.id = v.run_id AND r.locked_by = v.owner
         FOR SHARE OF r
     ), saved AS (
         INSERT INTO durably_checkpoints (run_id, seq, name, kind, status, input, output, error,
-            attempts, wake_at, started_at, finished_at, parallel_group)
+            attempts, wake_at, started_at, finished_at, parallel_group, dispatched_at,
+            redispatches, queue, last_heartbeat_at, progress)
         SELECT run_id, seq, name, kind, status, input, output, error, attempts, wake_at,
-            started_at, finished_at, parallel_group FROM held
+            started_at, finished_at, parallel_group, dispatched_at, redispatches, queue,
+            last_heartbeat_at, progress FROM held
         ON CONFLICT (run_id, seq) DO UPDATE SET
             name = excluded.name, kind = excluded.kind, status = excluded.status,
             input = excluded.input, output = excluded.output, error = excluded.error,
             attempts = excluded.attempts, wake_at = excluded.wake_at,
             started_at = excluded.started_at, finished_at = excluded.finished_at,
-            parallel_group = excluded.parallel_group
+            parallel_group = excluded.parallel_group, dispatched_at = excluded.dispatched_at,
+            redispatches = excluded.redispatches, queue = excluded.queue,
+            last_heartbeat_at = greatest(
+                excluded.last_heartbeat_at, durably_checkpoints.last_heartbeat_at),
+            progress = coalesce(excluded.progress, durably_checkpoints.progress)
         WHERE durably_checkpoints.status <> 'completed'
     ), s AS (
-        SELECT * FROM unnest($15::text[], $16::text[], $17::text[], $18::text[], $19::text[],
-                             $20::bigint[], $21::bigint[], $22::boolean[])
+        SELECT * FROM unnest($20::text[], $21::text[], $22::text[], $23::text[], $24::text[],
+                             $25::bigint[], $26::bigint[], $27::boolean[])
             AS s(id, owner, status, output, error, wake_at, now, terminal)
     ), settled AS (
         UPDATE durably_runs r SET status = s.status, output = s.output, error = s.error,
@@ -70,7 +78,7 @@ _BATCH = """
     )
     SELECT run_id AS id, seq, NULL::boolean AS notified FROM held
     UNION ALL
-    SELECT id, NULL, (SELECT pg_notify($23, 'settled:' || id)) IS NULL FROM settled
+    SELECT id, NULL, (SELECT pg_notify($28, 'settled:' || id)) IS NULL FROM settled
 """
 
 _STILL_HELD = """
@@ -175,7 +183,7 @@ class PgWriteBatcher:
             first.setdefault(params[0], params)
         settle_rows = list(first.values())
         rows = await conn.fetch(
-            _BATCH, *_columns(cp_rows, 14), *_columns(settle_rows, 8), self._channel
+            _BATCH, *_columns(cp_rows, 19), *_columns(settle_rows, 8), self._channel
         )
         held = {(row["id"], row["seq"]) for row in rows if row["seq"] is not None}
         done = {row["id"] for row in rows if row["seq"] is None}

@@ -153,4 +153,47 @@ MIGRATIONS: list[str] = [
     );
     CREATE INDEX durably_published_events_time ON durably_published_events (published_at);
     """,
+    # 4: dispatched steps (dispatch time, redispatches, the flow-control queue
+    # holding their slot, the newest heartbeat and its progress); flow-control
+    # slots (released rows kept for the rate window) and waiters
+    """
+    ALTER TABLE durably_checkpoints ADD COLUMN dispatched_at BIGINT;
+    ALTER TABLE durably_checkpoints ADD COLUMN redispatches INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE durably_checkpoints ADD COLUMN queue TEXT;
+    ALTER TABLE durably_checkpoints ADD COLUMN last_heartbeat_at BIGINT;
+    ALTER TABLE durably_checkpoints ADD COLUMN progress TEXT;
+
+    -- try_admit counts held slots (per fairness key) and admissions in the rate window
+    CREATE TABLE durably_flow_slots (
+        queue TEXT NOT NULL,
+        step_id TEXT NOT NULL,
+        run_id TEXT NOT NULL,
+        fairness_key TEXT NOT NULL,
+        acquired_at BIGINT NOT NULL,
+        released_at BIGINT,
+        PRIMARY KEY (queue, step_id)
+    );
+    CREATE INDEX durably_flow_slots_held ON durably_flow_slots (queue, fairness_key)
+        WHERE released_at IS NULL;
+    CREATE INDEX durably_flow_slots_window ON durably_flow_slots (queue, acquired_at);
+    -- release_slots: the slots a run's steps hold
+    CREATE INDEX durably_flow_slots_run ON durably_flow_slots (run_id)
+        WHERE released_at IS NULL;
+
+    -- steps refused a slot, ranked by priority, fairness and age
+    CREATE TABLE durably_flow_waiters (
+        queue TEXT NOT NULL,
+        step_id TEXT NOT NULL,
+        run_id TEXT NOT NULL,
+        priority INTEGER NOT NULL,
+        fairness_key TEXT NOT NULL,
+        enqueued_at BIGINT NOT NULL,
+        seen_at BIGINT NOT NULL,
+        PRIMARY KEY (queue, step_id)
+    );
+    CREATE INDEX durably_flow_waiters_order
+        ON durably_flow_waiters (queue, priority DESC, enqueued_at);
+    CREATE INDEX durably_flow_waiters_seen ON durably_flow_waiters (queue, seen_at);
+    CREATE INDEX durably_flow_waiters_run ON durably_flow_waiters (run_id);
+    """,
 ]

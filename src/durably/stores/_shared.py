@@ -129,6 +129,18 @@ def checkpoint_params(cp: Checkpoint) -> tuple[Any, ...]:
         cp.started_at,
         cp.finished_at,
         cp.group,
+        *_dispatch_params(cp),
+    )
+
+
+def _dispatch_params(cp: Checkpoint) -> tuple[Any, ...]:
+    """The dispatched-step columns, last in both checkpoint tuples."""
+    return (
+        cp.dispatched_at,
+        cp.redispatches,
+        cp.queue,
+        cp.last_heartbeat_at,
+        dump_json(cp.progress),
     )
 
 
@@ -148,4 +160,5 @@ def completed_params(cp: Checkpoint, payload_text: str | None, now: int) -> tupl
         cp.started_at,
         now,
         cp.group,
+        *_dispatch_params(cp),
     )

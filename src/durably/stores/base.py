@@ -335,7 +335,9 @@ class StateStore(Protocol):
         same transaction, so the wake survives the caller dying right after:
         the run is due for every instance's timer poll."""
 
-    async def resolve_checkpoints(self, resolutions: list[Resolution], now: int) -> list[int | None]:
+    async def resolve_checkpoints(
+        self, resolutions: list[Resolution], now: int
+    ) -> list[int | None]:
         """:meth:`resolve_checkpoint` for many outcomes in one transaction
         (results of a fan's steps arriving together); one answer per entry, in
         order. Both also release the flow-control slot a settled checkpoint

@@ -17,7 +17,9 @@ from ._match import match_index, project
 from ._schedule_rows import check_schedule_changes
 from ._shared import check_run_changes, dead_error, decode_cursor, encode_cursor
 from .base import (
+    Admission,
     EventDelivery,
+    Resolution,
     RunChanges,
     RunPage,
     RunQuery,
@@ -44,6 +46,9 @@ class MemoryStore:
         self._buffered_events: dict[str, deque[Any]] = {}
         self._published: dict[str, int] = {}
         self._schedules: dict[str, ScheduleRecord] = {}
+        # flow control: queue -> step_id -> slot (released ones kept for the rate window)
+        self._slots: dict[str, dict[str, _Slot]] = {}
+        self._flow_waiters: dict[str, dict[str, _FlowWaiter]] = {}
 
     async def open(self) -> None:
         """Nothing to connect to."""
@@ -104,6 +109,13 @@ class MemoryStore:
             return False
         self._checkpoints.pop(run_id, None)
         self._drop_waiters(run_id)
+        for slots in self._slots.values():
+            for step_id in [k for k, slot in slots.items() if slot.run_id == run_id]:
+                if slots[step_id].released_at is None:
+                    del slots[step_id]
+        for waiters in self._flow_waiters.values():
+            for step_id in [k for k, w in waiters.items() if w.run_id == run_id]:
+                del waiters[step_id]
         return True
 
     # -- leases and turns ------------------------------------------------------------
@@ -325,7 +337,8 @@ class MemoryStore:
         error: ErrorInfo | None,
         now: int,
     ) -> int | None:
-        """Settle a pending checkpoint; count its group's pending siblings."""
+        """Settle a pending checkpoint; count its group's pending siblings;
+        free the flow-control slot it holds."""
         history = self._checkpoints.get(run_id, {})
         current = history.get(seq)
         if current is None or current.status in (
@@ -347,7 +360,95 @@ class MemoryStore:
         wake = left == 0 or status is CheckpointStatus.FAILED
         if wake and run is not None and run.status not in TERMINAL_STATUSES:
             run.wake_requested_at = now
+        if current.queue is not None:
+            slot = self._slots.get(current.queue, {}).get(current.step_id)
+            if slot is not None and slot.released_at is None:
+                slot.released_at = now
+                self._wake_first_waiter(current.queue, now)
         return left
+
+    async def resolve_checkpoints(
+        self, resolutions: list[Resolution], now: int
+    ) -> list[int | None]:
+        """:meth:`resolve_checkpoint` for each outcome, in order."""
+        return [
+            await self.resolve_checkpoint(r.run_id, r.seq, r.status, r.output, r.error, now)
+            for r in resolutions
+        ]
+
+    # -- dispatched steps ----------------------------------------------------------------
+
+    async def get_checkpoint(self, run_id: str, seq: int) -> Checkpoint | None:
+        """One checkpoint, or ``None``."""
+        found = self._checkpoints.get(run_id, {}).get(seq)
+        return copy.deepcopy(found) if found is not None else None
+
+    async def record_heartbeat(self, run_id: str, seq: int, at: int, progress: Any) -> bool:
+        """Keep the later heartbeat (and its progress) on a pending checkpoint."""
+        current = self._checkpoints.get(run_id, {}).get(seq)
+        if current is None or current.status is not CheckpointStatus.PENDING:
+            return False
+        current.last_heartbeat_at = max(current.last_heartbeat_at or at, at)
+        if progress is not None:
+            current.progress = copy.deepcopy(progress)
+        return True
+
+    async def try_admit(self, request: Admission, now: int) -> int | None:
+        """A slot for the step, or when to ask again."""
+        queue, step_id = request.queue, request.step_id
+        slots = self._slots.setdefault(queue, {})
+        held = slots.get(step_id)
+        if held is not None and held.released_at is None:
+            return None
+        waiters = self._flow_waiters.setdefault(queue, {})
+        for stale in [k for k, w in waiters.items() if w.seen_at < now - 3 * request.retry_ms]:
+            del waiters[stale]
+        window = now - request.rate_period_ms
+        for old in [
+            k for k, s in slots.items() if s.released_at is not None and s.acquired_at <= window
+        ]:
+            del slots[old]
+        free: int | None = None
+        if request.concurrency is not None:
+            free = request.concurrency - sum(1 for s in slots.values() if s.released_at is None)
+        if request.rate_limit is not None:
+            by_rate = request.rate_limit - sum(1 for s in slots.values() if s.acquired_at > window)
+            free = by_rate if free is None else min(free, by_rate)
+        key = request.fairness_key if request.fairness_key is not None else request.run_id
+        waiter = waiters.get(step_id)
+        waiters[step_id] = _FlowWaiter(
+            request.run_id,
+            request.priority,
+            key,
+            waiter.enqueued_at if waiter is not None else now,
+            now,
+        )
+        admitted = free is None
+        if free is not None and free > 0:
+            admitted = step_id in self._waiters_in_order(queue)[:free]
+        if not admitted:
+            return now + request.retry_ms
+        del waiters[step_id]
+        slots[step_id] = _Slot(request.run_id, key, now, None)
+        return None
+
+    async def release_slots(self, run_id: str, now: int) -> int:
+        """Free the run's slots, drop its waiters, wake each queue's next waiter."""
+        freed = 0
+        touched: set[str] = set()
+        for queue, slots in self._slots.items():
+            for slot in slots.values():
+                if slot.run_id == run_id and slot.released_at is None:
+                    slot.released_at = now
+                    freed += 1
+                    touched.add(queue)
+        for queue, waiters in self._flow_waiters.items():
+            for step_id in [k for k, w in waiters.items() if w.run_id == run_id]:
+                del waiters[step_id]
+                touched.add(queue)
+        for queue in sorted(touched):
+            self._wake_first_waiter(queue, now)
+        return freed
 
     # -- signals -------------------------------------------------------------------------
 
@@ -565,7 +666,42 @@ class MemoryStore:
         existing = self._checkpoints[checkpoint.run_id].get(checkpoint.seq)
         if existing is not None and existing.status is CheckpointStatus.COMPLETED:
             return
-        self._checkpoints[checkpoint.run_id][checkpoint.seq] = copy.deepcopy(checkpoint)
+        stored = copy.deepcopy(checkpoint)
+        if existing is not None:
+            # a heartbeat recorded meanwhile (by any instance) is never lost
+            if existing.last_heartbeat_at is not None and (
+                stored.last_heartbeat_at is None
+                or stored.last_heartbeat_at < existing.last_heartbeat_at
+            ):
+                stored.last_heartbeat_at = existing.last_heartbeat_at
+            if stored.progress is None:
+                stored.progress = existing.progress
+        self._checkpoints[checkpoint.run_id][checkpoint.seq] = stored
+
+    def _waiters_in_order(self, queue: str) -> list[str]:
+        """A queue's waiting step ids in admission order: priority, then the
+        fairness key holding the fewest slots, then the oldest."""
+        held: dict[str, int] = defaultdict(int)
+        for slot in self._slots.get(queue, {}).values():
+            if slot.released_at is None:
+                held[slot.fairness_key] += 1
+        waiters = self._flow_waiters.get(queue, {})
+        return sorted(
+            waiters,
+            key=lambda k: (
+                -waiters[k].priority,
+                held[waiters[k].fairness_key],
+                waiters[k].enqueued_at,
+                k,
+            ),
+        )
+
+    def _wake_first_waiter(self, queue: str, now: int) -> None:
+        order = self._waiters_in_order(queue)
+        if order:
+            run = self._runs.get(self._flow_waiters[queue][order[0]].run_id)
+            if run is not None and run.status not in TERMINAL_STATUSES:
+                run.wake_requested_at = now
 
     def _drop_waiters(self, run_id: str) -> None:
         for token in [t for t, (r, _) in self._waiters.items() if r == run_id]:
@@ -575,6 +711,23 @@ class MemoryStore:
                 del waiters[key]
             if not waiters:
                 del self._event_waiters[name]
+
+
+@dataclasses.dataclass(slots=True)
+class _Slot:
+    run_id: str
+    fairness_key: str
+    acquired_at: int
+    released_at: int | None
+
+
+@dataclasses.dataclass(slots=True)
+class _FlowWaiter:
+    run_id: str
+    priority: int
+    fairness_key: str
+    enqueued_at: int
+    seen_at: int
 
 
 def _stalled(run: Run, before: int) -> bool:

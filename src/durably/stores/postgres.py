@@ -36,6 +36,7 @@ from .. import codec
 from ..model import TERMINAL_STATUSES, Checkpoint, CheckpointStatus, ErrorInfo, Run, RunStatus
 from ._match import match_index, project
 from ._pg_batch import PgWriteBatcher, settle_params
+from ._pg_messages import PgMessageQueue
 from ._postgres_schema import MIGRATIONS
 from ._schedule_rows import SCHEDULE_COLUMNS, check_schedule_changes
 from ._shared import (
@@ -50,7 +51,9 @@ from ._shared import (
     run_params,
 )
 from .base import (
+    Admission,
     EventDelivery,
+    Resolution,
     RunChanges,
     RunPage,
     RunQuery,
@@ -75,19 +78,26 @@ _SELECT_RUN = (
 )
 _CP_COLUMNS = (
     "run_id, seq, name, kind, status, input, output, error, attempts, wake_at, "
-    "started_at, finished_at, parallel_group"
+    "started_at, finished_at, parallel_group, dispatched_at, redispatches, queue, "
+    "last_heartbeat_at, progress"
 )
 _CP_PARAMS = (
     "$1::text, $2::integer, $3::text, $4::text, $5::text, $6::text, $7::text, $8::text, "
-    "$9::integer, $10::bigint, $11::bigint, $12::bigint, $13::text"
+    "$9::integer, $10::bigint, $11::bigint, $12::bigint, $13::text, $14::bigint, "
+    "$15::integer, $16::text, $17::bigint, $18::text"
 )
+# A heartbeat recorded meanwhile (by any instance) is never lost to a save.
 _CP_UPSERT_TAIL = """
     ON CONFLICT (run_id, seq) DO UPDATE SET
         name = excluded.name, kind = excluded.kind, status = excluded.status,
         input = excluded.input, output = excluded.output, error = excluded.error,
         attempts = excluded.attempts, wake_at = excluded.wake_at,
         started_at = excluded.started_at, finished_at = excluded.finished_at,
-        parallel_group = excluded.parallel_group
+        parallel_group = excluded.parallel_group, dispatched_at = excluded.dispatched_at,
+        redispatches = excluded.redispatches, queue = excluded.queue,
+        last_heartbeat_at = greatest(
+            excluded.last_heartbeat_at, durably_checkpoints.last_heartbeat_at),
+        progress = coalesce(excluded.progress, durably_checkpoints.progress)
     WHERE durably_checkpoints.status <> 'completed'
 """
 _UPSERT_CHECKPOINT = (
@@ -97,7 +107,7 @@ _UPSERT_CHECKPOINT = (
 # lease, and upsert only if it is held; the result says whether it was.
 _SAVE_CHECKPOINT_FENCED = f"""
     WITH lease AS (
-        SELECT id FROM durably_runs WHERE id = $1::text AND locked_by = $14::text FOR SHARE
+        SELECT id FROM durably_runs WHERE id = $1::text AND locked_by = $19::text FOR SHARE
     ), saved AS (
         INSERT INTO durably_checkpoints ({_CP_COLUMNS})
         SELECT {_CP_PARAMS} FROM lease
@@ -142,6 +152,8 @@ class PostgresStore:
         """The LISTEN/NOTIFY channel of this store's schema."""
         self._listener: Any = None
         self._on_event: Callable[[str, str], None] | None = None
+        self._listeners: list[Callable[[str, str], None]] = []  # besides on_event
+        self._messages: PgMessageQueue | None = None
         if self.schema is not None and not _SCHEMA_NAME.match(self.schema):
             raise ValueError(f"invalid schema name {self.schema!r}")
         self._dsn = dsn
@@ -183,8 +195,28 @@ class PostgresStore:
         """LISTEN on this schema's channel; ``on_event(kind, run_id)`` for each
         notification. The listening connection is re-opened if it drops."""
         self._on_event = on_event
-        await self._listen()
+        if self._listener is None:
+            await self._listen()
         return True
+
+    async def listen(self, listener: Callable[[str, str], None]) -> Callable[[], None]:
+        """Also call ``listener(kind, argument)`` for each notification on the
+        channel (LISTENing from now on); returns its removal."""
+        self._listeners.append(listener)
+        if self._listener is None:
+            await self._listen()
+
+        def unlisten() -> None:
+            if listener in self._listeners:
+                self._listeners.remove(listener)
+
+        return unlisten
+
+    def messages(self) -> PgMessageQueue:
+        """The message queue in this schema (the ``db`` transport's), made on first use."""
+        if self._messages is None:
+            self._messages = PgMessageQueue(self._ready, self.channel, self.listen)
+        return self._messages
 
     async def _listen(self) -> None:
         kwargs = dict(self._connect_kwargs)
@@ -198,9 +230,11 @@ class PostgresStore:
         kind, _, run_id = payload.partition(":")
         if self._on_event is not None:
             self._on_event(kind, run_id)
+        for listener in list(self._listeners):
+            listener(kind, run_id)
 
     def _listener_lost(self, _conn: Any) -> None:
-        if self._on_event is None or self._pool is None:
+        if (self._on_event is None and not self._listeners) or self._pool is None:
             return  # closing
         _log.warning("lost the LISTEN connection of %s; reconnecting", self.channel)
         asyncio.get_running_loop().create_task(self._relisten())
@@ -217,6 +251,7 @@ class PostgresStore:
     async def close(self) -> None:
         """Commit queued writes and close the pool."""
         self._on_event = None
+        self._listeners.clear()
         listener, self._listener = self._listener, None
         if listener is not None:
             await listener.close()
@@ -370,6 +405,12 @@ class PostgresStore:
             )
             await conn.execute("DELETE FROM durably_checkpoints WHERE run_id = $1", run_id)
             await conn.execute(_DELETE_WAITERS, run_id)
+            await conn.execute(
+                "WITH slots AS (DELETE FROM durably_flow_slots "
+                "WHERE run_id = $1 AND released_at IS NULL) "
+                "DELETE FROM durably_flow_waiters WHERE run_id = $1",
+                run_id,
+            )
         return bool(found)
 
     # -- leases and turns ------------------------------------------------------------
@@ -404,7 +445,8 @@ class PostgresStore:
             f"RETURNING {_SELECT_RUN}) "
             "SELECT r.*, (SELECT coalesce(json_agg(json_build_array(c.seq, c.name, c.kind, "
             "c.status, c.input, c.output, c.error, c.attempts, c.wake_at, c.started_at, "
-            "c.finished_at, c.parallel_group) ORDER BY c.seq), '[]')::text "
+            "c.finished_at, c.parallel_group, c.dispatched_at, c.redispatches, c.queue, "
+            "c.last_heartbeat_at, c.progress) ORDER BY c.seq), '[]')::text "
             "FROM durably_checkpoints c WHERE c.run_id = r.id) AS history FROM r",
             owner,
             lease_until,
@@ -430,6 +472,11 @@ class PostgresStore:
                 started_at=item[9],
                 finished_at=item[10],
                 group=item[11],
+                dispatched_at=item[12],
+                redispatches=item[13],
+                queue=item[14],
+                last_heartbeat_at=item[15],
+                progress=codec.loads(item[16]),
             )
             history[checkpoint.seq] = checkpoint
         return _row_to_run(row), history
@@ -751,46 +798,188 @@ class PostgresStore:
         error: ErrorInfo | None,
         now: int,
     ) -> int | None:
-        """Settle a pending checkpoint; count its group's pending siblings."""
+        """Settle a pending checkpoint; count its group's pending siblings;
+        free the flow-control slot it holds."""
+        resolution = Resolution(run_id, seq, status, output, error)
+        return (await self.resolve_checkpoints([resolution], now))[0]
+
+    async def resolve_checkpoints(
+        self, resolutions: list[Resolution], now: int
+    ) -> list[int | None]:
+        """:meth:`resolve_checkpoint` for many outcomes, in one transaction of a
+        few statements whatever their number."""
+        if not resolutions:
+            return []
+        # A position named twice is settled by its first entry; the second finds it settled.
+        firsts: dict[tuple[str, int], int] = {}
+        for index, r in enumerate(resolutions):
+            firsts.setdefault((r.run_id, r.seq), index)
+        entries = [resolutions[i] for i in firsts.values()]
+        waiter_runs: list[str] = []
         async with self._transaction() as conn:
             # Serialise siblings settling at once: under READ COMMITTED each
             # would otherwise count the other as pending and none would wake
-            # the parent.
-            await conn.execute("SELECT 1 FROM durably_runs WHERE id = $1 FOR UPDATE", run_id)
-            row = await conn.fetchrow(
-                "UPDATE durably_checkpoints SET status = $1, output = $2, error = $3, "
-                "finished_at = $4 WHERE run_id = $5 AND seq = $6 "
-                "AND status NOT IN ('completed', 'failed') RETURNING parallel_group",
-                status.value,
-                dump_json(output),
-                dump_json(error),
-                now,
-                run_id,
-                seq,
+            # the parent. Locked in id order, so batches never deadlock.
+            await conn.execute(
+                "SELECT 1 FROM durably_runs WHERE id = ANY($1::text[]) ORDER BY id FOR UPDATE",
+                sorted({r.run_id for r in entries}),
             )
-            if row is None:
-                return None
-            group = row["parallel_group"]
-            left = 0
-            if group is not None:
-                left = await conn.fetchval(
-                    "SELECT count(*) FROM durably_checkpoints "
-                    "WHERE run_id = $1 AND parallel_group = $2 AND status = 'pending'",
-                    run_id,
-                    group,
+            rows = await conn.fetch(
+                "UPDATE durably_checkpoints c SET status = v.status, output = v.output, "
+                "error = v.error, finished_at = $6 FROM unnest($1::text[], $2::integer[], "
+                "$3::text[], $4::text[], $5::text[]) AS v(run_id, seq, status, output, error), "
+                "durably_checkpoints old "
+                "WHERE c.run_id = v.run_id AND c.seq = v.seq "
+                "AND old.run_id = c.run_id AND old.seq = c.seq "
+                "AND c.status NOT IN ('completed', 'failed') "
+                "RETURNING c.run_id, c.seq, c.parallel_group, c.queue, old.status AS was",
+                [r.run_id for r in entries],
+                [r.seq for r in entries],
+                [r.status.value for r in entries],
+                [dump_json(r.output) for r in entries],
+                [dump_json(r.error) for r in entries],
+                now,
+            )
+            settled = {(row["run_id"], row["seq"]): row for row in rows}
+            grouped = list(
+                {
+                    (row["run_id"], row["parallel_group"])
+                    for row in rows
+                    if row["parallel_group"] is not None
+                }
+            )
+            pending: dict[tuple[str, str], int] = {}
+            if grouped:
+                counted = await conn.fetch(
+                    "SELECT run_id, parallel_group, count(*) AS left FROM durably_checkpoints "
+                    "WHERE (run_id, parallel_group) IN "
+                    "(SELECT * FROM unnest($1::text[], $2::text[])) AND status = 'pending' "
+                    "GROUP BY run_id, parallel_group",
+                    [g[0] for g in grouped],
+                    [g[1] for g in grouped],
                 )
-            if left == 0 or status is CheckpointStatus.FAILED:
-                await conn.execute(
-                    "UPDATE durably_runs SET wake_requested_at = $1 "
-                    "WHERE id = $2 AND status <> ALL($3::text[])",
+                pending = {(c["run_id"], c["parallel_group"]): c["left"] for c in counted}
+            # Entry by entry, in order: the siblings still pending once it settled
+            # are those pending now plus those pending ones later entries settled.
+            later: dict[tuple[str, str], int] = {}
+            answers: dict[int, int] = {}
+            wake: set[str] = set()
+            for index in reversed(firsts.values()):
+                r = resolutions[index]
+                row = settled.get((r.run_id, r.seq))
+                if row is None:
+                    continue
+                group = row["parallel_group"]
+                left = 0
+                if group is not None:
+                    left = pending.get((r.run_id, group), 0) + later.get((r.run_id, group), 0)
+                    if row["was"] == CheckpointStatus.PENDING.value:
+                        later[(r.run_id, group)] = later.get((r.run_id, group), 0) + 1
+                answers[index] = left
+                if left == 0 or r.status is CheckpointStatus.FAILED:
+                    wake.add(r.run_id)
+            for run_id in sorted(wake):
+                await conn.execute(_WAKE_RUN, now, run_id, _TERMINAL, self.channel)
+            holding = [row for row in rows if row["queue"] is not None]
+            if holding:
+                freed = await conn.fetch(
+                    "UPDATE durably_flow_slots s SET released_at = $3 "
+                    "FROM unnest($1::text[], $2::text[]) AS v(queue, step_id) "
+                    "WHERE s.queue = v.queue AND s.step_id = v.step_id "
+                    "AND s.released_at IS NULL RETURNING s.queue",
+                    [row["queue"] for row in holding],
+                    [f"{row['run_id']}:{row['seq']}" for row in holding],
                     now,
-                    run_id,
-                    _TERMINAL,
                 )
-                await conn.execute(
-                    "SELECT pg_notify($1, 'wake:' || $2::text)", self.channel, run_id
-                )
-            return int(left)
+                waiter_runs = await _first_waiters(conn, {row["queue"] for row in freed})
+        await self._wake_waiters(waiter_runs, now)
+        return [answers.get(index) for index in range(len(resolutions))]
+
+    # -- dispatched steps --------------------------------------------------------------
+
+    async def get_checkpoint(self, run_id: str, seq: int) -> Checkpoint | None:
+        """One checkpoint, or ``None``."""
+        row = await self._ready().fetchrow(
+            f"SELECT {_CP_COLUMNS} FROM durably_checkpoints WHERE run_id = $1 AND seq = $2",
+            run_id,
+            seq,
+        )
+        return _row_to_checkpoint(row) if row is not None else None
+
+    async def record_heartbeat(self, run_id: str, seq: int, at: int, progress: Any) -> bool:
+        """Keep the later heartbeat (and its progress) on a pending checkpoint."""
+        done = await self._ready().fetchval(
+            "UPDATE durably_checkpoints SET "
+            "last_heartbeat_at = greatest(last_heartbeat_at, $1::bigint), "
+            "progress = coalesce($2::text, progress) "
+            "WHERE run_id = $3 AND seq = $4 AND status = 'pending' RETURNING true",
+            at,
+            dump_json(progress),
+            run_id,
+            seq,
+        )
+        return bool(done)
+
+    async def try_admit(self, request: Admission, now: int) -> int | None:
+        """A slot for the step, or when to ask again: one transaction holding
+        the queue's advisory lock, so racing askers fleet-wide are serialised."""
+        queue, step_id = request.queue, request.step_id
+        key = request.fairness_key if request.fairness_key is not None else request.run_id
+        window = now - request.rate_period_ms
+        async with self._transaction() as conn:
+            await conn.execute(_LOCK_TOKEN, _flow_lock(queue))
+            row = await conn.fetchrow(
+                _ASK_FOR_SLOT,
+                queue,
+                step_id,
+                now - 3 * request.retry_ms,
+                window,
+                request.run_id,
+                request.priority,
+                key,
+                now,
+            )
+            if row["mine"]:
+                return None
+            free: int | None = None
+            if request.concurrency is not None:
+                free = request.concurrency - row["held"]
+            if request.rate_limit is not None:
+                by_rate = request.rate_limit - row["recent"]
+                free = by_rate if free is None else min(free, by_rate)
+            admitted = free is None
+            if free is not None and free > 0:
+                first = await conn.fetch(_WAITERS_IN_ORDER, queue, free)
+                admitted = any(waiter["step_id"] == step_id for waiter in first)
+            if not admitted:
+                return now + request.retry_ms
+            await conn.execute(_TAKE_SLOT, queue, step_id, request.run_id, key, now)
+            return None
+
+    async def release_slots(self, run_id: str, now: int) -> int:
+        """Free the run's slots, drop its waiters, wake each queue's next waiter."""
+        async with self._transaction() as conn:
+            rows = await conn.fetch(
+                "WITH freed AS (UPDATE durably_flow_slots SET released_at = $2 "
+                "WHERE run_id = $1 AND released_at IS NULL RETURNING queue), "
+                "dropped AS (DELETE FROM durably_flow_waiters WHERE run_id = $1 RETURNING queue) "
+                "SELECT queue, true AS freed FROM freed "
+                "UNION ALL SELECT queue, false FROM dropped",
+                run_id,
+                now,
+            )
+            waiter_runs = await _first_waiters(conn, {row["queue"] for row in rows})
+        await self._wake_waiters(waiter_runs, now)
+        return sum(1 for row in rows if row["freed"])
+
+    async def _wake_waiters(self, run_ids: list[str], now: int) -> None:
+        """Stamp the wakes of the runs first in line for freed slots. After the
+        commit, one statement each: holding our runs' locks while taking others'
+        could deadlock against a settle of those runs waking ours. A wake lost
+        to a crash just here costs the waiter its ``retry_ms``."""
+        pool = self._ready()
+        for run_id in sorted(set(run_ids)):
+            await pool.execute(_WAKE_RUN, now, run_id, _TERMINAL, self.channel)
 
     # -- signals -------------------------------------------------------------------------
 
@@ -1153,6 +1342,83 @@ _DELIVER_EVENT = """
 of those whose run is live, in one statement; returns those runs."""
 
 
+def _flow_lock(queue: str) -> str:
+    """The advisory-lock key of a flow-control queue, apart from tokens and events."""
+    return f"durably:flow:{queue}"
+
+
+_WAKE_RUN = (
+    "UPDATE durably_runs SET wake_requested_at = $1 "
+    "WHERE id = $2 AND status <> ALL($3::text[]) "
+    "RETURNING (SELECT pg_notify($4, 'wake:' || id)) IS NULL"
+)
+
+# The waiters of a queue in admission order: priority, then the fairness key
+# holding the fewest slots, then the oldest (the step id breaks ties).
+_WAITERS_IN_ORDER = """
+    SELECT w.step_id, w.run_id FROM durably_flow_waiters w
+    LEFT JOIN (
+        SELECT fairness_key, count(*) AS held FROM durably_flow_slots
+        WHERE queue = $1 AND released_at IS NULL GROUP BY fairness_key
+    ) h ON h.fairness_key = w.fairness_key
+    WHERE w.queue = $1
+    ORDER BY w.priority DESC, coalesce(h.held, 0), w.enqueued_at, w.step_id
+    LIMIT $2
+"""
+
+# try_admit under the queue's lock, in one statement: does the step hold a
+# slot already; drop waiters unseen for 3 * retry_ms ($3) and released slots
+# older than the rate window ($4); register (or refresh) the asker as a
+# waiter, keeping its place unless it had expired; count the held slots and
+# the admissions within the window. (The counts, taken from the statement's
+# snapshot, are unchanged by the pruning: pruned slots count in neither.)
+_ASK_FOR_SLOT = """
+    WITH mine AS (
+        SELECT EXISTS (
+            SELECT 1 FROM durably_flow_slots
+            WHERE queue = $1 AND step_id = $2 AND released_at IS NULL
+        ) AS held
+    ), pruned_waiters AS (
+        DELETE FROM durably_flow_waiters WHERE queue = $1 AND seen_at < $3 AND step_id <> $2
+    ), pruned_slots AS (
+        DELETE FROM durably_flow_slots
+        WHERE queue = $1 AND released_at IS NOT NULL AND acquired_at <= $4
+    ), waiting AS (
+        INSERT INTO durably_flow_waiters
+            (queue, step_id, run_id, priority, fairness_key, enqueued_at, seen_at)
+        SELECT $1, $2, $5, $6, $7, $8, $8 FROM mine WHERE NOT mine.held
+        ON CONFLICT (queue, step_id) DO UPDATE SET
+            run_id = excluded.run_id, priority = excluded.priority,
+            fairness_key = excluded.fairness_key, seen_at = excluded.seen_at,
+            enqueued_at = CASE WHEN durably_flow_waiters.seen_at < $3
+                THEN excluded.enqueued_at ELSE durably_flow_waiters.enqueued_at END
+    )
+    SELECT (SELECT held FROM mine) AS mine,
+        count(*) FILTER (WHERE released_at IS NULL) AS held,
+        count(*) FILTER (WHERE acquired_at > $4) AS recent
+    FROM durably_flow_slots WHERE queue = $1
+"""
+
+_TAKE_SLOT = """
+    WITH admitted AS (DELETE FROM durably_flow_waiters WHERE queue = $1 AND step_id = $2)
+    INSERT INTO durably_flow_slots (queue, step_id, run_id, fairness_key, acquired_at)
+    VALUES ($1, $2, $3, $4, $5)
+    ON CONFLICT (queue, step_id) DO UPDATE SET
+        run_id = excluded.run_id, fairness_key = excluded.fairness_key,
+        acquired_at = excluded.acquired_at, released_at = NULL
+"""
+
+
+async def _first_waiters(conn: Any, queues: set[str]) -> list[str]:
+    """The runs whose steps are first in line for each of ``queues``."""
+    runs: list[str] = []
+    for queue in sorted(queues):
+        row = await conn.fetchrow(_WAITERS_IN_ORDER, queue, 1)
+        if row is not None:
+            runs.append(row["run_id"])
+    return runs
+
+
 def _event_lock(name: str) -> str:
     """The advisory-lock key of an event name, apart from any signal token."""
     return f"durably:event:{name}"
@@ -1275,4 +1541,9 @@ def _row_to_checkpoint(row: Any) -> Checkpoint:
         started_at=row["started_at"],
         finished_at=row["finished_at"],
         group=row["parallel_group"],
+        dispatched_at=row["dispatched_at"],
+        redispatches=row["redispatches"],
+        queue=row["queue"],
+        last_heartbeat_at=row["last_heartbeat_at"],
+        progress=codec.loads(row["progress"]),
     )

@@ -31,10 +31,13 @@ from ._shared import (
     encode_cursor,
     run_params,
 )
+from ._sqlite_messages import SqliteMessageQueue
 from ._sqlite_schema import MIGRATIONS
 from ._sqlite_thread import SqliteThread
 from .base import (
+    Admission,
     EventDelivery,
+    Resolution,
     RunChanges,
     RunPage,
     RunQuery,
@@ -52,17 +55,23 @@ _RUN_COLUMNS = (
 )
 _CP_COLUMNS = (
     "run_id, seq, name, kind, status, input, output, error, attempts, wake_at, "
-    "started_at, finished_at, parallel_group"
+    "started_at, finished_at, parallel_group, dispatched_at, redispatches, queue, "
+    "last_heartbeat_at, progress"
 )
 _TERMINAL_SQL = ", ".join(f"'{s.value}'" for s in sorted(TERMINAL_STATUSES))
 _UPSERT_CHECKPOINT = f"""
-    INSERT INTO durably_checkpoints ({_CP_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)
+    INSERT INTO durably_checkpoints ({_CP_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)
     ON CONFLICT (run_id, seq) DO UPDATE SET
         name = excluded.name, kind = excluded.kind, status = excluded.status,
         input = excluded.input, output = excluded.output, error = excluded.error,
         attempts = excluded.attempts, wake_at = excluded.wake_at,
         started_at = excluded.started_at, finished_at = excluded.finished_at,
-        parallel_group = excluded.parallel_group
+        parallel_group = excluded.parallel_group, dispatched_at = excluded.dispatched_at,
+        redispatches = excluded.redispatches, queue = excluded.queue,
+        last_heartbeat_at = coalesce(
+            max(excluded.last_heartbeat_at, durably_checkpoints.last_heartbeat_at),
+            excluded.last_heartbeat_at, durably_checkpoints.last_heartbeat_at),
+        progress = coalesce(excluded.progress, durably_checkpoints.progress)
     WHERE durably_checkpoints.status != 'completed'
 """
 _HOLDS_LEASE = "SELECT 1 FROM durably_runs WHERE id = ? AND locked_by = ?"
@@ -94,6 +103,7 @@ class SqliteStore:
         self.ordered_writes = True  # one connection, one thread, FIFO
         self._db = SqliteThread(self.path, busy_timeout_ms=busy_timeout_ms)
         self._opened = False
+        self._messages: SqliteMessageQueue | None = None
 
     async def open(self) -> None:
         """Open the file (creating its folder) and migrate the schema."""
@@ -114,6 +124,12 @@ class SqliteStore:
     async def subscribe(self, on_event: Callable[[str, str], None]) -> bool:
         """No cross-process channel: the engine polls."""
         return False
+
+    def messages(self) -> SqliteMessageQueue:
+        """The message queue in this file (the ``db`` transport's), made on first use."""
+        if self._messages is None:
+            self._messages = SqliteMessageQueue(self._db, self.path)
+        return self._messages
 
     # -- runs --------------------------------------------------------------------
 
@@ -216,6 +232,7 @@ class SqliteStore:
         def op(conn: sqlite3.Connection) -> bool:
             conn.execute("DELETE FROM durably_checkpoints WHERE run_id = ?", (run_id,))
             _drop_waiters(conn, run_id)
+            _release_run_slots(conn, run_id, now=None)
             return conn.execute("DELETE FROM durably_runs WHERE id = ?", (run_id,)).rowcount == 1
 
         return await self._db.run(op)
@@ -562,32 +579,67 @@ class SqliteStore:
         error: ErrorInfo | None,
         now: int,
     ) -> int | None:
-        """Settle a pending checkpoint; count its group's pending siblings."""
-        values = (status.value, dump_json(output), dump_json(error), now, run_id, seq)
+        """Settle a pending checkpoint; count its group's pending siblings;
+        free the flow-control slot it holds."""
+        resolution = Resolution(run_id, seq, status, output, error)
+        return (await self.resolve_checkpoints([resolution], now))[0]
 
-        def op(conn: sqlite3.Connection) -> int | None:
+    async def resolve_checkpoints(
+        self, resolutions: list[Resolution], now: int
+    ) -> list[int | None]:
+        """:meth:`resolve_checkpoint` for many outcomes, in one transaction."""
+        values = [
+            (r.status, dump_json(r.output), dump_json(r.error), r.run_id, r.seq)
+            for r in resolutions
+        ]
+
+        def op(conn: sqlite3.Connection) -> list[int | None]:
+            return [_resolve(conn, *entry, now) for entry in values]
+
+        return await self._db.run(op)
+
+    # -- dispatched steps --------------------------------------------------------------
+
+    async def get_checkpoint(self, run_id: str, seq: int) -> Checkpoint | None:
+        """One checkpoint, or ``None``."""
+
+        def op(conn: sqlite3.Connection) -> Checkpoint | None:
             row = conn.execute(
-                "UPDATE durably_checkpoints SET status = ?, output = ?, error = ?, "
-                "finished_at = ? WHERE run_id = ? AND seq = ? "
-                "AND status NOT IN ('completed', 'failed') RETURNING parallel_group",
-                values,
+                f"SELECT {_CP_COLUMNS} FROM durably_checkpoints WHERE run_id = ? AND seq = ?",
+                (run_id, seq),
             ).fetchone()
-            if row is None:
-                return None
-            left = 0
-            if row[0] is not None:
-                left = conn.execute(
-                    "SELECT count(*) FROM durably_checkpoints "
-                    "WHERE run_id = ? AND parallel_group = ? AND status = 'pending'",
-                    (run_id, row[0]),
-                ).fetchone()[0]
-            if left == 0 or status is CheckpointStatus.FAILED:
-                conn.execute(
-                    "UPDATE durably_runs SET wake_requested_at = ? "
-                    f"WHERE id = ? AND status NOT IN ({_TERMINAL_SQL})",
-                    (now, run_id),
-                )
-            return int(left)
+            return _row_to_checkpoint(row) if row else None
+
+        return await self._db.run(op)
+
+    async def record_heartbeat(self, run_id: str, seq: int, at: int, progress: Any) -> bool:
+        """Keep the later heartbeat (and its progress) on a pending checkpoint."""
+        params = (at, at, dump_json(progress), run_id, seq)
+
+        def op(conn: sqlite3.Connection) -> bool:
+            cur = conn.execute(
+                "UPDATE durably_checkpoints SET last_heartbeat_at = CASE "
+                "WHEN last_heartbeat_at IS NULL OR last_heartbeat_at < ? THEN ? "
+                "ELSE last_heartbeat_at END, progress = coalesce(?, progress) "
+                "WHERE run_id = ? AND seq = ? AND status = 'pending'",
+                params,
+            )
+            return cur.rowcount == 1
+
+        return await self._db.run(op)
+
+    async def try_admit(self, request: Admission, now: int) -> int | None:
+        """A slot for the step, or when to ask again (serialised by the one writer)."""
+        return await self._db.run(lambda conn: _try_admit(conn, request, now))
+
+    async def release_slots(self, run_id: str, now: int) -> int:
+        """Free the run's slots, drop its waiters, wake each queue's next waiter."""
+
+        def op(conn: sqlite3.Connection) -> int:
+            freed, queues = _release_run_slots(conn, run_id, now)
+            for queue in sorted(queues):
+                _wake_first_waiter(conn, queue, now)
+            return freed
 
         return await self._db.run(op)
 
@@ -950,6 +1002,157 @@ def _migrate(conn: sqlite3.Connection) -> None:
         )
 
 
+def _resolve(
+    conn: sqlite3.Connection,
+    status: CheckpointStatus,
+    output: str | None,
+    error: str | None,
+    run_id: str,
+    seq: int,
+    now: int,
+) -> int | None:
+    """Settle one pending checkpoint (see ``StateStore.resolve_checkpoint``)."""
+    row = conn.execute(
+        "UPDATE durably_checkpoints SET status = ?, output = ?, error = ?, "
+        "finished_at = ? WHERE run_id = ? AND seq = ? "
+        "AND status NOT IN ('completed', 'failed') RETURNING parallel_group, queue",
+        (status.value, output, error, now, run_id, seq),
+    ).fetchone()
+    if row is None:
+        return None
+    group, queue = row
+    left = 0
+    if group is not None:
+        left = conn.execute(
+            "SELECT count(*) FROM durably_checkpoints "
+            "WHERE run_id = ? AND parallel_group = ? AND status = 'pending'",
+            (run_id, group),
+        ).fetchone()[0]
+    if left == 0 or status is CheckpointStatus.FAILED:
+        conn.execute(
+            "UPDATE durably_runs SET wake_requested_at = ? "
+            f"WHERE id = ? AND status NOT IN ({_TERMINAL_SQL})",
+            (now, run_id),
+        )
+    if queue is not None:
+        freed = conn.execute(
+            "UPDATE durably_flow_slots SET released_at = ? "
+            "WHERE queue = ? AND step_id = ? AND released_at IS NULL",
+            (now, queue, f"{run_id}:{seq}"),
+        )
+        if freed.rowcount:
+            _wake_first_waiter(conn, queue, now)
+    return int(left)
+
+
+# The waiters of a queue in admission order: priority, then the fairness key
+# holding the fewest slots, then the oldest (the step id breaks ties).
+_WAITERS_IN_ORDER = """
+    SELECT w.step_id, w.run_id FROM durably_flow_waiters w
+    LEFT JOIN (
+        SELECT fairness_key, count(*) AS held FROM durably_flow_slots
+        WHERE queue = ? AND released_at IS NULL GROUP BY fairness_key
+    ) h ON h.fairness_key = w.fairness_key
+    WHERE w.queue = ?
+    ORDER BY w.priority DESC, coalesce(h.held, 0), w.enqueued_at, w.step_id
+    LIMIT ?
+"""
+
+
+def _try_admit(conn: sqlite3.Connection, request: Admission, now: int) -> int | None:
+    """``StateStore.try_admit`` inside the writer's transaction."""
+    queue, step_id = request.queue, request.step_id
+    key = request.fairness_key if request.fairness_key is not None else request.run_id
+    if conn.execute(
+        "SELECT 1 FROM durably_flow_slots WHERE queue = ? AND step_id = ? AND released_at IS NULL",
+        (queue, step_id),
+    ).fetchone():
+        return None
+    conn.execute(
+        "DELETE FROM durably_flow_waiters WHERE queue = ? AND seen_at < ?",
+        (queue, now - 3 * request.retry_ms),
+    )
+    conn.execute(
+        "DELETE FROM durably_flow_slots "
+        "WHERE queue = ? AND released_at IS NOT NULL AND acquired_at <= ?",
+        (queue, now - request.rate_period_ms),
+    )
+    free: int | None = None
+    if request.concurrency is not None:
+        held = conn.execute(
+            "SELECT count(*) FROM durably_flow_slots WHERE queue = ? AND released_at IS NULL",
+            (queue,),
+        ).fetchone()[0]
+        free = request.concurrency - int(held)
+    if request.rate_limit is not None:
+        recent = conn.execute(
+            "SELECT count(*) FROM durably_flow_slots WHERE queue = ? AND acquired_at > ?",
+            (queue, now - request.rate_period_ms),
+        ).fetchone()[0]
+        by_rate = request.rate_limit - int(recent)
+        free = by_rate if free is None else min(free, by_rate)
+    conn.execute(
+        "INSERT INTO durably_flow_waiters "
+        "(queue, step_id, run_id, priority, fairness_key, enqueued_at, seen_at) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (queue, step_id) DO UPDATE SET "
+        "run_id = excluded.run_id, priority = excluded.priority, "
+        "fairness_key = excluded.fairness_key, seen_at = excluded.seen_at",
+        (queue, step_id, request.run_id, request.priority, key, now, now),
+    )
+    admitted = free is None
+    if free is not None and free > 0:
+        first = conn.execute(_WAITERS_IN_ORDER, (queue, queue, free)).fetchall()
+        admitted = any(row[0] == step_id for row in first)
+    if not admitted:
+        return now + request.retry_ms
+    conn.execute(
+        "DELETE FROM durably_flow_waiters WHERE queue = ? AND step_id = ?", (queue, step_id)
+    )
+    conn.execute(
+        "INSERT INTO durably_flow_slots "
+        "(queue, step_id, run_id, fairness_key, acquired_at, released_at) "
+        "VALUES (?, ?, ?, ?, ?, NULL) ON CONFLICT (queue, step_id) DO UPDATE SET "
+        "run_id = excluded.run_id, fairness_key = excluded.fairness_key, "
+        "acquired_at = excluded.acquired_at, released_at = NULL",
+        (queue, step_id, request.run_id, key, now),
+    )
+    return None
+
+
+def _release_run_slots(
+    conn: sqlite3.Connection, run_id: str, now: int | None
+) -> tuple[int, set[str]]:
+    """Free a run's slots and drop its waiters; how many slots were freed and
+    the queues touched. ``now=None`` (the run is deleted) deletes the slots."""
+    if now is None:
+        freed = conn.execute(
+            "DELETE FROM durably_flow_slots WHERE run_id = ? AND released_at IS NULL "
+            "RETURNING queue",
+            (run_id,),
+        ).fetchall()
+    else:
+        freed = conn.execute(
+            "UPDATE durably_flow_slots SET released_at = ? "
+            "WHERE run_id = ? AND released_at IS NULL RETURNING queue",
+            (now, run_id),
+        ).fetchall()
+    dropped = conn.execute(
+        "DELETE FROM durably_flow_waiters WHERE run_id = ? RETURNING queue", (run_id,)
+    ).fetchall()
+    return len(freed), {row[0] for row in freed} | {row[0] for row in dropped}
+
+
+def _wake_first_waiter(conn: sqlite3.Connection, queue: str, now: int) -> None:
+    """Stamp the wake of the run whose step is first in line for ``queue``."""
+    row = conn.execute(_WAITERS_IN_ORDER, (queue, queue, 1)).fetchone()
+    if row is not None:
+        conn.execute(
+            "UPDATE durably_runs SET wake_requested_at = ? "
+            f"WHERE id = ? AND status NOT IN ({_TERMINAL_SQL})",
+            (now, row[1]),
+        )
+
+
 def _drop_waiters(conn: sqlite3.Connection, run_id: str) -> None:
     """Forget every signal and event wait of a run that ended or is deleted."""
     conn.execute("DELETE FROM durably_signal_waiters WHERE run_id = ?", (run_id,))
@@ -1073,4 +1276,9 @@ def _row_to_checkpoint(row: tuple[Any, ...]) -> Checkpoint:
         started_at=row[10],
         finished_at=row[11],
         group=row[12],
+        dispatched_at=row[13],
+        redispatches=row[14],
+        queue=row[15],
+        last_heartbeat_at=row[16],
+        progress=codec.loads(row[17]),
     )

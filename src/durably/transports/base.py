@@ -16,12 +16,14 @@ from collections.abc import Awaitable, Callable, Collection
 from typing import Protocol, runtime_checkable
 
 from ..errors import DurablyError
+from ..stores._messages import MessageQueue
 from ..wire import Heartbeat, StepResult, StepTask
 
 __all__ = [
     "CancelHandler",
     "HeartbeatHandler",
     "ResultHandler",
+    "RunCarrier",
     "TaskHandler",
     "Transport",
     "TransportError",
@@ -95,3 +97,12 @@ class Transport(Protocol):
 
     def on_cancel(self, handler: CancelHandler) -> None:
         """Register the worker's cancel-notice handler."""
+
+
+@runtime_checkable
+class RunCarrier(Protocol):
+    """A transport that also carries the fleet's run queue (``db``): runs to
+    execute travel through it and spread over every driving instance."""
+
+    def run_queue(self) -> MessageQueue:
+        """The message queue runs are queued on."""

@@ -15,7 +15,8 @@ import asyncio
 import heapq
 import itertools
 import logging
-from collections.abc import Collection
+from collections.abc import Collection, Coroutine
+from typing import Any
 
 from ..wire import Heartbeat, StepResult, StepTask
 from .base import CancelHandler, HeartbeatHandler, ResultHandler, TaskHandler
@@ -24,6 +25,7 @@ __all__ = ["LocalTransport"]
 
 _log = logging.getLogger("durably.transport")
 _RESULT_BATCH = 256
+_REDELIVER_DELAY_S = 1.0
 
 
 class LocalTransport:
@@ -45,6 +47,7 @@ class LocalTransport:
         self._result_ready = asyncio.Event()
         self._consumer: asyncio.Task[None] | None = None
         self._cancel_handlers: list[CancelHandler] = []
+        self._retrying: set[asyncio.Task[None]] = set()
 
     async def open(self) -> None:
         """Nothing to connect."""
@@ -56,6 +59,8 @@ class LocalTransport:
         if consumer is not None:
             consumer.cancel()
             await asyncio.gather(consumer, return_exceptions=True)
+        for task in list(self._retrying):
+            task.cancel()
 
     async def dispatch(self, tasks: list[StepTask]) -> None:
         """Enqueue the tasks; a serving consumer picks them up."""
@@ -152,7 +157,22 @@ class LocalTransport:
                 try:
                     await on_results(batch)
                 except Exception:
+                    # Delivered again later: a result is the last copy of the work.
                     _log.exception("a batch of %d step results could not be settled", len(batch))
+                    self._later(self._requeue(batch))
+
+    def _later(self, action: Coroutine[Any, Any, None]) -> None:
+        async def delayed() -> None:
+            await asyncio.sleep(_REDELIVER_DELAY_S)
+            await action
+
+        task = asyncio.create_task(delayed())
+        self._retrying.add(task)
+        task.add_done_callback(self._retrying.discard)
+
+    async def _requeue(self, results: list[StepResult]) -> None:
+        self._results.extend(results)
+        self._result_ready.set()
 
     async def send_result(self, result: StepResult) -> None:
         """Queue ``result`` for the results consumer."""

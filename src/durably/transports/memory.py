@@ -17,6 +17,7 @@ from .base import CancelHandler, HeartbeatHandler, ResultHandler, TaskHandler
 __all__ = ["MemoryTransport"]
 
 _log = logging.getLogger("durably.transport")
+_RESULT_BATCH = 256
 
 
 class MemoryTransport:
@@ -80,8 +81,8 @@ class MemoryTransport:
         beats, self._held_beats = self._held_beats, []
         for beat in beats:
             await on_heartbeat(beat)
-        if held:
-            await on_results(held)
+        for start in range(0, len(held), _RESULT_BATCH):
+            await on_results(held[start : start + _RESULT_BATCH])
 
     async def send_result(self, result: StepResult) -> None:
         """Hand ``result`` to the consumer, or hold it until one starts."""

@@ -1,0 +1,459 @@
+"""The ``db://`` transport: a message table in the store's own database.
+
+For a fleet with PostgreSQL (or processes sharing a SQLite file) and no broker.
+Tasks go to topic ``tasks:<group>``, results to ``results`` and heartbeats to
+``beats``, as the upstream wire's JSON (:mod:`durably.wire`), through the
+store's :class:`~durably.stores._messages.MessageQueue`:
+
+- A server claims at most as many tasks as it has free handler slots, each
+  with a lease (30 s) that it keeps extending while the handler runs. It acks
+  (deletes) the task when the handler returns and hands it back, visible
+  again after ``redeliver_delay_ms``, if the handler raises. A process that
+  dies holding tasks has them redelivered once their lease runs out.
+- The results consumer claims results and beats in batches of up to 256,
+  hands them over, and acks them after; a batch whose handler raised is
+  handed back and delivered again.
+- Consumers wake on the queue's notifications (PostgreSQL ``LISTEN``; within
+  the process on SQLite) and poll as a safety net (1 s; 50 ms on SQLite).
+- Cancel notices are ``NOTIFY <channel>, 'cancel:<run_id>'`` on PostgreSQL and
+  reach only this process on SQLite (workers also learn it from the store).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Collection
+from typing import Any, Generic, TypeVar
+
+from .. import codec
+from ..stores._messages import Message, MessageQueue, OutMessage, Unlisten
+from ..wire import Heartbeat, StepResult, StepTask, WireError
+from .base import CancelHandler, HeartbeatHandler, ResultHandler, TaskHandler, TransportError
+
+__all__ = ["DbTransport"]
+
+_log = logging.getLogger("durably.transport")
+
+RESULTS_TOPIC = "results"
+BEATS_TOPIC = "beats"
+_RESULT_BATCH = 256
+_T = TypeVar("_T")
+
+
+def task_topic(group: str) -> str:
+    """The topic tasks routed to ``group`` go to."""
+    return f"tasks:{group}"
+
+
+def _now() -> int:
+    return int(time.time() * 1000)
+
+
+class DbTransport:
+    """A :class:`~durably.transports.base.Transport` over the store's message table.
+
+    ``lease_ms``: how long a claimed message stays invisible to others without
+    being extended (a dead holder's messages come back after it).
+    ``redeliver_delay_ms``: how long a task whose handler raised waits before
+    it is delivered again (so a broken handler does not spin).
+    ``poll_interval``: seconds between polls; by default the queue's own.
+    """
+
+    url = "db://"
+
+    def __init__(
+        self,
+        store: Any,
+        *,
+        lease_ms: int = 30_000,
+        redeliver_delay_ms: int = 1_000,
+        poll_interval: float | None = None,
+        owner: str | None = None,
+    ) -> None:
+        if not callable(getattr(store, "messages", None)):
+            kind = type(store).__name__
+            raise ValueError(f"the db:// transport needs a SQLite or PostgreSQL store, not {kind}")
+        if lease_ms < 1:
+            raise ValueError("lease_ms must be positive")
+        self.store = store
+        self.lease_ms = lease_ms
+        self.redeliver_delay_ms = redeliver_delay_ms
+        self.owner = owner or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        """Who claims: unique per transport object."""
+        self._poll_interval = poll_interval
+        self._queue: MessageQueue | None = None
+        self._unlisten: Unlisten | None = None
+        self._opening = asyncio.Lock()
+        # serving
+        self._topics: list[str] = []
+        self._on_task: TaskHandler | None = None
+        self._concurrency = 1
+        self._serve_loop: asyncio.Task[None] | None = None
+        self._serving = False
+        self._generation = 0  # a serve loop runs while its generation is current
+        self._task_wake = asyncio.Event()
+        self._running: dict[int, asyncio.Task[None]] = {}
+        self._keeper: asyncio.Task[None] | None = None
+        # results
+        self._results_loop: asyncio.Task[None] | None = None
+        self._results_wake = asyncio.Event()
+        self._cancel_handlers: list[CancelHandler] = []
+        # writes, batched while the previous batch commits
+        self._pushes: _Batcher[OutMessage] = _Batcher(self._push_now)
+        self._acks: _Batcher[int] = _Batcher(self._ack_now)
+
+    @property
+    def poll_interval(self) -> float:
+        """Seconds between polls when no notification arrives."""
+        if self._poll_interval is not None:
+            return self._poll_interval
+        return self._queue.poll_interval if self._queue is not None else 1.0
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    async def open(self) -> None:
+        """Start hearing the queue's notifications. The store must be open."""
+        async with self._opening:
+            if self._queue is not None:
+                return
+            queue: MessageQueue = self.store.messages()
+            self._unlisten = await queue.listen(self._heard)
+            self._queue = queue
+
+    def run_queue(self) -> MessageQueue:
+        """The store's message queue, which also carries the fleet's run queue
+        (see :mod:`durably._run_queue`). Available once :meth:`open` ran."""
+        if self._queue is None:
+            raise RuntimeError("open the db:// transport before using its run queue")
+        return self._queue
+
+    async def close(self) -> None:
+        """Stop both consumers; cancel running handlers and hand their tasks back."""
+        await self.stop_serving()
+        running = list(self._running.values())
+        for runner in running:
+            runner.cancel()
+        await asyncio.gather(*running, return_exceptions=True)
+        await self._stop_keeper()
+        loop, self._results_loop = self._results_loop, None
+        if loop is not None:
+            loop.cancel()
+            await asyncio.gather(loop, return_exceptions=True)
+        await self._pushes.drain()
+        await self._acks.drain()
+        unlisten, self._unlisten = self._unlisten, None
+        if unlisten is not None:
+            unlisten()
+        self._queue = None
+
+    def _q(self) -> MessageQueue:
+        if self._queue is None:
+            raise RuntimeError("the db:// transport is not open")
+        return self._queue
+
+    def _heard(self, kind: str, argument: str) -> None:
+        if kind == "message":
+            if argument in (RESULTS_TOPIC, BEATS_TOPIC):
+                self._results_wake.set()
+            elif argument in self._topics:
+                self._task_wake.set()
+        elif kind == "cancel" and argument:
+            for handler in list(self._cancel_handlers):
+                try:
+                    handler([argument])
+                except Exception:
+                    _log.exception("a cancel handler failed")
+
+    # -- sending -----------------------------------------------------------------------
+
+    async def dispatch(self, tasks: list[StepTask]) -> None:
+        """Store the tasks in their groups' topics (one transaction)."""
+        if not tasks:
+            return
+        try:
+            messages = [
+                OutMessage(task_topic(t.group), codec.dumps(t.to_wire()), t.priority or 0)
+                for t in tasks
+            ]
+            await self._push_now(messages)
+        except TransportError:
+            raise
+        except Exception as exc:
+            raise TransportError(f"could not dispatch {len(tasks)} task(s): {exc}") from exc
+
+    async def send_result(self, result: StepResult) -> None:
+        """Store the result for the results consumers."""
+        await self._send(OutMessage(RESULTS_TOPIC, codec.dumps(result.to_wire())), "result")
+
+    async def send_heartbeat(self, beat: Heartbeat) -> None:
+        """Store the beat for the results consumers."""
+        await self._send(OutMessage(BEATS_TOPIC, codec.dumps(beat.to_wire())), "heartbeat")
+
+    async def _send(self, message: OutMessage, what: str) -> None:
+        self._q()
+        try:
+            await self._pushes.add(message)
+        except Exception as exc:
+            raise TransportError(f"could not send a {what}: {exc}") from exc
+
+    async def _push_now(self, messages: list[OutMessage]) -> None:
+        await self._q().push(messages)
+
+    async def _ack_now(self, ids: list[int]) -> None:
+        await self._q().ack(ids)
+
+    async def publish_cancel(self, run_ids: list[str]) -> None:
+        """Notify every listener of the store's channel (best effort)."""
+        if not run_ids:
+            return
+        try:
+            await self._q().broadcast("cancel", run_ids)
+        except Exception as exc:
+            _log.warning("could not publish the cancellation of %d run(s): %s", len(run_ids), exc)
+
+    def on_cancel(self, handler: CancelHandler) -> None:
+        """Register a cancel-notice handler."""
+        self._cancel_handlers.append(handler)
+
+    # -- serving tasks -----------------------------------------------------------------
+
+    async def serve(
+        self, groups: Collection[str], on_task: TaskHandler, *, concurrency: int
+    ) -> None:
+        """Claim tasks of ``groups`` for ``on_task``, ``concurrency`` at once."""
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        self._q()
+        self._topics = sorted({task_topic(group) for group in groups})
+        self._on_task, self._concurrency = on_task, concurrency
+        self._serving = True
+        if self._serve_loop is None or self._serve_loop.done():
+            self._generation += 1
+            self._serve_loop = asyncio.create_task(
+                self._serve(self._generation), name="durably-db-tasks"
+            )
+        if self._keeper is None or self._keeper.done():
+            self._keeper = asyncio.create_task(self._keep_leases(), name="durably-db-leases")
+        self._task_wake.set()
+
+    async def stop_serving(self) -> None:
+        """Stop claiming. A claim in flight finishes and its tasks are handed
+        back; running handlers are left to finish (and are acked then)."""
+        self._serving = False
+        self._generation += 1
+        self._on_task = None
+        self._task_wake.set()
+        loop, self._serve_loop = self._serve_loop, None
+        if loop is not None:
+            await asyncio.gather(loop, return_exceptions=True)
+
+    async def _serve(self, generation: int) -> None:
+        while self._serving and generation == self._generation:
+            free = self._concurrency - len(self._running)
+            claimed: list[Message] = []
+            if free > 0 and self._topics:
+                try:
+                    claimed = await self._q().claim(
+                        list(self._topics), self.owner, free, self.lease_ms, _now()
+                    )
+                except Exception as exc:
+                    _log.warning("could not claim tasks: %s", exc)
+            handler = self._on_task
+            if not self._serving or generation != self._generation or handler is None:
+                await self._hand_back([m.id for m in claimed])
+                return
+            for message in claimed:
+                runner = asyncio.create_task(self._handle(message, handler))
+                self._running[message.id] = runner
+            if claimed and len(claimed) == free:
+                continue  # there may be more: claim again once a slot is free
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._task_wake.wait(), self.poll_interval)
+            self._task_wake.clear()
+
+    async def _handle(self, message: Message, handler: TaskHandler) -> None:
+        try:
+            try:
+                task = StepTask.from_wire(codec.loads(message.body))
+            except (ValueError, WireError) as exc:
+                _log.error("dropping a malformed task message %d: %s", message.id, exc)
+                self._finished(message.id)
+                with contextlib.suppress(Exception):  # if not, it comes back: dropped then
+                    await self._acks.add(message.id)
+                return
+            try:
+                await handler(task)
+            except asyncio.CancelledError:
+                self._finished(message.id)
+                await asyncio.shield(self._hand_back([message.id]))
+                raise
+            except Exception:
+                _log.exception(
+                    "task %s failed in its handler wrapper; delivering it again", task.step_id
+                )
+                self._finished(message.id)
+                await self._hand_back([message.id], _now() + self.redeliver_delay_ms)
+                return
+            self._finished(message.id)
+            try:
+                await self._acks.add(message.id)
+            except Exception as exc:  # it comes back after its lease: at least once
+                _log.warning("could not ack task %s: %s", task.step_id, exc)
+        finally:
+            self._finished(message.id)
+
+    def _finished(self, message_id: int) -> None:
+        if self._running.pop(message_id, None) is not None:
+            self._task_wake.set()
+
+    async def _hand_back(self, ids: list[int], available_at: int | None = None) -> None:
+        if not ids:
+            return
+        try:
+            await self._q().release(ids, self.owner, available_at=available_at)
+        except Exception as exc:  # they come back after their lease
+            _log.warning("could not hand back %d task(s): %s", len(ids), exc)
+
+    async def _keep_leases(self) -> None:
+        """Extend the leases of the tasks whose handlers run, a third of a lease apart."""
+        every = self.lease_ms / 3000
+        while self._serving or self._running:
+            await asyncio.sleep(every)
+            ids = list(self._running)
+            if not ids:
+                continue
+            try:
+                held = set(await self._q().extend(ids, self.owner, self.lease_ms, _now()))
+            except Exception as exc:
+                _log.warning("could not extend the leases of %d task(s): %s", len(ids), exc)
+                continue
+            lost = [i for i in ids if i not in held and i in self._running]
+            if lost:
+                _log.warning(
+                    "%d running task(s) lost their claim; another worker may run them too",
+                    len(lost),
+                )
+
+    async def _stop_keeper(self) -> None:
+        keeper, self._keeper = self._keeper, None
+        if keeper is not None:
+            keeper.cancel()
+            await asyncio.gather(keeper, return_exceptions=True)
+
+    # -- results -----------------------------------------------------------------------
+
+    async def consume_results(
+        self, on_results: ResultHandler, on_heartbeat: HeartbeatHandler
+    ) -> None:
+        """Claim results and beats in batches of up to 256 and deliver them."""
+        self._q()
+        if self._results_loop is not None:
+            raise RuntimeError("this transport already has a results consumer")
+        self._results_loop = asyncio.create_task(
+            self._consume(on_results, on_heartbeat), name="durably-db-results"
+        )
+
+    async def _consume(self, on_results: ResultHandler, on_heartbeat: HeartbeatHandler) -> None:
+        topics = [RESULTS_TOPIC, BEATS_TOPIC]
+        while True:
+            self._results_wake.clear()
+            try:
+                claimed = await self._q().claim(
+                    topics, self.owner, _RESULT_BATCH, self.lease_ms, _now()
+                )
+            except Exception as exc:
+                _log.warning("could not claim results: %s", exc)
+                claimed = []
+            if claimed:
+                await self._deliver(claimed, on_results, on_heartbeat)
+            if len(claimed) < _RESULT_BATCH:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._results_wake.wait(), self.poll_interval)
+
+    async def _deliver(
+        self,
+        claimed: list[Message],
+        on_results: ResultHandler,
+        on_heartbeat: HeartbeatHandler,
+    ) -> None:
+        results: list[StepResult] = []
+        result_ids: list[int] = []
+        done: list[int] = []
+        for message in sorted(claimed, key=lambda m: m.id):
+            try:
+                body = codec.loads(message.body)
+                if message.topic == BEATS_TOPIC:
+                    beat = Heartbeat.from_wire(body)
+                else:
+                    results.append(StepResult.from_wire(body))
+                    result_ids.append(message.id)
+                    continue
+            except (ValueError, WireError) as exc:
+                _log.error("dropping a malformed %s message: %s", message.topic, exc)
+                done.append(message.id)
+                continue
+            try:
+                await on_heartbeat(beat)
+            except Exception:
+                _log.exception("heartbeat of %s could not be handled", beat.step_id)
+            done.append(message.id)  # a beat is fire and forget
+        if results:
+            try:
+                await on_results(results)
+            except Exception:
+                _log.exception(
+                    "a batch of %d step results could not be settled; delivering it again",
+                    len(results),
+                )
+                await self._hand_back(result_ids, _now() + self.redeliver_delay_ms)
+            else:
+                done.extend(result_ids)
+        if done:
+            try:
+                await self._q().ack(done)
+            except Exception as exc:  # delivered again after the lease: at least once
+                _log.warning("could not ack %d result message(s): %s", len(done), exc)
+
+
+class _Batcher(Generic[_T]):
+    """Collects items while the previous batch is written; one write per batch.
+
+    A lone item goes out at once; ``add`` returns once its batch committed
+    (and raises what the write raised).
+    """
+
+    def __init__(self, write: Callable[[list[_T]], Awaitable[None]]) -> None:
+        self._write = write
+        self._items: list[tuple[_T, asyncio.Future[None]]] = []
+        self._task: asyncio.Task[None] | None = None
+
+    async def add(self, item: _T) -> None:
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._items.append((item, future))
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._run())
+        await future
+
+    async def drain(self) -> None:
+        if self._task is not None:
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def _run(self) -> None:
+        while self._items:
+            batch, self._items = self._items, []
+            try:
+                await self._write([item for item, _ in batch])
+            except Exception as exc:
+                for _, future in batch:
+                    if not future.done():
+                        future.set_exception(exc)
+            else:
+                for _, future in batch:
+                    if not future.done():
+                        future.set_result(None)

@@ -1,0 +1,153 @@
+"""The transports every transport conformance test runs against.
+
+To prove a new transport, add one backend to ``TRANSPORTS``: an async context
+manager that, given the test's fixture request, yields a function making
+another (opened) transport object on the same medium. In-process transports
+have no medium beyond the object, so their "other" transport is the same one.
+Keyword options are for the ``db`` transport (``lease_ms``…); the others
+ignore them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from pathlib import Path
+from typing import Any, Protocol
+
+import pytest
+
+from durably.stores import SqliteStore
+from durably.transports.base import Transport
+from durably.transports.local import LocalTransport
+from durably.transports.memory import MemoryTransport
+
+Maker = Callable[..., Awaitable[Transport]]
+Backend = Callable[[pytest.FixtureRequest], AbstractAsyncContextManager[Maker]]
+
+DB_DEFAULTS: dict[str, Any] = {"redeliver_delay_ms": 50}
+"""The db transport's options in tests: a handed-back task comes back soon."""
+
+
+class TransportFactory(Protocol):
+    """Makes another opened transport on the test's medium."""
+
+    kind: str
+
+    async def __call__(self, **options: Any) -> Transport: ...
+
+
+@asynccontextmanager
+async def _shared(transport: Transport) -> AsyncIterator[Maker]:
+    await transport.open()
+
+    async def make(**_options: Any) -> Transport:
+        return transport
+
+    try:
+        yield make
+    finally:
+        await transport.close()
+
+
+@asynccontextmanager
+async def memory_backend(request: pytest.FixtureRequest) -> AsyncIterator[Maker]:
+    """Inline: every "other" transport is the same object."""
+    async with _shared(MemoryTransport()) as make:
+        yield make
+
+
+@asynccontextmanager
+async def local_backend(request: pytest.FixtureRequest) -> AsyncIterator[Maker]:
+    """In-process queues: every "other" transport is the same object."""
+    async with _shared(LocalTransport()) as make:
+        yield make
+
+
+@asynccontextmanager
+async def _db_backend(new_store: Callable[[], Any]) -> AsyncIterator[Maker]:
+    """Every transport has a store object of its own, as another process would."""
+    from durably.transports.db import DbTransport
+
+    made: list[tuple[Any, DbTransport]] = []
+
+    async def make(**options: Any) -> Transport:
+        store = new_store()
+        await store.open()
+        transport = DbTransport(store, **{**DB_DEFAULTS, **options})
+        made.append((store, transport))
+        await transport.open()
+        return transport
+
+    try:
+        yield make
+    finally:
+        for store, transport in reversed(made):
+            await transport.close()
+            await store.close()
+
+
+@asynccontextmanager
+async def db_sqlite_backend(request: pytest.FixtureRequest) -> AsyncIterator[Maker]:
+    """``db://`` on a fresh SQLite file."""
+    tmp_path: Path = request.getfixturevalue("tmp_path")
+    url = f"sqlite:///{tmp_path / 'transport.db'}"
+    async with _db_backend(lambda: SqliteStore(url)) as make:
+        yield make
+
+
+@asynccontextmanager
+async def db_postgresql_backend(request: pytest.FixtureRequest) -> AsyncIterator[Maker]:
+    """``db://`` on a fresh PostgreSQL schema."""
+    from durably.stores.postgres import PostgresStore
+
+    async with (
+        request.getfixturevalue("isolated_postgres")() as url,
+        _db_backend(lambda: PostgresStore(url)) as make,
+    ):
+        yield make
+
+
+TRANSPORTS: dict[str, Backend] = {
+    "memory": memory_backend,
+    "local": local_backend,
+    "db-sqlite": db_sqlite_backend,
+    "db-postgresql": db_postgresql_backend,
+}
+DB_TRANSPORTS = ["db-sqlite", "db-postgresql"]
+
+
+class _Factory:
+    def __init__(self, kind: str, make: Maker) -> None:
+        self.kind = kind
+        self._make = make
+
+    async def __call__(self, **options: Any) -> Transport:
+        return await self._make(**options)
+
+
+@pytest.fixture(params=list(TRANSPORTS))
+async def transport_factory(request: pytest.FixtureRequest) -> AsyncIterator[TransportFactory]:
+    """Make transports sharing one medium; all closed at teardown."""
+    async with TRANSPORTS[request.param](request) as make:
+        yield _Factory(request.param, make)
+
+
+@pytest.fixture(params=DB_TRANSPORTS)
+async def db_factory(request: pytest.FixtureRequest) -> AsyncIterator[TransportFactory]:
+    """Like ``transport_factory``, for the ``db`` transport only."""
+    async with TRANSPORTS[request.param](request) as make:
+        yield _Factory(request.param, make)
+
+
+async def wait_until(
+    predicate: Callable[[], bool], timeout: float = 5.0, what: str = "the condition"
+) -> None:
+    """Poll ``predicate`` until true; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(0.01)

@@ -1,0 +1,178 @@
+"""What only the ``db`` transport promises: tasks survive the process that
+dispatched or claimed them, and several processes share one queue."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from durably.stores import MemoryStore
+from durably.transports.base import TransportError
+from durably.transports.db import DbTransport, task_topic
+from durably.wire import StepResult, StepTask
+
+from .conftest import TransportFactory, wait_until
+from .test_transport_contract import Handler, Results, task
+
+
+def _store(transport: object) -> object:
+    assert isinstance(transport, DbTransport)
+    return transport.store
+
+
+async def test_a_second_process_serves_what_the_first_dispatched(
+    db_factory: TransportFactory,
+) -> None:
+    engine = await db_factory()
+    worker = await db_factory()  # its own store object, as another process has
+    results = Results()
+    await engine.consume_results(results.on_results, results.on_heartbeat)
+
+    async def answer(t: StepTask) -> None:
+        await worker.send_result(StepResult(t.run_id, t.seq, ok=True, output=t.input))
+
+    await worker.serve(["g"], answer, concurrency=8)
+    await engine.dispatch([task(f"r{i}", input=i) for i in range(20)])
+    await wait_until(lambda: len(results.results) == 20, what="20 results")
+    assert sorted(r.output for r in results.results) == list(range(20))
+
+
+async def test_two_servers_never_get_the_same_task(db_factory: TransportFactory) -> None:
+    handlers = [Handler(delay=0.01) for _ in range(3)]
+    for handler in handlers:
+        server = await db_factory()
+        await server.serve(["g"], handler, concurrency=5)
+    sender = await db_factory()
+    await sender.dispatch([task(f"r{i}") for i in range(150)])
+    await wait_until(lambda: sum(len(h.seen) for h in handlers) >= 150, what="150 tasks")
+    await asyncio.sleep(0.2)
+    ids = [i for h in handlers for i in h.ids]
+    assert sorted(ids) == sorted(f"r{i}:1" for i in range(150))
+
+
+async def test_a_task_claimed_by_a_vanished_process_comes_back_after_its_lease(
+    db_factory: TransportFactory,
+) -> None:
+    sender = await db_factory()
+    await sender.dispatch([task("r1")])
+    # a process claims it, then dies without ack or hand-back
+    queue = _store(sender).messages()  # type: ignore[attr-defined]
+    claimed_at = int(time.time() * 1000)
+    ghost = await queue.claim([task_topic("g")], "ghost", 10, 300, claimed_at)
+    assert len(ghost) == 1 and ghost[0].deliveries == 1
+    server = await db_factory()
+    arrived: list[int] = []
+
+    async def handler(t: StepTask) -> None:
+        arrived.append(int(time.time() * 1000))
+
+    await server.serve(["g"], handler, concurrency=1)
+    await wait_until(lambda: len(arrived) == 1, what="the redelivery")
+    assert arrived[0] >= claimed_at + 300
+    await asyncio.sleep(0.2)
+    assert len(arrived) == 1
+    assert await queue.depth() == {}
+
+
+async def test_a_running_handler_keeps_its_task_past_the_lease(
+    db_factory: TransportFactory,
+) -> None:
+    slow_server = await db_factory(lease_ms=300)
+    slow = Handler(delay=1.2)
+    await slow_server.serve(["g"], slow, concurrency=1)
+    other_server = await db_factory(lease_ms=300)
+    other = Handler()
+    sender = await db_factory()
+    await sender.dispatch([task("r1")])
+    await wait_until(lambda: len(slow.seen) == 1, what="the slow handler to start")
+    await other_server.serve(["g"], other, concurrency=1)
+    await wait_until(lambda: slow.running == 0, what="the slow handler to finish")
+    await asyncio.sleep(0.4)
+    assert other.seen == []
+    assert slow.ids == ["r1:1"]
+
+
+async def test_results_whose_handler_raised_are_delivered_again(
+    db_factory: TransportFactory,
+) -> None:
+    batches: list[list[str]] = []
+
+    async def flaky(batch: list[StepResult]) -> None:
+        batches.append([r.step_id for r in batch])
+        if len(batches) == 1:
+            raise RuntimeError("the store was down")
+
+    consumer = await db_factory()
+    results = Results()
+    await consumer.consume_results(flaky, results.on_heartbeat)
+    worker = await db_factory()
+    await worker.send_result(StepResult("r1", 1, ok=True))
+    await wait_until(lambda: len(batches) == 2, what="the result delivered again")
+    assert batches == [["r1:1"], ["r1:1"]]
+    await asyncio.sleep(0.2)
+    assert len(batches) == 2
+
+
+async def test_close_hands_back_the_tasks_of_running_handlers(
+    db_factory: TransportFactory,
+) -> None:
+    first = await db_factory()
+    gate = asyncio.Event()
+    started: list[str] = []
+
+    async def blocked(t: StepTask) -> None:
+        started.append(t.step_id)
+        await gate.wait()
+
+    await first.serve(["g"], blocked, concurrency=2)
+    await first.dispatch([task("r1"), task("r2")])
+    await wait_until(lambda: len(started) == 2, what="both handlers to start")
+    await first.close()
+    second = await db_factory()
+    handler = Handler()
+    await second.serve(["g"], handler, concurrency=2)
+    await wait_until(lambda: sorted(handler.ids) == ["r1:1", "r2:1"], what="the hand-back")
+
+
+async def test_dispatch_and_send_raise_transport_error_when_the_database_fails(
+    db_factory: TransportFactory,
+) -> None:
+    transport = await db_factory()
+    await _store(transport).close()  # type: ignore[attr-defined]
+    with pytest.raises(TransportError):
+        await transport.dispatch([task("r1")])
+    with pytest.raises(TransportError):
+        await transport.send_result(StepResult("r1", 1, ok=True))
+
+
+async def test_a_malformed_message_is_dropped_not_redelivered(
+    db_factory: TransportFactory,
+) -> None:
+    from durably.stores._messages import OutMessage
+
+    transport = await db_factory()
+    queue = _store(transport).messages()  # type: ignore[attr-defined]
+    await queue.push(
+        [
+            OutMessage(task_topic("g"), '{"seq": 1}'),
+            OutMessage("results", "not json"),
+            OutMessage("beats", "[]"),
+        ]
+    )
+    handler = Handler()
+    await transport.serve(["g"], handler, concurrency=1)
+    results = Results()
+    await transport.consume_results(results.on_results, results.on_heartbeat)
+    for _ in range(100):
+        if not await queue.depth():
+            break
+        await asyncio.sleep(0.05)
+    assert await queue.depth() == {}
+    assert handler.seen == [] and results.results == [] and results.beats == []
+
+
+def test_a_memory_store_is_refused() -> None:
+    with pytest.raises(ValueError, match="SQLite or PostgreSQL"):
+        DbTransport(MemoryStore())
