@@ -88,12 +88,12 @@ class RunExecutor:
             done = self._waiting_done.pop(run_id, None)
             if done:
                 self._executing_done.setdefault(run_id, []).extend(done)
+            self._executing.add(run_id)  # known from submission on (no gap before the task runs)
             task = asyncio.create_task(self._run(run_id, wake), name=f"durably-run:{run_id}")
             self._tasks.add(task)
             self._idle.clear()
 
     async def _run(self, run_id: str, wake: bool) -> None:
-        self._executing.add(run_id)
         try:
             await self._handler(run_id, wake)
         except Exception:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 
 from .model import Run, RunResult, RunStatus
@@ -17,6 +18,16 @@ from .model import Run, RunResult, RunStatus
 __all__ = ["RunWatcher"]
 
 _Entry = tuple[asyncio.Future[RunResult], frozenset[RunStatus]]
+_RECENT_LIMIT = 1024
+_REMEMBERED = frozenset(
+    {
+        RunStatus.COMPLETED,
+        RunStatus.FAILED,
+        RunStatus.CANCELLED,
+        RunStatus.DEAD,
+        RunStatus.SUSPENDED,
+    }
+)
 
 
 class RunWatcher:
@@ -30,6 +41,7 @@ class RunWatcher:
         self._waiting: dict[str, list[_Entry]] = {}
         self._poller: asyncio.Task[None] | None = None
         self._poke = asyncio.Event()
+        self._recent: OrderedDict[str, RunResult] = OrderedDict()
 
     async def wait(
         self, run: Run, statuses: frozenset[RunStatus], timeout: float | None
@@ -38,27 +50,52 @@ class RunWatcher:
         if run.status in statuses:
             return RunResult(run.run_id, run.status, run.output, run.error)
         future: asyncio.Future[RunResult] = asyncio.get_running_loop().create_future()
-        entry = (future, statuses)
-        self._waiting.setdefault(run.run_id, []).append(entry)
-        if self._poller is None or self._poller.done():
-            self._poller = asyncio.get_running_loop().create_task(self._poll())
         # Settled between the caller's read and our registration: the next
         # poll sees it, and it is due at once.
-        self._poke.set()
+        return await self._register(run.run_id, (future, statuses), timeout, poke=True)
+
+    async def _register(
+        self, run_id: str, entry: _Entry, timeout: float | None, *, poke: bool
+    ) -> RunResult:
+        self._waiting.setdefault(run_id, []).append(entry)
+        if self._poller is None or self._poller.done():
+            self._poller = asyncio.get_running_loop().create_task(self._poll())
+        if poke:
+            self._poke.set()
         try:
-            return await asyncio.wait_for(future, timeout)
+            return await asyncio.wait_for(entry[0], timeout)
         except TimeoutError:
-            raise TimeoutError(f"wait_for_run({run.run_id!r}) timed out") from None
+            raise TimeoutError(f"wait_for_run({run_id!r}) timed out") from None
         finally:
-            entries = self._waiting.get(run.run_id)
+            entries = self._waiting.get(run_id)
             if entries is not None:
                 if entry in entries:
                     entries.remove(entry)
                 if not entries:
-                    del self._waiting[run.run_id]
+                    del self._waiting[run_id]
+
+    async def wait_local(
+        self, run_id: str, statuses: frozenset[RunStatus], timeout: float | None
+    ) -> RunResult:
+        """Wait for a run executing in this process: its settle hands the
+        outcome over, so no read is needed (the poll remains the safety net)."""
+        recent = self._recent.get(run_id)
+        if recent is not None and recent.status in statuses:
+            return recent
+        future: asyncio.Future[RunResult] = asyncio.get_running_loop().create_future()
+        return await self._register(run_id, (future, statuses), timeout, poke=False)
+
+    def forget(self, run_id: str) -> None:
+        """A turn of the run starts: what it settled before is no longer current."""
+        self._recent.pop(run_id, None)
 
     def settled(self, result: RunResult) -> None:
         """A run settled in this process: hand its outcome to its waiters."""
+        if result.status in _REMEMBERED:
+            self._recent[result.run_id] = result
+            self._recent.move_to_end(result.run_id)
+            if len(self._recent) > _RECENT_LIMIT:
+                self._recent.popitem(last=False)
         for future, statuses in self._waiting.get(result.run_id, ()):
             if result.status in statuses and not future.done():
                 future.set_result(result)

@@ -197,6 +197,7 @@ class Engine:
         """How dispatched steps reach workers."""
         self._consuming = False
         self._run_queue: RunQueue | None = None
+        self._starting: set[str] = set()
         self._hooks = Hooks()
         self._last_sweep: dict[str, float] = {}
         self._registry = Registry()
@@ -584,6 +585,9 @@ class Engine:
             await self._run_queue.stop_claiming()
         await self._step_server.stop(bound)
         self._draining = True
+        poll, self._pending_poll = self._pending_poll, None
+        if poll is not None:
+            poll.cancel()
         task, self._loop_task = self._loop_task, None
         if task is not None:
             task.cancel()
@@ -650,9 +654,15 @@ class Engine:
             created_at=now,
             updated_at=now,
         )
-        stored, _created = await self.store.create_run(run)
-        if stored.status is RunStatus.PENDING:
-            self._dispatch(stored.run_id, namespace=stored.namespace, priority=stored.priority)
+        # Our own "new run" notification may arrive before create_run
+        # returns; it must not cost a pending-run poll.
+        self._starting.add(run.run_id)
+        try:
+            stored, _created = await self.store.create_run(run)
+            if stored.status is RunStatus.PENDING:
+                self._dispatch(stored.run_id, namespace=stored.namespace, priority=stored.priority)
+        finally:
+            self._starting.discard(run.run_id)
         return stored
 
     async def signal(self, token: str, payload: Any = None) -> str | None:
@@ -782,6 +792,9 @@ class Engine:
         """
         await self.open()
         statuses = TERMINAL_STATUSES if terminal else _SETTLED
+        if self._executor is not None and self._executor.knows(run_id):
+            # It executes here: its settle hands the outcome over, no read needed.
+            return await self._watcher.wait_local(run_id, statuses, timeout)
         return await self._watcher.wait(await self._require(run_id), statuses, timeout)
 
     async def get_run(self, run_id: str) -> Run | None:
@@ -1035,6 +1048,7 @@ class Engine:
             else:
                 _log.warning("run %s crashed too often; it is now %s", run_id, status)
                 self._notify(run_id)
+                await self._after_end(run_id, cancelled=False)
                 dead = await self.store.get_run(run_id)
                 if dead is not None:
                     await self._report_to_parent(dead)
@@ -1192,6 +1206,7 @@ class Engine:
     def _dispatch(self, run_id: str, *, namespace: str | None = None, priority: int = 0) -> None:
         """Give ``run_id`` a turn: through the run queue when the transport
         carries one (any driving instance takes it), else here."""
+        self._watcher.forget(run_id)  # what it settled before is no longer current
         if self._run_queue is not None and not self._draining:
             pool = namespace or self.drives_namespace
             self._run_queue.submit(run_id, wake=False, namespace=pool, priority=priority)
@@ -1199,6 +1214,7 @@ class Engine:
         self._submit_here(run_id)
 
     def _submit_here(self, run_id: str, *, wake: bool = False) -> None:
+        self._watcher.forget(run_id)
         if self.drive and not self._draining and self._executor is not None:
             self._executor.submit(run_id, wake=wake)
 
@@ -1294,6 +1310,7 @@ class Engine:
         except (WorkflowNotRegistered, SchemaValidationError) as exc:
             return TurnOutcome(TurnEnd.FAILED, error=error_info(exc)), None
         missing_children = await self._reconcile_children(run, checkpoints)
+        self._watcher.forget(run.run_id)
         turn = Turn(run, checkpoints, self.instance_id, self.clock.now_ms, self.reconcile_ms)
         turn.missing_children = missing_children
         ctx = WorkflowContext(turn, self._services)
@@ -1684,8 +1701,10 @@ class Engine:
             and not self._draining
             and self._run_queue is None  # the queue's own notices wake its consumers
         ):
-            if run_id and self._executor is not None and self._executor.knows(run_id):
-                return  # our own start, already dispatched here
+            if run_id in self._starting or (
+                run_id and self._executor is not None and self._executor.knows(run_id)
+            ):
+                return  # our own start, dispatched here
             # Only the pending-run poll, once for a burst of notifications
             # (our own starts notify us too, and we dispatched those already).
             if self._pending_poll is None or self._pending_poll.done():
