@@ -310,6 +310,29 @@ async def test_cancel_cancels_a_run(db: str) -> None:
 # -- worker -------------------------------------------------------------------------------
 
 
+async def test_worker_serves_the_steps_it_is_told_to(
+    db: str, workers: Callable[..., Worker]
+) -> None:
+    async with client(db) as engine:
+        worker = workers(db, "--steps", "greet", "--group", "front", "--concurrency", "2")
+        await engine.start("greeting", "ada", run_id="greet-ada")
+        run = await wait_until(
+            engine, "greet-ada", lambda run, _: run.status.is_terminal, worker=worker
+        )
+        assert run.status is RunStatus.COMPLETED, worker.output()
+        assert run.output == "hello ada"
+        assert await worker.stop() == 0, worker.output()
+    assert "steps greet" in worker.output()
+
+
+def test_worker_refuses_steps_the_app_does_not_register(db: str, tmp_path: Path) -> None:
+    result = run_cli(
+        "worker", "--app", "cli_app:engine", "--store", db, "--steps", "greet,nope", cwd=APPS
+    )
+    assert result.returncode == 2
+    assert "does not register: nope" in result.stderr
+
+
 @pytest.mark.parametrize(
     ("workflow", "nap", "drain", "expected"),
     [

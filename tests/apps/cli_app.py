@@ -58,6 +58,14 @@ def register(engine: durably.Engine) -> durably.Engine:
         await ctx.sleep(0.05)
         return await ctx.local_step("store", _store, data)
 
+    @engine.step("greet", group="front")
+    def greet(name: str) -> str:
+        return f"hello {name}"
+
+    @engine.workflow("greeting")
+    async def greeting(ctx: durably.WorkflowContext, name: str) -> str:
+        return str(await ctx.step("greet", name))
+
     return engine
 
 
