@@ -198,6 +198,7 @@ class Engine:
         self._consuming = False
         self._run_queue: RunQueue | None = None
         self._starting: set[str] = set()
+        self._preleased: dict[str, Run] = {}
         self._hooks = Hooks()
         self._last_sweep: dict[str, float] = {}
         self._registry = Registry()
@@ -597,6 +598,11 @@ class Engine:
         still_running = await self._executor.close(bound)
         for turn in list(self._active.values()):
             turn.close("drain")
+        for run_id in list(self._preleased):
+            # Inserted leased to us but dropped before their first turn.
+            self._preleased.pop(run_id, None)
+            with contextlib.suppress(Exception):
+                await self.store.release_run(run_id, self.instance_id, self.clock.now_ms())
         if still_running:
             await asyncio.wait(still_running, timeout=5.0)
         if self._run_queue is not None:
@@ -636,6 +642,12 @@ class Engine:
         now = self.clock.now_ms()
         wake_at = _start_time(start_at, now)
         status = RunStatus.SUSPENDED if wake_at is not None and wake_at > now else RunStatus.PENDING
+        # With a free slot here, the run is inserted already leased to this
+        # process and its first turn starts without taking the lease (one
+        # round trip less on the latency path). A crash before that turn is
+        # recovered like any other (after the lease, or at once by a restart
+        # with the same instance_id).
+        lease_here = status is RunStatus.PENDING and self._has_free_slot()
         run = Run(
             run_id=run_id or _new_run_id(),
             workflow=definition.name,
@@ -654,11 +666,25 @@ class Engine:
             created_at=now,
             updated_at=now,
         )
+        if lease_here:
+            run.status = RunStatus.RUNNING
+            run.locked_by, run.locked_until = self.instance_id, now + self.lease_ms
         # Our own "new run" notification may arrive before create_run
         # returns; it must not cost a pending-run poll.
         self._starting.add(run.run_id)
         try:
-            stored, _created = await self.store.create_run(run)
+            stored, created = await self.store.create_run(run)
+            if created and lease_here:
+                self._preleased[run.run_id] = stored
+                self._submit_here(run.run_id)
+                if run.run_id in self._preleased and not (
+                    self._executor is not None and self._executor.knows(run.run_id)
+                ):
+                    # Not taken after all (closing): hand it to whoever polls.
+                    self._preleased.pop(run.run_id, None)
+                    await self.store.release_run(run.run_id, self.instance_id, now)
+                # Seen from outside it is a new run waiting for its first turn.
+                return stored.replace(status=RunStatus.PENDING, locked_by=None, locked_until=None)
             if stored.status is RunStatus.PENDING:
                 self._dispatch(stored.run_id, namespace=stored.namespace, priority=stored.priority)
         finally:
@@ -1263,7 +1289,22 @@ class Engine:
         else:
             await self.store.request_wake(run_id, self.clock.now_ms())
 
+    def _has_free_slot(self) -> bool:
+        executor = self._executor
+        return (
+            self.drive
+            and not self._draining
+            and self._run_queue is None
+            and executor is not None
+            and executor.waiting == 0
+            and executor.busy < self._executor_limit
+        )
+
     async def _execute(self, run_id: str, wake: bool) -> None:
+        preleased = self._preleased.pop(run_id, None)
+        if preleased is not None:
+            await self._drive(preleased, {})
+            return
         leased = await self._acquire(run_id, wake=wake)
         if leased is not None:
             await self._drive(*leased)
