@@ -45,6 +45,8 @@ class StepTask:
     priority: int | None = None
     traceparent: str | None = None
     context: Any = None
+    transport: str | None = None
+    """The transport pool the task was sent through (upstream pools; carried verbatim)."""
 
     @property
     def step_id(self) -> str:
@@ -65,6 +67,8 @@ class StepTask:
             wire["traceparent"] = self.traceparent
         if self.context is not None:
             wire["context"] = self.context
+        if self.transport is not None:
+            wire["transport"] = self.transport
         if self.priority is not None:
             wire["priority"] = self.priority
         wire["attempt"] = self.attempt
@@ -84,6 +88,7 @@ class StepTask:
             priority=body.get("priority"),
             traceparent=body.get("traceparent"),
             context=body.get("context"),
+            transport=body.get("transport"),
         )
 
 

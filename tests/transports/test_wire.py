@@ -18,13 +18,11 @@ def compact(wire: dict[str, Any]) -> str:
     return json.dumps(wire, separators=(",", ":"), ensure_ascii=False)
 
 
-# task.step.json without its ``transport`` key (a pool id StepTask does not
-# carry; see test_the_task_fixture_parses_with_its_transport_key).
 TASK_STEP = (
     '{"runId":"run-abc","seq":3,"name":"payments.charge-card","stepId":"run-abc:3",'
     '"group":"payments.charge-card","input":{"amount":4200,"currency":"EUR"},'
     f'"traceparent":"{TRACEPARENT}","context":{{"tenant":"acme","requestId":"req-1"}},'
-    '"priority":5,"attempt":1}'
+    '"transport":"pool-1","priority":5,"attempt":1}'
 )
 RESULT = (
     '{"runId":"run-abc","seq":3,"stepId":"run-abc:3","startedAt":1718000000000,'
@@ -45,6 +43,7 @@ def test_a_step_task_serialises_as_the_fixture() -> None:
         priority=5,
         traceparent=TRACEPARENT,
         context={"tenant": "acme", "requestId": "req-1"},
+        transport="pool-1",
     )
     assert compact(task.to_wire()) == TASK_STEP
     assert StepTask.from_wire(json.loads(TASK_STEP)) == task
@@ -58,13 +57,11 @@ def test_a_minimal_task_omits_its_optionals_but_keeps_a_null_input() -> None:
     assert StepTask.from_wire(task.to_wire()) == task
 
 
-def test_the_task_fixture_parses_with_its_transport_key() -> None:
-    body = json.loads(TASK_STEP)
-    body = {**body, "transport": "pool-1"}
-    task = StepTask.from_wire(body)
+def test_the_task_fixture_keeps_its_transport_key() -> None:
+    task = StepTask.from_wire(json.loads(TASK_STEP))
     assert (task.run_id, task.seq, task.priority, task.attempt) == ("run-abc", 3, 5, 1)
-    # durably does not carry ``transport``: it is dropped on the way through
-    assert "transport" not in task.to_wire()
+    assert task.transport == "pool-1"
+    assert task.to_wire()["transport"] == "pool-1"
 
 
 def test_a_result_serialises_as_the_fixture() -> None:
