@@ -208,3 +208,33 @@ async def test_a_queue_cap_holds_across_two_engines(postgres_url: str, tmp_path:
     print(f"peak concurrency {peak} (cap {CAP}); served by {sorted(served_by)}")
     assert peak <= CAP
     assert len([row for row in lines if row[0] == "start"]) == 16
+
+
+async def test_the_engine_killed_while_steps_are_out_loses_no_run(
+    postgres_url: str, tmp_path: Path
+) -> None:
+    """The dispatching process dies with tasks out and turns waiting in
+    memory (steps with a timeout): its runs are recovered by the restarted
+    engine, results sent meanwhile settle their steps, every run completes."""
+    client = producer(postgres_url)
+    await client.open()
+    try:
+        async with crew(postgres_url, tmp_path) as team:
+            await team.spawn("engine", "engine")
+            await team.spawn("worker-a", "worker")
+            await team.spawn("worker-b", "worker")
+            runs = [await client.start("job", n, run_id=f"job-{n:03}") for n in range(30)]
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 60
+            while len([row for row in team.ledger_lines() if row[0] == "start"]) < 10:
+                assert loop.time() < deadline, "no step started"
+                await asyncio.sleep(0.02)
+            await team.kill("engine")
+            await team.spawn("engine-again", "engine")
+            await wait_all(client, [r.run_id for r in runs], timeout=180)
+            outcomes = {r.run_id: await client.get_run(r.run_id) for r in runs}
+    finally:
+        await client.close()
+    assert {rid: (run.status, run.output) for rid, run in outcomes.items() if run} == {
+        f"job-{n:03}": (RunStatus.COMPLETED, expected_job(n)) for n in range(30)
+    }
