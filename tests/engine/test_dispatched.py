@@ -508,3 +508,37 @@ def test_step_registration_errors() -> None:
         engine.register_queue("q")
     with pytest.raises(ValueError, match="consumers"):
         durably.Engine("memory://", consumers="sometimes")  # type: ignore[arg-type]
+
+
+async def test_a_queue_rate_limit_spreads_admissions_over_periods(
+    make_engine: EngineFactory,
+) -> None:
+    clock = VirtualClock()
+    engine = make_engine(transport="memory://", clock=clock)
+    engine.register_queue("metered", rate=(2, "10s"), retry="1s")
+    calls: list[int] = []
+
+    @engine.step("metered-call", queue="metered")
+    def metered_call(n: int) -> int:
+        calls.append(n)
+        return n
+
+    @engine.workflow("metered")
+    async def metered(ctx: durably.WorkflowContext, n: int) -> int:
+        return int(await ctx.step(metered_call, n))
+
+    async with engine:
+        runs = [await engine.start("metered", i) for i in range(5)]
+
+        async def settled_after(count: int) -> bool:
+            states = [await engine.get_run(r.run_id) for r in runs]
+            waiting = [s for s in states if s is not None and s.status is RunStatus.SUSPENDED]
+            return len(calls) == count and len(waiting) == 5 - count
+
+        for admitted in (2, 4, 5):
+            await eventually(lambda n=admitted: settled_after(n))
+            await asyncio.sleep(0.2)
+            assert len(calls) == admitted  # nothing more inside this period
+            clock.advance("10s")
+        results = [await finish(engine, r.run_id) for r in runs]
+    assert sorted(r.output for r in results) == [0, 1, 2, 3, 4]
