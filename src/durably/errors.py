@@ -70,6 +70,18 @@ class StepFailed(DurablyError):
         self.details = details
         self.attempts = attempts
 
+    @classmethod
+    def from_error(cls, step: str, error: dict[str, Any] | None, attempts: int) -> StepFailed:
+        """The exception for a failure as stored on a checkpoint."""
+        error = error or {}
+        return cls(
+            step,
+            str(error.get("message", "failed")),
+            code=error.get("code"),
+            details=error.get("details"),
+            attempts=attempts,
+        )
+
 
 class ChildFailed(StepFailed):
     """A child run (``ctx.child`` / ``ctx.all``) failed, was cancelled, went

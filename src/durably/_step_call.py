@@ -1,0 +1,324 @@
+"""How ``ctx.step`` executes: dispatch, durable waiting, liveness, retries, nets.
+
+Kept apart from :mod:`durably.context` (which only resolves a call's options
+and takes its position) because a dispatched step is a small state machine
+over its checkpoint:
+
+- no checkpoint, or one not out (``dispatched_at`` unset): ask for admission
+  if the call names a queue, then save ``pending`` *before* sending the task,
+  so a fast result always finds it;
+- out, no ``timeout``: park durably (the reconcile wake, and the redispatch
+  deadline when set, bound the wait); whoever receives the result settles
+  the checkpoint and wakes the run;
+- out, with ``timeout``: await in memory with a heartbeat-rearmed window;
+  when it runs out, re-read the checkpoint before failing the attempt;
+- ``failed`` with attempts left and retryable: save ``pending`` with a backoff
+  timer, so the retry survives crashes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ._dispatch import LiveStep
+from .errors import StepFailed
+from .model import Checkpoint, CheckpointStatus, ErrorInfo
+from .retry import RetryPolicy
+from .stores.base import Admission
+from .transports.base import TransportError
+from .wire import StepTask, routing_token
+
+if TYPE_CHECKING:
+    from .context import WorkflowContext
+
+__all__ = ["StepCall", "StepRunner"]
+
+
+@dataclass(frozen=True, slots=True)
+class StepCall:
+    """One ``ctx.step`` call's resolved options."""
+
+    name: str
+    input: Any
+    policy: RetryPolicy
+    timeout_ms: int | None
+    pickup_ms: int | None
+    queue: str | None
+    priority: int | None
+    fairness_key: str | None
+    context: Any
+
+
+class StepRunner:
+    """Executes one ``ctx.step`` call for a workflow context."""
+
+    def __init__(self, ctx: WorkflowContext) -> None:
+        self._ctx = ctx
+
+    async def run(self, seq: int, call: StepCall, recorded: Checkpoint | None) -> Any:
+        turn, services = self._ctx._turn, self._ctx._services
+        cp = recorded
+        while True:
+            if cp is not None and cp.status is CheckpointStatus.COMPLETED:
+                return cp.output
+            if cp is not None and cp.status is CheckpointStatus.FAILED:
+                error = cp.error or {}
+                if (
+                    error.get("retryable") is False
+                    or cp.attempts > call.policy.retries
+                    or turn.unwinding
+                ):
+                    raise StepFailed.from_error(call.name, cp.error, cp.attempts)
+                # Retry after a durable backoff timer, not an in-memory sleep.
+                now = services.clock.now_ms()
+                cp = self._step_checkpoint(
+                    seq,
+                    call,
+                    attempts=cp.attempts,
+                    wake_at=now + call.policy.delay_ms(cp.attempts),
+                    error=cp.error,
+                    started_at=cp.started_at,
+                )
+                with turn.in_flight():
+                    await self._ctx._save(cp)
+            if turn.unwinding:
+                return await turn.park(seq, None, reconcile=False)
+            now = services.clock.now_ms()
+            if cp is None or cp.dispatched_at is None:
+                if cp is not None and cp.wake_at is not None and cp.wake_at > now:
+                    return await turn.park(seq, cp.wake_at, reconcile=False)
+                attempts = cp.attempts if cp is not None else 0
+                started = cp.started_at if cp is not None and cp.started_at else now
+                if call.queue is not None:
+                    retry_at = await self._admit(seq, call)
+                    if retry_at is not None:
+                        cp = self._step_checkpoint(
+                            seq, call, attempts=attempts, wake_at=retry_at, started_at=started
+                        )
+                        with turn.in_flight():
+                            await self._ctx._save(cp)
+                        return await turn.park(seq, retry_at, reconcile=False)
+                cp = self._step_checkpoint(
+                    seq,
+                    call,
+                    attempts=attempts + 1,
+                    dispatched_at=now,
+                    wake_at=self._redispatch_at(now),
+                    started_at=started,
+                    queue=call.queue,
+                )
+            elif cp.wake_at is not None and cp.wake_at <= now and services.redispatch_ms:
+                if cp.redispatches >= services.redispatch_max:
+                    lost = self._step_checkpoint(
+                        seq,
+                        call,
+                        attempts=cp.attempts,
+                        status=CheckpointStatus.FAILED,
+                        error={
+                            "message": f"no result after {cp.redispatches} re-dispatches",
+                            "code": "remote_step_lost",
+                            "retryable": False,
+                        },
+                        started_at=cp.started_at,
+                        queue=cp.queue,
+                    )
+                    with turn.in_flight():
+                        await self._ctx._save(lost)
+                    raise StepFailed.from_error(call.name, lost.error, lost.attempts)
+                cp = self._step_checkpoint(
+                    seq,
+                    call,
+                    attempts=cp.attempts,
+                    dispatched_at=now,
+                    wake_at=self._redispatch_at(now),
+                    started_at=cp.started_at,
+                    queue=cp.queue,
+                    redispatches=cp.redispatches + 1,
+                )
+            else:
+                # Out already (an earlier turn sent it): wait for its result.
+                if call.timeout_ms is None:
+                    return await turn.park(seq, cp.wake_at, reconcile=True)
+                cp = await self._await_live(seq, call, cp, send=False)
+                continue
+            if call.timeout_ms is None:
+                await self._send(seq, call, cp)
+                return await turn.park(seq, cp.wake_at, reconcile=True)
+            cp = await self._await_live(seq, call, cp, send=True)
+
+    def _redispatch_at(self, now: int) -> int | None:
+        ms = self._ctx._services.redispatch_ms
+        return None if not ms else now + ms
+
+    def _step_checkpoint(
+        self,
+        seq: int,
+        call: StepCall,
+        *,
+        attempts: int,
+        status: CheckpointStatus = CheckpointStatus.PENDING,
+        wake_at: int | None = None,
+        dispatched_at: int | None = None,
+        error: ErrorInfo | None = None,
+        started_at: int | None = None,
+        queue: str | None = None,
+        redispatches: int = 0,
+    ) -> Checkpoint:
+        now = self._ctx._services.clock.now_ms()
+        return Checkpoint(
+            self._ctx.run_id,
+            seq,
+            call.name,
+            "step",
+            status,
+            input=call.input,
+            error=error,
+            attempts=attempts,
+            wake_at=wake_at,
+            started_at=started_at or now,
+            finished_at=now if status is CheckpointStatus.FAILED else None,
+            dispatched_at=dispatched_at,
+            redispatches=redispatches,
+            queue=queue,
+        )
+
+    async def _admit(self, seq: int, call: StepCall) -> int | None:
+        assert call.queue is not None
+        flow = self._ctx._services.steps.queues[call.queue]
+        request = Admission(
+            queue=call.queue,
+            step_id=f"{self._ctx.run_id}:{seq}",
+            run_id=self._ctx.run_id,
+            concurrency=flow.concurrency,
+            rate_limit=flow.rate_limit,
+            rate_period_ms=flow.rate_period_ms,
+            priority=call.priority or 0,
+            fairness_key=call.fairness_key,
+            retry_ms=flow.retry_ms,
+        )
+        with self._ctx._turn.in_flight():
+            await self._ctx._turn.flush()
+            return await self._ctx._services.store.try_admit(
+                request, self._ctx._services.clock.now_ms()
+            )
+
+    def _task(self, seq: int, call: StepCall, cp: Checkpoint) -> StepTask:
+        return StepTask(
+            run_id=self._ctx.run_id,
+            seq=seq,
+            name=call.name,
+            group=routing_token(call.name, self._ctx._turn.run.namespace),
+            input=call.input,
+            attempt=cp.attempts,
+            priority=call.priority,
+            context=call.context,
+        )
+
+    async def _send(self, seq: int, call: StepCall, cp: Checkpoint) -> None:
+        """Make ``cp`` durable, then send its task (a fast result must find it)."""
+        turn = self._ctx._turn
+        with turn.in_flight():
+            await self._ctx._save(cp)
+            try:
+                await self._ctx._services.steps.dispatch([self._task(seq, call, cp)])
+            except TransportError as exc:
+                # Not sent: the redispatch path (or the reconcile wake) sends it again.
+                self._ctx.log.warning("step %s could not be dispatched: %s", call.name, exc)
+                if cp.wake_at is None:
+                    cp.wake_at = self._ctx._services.clock.now_ms() + 1000
+                    cp.dispatched_at = cp.dispatched_at or 0
+                    await self._ctx._save(cp)
+
+    async def _await_live(
+        self, seq: int, call: StepCall, cp: Checkpoint, *, send: bool
+    ) -> Checkpoint:
+        """Await a step with a ``timeout`` in memory; return its settled checkpoint."""
+        turn, services = self._ctx._turn, self._ctx._services
+        assert call.timeout_ms is not None
+        step_id = f"{self._ctx.run_id}:{seq}"
+        with services.steps.live(step_id) as waiter:
+            if send:
+                await self._send(seq, call, cp)
+            sent_at = cp.dispatched_at or services.clock.now_ms()
+            first_window = call.pickup_ms if call.pickup_ms is not None else call.timeout_ms
+            with turn.in_flight():
+                seen = 0  # the newest beat persisted by someone else that we saw
+                while True:
+                    if waiter.result is not None:
+                        return self._settled(seq, call, cp, waiter)
+                    heard = waiter.heard_at or 0
+                    if seen > heard:
+                        # A beat we did not hear: allow one persist-throttle of
+                        # extra silence, since the newest beat may be that much
+                        # newer than the persisted one.
+                        deadline = seen + call.timeout_ms + services.steps.heartbeat_throttle_ms
+                    elif heard:
+                        deadline = heard + call.timeout_ms
+                    else:
+                        deadline = sent_at + first_window
+                    now = services.clock.now_ms()
+                    if deadline > now:
+                        await self._wait_change(waiter, (deadline - now) / 1000)
+                        turn.ensure_open()
+                        continue
+                    # The window ran out here: the store may know better (a
+                    # result or beat another instance consumed).
+                    fresh = await services.store.get_checkpoint(self._ctx.run_id, seq)
+                    turn.ensure_open()
+                    if fresh is not None and fresh.status in (
+                        CheckpointStatus.COMPLETED,
+                        CheckpointStatus.FAILED,
+                    ):
+                        return fresh
+                    persisted = fresh.last_heartbeat_at if fresh is not None else None
+                    if persisted is not None and persisted > max(seen, heard):
+                        seen = persisted
+                        continue
+                    silent = {
+                        "message": f"step {call.name!r} sent no heartbeat for "
+                        f"{call.timeout_ms} ms (attempt {cp.attempts})",
+                        "code": "remote_step_timeout",
+                        "retryable": True,
+                    }
+                    failed = self._step_checkpoint(
+                        seq,
+                        call,
+                        attempts=cp.attempts,
+                        status=CheckpointStatus.FAILED,
+                        error=silent,
+                        started_at=cp.started_at,
+                        queue=cp.queue,
+                    )
+                    await self._ctx._save(failed)
+                    return failed
+
+    async def _wait_change(self, waiter: LiveStep, seconds: float) -> None:
+        waiter.changed.clear()
+        changed = asyncio.ensure_future(waiter.changed.wait())
+        timer = asyncio.ensure_future(self._ctx._services.clock.sleep(seconds))
+        try:
+            await asyncio.wait({changed, timer}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            changed.cancel()
+            timer.cancel()
+
+    def _settled(self, seq: int, call: StepCall, cp: Checkpoint, waiter: LiveStep) -> Checkpoint:
+        result = waiter.result
+        assert result is not None
+        now = self._ctx._services.clock.now_ms()
+        # The receiver already wrote this to the store; mirror it for replay.
+        return Checkpoint(
+            self._ctx.run_id,
+            seq,
+            call.name,
+            "step",
+            CheckpointStatus.COMPLETED if result.ok else CheckpointStatus.FAILED,
+            input=call.input,
+            output=result.output if result.ok else None,
+            error=None if result.ok else (result.error or {"message": "step failed"}),
+            attempts=cp.attempts,
+            started_at=cp.started_at,
+            finished_at=now,
+        )
