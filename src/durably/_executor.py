@@ -52,7 +52,7 @@ class RunExecutor:
 
         ``on_done(True)`` is called once the execution this submission joined
         has finished (at once if a poll's id was merged into one executing
-        now), ``on_done(False)`` if it was dropped (the executor closed).
+        now), ``on_done(False)`` if it raised or was dropped (the executor closed).
         """
         if self._closed:
             if on_done is not None:
@@ -94,14 +94,16 @@ class RunExecutor:
             self._idle.clear()
 
     async def _run(self, run_id: str, wake: bool) -> None:
+        ok = True
         try:
             await self._handler(run_id, wake)
         except Exception:
+            ok = False
             _log.exception("executing run %s failed", run_id)
         finally:
             self._executing.discard(run_id)
             for on_done in self._executing_done.pop(run_id, ()):
-                on_done(True)
+                on_done(ok)
             task = asyncio.current_task()
             if task is not None:
                 self._tasks.discard(task)

@@ -40,6 +40,7 @@ MAX_HELD = 64
 """Queued runs one instance holds at once."""
 _REPORT_EVERY_S = 60.0
 _PREFIX = "runs:"
+_RETRY_DELAY_MS = 1000
 
 
 def run_topic(namespace: str) -> str:
@@ -74,9 +75,14 @@ class RunQueue:
         execute: Execute,
         fallback: Fallback,
         namespaces: Namespaces,
+        *,
+        capacity: int = MAX_HELD,
     ) -> None:
         self._queue = queue
         self._namespaces = namespaces
+        # An instance that can run only a few turns at once must not sit on
+        # messages idle peers could take.
+        self._max_held = max(1, min(MAX_HELD, capacity))
         self._owner = owner
         self._lease_ms = lease_ms
         self._execute = execute
@@ -91,7 +97,7 @@ class RunQueue:
         self._keeper: asyncio.Task[None] | None = None
         self._nudge = asyncio.Event()
         self._unlisten: Callable[[], None] | None = None
-        self._last_report = 0.0
+        self._last_report: float | None = None
         self._acks: list[int] = []
         self._acking: asyncio.Task[None] | None = None
         self.pushed = 0
@@ -162,7 +168,7 @@ class RunQueue:
 
     def _report(self, exc: Exception, count: int) -> None:
         now = time.monotonic()
-        if now - self._last_report >= _REPORT_EVERY_S:
+        if self._last_report is None or now - self._last_report >= _REPORT_EVERY_S:
             self._last_report = now
             _log.error(
                 "could not enqueue %d run(s) (%s); starts stay pending for the poll and "
@@ -233,7 +239,10 @@ class RunQueue:
 
     async def has_backlog(self) -> bool:
         """Whether the queue holds runs for this instance's pools (producers:
-        for any pool), claimed or not."""
+        for any pool), claimed or not, or this instance is still pushing some:
+        a safety poll racing our own in-flight push would queue those runs twice."""
+        if self._buffer or (self._flushing is not None and not self._flushing.done()):
+            return True
         topics = self._topics if self._pools is not None and self._topics else None
         found = await self._queue.depth(topics)
         return any(topic.startswith(_PREFIX) and n > 0 for topic, n in found.items())
@@ -254,15 +263,10 @@ class RunQueue:
     async def _consume(self) -> None:
         while True:
             await self._discover()
-            room = MAX_HELD - len(self._held)
+            room = self._max_held - len(self._held)
             claimed: list[Message] = []
             if room > 0 and self._topics:
-                try:
-                    claimed = await self._queue.claim(
-                        self._topics, self._owner, room, self._lease_ms, _now_ms()
-                    )
-                except Exception:
-                    _log.warning("claiming queued runs failed", exc_info=True)
+                claimed = await self._claim(room)
             for message in claimed:
                 self._held[message.id] = asyncio.create_task(self._handle(message))
             if claimed and len(claimed) == room:
@@ -271,6 +275,23 @@ class RunQueue:
             self._nudge.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._nudge.wait(), self._queue.poll_interval)
+
+    async def _claim(self, limit: int) -> list[Message]:
+        claiming = asyncio.ensure_future(
+            self._queue.claim(list(self._topics), self._owner, limit, self._lease_ms, _now_ms())
+        )
+        try:
+            return await asyncio.shield(claiming)
+        except asyncio.CancelledError:
+            # Stopped (a drain) mid-claim: what the statement took would stay
+            # invisible to everyone until its lease ran out; hand it back now.
+            with contextlib.suppress(Exception):
+                taken = await asyncio.wait_for(claiming, 5.0)
+                await self._queue.release([m.id for m in taken], self._owner)
+            raise
+        except Exception:
+            _log.warning("claiming queued runs failed", exc_info=True)
+            return []
 
     async def _handle(self, message: Message) -> None:
         try:
@@ -283,8 +304,14 @@ class RunQueue:
         try:
             finished = await self._execute(run_id, wake)
         except Exception:
-            _log.exception("executing queued run %s failed", run_id)
-            finished = True  # the store knows the run's state; a retry would fail alike
+            # Not executed (a store error, say): delivered again shortly.
+            _log.warning("queued run %s could not be executed; handing it back", run_id)
+            self._held.pop(message.id, None)
+            with contextlib.suppress(Exception):
+                await self._queue.release(
+                    [message.id], self._owner, available_at=_now_ms() + _RETRY_DELAY_MS
+                )
+            return
         if not finished:
             # Draining: whoever takes the message next gives the run its turn.
             self._held.pop(message.id, None)

@@ -508,6 +508,7 @@ class Engine:
                     self._run_from_queue,
                     self._enqueue_failed,
                     self._namespaces_of,
+                    capacity=self._executor_limit,
                 )
             if self.consumers == "always":
                 await self._start_consumers()
@@ -1233,7 +1234,9 @@ class Engine:
         """Give ``run_id`` a turn: through the run queue when the transport
         carries one (any driving instance takes it), else here."""
         self._watcher.forget(run_id)  # what it settled before is no longer current
-        if self._run_queue is not None and not self._draining:
+        if self._run_queue is not None:
+            # Even while draining: a drain stops consuming, not producing (a
+            # child created by a turn finishing now must reach some instance).
             pool = namespace or self.drives_namespace
             self._run_queue.submit(run_id, wake=False, namespace=pool, priority=priority)
             return
@@ -1250,7 +1253,7 @@ class Engine:
             # Our own turn holds it: the stamp makes it run once more.
             await self.store.request_wake(run_id, self.clock.now_ms())
             return
-        if self._run_queue is not None and not self._draining:
+        if self._run_queue is not None:
             # A wake can cross pools (a signal from another namespace's
             # process): unless the caller knows the run's pool, look it up.
             self._run_queue.submit(run_id, wake=True, namespace=namespace)
@@ -1274,6 +1277,10 @@ class Engine:
 
         self._executor.submit(run_id, wake=wake, on_done=finished)
         executed: bool = await done
+        if not executed and not self._draining:
+            # The execution raised (a store error, say): hand the message back
+            # for a later delivery rather than ack a run that took no turn.
+            raise RuntimeError(f"run {run_id} could not be executed")
         return executed and not self._draining
 
     async def _namespaces_of(self, run_ids: list[str]) -> dict[str, str]:
@@ -1752,7 +1759,12 @@ class Engine:
                 self._pending_poll = asyncio.get_running_loop().create_task(
                     self._poll_pending_soon()
                 )
-        elif kind == "wake" and self._executor is not None and run_id not in self._active:
+        elif (
+            kind == "wake"
+            and self._executor is not None
+            and run_id not in self._active
+            and self._run_queue is None  # the waker queued the run itself
+        ):
             # Poll semantics: if another process holds the run, the stamp that
             # sent this is already on it; stamping again would ping-pong.
             self._submit_here(run_id)

@@ -1,0 +1,580 @@
+"""The fleet's run queue (``transport="db://"``) on a real PostgreSQL.
+
+Several in-process engines share one schema; each has its own pool and
+instance id, so they compete for the queue's messages as separate processes
+would. One test per rule of :mod:`durably._run_queue`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import asyncpg
+import pytest
+
+import durably
+from durably import RunStatus
+from durably._run_queue import MAX_HELD
+from durably.stores._messages import Message, MessageQueue, OutMessage
+
+pytestmark = [pytest.mark.timeout(300)]
+
+POLL = 0.05
+TOPIC = "runs:default"
+
+
+def make_engine(url: str, **kwargs: Any) -> durably.Engine:
+    kwargs.setdefault("poll_interval", POLL)
+    return durably.Engine(url, transport="db://", **kwargs)
+
+
+def register_refusing(engine: durably.Engine, name: str, ran: list[str]) -> None:
+    """A producer's copy of workflow ``name``: it must never execute."""
+
+    async def body(ctx: durably.WorkflowContext, n: int) -> None:
+        ran.append(ctx.run_id)
+        raise AssertionError(f"the producer executed {ctx.run_id}")
+
+    engine.register(name, body)
+
+
+def queue_of(engine: durably.Engine) -> Any:
+    run_queue = engine._run_queue
+    assert run_queue is not None, "the db:// transport carries a run queue"
+    return run_queue
+
+
+async def depth(engine: durably.Engine, topic: str = TOPIC) -> int:
+    found = await engine.store.messages().depth([topic])  # type: ignore[attr-defined]
+    return int(found.get(topic, 0))
+
+
+async def unclaimed(url: str, topic: str = TOPIC) -> int:
+    """Messages of ``topic`` nobody holds (read straight from the table)."""
+    base, _, query = url.partition("?")
+    schema = dict(part.split("=", 1) for part in query.split("&"))["schema"]
+    conn = await asyncpg.connect(base)
+    try:
+        n = await conn.fetchval(
+            f'SELECT count(*) FROM "{schema}".durably_messages '
+            "WHERE topic = $1 AND claimed_by IS NULL",
+            topic,
+        )
+    finally:
+        await conn.close()
+    return int(n)
+
+
+async def eventually(
+    check: Callable[[], Awaitable[bool] | bool], what: str, timeout: float = 60
+) -> None:
+    """Wait until ``check()`` holds (polled), else fail saying ``what``."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        result = check()
+        if not isinstance(result, bool):
+            result = await result
+        if result:
+            return
+        if loop.time() > deadline:
+            pytest.fail(f"timed out waiting until {what}")
+        await asyncio.sleep(0.02)
+
+
+async def wait_all(engine: durably.Engine, run_ids: list[str], timeout: float = 120) -> None:
+    results = await asyncio.gather(
+        *(engine.wait_for_run(r, terminal=True, timeout=timeout) for r in run_ids)
+    )
+    bad = [(r.run_id, r.status, r.error) for r in results if r.status is not RunStatus.COMPLETED]
+    assert not bad, bad[:5]
+
+
+async def _is(value: Awaitable[int], expected: int) -> bool:
+    return await value == expected
+
+
+class SpyQueue:
+    """Wraps a message queue: records every push, and fails pushes on demand."""
+
+    def __init__(self, inner: MessageQueue) -> None:
+        self._inner = inner
+        self.pushes: list[list[OutMessage]] = []
+        self.failing = False
+        self.failures = 0
+        self.claim_delay = 0.0
+        self.claimed_late = asyncio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def push(self, messages: list[OutMessage]) -> None:
+        self.pushes.append(list(messages))
+        if self.failing:
+            self.failures += 1
+            raise ConnectionError("the queue is down (test)")
+        await self._inner.push(messages)
+
+    async def claim(self, *args: Any) -> list[Message]:
+        taken: list[Message] = await self._inner.claim(*args)
+        if taken and self.claim_delay:
+            self.claimed_late.set()
+            await asyncio.sleep(self.claim_delay)  # the statement ran; its answer is slow
+        return taken
+
+
+def spy_on(engine: durably.Engine) -> SpyQueue:
+    run_queue = queue_of(engine)
+    spy = SpyQueue(run_queue._queue)
+    run_queue._queue = spy
+    return spy
+
+
+def register_short(engine: durably.Engine, done_by: Counter[str]) -> None:
+    """A short workflow of a few local steps; counts executions per instance."""
+    instance = engine.instance_id
+
+    async def record(n: int) -> int:
+        done_by[instance] += 1
+        return n
+
+    @engine.workflow("short")
+    async def short(ctx: durably.WorkflowContext, n: int) -> int:
+        a = await ctx.local_step("a", lambda: n + 1)
+        await ctx.local_step("pause", asyncio.sleep, 0.005)
+        return await ctx.local_step("b", record, a)
+
+
+# -- 1. runs spread over the driving instances -------------------------------------------
+
+
+async def test_runs_spread_over_consumers_and_never_run_on_the_producer(postgres_url: str) -> None:
+    producer_ran: list[str] = []
+    done_by: Counter[str] = Counter()
+
+    producer = make_engine(postgres_url, consumers="never")
+    register_refusing(producer, "short", producer_ran)
+    consumers = [make_engine(postgres_url) for _ in range(2)]
+    for engine in consumers:
+        register_short(engine, done_by)
+
+    async with producer, consumers[0], consumers[1]:
+        ids = [(await producer.start("short", i, run_id=f"r{i}")).run_id for i in range(200)]
+        await wait_all(consumers[0], ids)
+        consumed = [queue_of(e).consumed for e in consumers]
+        assert queue_of(producer).consumed == 0
+        assert not queue_of(producer).consuming
+        assert queue_of(producer).pushed == 200
+
+    assert producer_ran == []
+    assert sum(done_by.values()) == 200
+    assert all(done_by[e.instance_id] > 0 for e in consumers), done_by
+    assert all(n > 0 for n in consumed), consumed
+
+
+# -- 2. at most MAX_HELD claimed per instance ---------------------------------------------
+
+
+def register_gated(
+    engine: durably.Engine,
+    gates: dict[str, asyncio.Event],
+    executing: dict[str, set[str]],
+    done_by: dict[str, str],
+) -> None:
+    """Workflow ``gated``: its first step blocks while this engine's gate is shut."""
+    instance = engine.instance_id
+    gate = gates.setdefault(instance, asyncio.Event())
+    inside = executing.setdefault(instance, set())
+
+    async def block(run_id: str) -> str:
+        inside.add(run_id)
+        await gate.wait()
+        return instance
+
+    @engine.workflow("gated")
+    async def gated(ctx: durably.WorkflowContext, n: int) -> str:
+        by = await ctx.local_step("block", block, ctx.run_id)
+        done_by[ctx.run_id] = by
+        return by
+
+
+async def test_an_instance_holds_at_most_64_and_another_takes_the_rest(postgres_url: str) -> None:
+    gates: dict[str, asyncio.Event] = {}
+    executing: dict[str, set[str]] = {}
+    done_by: dict[str, str] = {}
+    first, second = make_engine(postgres_url), make_engine(postgres_url)
+    register_gated(first, gates, executing, done_by)
+    register_gated(second, gates, executing, done_by)
+    a, b = first.instance_id, second.instance_id
+
+    async with first:
+        ids = [(await first.start("gated", i, run_id=f"g{i:03}")).run_id for i in range(100)]
+        await eventually(lambda: len(executing[a]) >= MAX_HELD, "64 runs execute")
+        await asyncio.sleep(0.5)  # several polls: it must not take more
+        assert len(executing[a]) == MAX_HELD
+        assert queue_of(first).held == MAX_HELD
+        assert await depth(first) == 100  # claimed or not, every message is still there
+        assert await unclaimed(postgres_url) == 100 - MAX_HELD
+        async with second:
+            await eventually(
+                lambda: len(executing[b]) == 100 - MAX_HELD, "the second takes the rest"
+            )
+            assert len(executing[a]) == MAX_HELD  # the first is still blocked
+            assert queue_of(first).held == MAX_HELD
+            assert await unclaimed(postgres_url) == 0
+            gates[a].set()
+            gates[b].set()
+            await wait_all(first, ids)
+            await eventually(lambda: queue_of(first).held == 0, "the first acks its messages")
+            await eventually(lambda: queue_of(second).held == 0, "the second acks its messages")
+            await eventually(lambda: _is(depth(first), 0), "every message is acked")
+    assert Counter(done_by.values()) == {a: MAX_HELD, b: 100 - MAX_HELD}
+
+
+# -- 3. priority ---------------------------------------------------------------------------
+
+
+async def test_higher_priority_first_then_oldest(postgres_url: str) -> None:
+    producer_ran: list[str] = []
+    order: list[str] = []
+    producer = make_engine(postgres_url, consumers="never")
+    register_refusing(producer, "ordered", producer_ran)
+    consumer = make_engine(postgres_url, max_concurrent_runs=1)
+
+    async def record(run_id: str) -> None:
+        order.append(run_id)
+
+    @consumer.workflow("ordered")
+    async def ordered(ctx: durably.WorkflowContext, n: int) -> None:
+        await ctx.local_step("record", record, ctx.run_id)
+
+    priorities = [0, 5, 10, 5, 0, 10, 0, 5, 10, 5, 0, 10, 0, 5, 10, -1, 3, -1, 3]
+    async with producer:
+        ids = []
+        for i, priority in enumerate(priorities):
+            run = await producer.start("ordered", i, run_id=f"p{i:02}", priority=priority)
+            ids.append(run.run_id)
+        n = len(priorities)
+        await eventually(lambda: queue_of(producer).pushed == n, "every start is pushed")
+        assert await depth(producer) == n
+        async with consumer:
+            await wait_all(consumer, ids)
+
+    expected = [ids[i] for i in sorted(range(len(ids)), key=lambda i: (-priorities[i], i))]
+    assert order == expected
+    assert producer_ran == []
+
+
+# -- 4. a failed push loses nothing --------------------------------------------------------
+
+
+def enqueue_errors(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [
+        r
+        for r in caplog.records
+        if r.name == "durably.runqueue" and "could not enqueue" in r.getMessage()
+    ]
+
+
+async def test_failed_start_pushes_stay_pending_for_the_safety_poll(
+    postgres_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.ERROR, logger="durably.runqueue")
+    producer_ran: list[str] = []
+    done_by: Counter[str] = Counter()
+    producer = make_engine(postgres_url, consumers="never")
+    register_refusing(producer, "short", producer_ran)
+    consumer = make_engine(postgres_url)
+    register_short(consumer, done_by)
+
+    async with producer:
+        spy = spy_on(producer)
+        spy.failing = True
+        ids = []
+        for i in range(6):
+            ids.append((await producer.start("short", i, run_id=f"f{i}")).run_id)
+            await eventually(lambda i=i: spy.failures > i, "the push is tried (and fails)")
+        assert spy.failures == 6
+        assert len(enqueue_errors(caplog)) == 1  # reported once for the minute
+        assert queue_of(producer).pushed == 0
+        for run_id in ids:
+            run = await producer.get_run(run_id)
+            assert run is not None and run.status is RunStatus.PENDING
+        assert await depth(producer) == 0
+        async with consumer:  # its safety poll finds them (the queue holds no runs)
+            await wait_all(consumer, ids)
+        assert len(enqueue_errors(caplog)) == 1
+    assert done_by[consumer.instance_id] == len(ids)
+    assert producer_ran == []
+
+
+async def test_a_wake_whose_push_fails_runs_locally(
+    postgres_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.ERROR, logger="durably.runqueue")
+    engine = make_engine(postgres_url)
+
+    @engine.workflow("waiter")
+    async def waiter(ctx: durably.WorkflowContext, token: str) -> str:
+        got = await ctx.wait_for_signal(token)
+        return await ctx.local_step("after", lambda: f"got {got}")
+
+    async with engine:
+        ids = [(await engine.start("waiter", f"t{i}", run_id=f"w{i}")).run_id for i in range(3)]
+        for run_id in ids:
+            result = await engine.wait_for_run(run_id, timeout=30)
+            assert result.status is RunStatus.SUSPENDED
+        await eventually(lambda: queue_of(engine).held == 0, "the starts are handled")
+        await eventually(lambda: _is(depth(engine), 0), "the queue is empty")
+        consumed = queue_of(engine).consumed
+        spy = spy_on(engine)
+        spy.failing = True  # from now on nothing reaches the queue
+        for i in range(3):
+            assert await engine.signal(f"t{i}", i) == f"w{i}"
+        await wait_all(engine, ids, timeout=30)
+        assert spy.failures >= 1
+        assert queue_of(engine).consumed == consumed  # not one came through the queue
+        await eventually(lambda: _is(depth(engine), 0), "every message is acked")
+        assert len(enqueue_errors(caplog)) == 1
+        for i, run_id in enumerate(ids):
+            run = await engine.get_run(run_id)
+            assert run is not None and run.output == f"got {i}"
+
+
+# -- 5. a drain hands its messages back ----------------------------------------------------
+
+
+async def test_drain_hands_back_what_it_holds(postgres_url: str) -> None:
+    gates: dict[str, asyncio.Event] = {}
+    executing: dict[str, set[str]] = {}
+    done_by: dict[str, str] = {}
+    first, second = make_engine(postgres_url), make_engine(postgres_url)
+    register_gated(first, gates, executing, done_by)
+    register_gated(second, gates, executing, done_by)
+    a, b = first.instance_id, second.instance_id
+    gates[b].set()  # only the first blocks
+    n = 20
+
+    try:
+        async with first:
+            ids = [(await first.start("gated", i, run_id=f"d{i:02}")).run_id for i in range(n)]
+            await eventually(lambda: len(executing[a]) == n, "the first executes every run")
+            assert queue_of(first).held == n
+            async with second:
+                await asyncio.sleep(0.3)
+                assert not executing.get(b)  # nothing for the second while the first holds all
+                await first.drain(timeout=0.2)
+                assert queue_of(first).held == 0
+                assert not queue_of(first).consuming
+                await wait_all(second, ids)
+                assert {done_by[r] for r in ids} == {b}
+                assert executing[b] == set(ids)
+                await eventually(lambda: queue_of(second).held == 0, "the second acks")
+                await eventually(lambda: _is(depth(second), 0), "the queue is empty")
+                assert queue_of(first).consumed == 0  # handed back, never acked there
+    finally:
+        gates[a].set()
+    for run_id in ids:
+        assert done_by[run_id] == b
+
+
+async def test_a_drain_mid_claim_hands_back_what_the_claim_took(postgres_url: str) -> None:
+    done_by: Counter[str] = Counter()
+    first, second = make_engine(postgres_url), make_engine(postgres_url)
+    register_short(first, done_by)
+    register_short(second, done_by)
+    n = 10
+    await first.open()
+    try:
+        spy = spy_on(first)
+        spy.claim_delay = 2.0
+        ids = [(await first.start("short", i, run_id=f"m{i}")).run_id for i in range(n)]
+        await eventually(lambda: queue_of(first).pushed == n, "every start is pushed")
+        await first.start_worker()
+        await spy.claimed_late.wait()  # the claim took them and has not answered yet
+        await first.drain(timeout=0.2)
+        assert queue_of(first).held == 0
+        assert await unclaimed(postgres_url) == n  # not left invisible until the lease ends
+        async with second:
+            await wait_all(second, ids, timeout=20)  # well within the 30 s lease
+    finally:
+        await first.close()
+    assert done_by == {second.instance_id: n}
+
+
+def register_parent(engine: durably.Engine, gate: asyncio.Event | None) -> None:
+    """``parent`` waits at a gate (when given one), then starts a child."""
+
+    async def wait_gate() -> None:
+        if gate is not None:
+            await gate.wait()
+
+    @engine.workflow("kid")
+    async def kid(ctx: durably.WorkflowContext, n: int) -> int:
+        return n
+
+    @engine.workflow("parent")
+    async def parent(ctx: durably.WorkflowContext, n: int) -> int:
+        await ctx.local_step("gate", wait_gate)
+        child: int = await ctx.child("kid", n, run_id=f"{ctx.run_id}-kid")
+        return child
+
+
+async def test_a_child_spawned_during_a_drain_is_queued(postgres_url: str) -> None:
+    gate = asyncio.Event()
+    first, second = make_engine(postgres_url), make_engine(postgres_url)
+    register_parent(first, gate)
+    register_parent(second, None)
+    await first.open()
+    # Another instance is busy with a run: the queue is never empty meanwhile.
+    queue = first.store.messages()  # type: ignore[attr-defined]
+    await queue.push([OutMessage(TOPIC, '{"runId":"elsewhere","wake":false}')])
+    assert len(await queue.claim([TOPIC], "elsewhere", 1, 120_000, int(time.time() * 1000))) == 1
+
+    async with first:
+        await first.start("parent", 7, run_id="p")
+        await eventually(lambda: queue_of(first).held == 1, "the first runs the parent")
+        async with second:
+            try:
+                draining = asyncio.create_task(first.drain(timeout=5))
+                await asyncio.sleep(0.2)
+                gate.set()  # the parent's turn goes on within the drain and spawns its child
+                await draining
+                result = await second.wait_for_run("p", terminal=True, timeout=10)
+                assert result.status is RunStatus.COMPLETED and result.output == 7
+            finally:
+                gate.set()
+
+
+# -- 6. a burst goes out in multi-row pushes -----------------------------------------------
+
+
+async def test_a_fan_of_1000_children_is_pushed_in_a_few_statements(postgres_url: str) -> None:
+    n = 1000
+    engines = [make_engine(postgres_url) for _ in range(2)]
+    for engine in engines:
+
+        @engine.workflow("square")
+        async def square(ctx: durably.WorkflowContext, x: int) -> int:
+            return await ctx.local_step("mul", lambda: x * x)
+
+        @engine.workflow("fan")
+        async def fan(ctx: durably.WorkflowContext, count: int) -> int:
+            results = await ctx.all([ctx.child("square", i) for i in range(count)])
+            return sum(results)
+
+    async with engines[0], engines[1]:
+        spies = [spy_on(engine) for engine in engines]
+        await engines[0].start("fan", n, run_id="fan")
+        result = await engines[0].wait_for_run("fan", terminal=True, timeout=240)
+        assert result.status is RunStatus.COMPLETED, result.error
+        assert result.output == sum(i * i for i in range(n))
+
+    def is_child(message: OutMessage) -> bool:
+        return message.body.startswith('{"runId":"fan.child.') and '"wake":false' in message.body
+
+    child_pushes = [[m for m in push if is_child(m)] for spy in spies for push in spy.pushes]
+    child_pushes = [push for push in child_pushes if push]
+    pushed = Counter(m.body for push in child_pushes for m in push)
+    assert len(pushed) == n  # every child was queued
+    assert len(child_pushes) <= 5, [len(p) for p in child_pushes]
+
+
+# -- 7. a due timer is claimed before it is queued -----------------------------------------
+
+
+def register_sleeper(engine: durably.Engine, after: list[tuple[str, str]]) -> None:
+    instance = engine.instance_id
+
+    async def record(run_id: str) -> str:
+        after.append((run_id, instance))
+        return instance
+
+    @engine.workflow("sleeper")
+    async def sleeper(ctx: durably.WorkflowContext, i: int) -> str:
+        await ctx.sleep(0.3)
+        by: str = await ctx.local_step("after", record, ctx.run_id)
+        return by
+
+
+async def test_due_timers_wake_each_run_once(postgres_url: str) -> None:
+    n = 50
+    after: list[tuple[str, str]] = []
+    engines = [make_engine(postgres_url) for _ in range(2)]
+    for engine in engines:
+        register_sleeper(engine, after)
+
+    async with engines[0], engines[1]:
+        ids = [
+            (await engines[i % 2].start("sleeper", i, run_id=f"s{i:02}")).run_id for i in range(n)
+        ]
+        await wait_all(engines[0], ids)
+        await asyncio.sleep(0.5)  # a duplicate wake would execute the step again by now
+
+    executions = Counter(run_id for run_id, _ in after)
+    assert set(executions) == set(ids)
+    assert [r for r, count in executions.items() if count != 1] == []
+
+
+# -- 8. namespaces -------------------------------------------------------------------------
+
+
+async def test_a_namespace_consumer_takes_only_its_topic(postgres_url: str) -> None:
+    ran: list[tuple[str, str]] = []
+    refused: list[str] = []
+    producers = {
+        ns: make_engine(postgres_url, namespace=ns, consumers="never") for ns in ("a", "b")
+    }
+    for producer in producers.values():
+        register_refusing(producer, "where", refused)
+    only_a = make_engine(postgres_url, namespace="a")
+    every = make_engine(postgres_url)
+    for engine in (only_a, every):
+        instance = engine.instance_id
+
+        async def record(run_id: str, instance: str = instance) -> str:
+            ran.append((run_id, instance))
+            return instance
+
+        engine.register("where", _where(record))
+
+    async with producers["a"], producers["b"]:
+        async with only_a:
+            await producers["b"].start("where", 0, run_id="b1")
+            await producers["a"].start("where", 0, run_id="a1")
+            await wait_all(only_a, ["a1"])
+            await eventually(lambda: _is(depth(only_a, "runs:b"), 1), "b1 is queued on runs:b")
+            await asyncio.sleep(1.5)  # several polls and a safety poll
+            b1 = await only_a.get_run("b1")
+            assert b1 is not None and b1.status is RunStatus.PENDING
+            assert await depth(only_a, "runs:b") == 1
+            assert await unclaimed(postgres_url, "runs:b") == 1
+        await producers["a"].start("where", 0, run_id="a2")
+        await eventually(lambda: _is(depth(producers["a"], "runs:a"), 1), "a2 is queued on runs:a")
+        async with every:
+            await wait_all(every, ["b1", "a2"])
+            await eventually(lambda: queue_of(every).held == 0, "every message is acked")
+            await eventually(lambda: _is(depth(every, "runs:a"), 0), "runs:a is empty")
+            await eventually(lambda: _is(depth(every, "runs:b"), 0), "runs:b is empty")
+
+    assert sorted(ran) == [
+        ("a1", only_a.instance_id),
+        ("a2", every.instance_id),
+        ("b1", every.instance_id),
+    ]
+    assert refused == []
+
+
+def _where(
+    record: Callable[[str], Awaitable[str]],
+) -> Callable[[durably.WorkflowContext, int], Awaitable[str]]:
+    async def where(ctx: durably.WorkflowContext, i: int) -> str:
+        by: str = await ctx.local_step("where", record, ctx.run_id)
+        return by
+
+    return where
