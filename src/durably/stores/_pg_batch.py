@@ -5,7 +5,13 @@ by one from hundreds of concurrent runs, each costs a round trip and a
 commit on a pooled connection. Here they queue up while the previous batch
 commits; each batch then costs one transaction with one multi-row statement
 per kind (checkpoints before settles, since a settle releases the lease the
-checkpoints are fenced by). A lone write still goes out at once.
+checkpoints are fenced by). A lone write still goes out at once, with one
+exception: a step's result is queued without its turn waiting for it, and the
+turn's next write (its settle, or the next step's) usually follows within a
+few turns of the event loop, so a batch holding only results waits that long
+for it rather than committing alone and making the next write wait a whole
+batch. Callers hear back as soon as the batch commits, before its connection
+goes back to the pool.
 """
 
 from __future__ import annotations
@@ -89,6 +95,13 @@ _STILL_HELD = """
 
 Acquire = Callable[[], AbstractAsyncContextManager[Any]]
 
+# Loop turns a batch of nothing but step results waits for its turn's next
+# write; each is a bare ``sleep(0)``, so an idle loop loses microseconds.
+# Only ``completed``: a turn queues those and moves on, where it awaits a
+# ``failed`` result before it can queue anything else.
+_LINGER = 6
+_RESULTS = frozenset({"completed"})
+
 
 class PgWriteBatcher:
     """Queues fenced checkpoint upserts and settles; commits them in batches."""
@@ -142,32 +155,48 @@ class PgWriteBatcher:
     async def _run(self) -> None:
         while True:
             await self._wakeup.wait()
+            for _ in range(_LINGER):
+                if not self._only_results():
+                    break
+                await asyncio.sleep(0)
             self._wakeup.clear()
             checkpoints, self._checkpoints = self._checkpoints, {}
             settles, self._settles = self._settles, []
             if not checkpoints and not settles:
                 self._idle.set()
                 continue
+            delivered = False
             try:
                 async with self._acquire() as conn:
                     held, settled = await self._write(conn, checkpoints, settles)
+                    # Committed: answer now, not after the connection's release.
+                    for key, (_, futures) in checkpoints.items():
+                        for future in futures:
+                            _resolve(future, key in held)
+                    for (_, settle_future), result in zip(settles, settled, strict=True):
+                        _resolve(settle_future, result)
+                    delivered = True
             except Exception as exc:
-                _log.warning(
-                    "a batch of %d writes failed: %s", len(checkpoints) + len(settles), exc
-                )
-                for _, futures in checkpoints.values():
-                    for future in futures:
-                        _fail(future, exc)
-                for _, settle_future in settles:
-                    _fail(settle_future, exc)
-                continue
-            for key, (_, futures) in checkpoints.items():
-                for future in futures:
-                    _resolve(future, key in held)
-            for (_, settle_future), result in zip(settles, settled, strict=True):
-                _resolve(settle_future, result)
+                if delivered:
+                    _log.warning("releasing a connection after a batch failed: %s", exc)
+                else:
+                    _log.warning(
+                        "a batch of %d writes failed: %s", len(checkpoints) + len(settles), exc
+                    )
+                    for _, futures in checkpoints.values():
+                        for future in futures:
+                            _fail(future, exc)
+                    for _, settle_future in settles:
+                        _fail(settle_future, exc)
             if not self._checkpoints and not self._settles:
                 self._idle.set()
+
+    def _only_results(self) -> bool:
+        """Only step results are queued: no settle, no checkpoint a turn
+        must see committed before it can queue its next write."""
+        if self._settles or not self._checkpoints:
+            return False
+        return all(row[4] in _RESULTS for row, _ in self._checkpoints.values())
 
     async def _write(
         self,

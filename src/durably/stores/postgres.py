@@ -176,6 +176,11 @@ class PostgresStore:
         settings.setdefault("application_name", "durably")
         if self.schema is not None:
             settings["search_path"] = f'"{self.schema}"'
+        # The store keeps no session state on pooled connections (advisory
+        # locks are transaction-scoped, LISTEN has its own connection), so a
+        # released connection needs no reset query: asyncpg still rolls back a
+        # transaction left open, and the round trip it saves is on every call.
+        kwargs.setdefault("reset", _keep_session)
         pool = await asyncpg.create_pool(
             self._dsn,
             min_size=self._min_size,
@@ -221,6 +226,7 @@ class PostgresStore:
     async def _listen(self) -> None:
         kwargs = dict(self._connect_kwargs)
         kwargs.pop("server_settings", None)
+        kwargs.pop("reset", None)  # a pool option
         conn = await asyncpg.connect(self._dsn, **kwargs)
         await conn.add_listener(self.channel, self._heard)
         conn.add_termination_listener(self._listener_lost)
@@ -1307,6 +1313,10 @@ async def _time_out_wait(
         seq,
     )
     return None
+
+
+async def _keep_session(_conn: Any) -> None:
+    """The pool's ``reset=``: nothing to undo on a released connection."""
 
 
 def _split_schema(url: str) -> tuple[str, str | None]:
