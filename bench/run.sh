@@ -4,6 +4,7 @@
 #   bash bench/run.sh            # full run (N=500 and N=2000, 200 latency samples), ~8-10 min
 #   bash bench/run.sh --quick    # smoke run, under a minute
 #   bash bench/run.sh --db sqlite --repeat 2 --scale     # any compare.py flag passes through
+#   bash bench/run.sh dispatch [--repeat 3] [--quick]    # dispatched steps (dispatch_compare.py)
 #
 # It keeps its own virtualenv in bench/.venv (git-ignored) with DBOS, asyncpg and durably
 # (editable, from this checkout), reinstalling only when bench/requirements.txt or
@@ -37,4 +38,8 @@ if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
 fi
 
 cd "$HERE"
+if [ "${1:-}" = "dispatch" ]; then
+    shift
+    exec "$VENV/bin/python" "$HERE/dispatch_compare.py" "$@"
+fi
 exec "$VENV/bin/python" "$HERE/compare.py" "$@"

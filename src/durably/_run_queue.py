@@ -263,6 +263,9 @@ class RunQueue:
     async def _consume(self) -> None:
         while True:
             await self._discover()
+            # Cleared before the claim, so a notification arriving while the
+            # claim is in flight (for a message it cannot see yet) is kept.
+            self._nudge.clear()
             room = self._max_held - len(self._held)
             claimed: list[Message] = []
             if room > 0 and self._topics:
@@ -272,7 +275,6 @@ class RunQueue:
             if claimed and len(claimed) == room:
                 await asyncio.sleep(0)
                 continue
-            self._nudge.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._nudge.wait(), self._queue.poll_interval)
 

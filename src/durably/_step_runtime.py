@@ -108,7 +108,8 @@ class StepServer:
         self._idle.clear()
         beater = asyncio.create_task(self._beat_while_running(task, log))
         try:
-            await self._send_beat_now(Heartbeat(task.run_id, task.seq, task.group, started))
+            # The pickup beat is not awaited: the handler need not wait for it.
+            self._send_beat(Heartbeat(task.run_id, task.seq, task.group, started))
             result = await self._execute(definition, task, log, started)
         finally:
             beater.cancel()

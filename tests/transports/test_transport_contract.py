@@ -127,7 +127,9 @@ async def test_results_and_heartbeats_reach_the_consumer_intact(
     failed = StepResult(
         "r1", 3, ok=False, error={"message": "boom", "code": None, "retryable": False}
     )
-    beat = Heartbeat("r1", 2, "payments", at=1_700_000_000_300, progress={"pct": 40})
+    # A beat of a step still running (a beat delivered together with its own
+    # step's result may be dropped: it says nothing the result does not).
+    beat = Heartbeat("r1", 4, "payments", at=1_700_000_000_300, progress={"pct": 40})
     await worker.send_heartbeat(beat)
     await worker.send_result(done)
     await worker.send_result(failed)
@@ -138,12 +140,35 @@ async def test_results_and_heartbeats_reach_the_consumer_intact(
     assert results.beats == [beat]
 
 
+async def test_a_beat_arriving_with_its_steps_result_never_outlives_it(
+    transport_factory: TransportFactory,
+) -> None:
+    worker = await transport_factory()
+    await worker.send_heartbeat(Heartbeat("r1", 1, "g"))
+    await worker.send_result(StepResult("r1", 1, ok=True, output=1))
+    consumer = await transport_factory()
+    order: list[str] = []
+
+    async def on_results(batch: list[StepResult]) -> None:
+        order.extend(f"result {r.step_id}" for r in batch)
+
+    async def on_heartbeat(beat: Heartbeat) -> None:
+        order.append(f"beat {beat.step_id}")
+
+    await consumer.consume_results(on_results, on_heartbeat)
+    await wait_until(lambda: "result r1:1" in order)
+    await asyncio.sleep(0.1)
+    # Delivered before its result, or dropped; never after it (a late beat
+    # must not look like the step is still alive).
+    assert order in (["beat r1:1", "result r1:1"], ["result r1:1"])
+
+
 async def test_results_sent_before_the_consumer_starts_are_delivered(
     transport_factory: TransportFactory,
 ) -> None:
     worker = await transport_factory()
     await worker.send_result(StepResult("r1", 1, ok=True, output=1))
-    await worker.send_heartbeat(Heartbeat("r1", 1, "g"))
+    await worker.send_heartbeat(Heartbeat("r1", 2, "g"))
     consumer = await transport_factory()
     results = Results()
     await consumer.consume_results(results.on_results, results.on_heartbeat)

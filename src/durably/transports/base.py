@@ -82,7 +82,9 @@ class Transport(Protocol):
         self, on_results: ResultHandler, on_heartbeat: HeartbeatHandler
     ) -> None:
         """Start delivering results and heartbeats sent by workers. At most
-        one consumer per transport object."""
+        one consumer per transport object. A heartbeat that arrives together
+        with its own step's result may be dropped; it is never delivered
+        after that result."""
 
     async def send_result(self, result: StepResult) -> None:
         """Send a task's result back to the engines."""

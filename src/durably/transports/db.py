@@ -181,7 +181,9 @@ class DbTransport:
                 OutMessage(task_topic(t.group), codec.dumps(t.to_wire()), t.priority or 0)
                 for t in tasks
             ]
-            await self._push_now(messages)
+            # Through the batcher: a fan's tasks (and concurrent turns' ones)
+            # go out in one transaction rather than one each.
+            await self._pushes.add_many(messages)
         except TransportError:
             raise
         except Exception as exc:
@@ -384,19 +386,24 @@ class DbTransport:
     ) -> None:
         results: list[StepResult] = []
         result_ids: list[int] = []
+        beats: list[tuple[int, Heartbeat]] = []
         done: list[int] = []
         for message in sorted(claimed, key=lambda m: m.id):
             try:
                 body = codec.loads(message.body)
                 if message.topic == BEATS_TOPIC:
-                    beat = Heartbeat.from_wire(body)
+                    beats.append((message.id, Heartbeat.from_wire(body)))
                 else:
                     results.append(StepResult.from_wire(body))
                     result_ids.append(message.id)
-                    continue
             except (ValueError, WireError) as exc:
                 _log.error("dropping a malformed %s message: %s", message.topic, exc)
                 done.append(message.id)
+        # A beat whose step's result is in the same batch says nothing new.
+        finished = {result.step_id for result in results}
+        for message_id, beat in beats:
+            if beat.step_id in finished:
+                done.append(message_id)
                 continue
             try:
                 await on_heartbeat(beat)
@@ -439,6 +446,17 @@ class _Batcher(Generic[_T]):
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._run())
         await future
+
+    async def add_many(self, items: list[_T]) -> None:
+        loop = asyncio.get_running_loop()
+        futures: list[asyncio.Future[None]] = []
+        for item in items:
+            future: asyncio.Future[None] = loop.create_future()
+            self._items.append((item, future))
+            futures.append(future)
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._run())
+        await asyncio.gather(*futures)
 
     async def drain(self) -> None:
         if self._task is not None:

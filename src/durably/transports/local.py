@@ -146,7 +146,10 @@ class LocalTransport:
             await self._result_ready.wait()
             self._result_ready.clear()
             beats, self._beats = self._beats, []
+            finished = {result.step_id for result in self._results}
             for beat in beats:
+                if beat.step_id in finished:
+                    continue  # its result is here already: the beat says nothing new
                 try:
                     await on_heartbeat(beat)
                 except Exception:

@@ -1,0 +1,236 @@
+"""durably's dispatched steps (``ctx.step``) through one transport, the same workloads as
+``dispatch_dbos.py``.
+
+One process both drives the workflows and serves the step handler (``@engine.step``, a trivial
+``async def``), so a task goes out through the transport, the run suspends durably (no
+``timeout=``), the handler runs, its result comes back through the transport and resumes the run.
+
+    python dispatch_durably.py --db sqlite --transport db throughput --n 200 --k 5
+    python dispatch_durably.py --db postgres --transport local latency --count 200
+    python dispatch_durably.py --db sqlite --transport memory fan --count 20 --width 100
+
+Scenarios:
+
+- ``throughput``: N workflows of K sequential ``await ctx.step(noop, i)``, all N started at once
+  (``asyncio.gather`` of ``engine.start``), then all awaited; after untimed warm-up workflows.
+- ``latency``: one workflow with one ``ctx.step`` at a time, start -> result.
+- ``fan``: one workflow at a time whose body is ``ctx.all([ctx.step(noop, i) for i in
+  range(width)])``, start -> result; also steps/s over the whole series.
+
+Prints one JSON line (see common.py). ``--profile out.html`` wraps the timed part in pyinstrument
+(``pip install pyinstrument`` into bench/.venv first).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import time
+from typing import Any
+
+from common import (
+    Target,
+    emit,
+    error_result,
+    latency_summary,
+    make_target,
+    prepare_workdir,
+    reset_target,
+    throughput_result,
+    timed_batch,
+)
+
+TRANSPORTS = {"memory": "memory://", "local": "local://", "db": "db://"}
+
+
+def dispatch_parser(description: str, default_name: str) -> argparse.ArgumentParser:
+    """The command line of both dispatch sides."""
+    p = argparse.ArgumentParser(
+        description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--db", choices=["sqlite", "postgres"], required=True)
+    p.add_argument("--name", default=default_name, help="database / file name")
+    p.add_argument("--workdir", default=".work", help="SQLite files go here (the run's cwd)")
+    p.add_argument("--profile", default=None, help="write a pyinstrument HTML profile here")
+    sub = p.add_subparsers(dest="scenario", required=True)
+    tp = sub.add_parser("throughput", help="N workflows of K sequential dispatched steps at once")
+    tp.add_argument("--n", type=int, default=200)
+    tp.add_argument("--k", type=int, default=5)
+    tp.add_argument("--warmup", type=int, default=10)
+    tp.add_argument("--timeout", type=float, default=600.0)
+    lt = sub.add_parser("latency", help="one one-step workflow at a time")
+    lt.add_argument("--count", type=int, default=200)
+    lt.add_argument("--warmup", type=int, default=10)
+    lt.add_argument("--timeout", type=float, default=60.0, help="per workflow")
+    fn = sub.add_parser("fan", help="one workflow at a time, ctx.all of WIDTH steps")
+    fn.add_argument("--count", type=int, default=20)
+    fn.add_argument("--width", type=int, default=100)
+    fn.add_argument("--warmup", type=int, default=2)
+    fn.add_argument("--timeout", type=float, default=300.0, help="per workflow")
+    return p
+
+
+class Profiler:
+    """pyinstrument around the timed part, if asked for; a no-op otherwise."""
+
+    def __init__(self, path: str | None) -> None:
+        self.path = path
+        self._p: Any = None
+
+    def start(self) -> None:
+        if self.path:
+            from pyinstrument import Profiler as P
+
+            self._p = P(async_mode="disabled", interval=0.0005)
+            self._p.start()
+
+    def stop(self) -> None:
+        if self._p is not None:
+            self._p.stop()
+            assert self.path is not None
+            with open(self.path, "w") as fh:
+                fh.write(self._p.output_html())
+            with open(self.path.rsplit(".", 1)[0] + ".txt", "w") as fh:
+                fh.write(self._p.output_text(unicode=False, color=False, show_all=False))
+            self._p = None
+
+
+def build_engine(t: Target, transport: str) -> Any:
+    import durably
+
+    engine = durably.Engine(store=t.url, transport=TRANSPORTS[transport])
+
+    @engine.step("noop")
+    async def noop(x: int) -> int:
+        return x
+
+    @engine.workflow("steps", version="1")
+    async def steps(ctx: Any, k: int) -> int:
+        for i in range(k):
+            await ctx.step(noop, i)
+        return k
+
+    @engine.workflow("one_step", version="1")
+    async def one_step(ctx: Any, x: int) -> int:
+        out: int = await ctx.step(noop, x)
+        return out
+
+    @engine.workflow("fan", version="1")
+    async def fan(ctx: Any, width: int) -> int:
+        outs = await ctx.all([ctx.step(noop, i) for i in range(width)])
+        return sum(outs)
+
+    return engine
+
+
+def check(res: Any, expected: int) -> None:
+    status = str(getattr(res, "status", "?"))
+    if status != "completed" or getattr(res, "output", None) != expected:
+        raise RuntimeError(
+            f"run {getattr(res, 'run_id', '?')} ended {status}: "
+            f"output={getattr(res, 'output', None)!r} error={getattr(res, 'error', None)!r}"
+        )
+
+
+async def throughput(engine: Any, args: Any, prof: Profiler) -> dict[str, Any]:
+    k = args.k
+
+    async def start(_: int) -> Any:
+        return await engine.start("steps", k)
+
+    async def wait(run: Any) -> Any:
+        res = await engine.wait_for_run(run.run_id, terminal=True, timeout=args.timeout)
+        check(res, k)
+        return res
+
+    if args.warmup:
+        await timed_batch(args.warmup, start, wait, args.timeout)
+    prof.start()
+    t_started, elapsed, _ = await timed_batch(args.n, start, wait, args.timeout)
+    prof.stop()
+    return throughput_result(args.n, k, t_started, elapsed)
+
+
+async def one_at_a_time(
+    engine: Any,
+    name: str,
+    inputs: list[int],
+    expect: Any,
+    warmup: int,
+    timeout: float,
+    prof: Profiler,
+) -> tuple[list[float], float]:
+    samples: list[float] = []
+    total = 0.0
+    for i, x in enumerate(inputs):
+        if i == warmup:
+            prof.start()
+        t0 = time.perf_counter()
+        run = await engine.start(name, x)
+        res = await engine.wait_for_run(run.run_id, terminal=True, timeout=timeout)
+        dt = time.perf_counter() - t0
+        check(res, expect(x))
+        if i >= warmup:
+            samples.append(dt)
+            total += dt
+    prof.stop()
+    return samples, total
+
+
+async def run_scenario(args: Any, t: Target) -> dict[str, Any]:
+    await reset_target(t)
+    engine = build_engine(t, args.transport)
+    prof = Profiler(args.profile)
+    async with engine:
+        if args.scenario == "throughput":
+            return await throughput(engine, args, prof)
+        if args.scenario == "latency":
+            xs = list(range(args.warmup + args.count))
+            samples, _ = await one_at_a_time(
+                engine, "one_step", xs, lambda x: x, args.warmup, args.timeout, prof
+            )
+            return latency_summary(samples)
+        w = args.width
+        xs = [w] * (args.warmup + args.count)
+        samples, total = await one_at_a_time(
+            engine, "fan", xs, lambda _: w * (w - 1) // 2, args.warmup, args.timeout, prof
+        )
+        return {
+            **latency_summary(samples),
+            "width": w,
+            "steps_per_s": round(w * len(samples) / total, 2),
+        }
+
+
+def main() -> None:
+    p = dispatch_parser(__doc__ or "", "bench_durably")
+    p.add_argument("--transport", choices=sorted(TRANSPORTS), required=True)
+    args = p.parse_args()
+    if args.profile:  # relative to where it was asked, not the work dir
+        args.profile = os.path.abspath(args.profile)
+    wd = prepare_workdir(args.workdir)
+    t = make_target(args.db, args.name, wd)
+    base: dict[str, Any] = {
+        "side": "durably",
+        "db": args.db,
+        "transport": args.transport,
+        "scenario": args.scenario,
+    }
+    try:
+        import durably
+
+        base["version"] = str(getattr(durably, "__version__", "dev"))
+        durably.Engine  # noqa: B018
+    except (ImportError, AttributeError) as exc:
+        emit(error_result(base, exc, skipped=True))
+        return
+    try:
+        res = asyncio.run(run_scenario(args, t))
+        emit({**base, **res})
+    except Exception as exc:
+        emit(error_result(base, exc))
+
+
+if __name__ == "__main__":
+    main()
