@@ -119,6 +119,7 @@ class StepDispatcher:
                 CheckpointStatus.COMPLETED if result.ok else CheckpointStatus.FAILED,
                 result.output if result.ok else None,
                 None if result.ok else (result.error or {"message": "step failed"}),
+                [event.to_wire() for event in result.events] or None,
             )
             for result in results
         ]

@@ -127,6 +127,11 @@ class Checkpoint:
     """A dispatched step: the newest heartbeat persisted for it."""
     progress: Any = None
     """A dispatched step: the progress its newest persisted heartbeat carried."""
+    events: list[dict[str, Any]] | None = None
+    """A dispatched step: the handler's log lines and sub-process events of the
+    attempt that settled the step, in the upstream wire shape (``at``,
+    ``level``, ``message``, and for a sub-process ``name`` and ``status``).
+    Written only when a result settles the step; ``None`` if it sent none."""
 
     @property
     def step_id(self) -> str:

@@ -32,6 +32,11 @@ COMPLETED = CheckpointStatus.COMPLETED
 FAILED = CheckpointStatus.FAILED
 ERROR = {"message": "boom", "code": "E", "type": "ValueError"}
 PROGRESS: dict[str, Any] = {"done": 3, "of": 10, "note": "héllo 🎉", "deep": [{"a": None}]}
+EVENTS: list[dict[str, Any]] = [
+    {"at": NOW + 1, "level": "info", "message": "héllo 🎉", "data": {"n": 1, "deep": [None]}},
+    {"at": NOW + 2, "level": "info", "message": "fetch", "name": "fetch", "status": "ok"},
+    {"at": NOW + 3, "level": "error", "message": "retrying", "data": {"big": 2**53}},
+]
 
 
 def make_run(run_id: str, status: RunStatus = RunStatus.PENDING, **fields: Any) -> Run:
@@ -287,6 +292,80 @@ async def test_resolve_checkpoints_wakes_each_run_that_must_move_on(store: State
     assert (failed.status, failed.error) == (FAILED, ERROR)
 
 
+# -- the events a result carries -----------------------------------------------------------
+
+
+async def test_resolve_checkpoints_stores_the_events_of_the_result(store: StateStore) -> None:
+    await saved(store, dispatched_cp("r1", 0), make_cp("r1", 1), make_cp("r1", 2))
+    await store.update_run_if("r1", PENDING, {"status": RunStatus.SUSPENDED}, NOW)
+
+    answers = await store.resolve_checkpoints(
+        [
+            Resolution("r1", 0, COMPLETED, output="sent", events=EVENTS),
+            Resolution("r1", 1, FAILED, error=ERROR, events=EVENTS[1:]),
+            Resolution("r1", 2, COMPLETED, output=2),
+            Resolution("r1", 0, COMPLETED, output="again", events=[]),  # already settled
+        ],
+        NOW + 10,
+    )
+
+    assert answers == [0, 0, 0, None]
+    history = await store.load_checkpoints("r1")
+    assert [history[seq].events for seq in (0, 1, 2)] == [EVENTS, EVENTS[1:], None]
+    assert (history[0].output, history[0].progress) == ("sent", PROGRESS)
+    assert await store.get_checkpoint("r1", 0) == history[0]
+    assert await store.get_checkpoint("r1", 1) == history[1]
+    turn = await store.start_turn("r1", OWNER, NOW + 20, NOW + LEASE, frozenset(RunStatus))
+    assert turn is not None
+    assert turn[1] == history
+
+
+async def test_a_save_never_writes_or_wipes_the_stored_events(store: StateStore) -> None:
+    """Only a resolve writes ``events``: the turn saving the step again (a
+    retry's new attempt) keeps those of the attempt that settled it."""
+    await saved(store, dispatched_cp("r1", 0), make_cp("r1", 1))
+    assert await store.resolve_checkpoints(
+        [
+            Resolution("r1", 0, FAILED, error=ERROR, events=EVENTS),
+            Resolution("r1", 1, COMPLETED, output=1, events=EVENTS[:1]),
+        ],
+        NOW + 10,
+    ) == [0, 0]
+    await leased(store, "r2")
+    assert await store.acquire_run("r1", OWNER, NOW, NOW + LEASE, frozenset(RunStatus))
+
+    retry = dispatched_cp("r1", 0, dispatched_at=NOW + 20, redispatches=0)
+    assert await store.save_checkpoint(retry, OWNER)
+    found = await store.get_checkpoint("r1", 0)
+    assert found is not None
+    assert (found.status, found.redispatches, found.events) == (
+        CheckpointStatus.PENDING,
+        0,
+        EVENTS,
+    )
+    assert await store.save_checkpoints([retry], OWNER)
+    assert await store.save_checkpoint(make_cp("r1", 1, COMPLETED, output="stale"), OWNER)
+    assert (await store.load_checkpoints("r1"))[0].events == EVENTS
+    assert (await store.get_checkpoint("r1", 1)) == make_cp(
+        "r1", 1, COMPLETED, output=1, finished_at=NOW + 10, events=EVENTS[:1]
+    )
+
+    # events on a saved checkpoint are not written: a new row has none
+    assert await store.save_checkpoint(make_cp("r2", 0, events=EVENTS), OWNER)
+    assert await store.save_checkpoints([make_cp("r2", 1, events=EVENTS)], OWNER)
+    assert [cp.events for cp in (await store.load_checkpoints("r2")).values()] == [None, None]
+
+    # the next attempt's result replaces them, even with none
+    assert await store.resolve_checkpoints(
+        [Resolution("r1", 0, COMPLETED, output="ok", events=EVENTS[2:])], NOW + 30
+    ) == [0]
+    assert (await store.load_checkpoints("r1"))[0].events == EVENTS[2:]
+    assert await store.save_checkpoint(make_cp("r2", 2), OWNER)
+    assert await store.resolve_checkpoint("r2", 2, COMPLETED, "x", None, NOW + 31) == 0
+    found = await store.get_checkpoint("r2", 2)
+    assert found is not None and found.events is None
+
+
 # -- flow control -------------------------------------------------------------------------
 
 
@@ -511,16 +590,36 @@ def _old_checkpoint_sql() -> str:
     )
 
 
-async def test_sqlite_upgrades_checkpoints_written_before_dispatch(tmp_path: Path) -> None:
+async def _read_upgraded(store: StateStore) -> None:
+    """An upgraded database reads the old row with the new columns empty, then writes them."""
+    old = make_cp("old", 0, attempts=1)
+    assert await store.get_checkpoint("old", 0) == old
+    assert (await store.load_checkpoints("old"))[0].events is None
+    assert await store.try_admit(ask("old:0", concurrency=1), NOW) is None
+    assert await store.resolve_checkpoints(
+        [Resolution("old", 0, COMPLETED, output=1, events=EVENTS)], NOW
+    ) == [0]
+    found = await store.get_checkpoint("old", 0)
+    assert found is not None and found.events == EVENTS
+
+
+# from 3: before dispatched steps; from 4: before their events
+UPGRADED_FROM = pytest.mark.parametrize("version", [3, 4], ids=["from-v3", "from-v4"])
+
+
+@UPGRADED_FROM
+async def test_sqlite_upgrades_checkpoints_written_by_older_schemas(
+    tmp_path: Path, version: int
+) -> None:
     from durably.stores import SqliteStore
     from durably.stores._sqlite_schema import MIGRATIONS
 
-    path = tmp_path / "v3.db"
+    path = tmp_path / f"v{version}.db"
     conn = sqlite3.connect(path)
     conn.execute("CREATE TABLE durably_meta (key TEXT PRIMARY KEY, value TEXT)")
-    for script in MIGRATIONS[:3]:
+    for script in MIGRATIONS[:version]:
         conn.executescript(script)
-    conn.execute("INSERT INTO durably_meta VALUES ('schema_version', '3')")
+    conn.execute("INSERT INTO durably_meta VALUES ('schema_version', ?)", (str(version),))
     conn.execute(_old_checkpoint_sql())
     conn.commit()
     conn.close()
@@ -528,14 +627,14 @@ async def test_sqlite_upgrades_checkpoints_written_before_dispatch(tmp_path: Pat
     store = SqliteStore(f"sqlite:///{path}")
     await store.open()
     try:
-        assert await store.get_checkpoint("old", 0) == make_cp("old", 0, attempts=1)
-        assert await store.try_admit(ask("old:0", concurrency=1), NOW) is None
+        await _read_upgraded(store)
     finally:
         await store.close()
 
 
-async def test_postgres_upgrades_checkpoints_written_before_dispatch(
-    isolated_postgres: Callable[[], AbstractAsyncContextManager[str]],
+@UPGRADED_FROM
+async def test_postgres_upgrades_checkpoints_written_by_older_schemas(
+    isolated_postgres: Callable[[], AbstractAsyncContextManager[str]], version: int
 ) -> None:
     import asyncpg
 
@@ -549,15 +648,16 @@ async def test_postgres_upgrades_checkpoints_written_before_dispatch(
             await conn.execute(f'CREATE SCHEMA "{store.schema}"')
             await conn.execute(f'SET search_path TO "{store.schema}"')
             await conn.execute("CREATE TABLE durably_meta (key TEXT PRIMARY KEY, value TEXT)")
-            for script in MIGRATIONS[:3]:
+            for script in MIGRATIONS[:version]:
                 await conn.execute(script)
-            await conn.execute("INSERT INTO durably_meta VALUES ('schema_version', '3')")
+            await conn.execute(
+                "INSERT INTO durably_meta VALUES ('schema_version', $1)", str(version)
+            )
             await conn.execute(_old_checkpoint_sql())
         finally:
             await conn.close()
         await store.open()
         try:
-            assert await store.get_checkpoint("old", 0) == make_cp("old", 0, attempts=1)
-            assert await store.try_admit(ask("old:0", concurrency=1), NOW) is None
+            await _read_upgraded(store)
         finally:
             await store.close()

@@ -70,6 +70,66 @@ async def test_step_by_ref_and_by_name_sync_and_async(
     ]
 
 
+@pytest.mark.parametrize("transport", ["memory://", "local://"])
+async def test_a_handlers_log_lines_and_sub_events_are_stored_on_its_checkpoint(
+    make_engine: EngineFactory, transport: str
+) -> None:
+    engine = make_engine(transport=transport)
+
+    @engine.step("fetcher")
+    async def fetcher(data: Any, log: durably.StepLogger) -> str:
+        log.info("x", n=1)
+        log.sub("fetch", status="ok")
+        return "fetched"
+
+    @engine.step("quiet")
+    async def quiet(data: Any) -> str:
+        return "q"
+
+    @engine.workflow("logging")
+    async def logging_wf(ctx: durably.WorkflowContext) -> list[str]:
+        return [await ctx.step(fetcher), await ctx.step(quiet)]
+
+    async with engine:
+        run = await engine.start("logging")
+        result = await finish(engine, run.run_id)
+    assert result.output == ["fetched", "q"]
+    history = await engine.history(run.run_id)
+    events = history[0].events
+    assert events is not None
+    assert all(isinstance(event.pop("at"), int) for event in events)
+    assert events == [
+        {"level": "info", "message": "x", "data": {"n": 1}},
+        {"level": "info", "message": "fetch", "name": "fetch", "status": "ok"},
+    ]
+    assert history[1].events is None
+
+
+async def test_the_stored_events_are_those_of_the_attempt_that_settled_the_step(
+    make_engine: EngineFactory,
+) -> None:
+    engine = make_engine(transport="memory://")
+
+    @engine.step("flaky", retries=1, backoff="fixed", backoff_base="10ms", jitter=False)
+    def flaky(data: Any, log: durably.StepLogger) -> int:
+        log.warn(f"attempt {log.attempt}")
+        if log.attempt == 1:
+            raise RuntimeError("boom")
+        return log.attempt
+
+    @engine.workflow("retrying")
+    async def retrying(ctx: durably.WorkflowContext) -> int:
+        return int(await ctx.step(flaky))
+
+    async with engine:
+        run = await engine.start("retrying")
+        result = await finish(engine, run.run_id)
+    assert result.output == 2
+    checkpoint = await step_checkpoint(engine, run.run_id)
+    assert checkpoint.attempts == 2
+    assert [(e["level"], e["message"]) for e in checkpoint.events or []] == [("warn", "attempt 2")]
+
+
 async def test_a_step_out_suspends_the_run_and_its_result_resumes_it(
     make_engine: EngineFactory,
 ) -> None:

@@ -196,4 +196,9 @@ MIGRATIONS: list[str] = [
     CREATE INDEX durably_flow_waiters_seen ON durably_flow_waiters (queue, seen_at);
     CREATE INDEX durably_flow_waiters_run ON durably_flow_waiters (run_id);
     """,
+    # 5: a dispatched step's log lines and sub-process events (JSON), stored
+    # with the result that settled it
+    """
+    ALTER TABLE durably_checkpoints ADD COLUMN events TEXT;
+    """,
 ]

@@ -130,6 +130,9 @@ class Resolution:
     status: CheckpointStatus
     output: Any = None
     error: ErrorInfo | None = None
+    events: list[dict[str, Any]] | None = None
+    """The handler's log lines and sub-process events (upstream wire shape),
+    stored as the checkpoint's ``events``; ``None``: it sent none."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -306,6 +309,9 @@ class StateStore(Protocol):
         """Upsert a checkpoint, fenced: only while ``owner`` holds the run's
         lease, and never replacing a ``completed`` checkpoint.
 
+        A save never writes ``events`` (only a resolve does): it keeps what a
+        result stored, even across a retry's new attempt, and a new row has none.
+
         The hot path of every step. With :attr:`ordered_writes` the write is
         queued when this is *called* (a plain function returning a future)."""
 
@@ -340,9 +346,11 @@ class StateStore(Protocol):
     ) -> list[int | None]:
         """:meth:`resolve_checkpoint` for many outcomes in one transaction
         (results of a fan's steps arriving together); one answer per entry, in
-        order. Both also release the flow-control slot a settled checkpoint
-        holds (its ``queue``) and stamp ``wake_requested_at`` on the run of
-        that queue's first waiter, so a freed slot wakes the next step."""
+        order. Each settled checkpoint stores its entry's ``events`` with the
+        outcome (``None`` clears events an earlier attempt left). Both also
+        release the flow-control slot a settled checkpoint holds (its
+        ``queue``) and stamp ``wake_requested_at`` on the run of that queue's
+        first waiter, so a freed slot wakes the next step."""
 
     # -- dispatched steps ----------------------------------------------------------
 

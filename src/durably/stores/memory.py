@@ -339,6 +339,16 @@ class MemoryStore:
     ) -> int | None:
         """Settle a pending checkpoint; count its group's pending siblings;
         free the flow-control slot it holds."""
+        return self._resolve(Resolution(run_id, seq, status, output, error), now)
+
+    async def resolve_checkpoints(
+        self, resolutions: list[Resolution], now: int
+    ) -> list[int | None]:
+        """:meth:`resolve_checkpoint` for each outcome, in order."""
+        return [self._resolve(r, now) for r in resolutions]
+
+    def _resolve(self, resolution: Resolution, now: int) -> int | None:
+        run_id, seq, status = resolution.run_id, resolution.seq, resolution.status
         history = self._checkpoints.get(run_id, {})
         current = history.get(seq)
         if current is None or current.status in (
@@ -347,7 +357,9 @@ class MemoryStore:
         ):
             return None
         current.status = status
-        current.output, current.error = copy.deepcopy(output), copy.deepcopy(error)
+        current.output = copy.deepcopy(resolution.output)
+        current.error = copy.deepcopy(resolution.error)
+        current.events = copy.deepcopy(resolution.events)
         current.finished_at = now
         left = 0
         if current.group is not None:
@@ -366,15 +378,6 @@ class MemoryStore:
                 slot.released_at = now
                 self._wake_first_waiter(current.queue, now)
         return left
-
-    async def resolve_checkpoints(
-        self, resolutions: list[Resolution], now: int
-    ) -> list[int | None]:
-        """:meth:`resolve_checkpoint` for each outcome, in order."""
-        return [
-            await self.resolve_checkpoint(r.run_id, r.seq, r.status, r.output, r.error, now)
-            for r in resolutions
-        ]
 
     # -- dispatched steps ----------------------------------------------------------------
 
@@ -667,6 +670,8 @@ class MemoryStore:
         if existing is not None and existing.status is CheckpointStatus.COMPLETED:
             return
         stored = copy.deepcopy(checkpoint)
+        # only a resolve writes events: a save keeps the stored ones
+        stored.events = existing.events if existing is not None else None
         if existing is not None:
             # a heartbeat recorded meanwhile (by any instance) is never lost
             if existing.last_heartbeat_at is not None and (

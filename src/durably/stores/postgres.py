@@ -81,6 +81,9 @@ _CP_COLUMNS = (
     "started_at, finished_at, parallel_group, dispatched_at, redispatches, queue, "
     "last_heartbeat_at, progress"
 )
+# Read with the checkpoint, written only by a resolve: never in a save's upsert,
+# so a save keeps the events a result stored.
+_CP_SELECT = f"{_CP_COLUMNS}, events"
 _CP_PARAMS = (
     "$1::text, $2::integer, $3::text, $4::text, $5::text, $6::text, $7::text, $8::text, "
     "$9::integer, $10::bigint, $11::bigint, $12::bigint, $13::text, $14::bigint, "
@@ -452,7 +455,7 @@ class PostgresStore:
             "SELECT r.*, (SELECT coalesce(json_agg(json_build_array(c.seq, c.name, c.kind, "
             "c.status, c.input, c.output, c.error, c.attempts, c.wake_at, c.started_at, "
             "c.finished_at, c.parallel_group, c.dispatched_at, c.redispatches, c.queue, "
-            "c.last_heartbeat_at, c.progress) ORDER BY c.seq), '[]')::text "
+            "c.last_heartbeat_at, c.progress, c.events) ORDER BY c.seq), '[]')::text "
             "FROM durably_checkpoints c WHERE c.run_id = r.id) AS history FROM r",
             owner,
             lease_until,
@@ -483,6 +486,7 @@ class PostgresStore:
                 queue=item[14],
                 last_heartbeat_at=item[15],
                 progress=codec.loads(item[16]),
+                events=codec.loads(item[17]),
             )
             history[checkpoint.seq] = checkpoint
         return _row_to_run(row), history
@@ -759,7 +763,7 @@ class PostgresStore:
     async def load_checkpoints(self, run_id: str) -> dict[int, Checkpoint]:
         """Every checkpoint of the run."""
         rows = await self._ready().fetch(
-            f"SELECT {_CP_COLUMNS} FROM durably_checkpoints WHERE run_id = $1 ORDER BY seq",
+            f"SELECT {_CP_SELECT} FROM durably_checkpoints WHERE run_id = $1 ORDER BY seq",
             run_id,
         )
         return {row["seq"]: _row_to_checkpoint(row) for row in rows}
@@ -832,8 +836,9 @@ class PostgresStore:
             )
             rows = await conn.fetch(
                 "UPDATE durably_checkpoints c SET status = v.status, output = v.output, "
-                "error = v.error, finished_at = $6 FROM unnest($1::text[], $2::integer[], "
-                "$3::text[], $4::text[], $5::text[]) AS v(run_id, seq, status, output, error), "
+                "error = v.error, events = v.events, finished_at = $7 "
+                "FROM unnest($1::text[], $2::integer[], $3::text[], $4::text[], $5::text[], "
+                "$6::text[]) AS v(run_id, seq, status, output, error, events), "
                 "durably_checkpoints old "
                 "WHERE c.run_id = v.run_id AND c.seq = v.seq "
                 "AND old.run_id = c.run_id AND old.seq = c.seq "
@@ -844,6 +849,7 @@ class PostgresStore:
                 [r.status.value for r in entries],
                 [dump_json(r.output) for r in entries],
                 [dump_json(r.error) for r in entries],
+                [dump_json(r.events) for r in entries],
                 now,
             )
             settled = {(row["run_id"], row["seq"]): row for row in rows}
@@ -906,7 +912,7 @@ class PostgresStore:
     async def get_checkpoint(self, run_id: str, seq: int) -> Checkpoint | None:
         """One checkpoint, or ``None``."""
         row = await self._ready().fetchrow(
-            f"SELECT {_CP_COLUMNS} FROM durably_checkpoints WHERE run_id = $1 AND seq = $2",
+            f"SELECT {_CP_SELECT} FROM durably_checkpoints WHERE run_id = $1 AND seq = $2",
             run_id,
             seq,
         )
@@ -1297,7 +1303,7 @@ async def _time_out_wait(
     advisory lock): return the checkpoint if a delivery won the race, else
     forget exactly this waiter and fail the checkpoint."""
     row = await conn.fetchrow(
-        f"SELECT {_CP_COLUMNS} FROM durably_checkpoints WHERE run_id = $1 AND seq = $2 FOR UPDATE",
+        f"SELECT {_CP_SELECT} FROM durably_checkpoints WHERE run_id = $1 AND seq = $2 FOR UPDATE",
         run_id,
         seq,
     )
@@ -1556,4 +1562,5 @@ def _row_to_checkpoint(row: Any) -> Checkpoint:
         queue=row["queue"],
         last_heartbeat_at=row["last_heartbeat_at"],
         progress=codec.loads(row["progress"]),
+        events=codec.loads(row["events"]),
     )

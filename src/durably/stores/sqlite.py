@@ -58,6 +58,9 @@ _CP_COLUMNS = (
     "started_at, finished_at, parallel_group, dispatched_at, redispatches, queue, "
     "last_heartbeat_at, progress"
 )
+# Read with the checkpoint, written only by a resolve: never in a save's upsert,
+# so a save keeps the events a result stored.
+_CP_SELECT = f"{_CP_COLUMNS}, events"
 _TERMINAL_SQL = ", ".join(f"'{s.value}'" for s in sorted(TERMINAL_STATUSES))
 _UPSERT_CHECKPOINT = f"""
     INSERT INTO durably_checkpoints ({_CP_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)
@@ -278,7 +281,7 @@ class SqliteStore:
             if row is None:
                 return None
             rows = conn.execute(
-                f"SELECT {_CP_COLUMNS} FROM durably_checkpoints WHERE run_id = ? ORDER BY seq",
+                f"SELECT {_CP_SELECT} FROM durably_checkpoints WHERE run_id = ? ORDER BY seq",
                 (run_id,),
             )
             return _row_to_run(row), {r[1]: _row_to_checkpoint(r) for r in rows}
@@ -524,7 +527,7 @@ class SqliteStore:
 
         def op(conn: sqlite3.Connection) -> dict[int, Checkpoint]:
             rows = conn.execute(
-                f"SELECT {_CP_COLUMNS} FROM durably_checkpoints WHERE run_id = ? ORDER BY seq",
+                f"SELECT {_CP_SELECT} FROM durably_checkpoints WHERE run_id = ? ORDER BY seq",
                 (run_id,),
             )
             return {row[1]: _row_to_checkpoint(row) for row in rows}
@@ -589,7 +592,14 @@ class SqliteStore:
     ) -> list[int | None]:
         """:meth:`resolve_checkpoint` for many outcomes, in one transaction."""
         values = [
-            (r.status, dump_json(r.output), dump_json(r.error), r.run_id, r.seq)
+            (
+                r.status,
+                dump_json(r.output),
+                dump_json(r.error),
+                dump_json(r.events),
+                r.run_id,
+                r.seq,
+            )
             for r in resolutions
         ]
 
@@ -605,7 +615,7 @@ class SqliteStore:
 
         def op(conn: sqlite3.Connection) -> Checkpoint | None:
             row = conn.execute(
-                f"SELECT {_CP_COLUMNS} FROM durably_checkpoints WHERE run_id = ? AND seq = ?",
+                f"SELECT {_CP_SELECT} FROM durably_checkpoints WHERE run_id = ? AND seq = ?",
                 (run_id, seq),
             ).fetchone()
             return _row_to_checkpoint(row) if row else None
@@ -963,7 +973,7 @@ def _time_out_wait(
     """A signal or event wait timed out: return the checkpoint if a delivery
     won the race, else forget exactly this waiter and fail the checkpoint."""
     row = conn.execute(
-        f"SELECT {_CP_COLUMNS} FROM durably_checkpoints WHERE run_id = ? AND seq = ?",
+        f"SELECT {_CP_SELECT} FROM durably_checkpoints WHERE run_id = ? AND seq = ?",
         (run_id, seq),
     ).fetchone()
     if row is not None and row[4] == CheckpointStatus.COMPLETED.value:
@@ -1007,16 +1017,17 @@ def _resolve(
     status: CheckpointStatus,
     output: str | None,
     error: str | None,
+    events: str | None,
     run_id: str,
     seq: int,
     now: int,
 ) -> int | None:
     """Settle one pending checkpoint (see ``StateStore.resolve_checkpoint``)."""
     row = conn.execute(
-        "UPDATE durably_checkpoints SET status = ?, output = ?, error = ?, "
+        "UPDATE durably_checkpoints SET status = ?, output = ?, error = ?, events = ?, "
         "finished_at = ? WHERE run_id = ? AND seq = ? "
         "AND status NOT IN ('completed', 'failed') RETURNING parallel_group, queue",
-        (status.value, output, error, now, run_id, seq),
+        (status.value, output, error, events, now, run_id, seq),
     ).fetchone()
     if row is None:
         return None
@@ -1281,4 +1292,5 @@ def _row_to_checkpoint(row: tuple[Any, ...]) -> Checkpoint:
         queue=row[15],
         last_heartbeat_at=row[16],
         progress=codec.loads(row[17]),
+        events=codec.loads(row[18]),
     )
