@@ -30,6 +30,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from ._aio import wait_event
 from .stores._messages import Message, MessageQueue, OutMessage
 
 __all__ = ["MAX_HELD", "RunQueue", "run_topic"]
@@ -275,8 +276,7 @@ class RunQueue:
             if claimed and len(claimed) == room:
                 await asyncio.sleep(0)
                 continue
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._nudge.wait(), self._queue.poll_interval)
+            await wait_event(self._nudge, self._queue.poll_interval)
 
     async def _claim(self, limit: int) -> list[Message]:
         claiming = asyncio.ensure_future(

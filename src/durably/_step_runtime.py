@@ -10,13 +10,13 @@ handler runs, and tells handlers when their run was cancelled.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import inspect
 import logging
 import time
 from collections.abc import Awaitable, Callable, Collection
 from typing import Any
 
+from ._aio import wait_event
 from ._threads import StepThreads
 from .steps import StepDefinition, StepLogger, failure_of
 from .transports.base import Transport
@@ -75,8 +75,7 @@ class StepServer:
         """Stop taking tasks and give running handlers up to ``timeout`` seconds."""
         if self._by_token:
             await self._transport.stop_serving()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._idle.wait(), timeout)
+        await wait_event(self._idle, timeout)
         watch, self._watch = self._watch, None
         if watch is not None:
             watch.cancel()

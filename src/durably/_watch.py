@@ -9,10 +9,10 @@ waiters together (``get_runs`` in batches of 500), so ten thousand
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 
+from ._aio import wait_event
 from .model import Run, RunResult, RunStatus
 
 __all__ = ["RunWatcher"]
@@ -123,5 +123,4 @@ class RunWatcher:
                 for run in runs:
                     self.settled(RunResult(run.run_id, run.status, run.output, run.error))
             self._poke.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._poke.wait(), self.interval)
+            await wait_event(self._poke, self.interval)

@@ -25,6 +25,7 @@ from types import TracebackType
 from typing import Any, Literal, TypeVar, cast
 
 from . import codec
+from ._aio import wait_event
 from ._dispatch import FlowQueue, StepDispatcher
 from ._executor import RunExecutor
 from ._run_queue import RunQueue
@@ -1725,8 +1726,7 @@ class Engine:
             await self.tick()
             # A store that notifies (PostgreSQL) cuts the wait short when
             # another process creates a run; polling remains the safety net.
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(wake.wait(), self.poll_interval)
+            await wait_event(wake, self.poll_interval)
 
     async def _poll_pending_soon(self) -> None:
         await asyncio.sleep(0.005)

@@ -32,6 +32,7 @@ from collections.abc import Awaitable, Callable, Collection
 from typing import Any, Generic, TypeVar
 
 from .. import codec
+from .._aio import wait_event
 from ..stores._messages import Message, MessageQueue, OutMessage, Unlisten
 from ..wire import Heartbeat, StepResult, StepTask, WireError
 from .base import CancelHandler, HeartbeatHandler, ResultHandler, TaskHandler, TransportError
@@ -275,8 +276,7 @@ class DbTransport:
                 self._running[message.id] = runner
             if claimed and len(claimed) == free:
                 continue  # there may be more: claim again once a slot is free
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._task_wake.wait(), self.poll_interval)
+            await wait_event(self._task_wake, self.poll_interval)
             self._task_wake.clear()
 
     async def _handle(self, message: Message, handler: TaskHandler) -> None:
@@ -375,8 +375,7 @@ class DbTransport:
             if claimed:
                 await self._deliver(claimed, on_results, on_heartbeat)
             if len(claimed) < _RESULT_BATCH:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._results_wake.wait(), self.poll_interval)
+                await wait_event(self._results_wake, self.poll_interval)
 
     async def _deliver(
         self,
