@@ -5,19 +5,18 @@ sequential one-step workflows on a fresh schema and prints, for the median run, 
 every store call, every SQL round trip (query + pool reset), batch writes, NOTIFYs heard and
 the waiter's wake-up, plus per-phase medians over all runs.
 
-    .venv/bin/python bench/profile_latency.py [--count 300] [--fix reset,watch,batch] [--no-trace]
+    .venv/bin/python bench/profile_latency.py [--count 300] [--no-trace] [--profile out.txt]
 
-``--fix`` applies candidate fixes, also by monkeypatching:
-  reset  pool connections are released without asyncpg's reset query (one RT per pool call)
-  watch  wait_for_run: no get_run before registering and no immediate poll when the run is
-         executing in this process (the settle hands over the result)
-  batch  the group-commit batcher lingers one loop turn ... (see FIXES below)
+It once also carried candidate fixes (``--fix``) as monkeypatches; the ones that paid off are in
+``src/`` now (no pool reset, early batch answers, local wait_for_run, ignored own NOTIFY, leased
+insert — see bench/RESULTS.md, 2026-12-01), so only the tracer remains.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import sys
 import time
@@ -26,18 +25,16 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-import os  # noqa: E402
-
 sys.path.insert(0, os.environ.get("DURABLY_SRC") or str(Path(__file__).resolve().parents[1] / "src"))
 
-import asyncpg  # noqa: E402
-import asyncpg.connection  # noqa: E402
-import asyncpg.pool  # noqa: E402
+import asyncpg
+import asyncpg.connection
+import asyncpg.pool
 
-import durably  # noqa: E402
-from durably import _watch  # noqa: E402
-from durably import engine as engine_mod  # noqa: E402
-from durably.stores import _pg_batch, postgres  # noqa: E402
+import durably
+from durably import _watch
+from durably import engine as engine_mod
+from durably.stores import _pg_batch, postgres
 
 BASE = "postgresql://postgres@127.0.0.1:5432/test"
 PC = time.perf_counter
@@ -170,285 +167,6 @@ def instrument() -> None:
     wrap_async(w, "_get_runs_dummy", None) if hasattr(w, "_get_runs_dummy") else None
 
 
-# -- candidate fixes ---------------------------------------------------------------------------
-
-
-def fix_reset() -> None:
-    """PostgresStore._connect: asyncpg.create_pool(..., reset=_no_reset)."""
-    orig = asyncpg.create_pool
-
-    async def _no_reset(_conn: Any) -> None:
-        return None
-
-    def create_pool(*a: Any, **k: Any) -> Any:
-        k.setdefault("reset", _no_reset)
-        return orig(*a, **k)
-
-    postgres.asyncpg.create_pool = create_pool  # type: ignore[attr-defined]
-
-
-def fix_watch() -> None:
-    """Engine.wait_for_run: a run executing here is handed over by its settle; skip the
-    get_run and the immediate poll for it."""
-
-    async def wait_for_run(
-        self: Any, run_id: str, *, terminal: bool = False, timeout: float | None = None
-    ) -> Any:
-        await self.open()
-        statuses = engine_mod.TERMINAL_STATUSES if terminal else engine_mod._SETTLED
-        if self._executor is not None and self._executor.knows(run_id):
-            return await self._watcher.wait_local(run_id, statuses, timeout)
-        return await self._watcher.wait(await self._require(run_id), statuses, timeout)
-
-    async def wait_local(self: Any, run_id: str, statuses: Any, timeout: float | None) -> Any:
-        # Registered before the settle can happen (we are on the loop, the turn is queued);
-        # the poller still runs, but only after its interval, as the safety net.
-        future = asyncio.get_running_loop().create_future()
-        entry = (future, statuses)
-        self._waiting.setdefault(run_id, []).append(entry)
-        if self._poller is None or self._poller.done():
-            self._poller = asyncio.get_running_loop().create_task(self._poll_later())
-        try:
-            return await asyncio.wait_for(future, timeout)
-        finally:
-            entries = self._waiting.get(run_id)
-            if entries is not None:
-                if entry in entries:
-                    entries.remove(entry)
-                if not entries:
-                    del self._waiting[run_id]
-
-    async def _poll_later(self: Any) -> None:
-        await asyncio.sleep(self.interval)
-        await self._poll()
-
-    # RunExecutor._pump: a run counts as executing from the moment its task is created
-    # (knows() was False between submit() and the task's first step).
-    from durably import _executor as executor_mod
-
-    def _pump(self: Any) -> None:
-        while self._waiting and len(self._tasks) < self._limit:
-            run_id = self._waiting.popleft()
-            wake = self._waiting_ids.pop(run_id)
-            self._executing.add(run_id)
-            task = asyncio.create_task(self._run(run_id, wake), name=f"durably-run:{run_id}")
-            self._tasks.add(task)
-            self._idle.clear()
-
-    executor_mod.RunExecutor._pump = _pump  # type: ignore[method-assign]
-    # A 'settled' NOTIFY for a run whose turn is in this process: its settle hands over.
-    orig_event = engine_mod.Engine._on_store_event
-
-    def _on_store_event(self: Any, kind: str, run_id: str) -> None:
-        if kind == "settled" and self._executor is not None and self._executor.executing(run_id):
-            return
-        orig_event(self, kind, run_id)
-
-    engine_mod.Engine._on_store_event = _on_store_event  # type: ignore[method-assign]
-    _watch.RunWatcher.wait_local = wait_local  # type: ignore[attr-defined]
-    _watch.RunWatcher._poll_later = _poll_later  # type: ignore[attr-defined]
-    engine_mod.Engine.wait_for_run = wait_for_run  # type: ignore[method-assign]
-
-
-def fix_defer() -> None:
-    """PgWriteBatcher: a result checkpoint written with ctx's write_later does not kick the
-    batcher; it rides with the next awaited write (the settle, the next step's running
-    checkpoint) or a flush, with a 2 ms timer as the bound."""
-    from durably import context as context_mod
-    from durably import replay as replay_mod
-    from durably.stores._shared import checkpoint_params
-
-    b = _pg_batch.PgWriteBatcher
-    orig_kick = b._kick
-
-    def save_deferred(self: Any, params: Any, owner: str) -> Any:
-        future = asyncio.get_running_loop().create_future()
-        key = (params[0], params[1])
-        waiting = self._checkpoints.pop(key, None)
-        futures = [*waiting[1], future] if waiting else [future]
-        self._checkpoints[key] = ((*params, owner), futures)
-        self._idle.clear()
-        if getattr(self, "_timer", None) is None:
-            self._timer = asyncio.get_running_loop().call_later(0.002, self._kick)
-        return future
-
-    def _kick(self: Any) -> None:
-        timer = getattr(self, "_timer", None)
-        if timer is not None:
-            timer.cancel()
-            self._timer = None
-        orig_kick(self)
-
-    b.save_deferred = save_deferred  # type: ignore[attr-defined]
-    b._kick = _kick  # type: ignore[method-assign]
-    BATCHERS: list[Any] = []
-    orig_writes = postgres.PostgresStore._writes
-
-    def _writes(self: Any) -> Any:
-        w = orig_writes(self)
-        if w not in BATCHERS:
-            BATCHERS.append(w)
-        return w
-
-    postgres.PostgresStore._writes = _writes  # type: ignore[method-assign]
-
-    def _save_later(self: Any, checkpoint: Any) -> None:
-        store = self._services.store
-        if isinstance(store, postgres.PostgresStore):
-            fut = store._writes().save_deferred(checkpoint_params(checkpoint), self._turn.owner)
-            self._turn.write_later(fut)
-        else:
-            self._turn.write_later(store.save_checkpoint(checkpoint, self._turn.owner))
-
-    context_mod.WorkflowContext._save_later = _save_later  # type: ignore[method-assign]
-    orig_flush = replay_mod.Turn.flush
-
-    async def flush(self: Any) -> None:
-        if self._unflushed:
-            for w in BATCHERS:
-                if w._checkpoints and w._timer is not None:
-                    w._kick()
-        await orig_flush(self)
-
-    replay_mod.Turn.flush = flush  # type: ignore[method-assign]
-
-
-def fix_pending() -> None:
-    """Engine: our own start's NOTIFY 'pending' does not trigger a pending-run poll."""
-    E = engine_mod.Engine
-    orig_start, orig_event = E.start, E._on_store_event
-    orig_create = postgres.PostgresStore.create_run
-    OWN: set[str] = set()
-
-    async def create_run(self: Any, run: Any) -> Any:
-        OWN.add(run.run_id)
-        return await orig_create(self, run)
-
-    def _on_store_event(self: Any, kind: str, run_id: str) -> None:
-        if kind == "pending" and run_id in OWN:
-            OWN.discard(run_id)
-            return
-        orig_event(self, kind, run_id)
-
-    postgres.PostgresStore.create_run = create_run  # type: ignore[method-assign]
-    E._on_store_event = _on_store_event  # type: ignore[method-assign]
-
-
-def fix_lease() -> None:
-    """Engine.start: insert the run already leased to this instance (status running) and
-    hand it to the executor with an empty history: no start_turn round trip."""
-    E = engine_mod.Engine
-    orig_start, orig_execute = E.start, E._execute
-    from durably.model import Run, RunStatus
-
-    async def start(self: Any, workflow: str, input: Any = None, **kw: Any) -> Any:
-        if kw or not self.drive or self._draining or self._executor is None or (
-            self._executor.busy >= self._executor_limit
-        ):
-            return await orig_start(self, workflow, input, **kw)
-        definition = self._registry.get(workflow, None)
-        stored_input = definition.validate_input(input) if definition.takes_input else None
-        await self.open()
-        now = self.clock.now_ms()
-        run = Run(
-            run_id=engine_mod._new_run_id(),
-            workflow=definition.name,
-            workflow_version=definition.version,
-            status=RunStatus.RUNNING,
-            input=stored_input,
-            namespace=self.namespace,
-            locked_by=self.instance_id,
-            locked_until=now + self.lease_ms,
-            deadline_at=(
-                now + definition.execution_timeout_ms
-                if definition.execution_timeout_ms is not None
-                else None
-            ),
-            created_at=now,
-            updated_at=now,
-        )
-        stored, created = await self.store.create_run(run)
-        if created:
-            self._preleased = getattr(self, "_preleased", {})
-            self._preleased[run.run_id] = run
-            self._executor.submit(run.run_id)
-            return run.replace(status=RunStatus.PENDING, locked_by=None, locked_until=None)
-        return stored
-
-    async def _execute(self: Any, run_id: str, wake: bool) -> None:
-        run = getattr(self, "_preleased", {}).pop(run_id, None)
-        if run is not None:
-            await self._drive(run, {})
-            return
-        await orig_execute(self, run_id, wake)
-
-    E.start, E._execute = start, _execute  # type: ignore[method-assign]
-
-
-def fix_early() -> None:
-    """PgWriteBatcher._run: resolve the batch's futures before releasing the connection."""
-    b = _pg_batch.PgWriteBatcher
-    _resolve, _fail, _log = _pg_batch._resolve, _pg_batch._fail, _pg_batch._log
-
-    async def _run(self: Any) -> None:
-        while True:
-            await self._wakeup.wait()
-            for _ in range(LINGER):
-                # only results queued (write_later), nobody waiting on a settle: give the
-                # turn a few loop steps to queue its settle (or next running checkpoint)
-                if self._settles or any(
-                    row[4] not in ("completed", "failed") for row, _ in self._checkpoints.values()
-                ):
-                    break
-                await asyncio.sleep(0)
-            self._wakeup.clear()
-            checkpoints, self._checkpoints = self._checkpoints, {}
-            settles, self._settles = self._settles, []
-            if not checkpoints and not settles:
-                self._idle.set()
-                continue
-            try:
-                async with self._acquire() as conn:
-                    held, settled = await self._write(conn, checkpoints, settles)
-                    for key, (_, futures) in checkpoints.items():
-                        for future in futures:
-                            _resolve(future, key in held)
-                    for (_, settle_future), result in zip(settles, settled, strict=True):
-                        _resolve(settle_future, result)
-            except Exception as exc:
-                _log.warning("a batch failed: %s", exc)
-                for _, futures in checkpoints.values():
-                    for future in futures:
-                        _fail(future, exc)
-                for _, settle_future in settles:
-                    _fail(settle_future, exc)
-                continue
-            if not self._checkpoints and not self._settles:
-                self._idle.set()
-
-    b._run = _run  # type: ignore[method-assign]
-
-
-LINGER = 0
-
-
-def fix_linger() -> None:
-    global LINGER
-    LINGER = 6
-    fix_early()
-
-
-FIXES = {
-    "linger": fix_linger,
-    "early": fix_early,
-    "reset": fix_reset,
-    "watch": fix_watch,
-    "defer": fix_defer,
-    "pending": fix_pending,
-    "lease": fix_lease,
-}
-
-
 # -- driver ------------------------------------------------------------------------------------
 
 
@@ -461,13 +179,10 @@ async def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--count", type=int, default=300)
     p.add_argument("--warmup", type=int, default=20)
-    p.add_argument("--fix", default="")
     p.add_argument("--no-trace", action="store_true")
     p.add_argument("--show", type=int, default=1, help="timelines to print (median first)")
     p.add_argument("--profile", default="", help="pyinstrument html/txt output path")
     args = p.parse_args()
-    for f in filter(None, args.fix.split(",")):
-        FIXES[f]()
     if not args.no_trace:
         instrument()
     TRACE = False
@@ -519,7 +234,7 @@ async def main() -> None:
     samples.sort()
     q = statistics.quantiles(samples, n=100)
     print(
-        f"fix={args.fix or '-'} n={len(samples)} p50={statistics.median(samples) * 1e3:.2f} ms "
+        f"n={len(samples)} p50={statistics.median(samples) * 1e3:.2f} ms "
         f"p90={q[89] * 1e3:.2f} p99={q[98] * 1e3:.2f} mean={statistics.mean(samples) * 1e3:.2f}"
     )
     if profiler is not None:

@@ -31,6 +31,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from ._aio import wait_event
+from .clock import wall_ms
 from .stores._messages import Message, MessageQueue, OutMessage
 
 __all__ = ["MAX_HELD", "RunQueue", "run_topic"]
@@ -280,7 +281,7 @@ class RunQueue:
 
     async def _claim(self, limit: int) -> list[Message]:
         claiming = asyncio.ensure_future(
-            self._queue.claim(list(self._topics), self._owner, limit, self._lease_ms, _now_ms())
+            self._queue.claim(list(self._topics), self._owner, limit, self._lease_ms, wall_ms())
         )
         try:
             return await asyncio.shield(claiming)
@@ -311,7 +312,7 @@ class RunQueue:
             self._held.pop(message.id, None)
             with contextlib.suppress(Exception):
                 await self._queue.release(
-                    [message.id], self._owner, available_at=_now_ms() + _RETRY_DELAY_MS
+                    [message.id], self._owner, available_at=wall_ms() + _RETRY_DELAY_MS
                 )
             return
         if not finished:
@@ -346,10 +347,6 @@ class RunQueue:
             ids = list(self._held)
             if ids:
                 try:
-                    await self._queue.extend(ids, self._owner, self._lease_ms, _now_ms())
+                    await self._queue.extend(ids, self._owner, self._lease_ms, wall_ms())
                 except Exception:
                     _log.warning("could not extend the leases of queued runs", exc_info=True)
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)

@@ -18,6 +18,7 @@ from typing import Any
 
 from ._aio import wait_event
 from ._threads import StepThreads
+from .clock import wall_ms
 from .steps import StepDefinition, StepLogger, failure_of
 from .transports.base import Transport
 from .wire import Heartbeat, StepResult, StepTask
@@ -52,16 +53,6 @@ class StepServer:
         self._beats: set[asyncio.Future[None]] = set()
         transport.on_cancel(self._cancel)
 
-    @property
-    def tokens(self) -> list[str]:
-        """The routing tokens served."""
-        return sorted(self._by_token)
-
-    @property
-    def running(self) -> int:
-        """Handlers executing right now."""
-        return len(self._running)
-
     async def start(self, by_token: dict[str, StepDefinition], concurrency: int) -> None:
         """Serve these definitions (keyed by routing token)."""
         self._by_token = dict(by_token)
@@ -85,24 +76,17 @@ class StepServer:
         """Run one task and send its result (never raises for a handler failure)."""
         definition = self._by_token.get(task.group)
         if definition is None or definition.name != task.name:
-            await self._transport.send_result(
-                StepResult(
-                    task.run_id,
-                    task.seq,
-                    ok=False,
-                    error={"message": f"no handler for {task.name}", "retryable": False},
-                )
-            )
+            await self._transport.send_result(StepResult.no_handler(task))
             return
         loop = asyncio.get_running_loop()
         log = StepLogger(task.run_id, task.seq, task.name, task.attempt, task.context)
 
         def beat(progress: Any) -> None:
-            message = Heartbeat(task.run_id, task.seq, task.group, _now_ms(), progress)
+            message = Heartbeat(task.run_id, task.seq, task.group, wall_ms(), progress)
             loop.call_soon_threadsafe(self._send_beat, message)
 
         log._beat = beat
-        started = _now_ms()
+        started = wall_ms()
         self._running[task.step_id] = log
         self._idle.clear()
         beater = asyncio.create_task(self._beat_while_running(task, log))
@@ -157,7 +141,7 @@ class StepServer:
         while True:
             await asyncio.sleep(_BEAT_EVERY_S)
             if time.monotonic() - log._last_beat >= _BEAT_EVERY_S:
-                await self._send_beat_now(Heartbeat(task.run_id, task.seq, task.group, _now_ms()))
+                await self._send_beat_now(Heartbeat(task.run_id, task.seq, task.group, wall_ms()))
 
     def _send_beat(self, beat: Heartbeat) -> None:
         sending = asyncio.ensure_future(self._send_beat_now(beat))
@@ -188,7 +172,3 @@ class StepServer:
                 self._cancel(await self._cancelled_runs(run_ids))
             except Exception:
                 _log.warning("could not check runs for cancellation", exc_info=True)
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)

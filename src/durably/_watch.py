@@ -114,6 +114,11 @@ class RunWatcher:
 
     async def _poll(self) -> None:
         while self._waiting:
+            # Wait first: a poke (a waiter that read the run before
+            # registering, a notification) makes the round due at once; a
+            # waiter for a run executing here needs no read at all.
+            await wait_event(self._poke, self.interval)
+            self._poke.clear()
             ids = list(self._waiting)
             for start in range(0, len(ids), 500):
                 try:
@@ -122,5 +127,3 @@ class RunWatcher:
                     continue  # the store is failing; the next round tries again
                 for run in runs:
                     self.settled(RunResult(run.run_id, run.status, run.output, run.error))
-            self._poke.clear()
-            await wait_event(self._poke, self.interval)

@@ -23,12 +23,18 @@ class Clock(Protocol):
         ...
 
 
+def wall_ms() -> int:
+    """Epoch milliseconds of the wall clock (message leases and worker-side
+    timestamps, which no virtual clock governs)."""
+    return int(time.time() * 1000)
+
+
 class SystemClock:
     """Wall-clock time and real ``asyncio.sleep``."""
 
     def now_ms(self) -> int:
         """Epoch milliseconds from ``time.time()``."""
-        return int(time.time() * 1000)
+        return wall_ms()
 
     async def sleep(self, seconds: float) -> None:
         """``asyncio.sleep``."""

@@ -12,11 +12,12 @@ import asyncio
 import inspect
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from . import codec
+from .clock import wall_ms
 from .errors import FatalError, SchemaValidationError
 from .retry import RetryPolicy
 from .wire import StepEvent
@@ -168,7 +169,7 @@ class StepLogger:
         if data:
             extra["data"] = codec.to_jsonable(data)
         with self._lock:
-            self.events.append(StepEvent(_now_ms(), "info", message or name, extra))
+            self.events.append(StepEvent(wall_ms(), "info", message or name, extra))
 
     def heartbeat(self, progress: Any = None) -> None:
         """Tell the engine this step is alive. Sent at most every 5 s, except
@@ -184,7 +185,7 @@ class StepLogger:
     def _add(self, level: str, message: str, data: dict[str, Any]) -> None:
         extra = {"data": codec.to_jsonable(data)} if data else {}
         with self._lock:
-            self.events.append(StepEvent(_now_ms(), level, str(message), extra))
+            self.events.append(StepEvent(wall_ms(), level, str(message), extra))
 
 
 def failure_of(exc: BaseException) -> dict[str, Any]:
@@ -197,15 +198,3 @@ def failure_of(exc: BaseException) -> dict[str, Any]:
     if isinstance(exc, SchemaValidationError | codec.EncodeError):
         return {"message": str(exc), "code": "schema_validation", "retryable": False}
     return {"message": str(exc) or type(exc).__name__, "type": type(exc).__name__}
-
-
-def call_handler(
-    definition: StepDefinition, data: Any, log: StepLogger
-) -> Callable[[], Awaitable[Any]] | Callable[[], Any]:
-    """A zero-argument callable running the handler with the right arguments."""
-    args = (data, log) if definition.takes_logger else (data,)
-    return lambda: definition.fn(*args)
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)

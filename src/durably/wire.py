@@ -133,6 +133,16 @@ class StepResult:
         """``<run_id>:<seq>``."""
         return f"{self.run_id}:{self.seq}"
 
+    @classmethod
+    def no_handler(cls, task: StepTask) -> StepResult:
+        """The failure sent for a task nobody here serves (never retried)."""
+        return cls(
+            task.run_id,
+            task.seq,
+            ok=False,
+            error={"message": f"no handler for {task.name}", "retryable": False},
+        )
+
     @property
     def retryable(self) -> bool:
         """False only when the worker said so (a ``FatalError``, a missing handler)."""

@@ -26,13 +26,13 @@ import contextlib
 import logging
 import os
 import socket
-import time
 import uuid
 from collections.abc import Awaitable, Callable, Collection
 from typing import Any, Generic, TypeVar
 
 from .. import codec
 from .._aio import wait_event
+from ..clock import wall_ms
 from ..stores._messages import Message, MessageQueue, OutMessage, Unlisten
 from ..wire import Heartbeat, StepResult, StepTask, WireError
 from .base import CancelHandler, HeartbeatHandler, ResultHandler, TaskHandler, TransportError
@@ -50,10 +50,6 @@ _T = TypeVar("_T")
 def task_topic(group: str) -> str:
     """The topic tasks routed to ``group`` go to."""
     return f"tasks:{group}"
-
-
-def _now() -> int:
-    return int(time.time() * 1000)
 
 
 class DbTransport:
@@ -263,7 +259,7 @@ class DbTransport:
             if free > 0 and self._topics:
                 try:
                     claimed = await self._q().claim(
-                        list(self._topics), self.owner, free, self.lease_ms, _now()
+                        list(self._topics), self.owner, free, self.lease_ms, wall_ms()
                     )
                 except Exception as exc:
                     _log.warning("could not claim tasks: %s", exc)
@@ -300,7 +296,7 @@ class DbTransport:
                     "task %s failed in its handler wrapper; delivering it again", task.step_id
                 )
                 self._finished(message.id)
-                await self._hand_back([message.id], _now() + self.redeliver_delay_ms)
+                await self._hand_back([message.id], wall_ms() + self.redeliver_delay_ms)
                 return
             self._finished(message.id)
             try:
@@ -331,7 +327,7 @@ class DbTransport:
             if not ids:
                 continue
             try:
-                held = set(await self._q().extend(ids, self.owner, self.lease_ms, _now()))
+                held = set(await self._q().extend(ids, self.owner, self.lease_ms, wall_ms()))
             except Exception as exc:
                 _log.warning("could not extend the leases of %d task(s): %s", len(ids), exc)
                 continue
@@ -367,7 +363,7 @@ class DbTransport:
             self._results_wake.clear()
             try:
                 claimed = await self._q().claim(
-                    topics, self.owner, _RESULT_BATCH, self.lease_ms, _now()
+                    topics, self.owner, _RESULT_BATCH, self.lease_ms, wall_ms()
                 )
             except Exception as exc:
                 _log.warning("could not claim results: %s", exc)
@@ -417,7 +413,7 @@ class DbTransport:
                     "a batch of %d step results could not be settled; delivering it again",
                     len(results),
                 )
-                await self._hand_back(result_ids, _now() + self.redeliver_delay_ms)
+                await self._hand_back(result_ids, wall_ms() + self.redeliver_delay_ms)
             else:
                 done.extend(result_ids)
         if done:

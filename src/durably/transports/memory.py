@@ -46,14 +46,7 @@ class MemoryTransport:
         """Run each task's handler now, in order."""
         for task in tasks:
             if self._on_task is None or task.group not in self._groups:
-                await self.send_result(
-                    StepResult(
-                        task.run_id,
-                        task.seq,
-                        ok=False,
-                        error={"message": f"no handler for {task.name}", "retryable": False},
-                    )
-                )
+                await self.send_result(StepResult.no_handler(task))
                 continue
             try:
                 await self._on_task(task)
