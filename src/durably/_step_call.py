@@ -35,6 +35,9 @@ if TYPE_CHECKING:
 
 __all__ = ["StepCall", "StepRunner"]
 
+_SEND_RETRY_MS = 1000
+"""When a step whose task the transport refused is sent again."""
+
 
 @dataclass(frozen=True, slots=True)
 class StepCall:
@@ -161,6 +164,7 @@ class StepRunner:
         status: CheckpointStatus = CheckpointStatus.PENDING,
         wake_at: int | None = None,
         dispatched_at: int | None = None,
+        output: Any = None,
         error: ErrorInfo | None = None,
         started_at: int | None = None,
         queue: str | None = None,
@@ -174,11 +178,12 @@ class StepRunner:
             "step",
             status,
             input=call.input,
+            output=output,
             error=error,
             attempts=attempts,
             wake_at=wake_at,
             started_at=started_at or now,
-            finished_at=now if status is CheckpointStatus.FAILED else None,
+            finished_at=None if status is CheckpointStatus.PENDING else now,
             dispatched_at=dispatched_at,
             redispatches=redispatches,
             queue=queue,
@@ -216,20 +221,26 @@ class StepRunner:
             context=call.context,
         )
 
-    async def _send(self, seq: int, call: StepCall, cp: Checkpoint) -> None:
-        """Make ``cp`` durable, then send its task (a fast result must find it)."""
+    async def _send(self, seq: int, call: StepCall, cp: Checkpoint) -> bool:
+        """Make ``cp`` durable, then send its task (a fast result must find it).
+
+        If the transport refuses it, ``cp`` is saved as not out, due again in a
+        second, so a later turn sends the same attempt again (with or without
+        the redispatch net); returns whether it was sent.
+        """
         turn = self._ctx._turn
         with turn.in_flight():
             await self._ctx._save(cp)
             try:
                 await self._ctx._services.steps.dispatch([self._task(seq, call, cp)])
             except TransportError as exc:
-                # Not sent: the redispatch path (or the reconcile wake) sends it again.
                 self._ctx.log.warning("step %s could not be dispatched: %s", call.name, exc)
-                if cp.wake_at is None:
-                    cp.wake_at = self._ctx._services.clock.now_ms() + 1000
-                    cp.dispatched_at = cp.dispatched_at or 0
-                    await self._ctx._save(cp)
+                cp.dispatched_at = None
+                cp.attempts -= 1
+                cp.wake_at = self._ctx._services.clock.now_ms() + _SEND_RETRY_MS
+                await self._ctx._save(cp)
+                return False
+        return True
 
     async def _await_live(
         self, seq: int, call: StepCall, cp: Checkpoint, *, send: bool
@@ -239,8 +250,8 @@ class StepRunner:
         assert call.timeout_ms is not None
         step_id = f"{self._ctx.run_id}:{seq}"
         with services.steps.live(step_id) as waiter:
-            if send:
-                await self._send(seq, call, cp)
+            if send and not await self._send(seq, call, cp):
+                return cp  # not out: the caller parks until it is due again
             sent_at = cp.dispatched_at or services.clock.now_ms()
             first_window = call.pickup_ms if call.pickup_ms is not None else call.timeout_ms
             with turn.in_flight():
@@ -307,18 +318,13 @@ class StepRunner:
     def _settled(self, seq: int, call: StepCall, cp: Checkpoint, waiter: LiveStep) -> Checkpoint:
         result = waiter.result
         assert result is not None
-        now = self._ctx._services.clock.now_ms()
         # The receiver already wrote this to the store; mirror it for replay.
-        return Checkpoint(
-            self._ctx.run_id,
+        return self._step_checkpoint(
             seq,
-            call.name,
-            "step",
-            CheckpointStatus.COMPLETED if result.ok else CheckpointStatus.FAILED,
-            input=call.input,
+            call,
+            attempts=cp.attempts,
+            status=CheckpointStatus.COMPLETED if result.ok else CheckpointStatus.FAILED,
             output=result.output if result.ok else None,
             error=None if result.ok else (result.error or {"message": "step failed"}),
-            attempts=cp.attempts,
             started_at=cp.started_at,
-            finished_at=now,
         )

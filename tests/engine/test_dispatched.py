@@ -602,3 +602,40 @@ async def test_a_queue_rate_limit_spreads_admissions_over_periods(
             clock.advance("10s")
         results = [await finish(engine, r.run_id) for r in runs]
     assert sorted(r.output for r in results) == [0, 1, 2, 3, 4]
+
+
+class _RefuseFirst(LocalTransport):
+    """Refuses the first dispatch, as a broker that is briefly down would."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.refused = 0
+
+    async def dispatch(self, tasks: list[StepTask]) -> None:
+        if not self.refused:
+            self.refused += 1
+            raise durably.TransportError("broker down")
+        await super().dispatch(tasks)
+
+
+@pytest.mark.parametrize("timeout", [None, 5.0])
+async def test_a_refused_dispatch_is_sent_again_without_a_redispatch_net(
+    make_engine: EngineFactory, timeout: float | None
+) -> None:
+    transport = _RefuseFirst()
+    engine = make_engine(transport=transport)  # no remote_redispatch
+
+    @engine.step("echo", timeout=timeout)
+    def echo(data: Any) -> Any:
+        return data
+
+    @engine.workflow("refused")
+    async def refused(ctx: durably.WorkflowContext) -> Any:
+        return await ctx.step(echo, "through")
+
+    async with engine:
+        run = await engine.start("refused", run_id="rf")
+        result = await finish(engine, run.run_id)
+    assert transport.refused == 1
+    assert result.output == "through"
+    assert (await step_checkpoint(engine, "rf")).attempts == 1
