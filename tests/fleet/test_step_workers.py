@@ -13,7 +13,6 @@ import asyncio
 import os
 import signal
 import sys
-import time
 from collections import defaultdict
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -25,7 +24,7 @@ import pytest
 import durably
 from durably import RunStatus
 
-from .step_app import CAP, THROTTLE_S, TIMEOUT_S, expected_job
+from .step_app import CAP, expected_job
 
 APP = Path(__file__).with_name("step_app.py")
 ROOT = Path(__file__).resolve().parents[2]
@@ -129,7 +128,8 @@ async def test_a_worker_killed_holding_tasks_loses_no_run(
             await team.spawn("worker-b", "worker")
             runs = [await client.start("job", n, run_id=f"job-{n:03}") for n in range(40)]
 
-            # Kill worker-a once it holds tasks of both kinds (started, not ended).
+            # Kill worker-a once it holds tasks (started, not ended), a step
+            # with a timeout among them.
             loop = asyncio.get_running_loop()
             deadline = loop.time() + 60
             while True:
@@ -140,13 +140,13 @@ async def test_a_worker_killed_holding_tasks_loses_no_run(
                     for row in lines
                     if row[0] == "start" and row[3] == "worker-a" and (row[1], row[2]) not in ended
                 ]
-                if len(held) >= 2:
+                if len(held) >= 2 and any(row[1].endswith(":1") for row in held):
                     break
                 assert loop.time() < deadline, "worker-a never took a task"
                 await asyncio.sleep(0.02)
             await team.kill("worker-a")
-            killed_at = int(time.time() * 1000)
-            held_ids = {row[1] for row in held}
+            held_steps = [(row[1], row[2]) for row in held]
+            held_ids = {step_id for step_id, _ in held_steps}
 
             await wait_all(client, [r.run_id for r in runs], timeout=180)
             outcomes = {r.run_id: await client.get_run(r.run_id) for r in runs}
@@ -161,19 +161,19 @@ async def test_a_worker_killed_holding_tasks_loses_no_run(
     # Every task worker-a held was finished by worker-b.
     finished_by_b = {row[1] for row in lines if row[0] == "end" and row[3] == "worker-b"}
     assert held_ids <= finished_by_b
-    # A step with a timeout held by the dead worker was failed over within
-    # the silence window plus one persist throttle (plus scheduling slack),
-    # long before the message lease (30 s) would have redelivered it.
-    for step_id in held_ids:
-        retries = [
-            int(row[4])
+    # A step with a timeout held by the dead worker was failed over by its
+    # liveness window: worker-b ran a *new* attempt of it. The message lease
+    # (30 s) would only have redelivered the same attempt. How fast the window
+    # fires is shown on a virtual clock in tests/engine/test_dispatched.py.
+    for step_id, attempt in held_steps:
+        taken_over = [
+            int(row[2])
             for row in lines
             if row[0] == "start" and row[1] == step_id and row[3] == "worker-b"
         ]
-        assert retries, f"{step_id} was never taken over"
-        seq = step_id.rsplit(":", 1)[1]
-        window_ms = (TIMEOUT_S + THROTTLE_S) * 1000 if seq == "1" else 3000 + 1000
-        assert min(retries) - killed_at < window_ms + 5000, (step_id, min(retries) - killed_at)
+        assert taken_over, f"{step_id} was never taken over"
+        if step_id.endswith(":1"):
+            assert max(taken_over) > int(attempt), (step_id, attempt, taken_over)
     starts = defaultdict(int)
     for row in lines:
         if row[0] == "start":
