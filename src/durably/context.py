@@ -176,9 +176,13 @@ class WorkflowContext:
         with ``jitter``. A :class:`FatalError` is never retried. When attempts
         run out the await raises :class:`StepFailed`.
 
-        With ``track_start`` (the engine default) a ``running`` checkpoint is
-        written before the first attempt, so history shows a step that was
-        interrupted by a crash; it is re-run on replay.
+        With ``track_start`` (the engine default) each attempt records a
+        ``running`` checkpoint, so history shows a step that is running or was
+        interrupted by a crash (it is re-run on replay). When the turn must
+        first make earlier results durable or prove a lease taken more than
+        half a lease ago, that write is awaited before ``fn`` runs; otherwise
+        it goes out while ``fn`` runs, and a quick step's result supersedes it
+        in the same commit.
 
         ``compensate(output)`` registers an undo (a saga step): if the run
         later fails, or is cancelled with ``compensate=True``, the undos of the
@@ -238,19 +242,23 @@ class WorkflowContext:
             for retry_number in range(policy.retries + 1):
                 attempts += 1
                 if track:
-                    # Awaited: it also makes every earlier result durable
-                    # before this step's side effect happens.
-                    await self._save(
-                        Checkpoint(
-                            run_id,
-                            seq,
-                            name,
-                            "local",
-                            CheckpointStatus.RUNNING,
-                            attempts=attempts,
-                            started_at=started,
-                        )
+                    running = Checkpoint(
+                        run_id,
+                        seq,
+                        name,
+                        "local",
+                        CheckpointStatus.RUNNING,
+                        attempts=attempts,
+                        started_at=started,
                     )
+                    if turn.needs_fence():
+                        # Awaited: it also makes every earlier result durable
+                        # and proves the lease before the side effect happens.
+                        await self._save(running)
+                    else:
+                        # A quick step's result supersedes it in the same
+                        # commit (one write per step, not two).
+                        self._save_later(running)
                 else:
                     await turn.flush()
                 try:

@@ -1360,7 +1360,9 @@ class Engine:
             return TurnOutcome(TurnEnd.FAILED, error=error_info(exc)), None
         missing_children = await self._reconcile_children(run, checkpoints)
         self._watcher.forget(run.run_id)
-        turn = Turn(run, checkpoints, self.instance_id, self.clock.now_ms, self.reconcile_ms)
+        turn = Turn(
+            run, checkpoints, self.instance_id, self.clock.now_ms, self.reconcile_ms, self.lease_ms
+        )
         turn.missing_children = missing_children
         ctx = WorkflowContext(turn, self._services)
         self._active[run.run_id] = turn
@@ -1392,10 +1394,9 @@ class Engine:
             await self.clock.sleep(interval)
             if turn.closed:
                 return
+            until = self.clock.now_ms() + self.lease_ms
             try:
-                held = await self.store.renew_lease(
-                    turn.run.run_id, self.instance_id, self.clock.now_ms() + self.lease_ms
-                )
+                held = await self.store.renew_lease(turn.run.run_id, self.instance_id, until)
             except Exception:
                 _log.exception("renewing the lease of run %s failed", turn.run.run_id)
                 continue
@@ -1403,6 +1404,7 @@ class Engine:
                 _log.warning("lost the lease of run %s; fencing its turn", turn.run.run_id)
                 turn.close("fenced")
                 return
+            turn.lease_until = until
 
     async def _settle(self, run: Run, outcome: TurnOutcome, turn: Turn | None) -> _Leased | None:
         """Write the turn's outcome; return the run if it must take another turn."""
@@ -1737,11 +1739,17 @@ class Engine:
 
     def _on_store_event(self, kind: str, run_id: str) -> None:
         """React to another process's change, as the store reports it."""
-        if kind in ("settled", "ended"):
-            if kind == "ended":
-                turn = self._active.get(run_id)
-                if turn is not None:
-                    turn.close("cancelled")
+        if kind == "settled":
+            if self._executor is not None and self._executor.knows(run_id):
+                # Most likely our own settle, heard before its batch answered:
+                # that answer hands the outcome over, and a read now would only
+                # delay the waiter (the poll stays the net should it not be ours).
+                return
+            self._notify(run_id)
+        elif kind == "ended":
+            turn = self._active.get(run_id)
+            if turn is not None:
+                turn.close("cancelled")
             self._notify(run_id)
         elif (
             kind == "pending"

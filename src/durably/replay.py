@@ -70,12 +70,16 @@ class Turn:
         owner: str,
         now_ms: Callable[[], int],
         reconcile_ms: int,
+        lease_ms: int,
     ) -> None:
         self.run = run
         self.checkpoints = checkpoints
         self.owner = owner
         self._now_ms = now_ms
         self._reconcile_ms = reconcile_ms
+        self._lease_ms = lease_ms
+        self.lease_until = run.locked_until
+        """When the lease as last confirmed by the store runs out (engine clock)."""
         self._next_seq = 0
         self._parked: dict[int, tuple[int | None, bool]] = {}
         self._park_futures: list[asyncio.Future[None]] = []
@@ -126,6 +130,20 @@ class Turn:
         workflow thus pays one store round trip per step, not two.
         """
         self._unflushed.append(asyncio.ensure_future(write))
+
+    def needs_fence(self) -> bool:
+        """Whether a side effect must first await a write to be safe.
+
+        It must when earlier results are not durable yet, or when the lease
+        was last confirmed more than half a lease ago (another instance may
+        have taken the run over: the fenced write is what finds out). Right
+        after the lease was taken or renewed, and with nothing unflushed, a
+        write would only confirm what is known, so the step's ``running``
+        record can go out with its result instead of before the effect.
+        """
+        if self._unflushed or self.lease_until is None:
+            return True
+        return self.lease_until - self._now_ms() < self._lease_ms // 2
 
     async def flush(self) -> None:
         """Wait for every write started by :meth:`write_later`.

@@ -6,6 +6,9 @@ import asyncio
 
 import durably
 from durably import CheckpointStatus, RunStatus
+from durably.model import Run
+from durably.replay import Turn
+from durably.stores.memory import MemoryStore
 from durably.testing import VirtualClock
 
 from .conftest import EngineFactory
@@ -123,6 +126,67 @@ async def test_a_fenced_turn_writes_nothing(
     assert run is not None and run.status is RunStatus.RUNNING and run.locked_by == "usurper"
     history = await engine.history("z")
     assert [c.status for c in history] == [CheckpointStatus.RUNNING]
+
+
+async def test_a_turn_needs_a_fenced_write_once_half_its_lease_is_gone() -> None:
+    now = [1_000_000]
+    run = Run("r", "w", "1", RunStatus.RUNNING, locked_until=now[0] + 10_000)
+    turn = Turn(run, {}, "me", lambda: now[0], reconcile_ms=0, lease_ms=10_000)
+    assert not turn.needs_fence()  # just taken: a write would prove nothing new
+    now[0] += 5_000
+    assert not turn.needs_fence()
+    now[0] += 1
+    assert turn.needs_fence()  # the lease may have been taken over meanwhile
+    turn.lease_until = now[0] + 10_000  # renewed
+    assert not turn.needs_fence()
+    turn.write_later(asyncio.sleep(0, True))
+    assert turn.needs_fence()  # an earlier result is not durable yet
+    await turn.flush()
+    assert not turn.needs_fence()
+
+
+class _RenewalsFail(MemoryStore):
+    """A store that cannot be reached for lease renewals (a network blip)."""
+
+    async def renew_lease(self, run_id: str, owner: str, lease_until: int) -> bool:
+        raise OSError("connection reset")
+
+
+async def test_a_step_after_a_stale_lease_proves_it_before_its_effect(clock: VirtualClock) -> None:
+    """The first step of a turn skips its fenced write only while the lease is
+    fresh: once the renewals have failed for half a lease and another
+    instance took the run over, the step's effect never happens here."""
+    engine = durably.Engine(_RenewalsFail(), clock=clock, lease="10s")
+    started, gate = asyncio.Event(), asyncio.Event()
+    effects: list[str] = []
+
+    @engine.workflow("late-step")
+    async def late_step(ctx: durably.WorkflowContext) -> str:
+        started.set()
+        await gate.wait()  # the body computes a while before its first step
+        return await ctx.local_step("effect", lambda: effects.append("ran") or "done")
+
+    try:
+        await engine.open()
+        await engine.start("late-step", run_id="s")
+        await asyncio.wait_for(started.wait(), 10)
+        clock.advance("6s")  # the renewal fails: the lease is known only until +10 s
+        await asyncio.sleep(0.05)
+        now = clock.now_ms()
+        assert await engine.store.update_run_if(
+            "s",
+            frozenset({RunStatus.RUNNING}),
+            {"locked_by": "usurper", "locked_until": now + 60_000},
+            now,
+        )
+        gate.set()
+        await engine.join()
+        assert effects == []
+        run = await engine.get_run("s")
+        assert run is not None and run.locked_by == "usurper"
+        assert await engine.history("s") == []
+    finally:
+        await engine.close()
 
 
 async def test_cancel_stops_a_running_turn_and_is_never_overwritten(

@@ -97,10 +97,12 @@ Acquire = Callable[[], AbstractAsyncContextManager[Any]]
 
 # Loop turns a batch of nothing but step results waits for its turn's next
 # write; each is a bare ``sleep(0)``, so an idle loop loses microseconds.
-# Only ``completed``: a turn queues those and moves on, where it awaits a
-# ``failed`` result before it can queue anything else.
+# ``completed`` results are queued while the turn moves on, and so is the
+# ``running`` record of a step started under a fresh lease, which its result
+# then supersedes within the batch. Not ``failed``: a turn awaits those
+# before it can queue anything else.
 _LINGER = 6
-_RESULTS = frozenset({"completed"})
+_RESULTS = frozenset({"completed", "running"})
 
 
 class PgWriteBatcher:

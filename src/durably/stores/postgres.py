@@ -76,6 +76,16 @@ _SELECT_RUN = (
     "tags::text AS tags, priority, wake_at, wake_requested_at, locked_by, locked_until, "
     "recovery_attempts, deadline_at, created_at, updated_at, parent_seq, cancel_requested"
 )
+_INSERT_RUN = (
+    f"INSERT INTO durably_runs ({_RUN_COLUMNS}) VALUES "
+    "($1,$2,$3,$4,$5,$6,$7,$8,$9,$10::jsonb,$11,$12,$13,$14,$15,$16,$17,$18,$19,$20,$21) "
+    "ON CONFLICT (id) DO NOTHING RETURNING true"
+)
+# A pending run is announced, so an idle instance polls for it at once.
+_INSERT_PENDING_RUN = (
+    f"WITH ins AS ({_INSERT_RUN.removesuffix('RETURNING true')}RETURNING id) "
+    "SELECT (SELECT pg_notify($22, 'pending:' || id)) IS NULL FROM ins"
+)
 _CP_COLUMNS = (
     "run_id, seq, name, kind, status, input, output, error, attempts, wake_at, "
     "started_at, finished_at, parallel_group, dispatched_at, redispatches, queue, "
@@ -318,15 +328,12 @@ class PostgresStore:
         """Insert unless the id exists."""
         pool = self._ready()
         while True:
-            inserted = await pool.fetchval(
-                f"WITH ins AS (INSERT INTO durably_runs ({_RUN_COLUMNS}) VALUES "
-                "($1,$2,$3,$4,$5,$6,$7,$8,$9,$10::jsonb,$11,$12,$13,$14,$15,$16,$17,$18,$19,"
-                "$20,$21) "
-                "ON CONFLICT (id) DO NOTHING RETURNING id) "
-                "SELECT (SELECT pg_notify($22, 'pending:' || id)) IS NULL FROM ins",
-                *run_params(run),
-                self.channel,
-            )
+            if run.status is RunStatus.PENDING:
+                inserted = await pool.fetchval(_INSERT_PENDING_RUN, *run_params(run), self.channel)
+            else:
+                # Leased to its creator or suspended until a time: no
+                # other process has anything to do with it yet.
+                inserted = await pool.fetchval(_INSERT_RUN, *run_params(run))
             if inserted is not None:
                 return run, True
             existing = await self.get_run(run.run_id)
