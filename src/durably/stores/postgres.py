@@ -86,6 +86,19 @@ _INSERT_PENDING_RUN = (
     f"WITH ins AS ({_INSERT_RUN.removesuffix('RETURNING true')}RETURNING id) "
     "SELECT (SELECT pg_notify($22, 'pending:' || id)) IS NULL FROM ins"
 )
+# Lease the run and read its history in one round trip.
+_START_TURN = (
+    "WITH r AS (UPDATE durably_runs SET status = 'running', locked_by = $1, "
+    "locked_until = $2, wake_requested_at = NULL, wake_at = NULL, updated_at = $3 "
+    "WHERE id = $4 AND status = ANY($5::text[]) "
+    "AND (locked_by IS NULL OR locked_until IS NULL OR locked_until < $3) "
+    f"RETURNING {_SELECT_RUN}) "
+    "SELECT r.*, (SELECT coalesce(json_agg(json_build_array(c.seq, c.name, c.kind, "
+    "c.status, c.input, c.output, c.error, c.attempts, c.wake_at, c.started_at, "
+    "c.finished_at, c.parallel_group, c.dispatched_at, c.redispatches, c.queue, "
+    "c.last_heartbeat_at, c.progress, c.events) ORDER BY c.seq), '[]')::text "
+    "FROM durably_checkpoints c WHERE c.run_id = r.id) AS history FROM r"
+)
 _CP_COLUMNS = (
     "run_id, seq, name, kind, status, input, output, error, attempts, wake_at, "
     "started_at, finished_at, parallel_group, dispatched_at, redispatches, queue, "
@@ -175,6 +188,7 @@ class PostgresStore:
         self._connect_kwargs = connect_kwargs
         self._pool: Any = None
         self._batcher: PgWriteBatcher | None = None
+        self._releasing: set[asyncio.Future[None]] = set()
         self._opening = asyncio.Lock()
 
     async def open(self) -> None:
@@ -277,6 +291,8 @@ class PostgresStore:
         batcher, self._batcher = self._batcher, None
         if batcher is not None:
             await batcher.close()
+        if self._releasing:
+            await asyncio.gather(*self._releasing, return_exceptions=True)
         pool, self._pool = self._pool, None
         if pool is not None:
             await pool.close()
@@ -318,6 +334,22 @@ class PostgresStore:
         return self._pool
 
     @asynccontextmanager
+    async def _connection(self) -> AsyncIterator[Any]:
+        """A pooled connection for one hot-path statement, given back to the
+        pool after the caller has its answer (a release costs the caller a few
+        loop turns it does not need to wait for)."""
+        pool = self._ready()
+        conn = await pool.acquire()
+        try:
+            yield conn
+        except BaseException:
+            await pool.release(conn)
+            raise
+        release = asyncio.ensure_future(pool.release(conn))
+        self._releasing.add(release)
+        release.add_done_callback(self._releasing.discard)
+
+    @asynccontextmanager
     async def _transaction(self) -> AsyncIterator[Any]:
         async with self._ready().acquire() as conn, conn.transaction():
             yield conn
@@ -326,14 +358,16 @@ class PostgresStore:
 
     async def create_run(self, run: Run) -> tuple[Run, bool]:
         """Insert unless the id exists."""
-        pool = self._ready()
         while True:
-            if run.status is RunStatus.PENDING:
-                inserted = await pool.fetchval(_INSERT_PENDING_RUN, *run_params(run), self.channel)
-            else:
-                # Leased to its creator or suspended until a time: no
-                # other process has anything to do with it yet.
-                inserted = await pool.fetchval(_INSERT_RUN, *run_params(run))
+            async with self._connection() as conn:
+                if run.status is RunStatus.PENDING:
+                    inserted = await conn.fetchval(
+                        _INSERT_PENDING_RUN, *run_params(run), self.channel
+                    )
+                else:
+                    # Leased to its creator or suspended until a time: no
+                    # other process has anything to do with it yet.
+                    inserted = await conn.fetchval(_INSERT_RUN, *run_params(run))
             if inserted is not None:
                 return run, True
             existing = await self.get_run(run.run_id)
@@ -453,23 +487,10 @@ class PostgresStore:
         self, run_id: str, owner: str, now: int, lease_until: int, statuses: frozenset[RunStatus]
     ) -> tuple[Run, dict[int, Checkpoint]] | None:
         """Lease the run and load its history, in one statement."""
-        row = await self._ready().fetchrow(
-            "WITH r AS (UPDATE durably_runs SET status = 'running', locked_by = $1, "
-            "locked_until = $2, wake_requested_at = NULL, wake_at = NULL, updated_at = $3 "
-            "WHERE id = $4 AND status = ANY($5::text[]) "
-            "AND (locked_by IS NULL OR locked_until IS NULL OR locked_until < $3) "
-            f"RETURNING {_SELECT_RUN}) "
-            "SELECT r.*, (SELECT coalesce(json_agg(json_build_array(c.seq, c.name, c.kind, "
-            "c.status, c.input, c.output, c.error, c.attempts, c.wake_at, c.started_at, "
-            "c.finished_at, c.parallel_group, c.dispatched_at, c.redispatches, c.queue, "
-            "c.last_heartbeat_at, c.progress, c.events) ORDER BY c.seq), '[]')::text "
-            "FROM durably_checkpoints c WHERE c.run_id = r.id) AS history FROM r",
-            owner,
-            lease_until,
-            now,
-            run_id,
-            [s.value for s in statuses],
-        )
+        async with self._connection() as conn:
+            row = await conn.fetchrow(
+                _START_TURN, owner, lease_until, now, run_id, [s.value for s in statuses]
+            )
         if row is None:
             return None
         history = {}
