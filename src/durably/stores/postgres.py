@@ -201,6 +201,11 @@ class PostgresStore:
         kwargs = dict(self._connect_kwargs)
         settings: dict[str, str] = dict(kwargs.pop("server_settings", None) or {})
         settings.setdefault("application_name", "durably")
+        # Every statement here is index-driven by design and sent as a prepared
+        # statement; left to choose, PostgreSQL re-plans the multi-part write
+        # batch on every execution (its custom plan looks cheaper than the
+        # generic one), which cost more than executing it.
+        settings.setdefault("plan_cache_mode", "force_generic_plan")
         if self.schema is not None:
             settings["search_path"] = f'"{self.schema}"'
         # The store keeps no session state on pooled connections (advisory
