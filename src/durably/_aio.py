@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
 __all__ = ["wait_event"]
 
@@ -11,19 +10,22 @@ __all__ = ["wait_event"]
 async def wait_event(event: asyncio.Event, timeout: float | None) -> bool:
     """Wait until ``event`` is set or ``timeout`` seconds pass; True if set.
 
-    Used instead of ``asyncio.wait_for(event.wait(), timeout)`` in every loop
-    that is stopped by cancelling it: on Python 3.11 ``wait_for`` swallows a
-    cancellation that lands while the event is being set, and the loop then
-    runs on forever (a drain or close would hang waiting for it).
+    Every loop that is stopped by cancelling it waits with this, and a cancel
+    must never be lost here, or the drain or close waiting for the loop hangs
+    forever. Hence neither ``asyncio.wait_for(event.wait(), timeout)`` (on
+    Python 3.11 it drops a cancel that lands while the event is being set)
+    nor an inner task that is cancelled on timeout and awaited under
+    ``suppress(CancelledError)`` (a cancel landing during that await is taken
+    for the inner task's and dropped). ``asyncio.timeout`` counts cancel
+    requests: it turns only its own into ``TimeoutError`` and lets any other
+    propagate, whichever lands first.
     """
     if event.is_set():
         return True
-    waiter = asyncio.ensure_future(event.wait())
     try:
-        done, _ = await asyncio.wait({waiter}, timeout=timeout)
-    finally:
-        if not waiter.done():
-            waiter.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await waiter
-    return bool(done)
+        async with asyncio.timeout(timeout):
+            await event.wait()
+    except TimeoutError:
+        # The timeout may fire in the iteration that set the event.
+        return event.is_set()
+    return True

@@ -62,9 +62,15 @@ class RunWatcher:
             self._poller = asyncio.get_running_loop().create_task(self._poll())
         if poke:
             self._poke.set()
+        future = entry[0]
         try:
-            return await asyncio.wait_for(entry[0], timeout)
+            # Not asyncio.wait_for: on Python 3.11 it drops a cancel of the
+            # caller that lands as the run settles, and returns the result.
+            async with asyncio.timeout(timeout):
+                return await future
         except TimeoutError:
+            if future.done() and not future.cancelled():
+                return future.result()  # settled in the iteration the timeout fired
             raise TimeoutError(f"wait_for_run({run_id!r}) timed out") from None
         finally:
             entries = self._waiting.get(run_id)

@@ -7,6 +7,7 @@ no step whose checkpoint completed ever executes again, nothing is stranded.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import random
 import signal
@@ -45,9 +46,37 @@ def _spawn(
         CRASH_LEASE=lease,
         PYTHONPATH=os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")]),
     )
-    return subprocess.Popen(
-        [sys.executable, str(APP)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-    )
+    # stdout carries the one "ready" line (see _wait_ready). stderr goes to a
+    # file: a pipe nobody reads would block a process that logs 64 KiB.
+    log = db.with_name(f"{instance or 'worker'}-{next(_SPAWNED)}.log")
+    with log.open("wb") as err:
+        proc = subprocess.Popen(
+            [sys.executable, str(APP)], env=env, stdout=subprocess.PIPE, stderr=err
+        )
+    _LOGS[proc.pid] = log
+    return proc
+
+
+_SPAWNED = itertools.count(1)
+_LOGS: dict[int, Path] = {}
+
+
+async def _wait_ready(proc: subprocess.Popen[bytes]) -> None:
+    """Wait until ``proc`` has opened the store and its worker loop runs.
+
+    It prints ``ready`` then; on a loaded machine that can take seconds, so
+    a fixed sleep is no substitute. The bound only turns a process that never
+    starts into a failure with its log rather than a hung test.
+    """
+    assert proc.stdout is not None
+    try:
+        line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), timeout=60)
+    except TimeoutError:
+        line = b""
+    if line != b"ready\n":
+        log = _LOGS.get(proc.pid)
+        text = log.read_text(errors="replace")[-3000:] if log is not None else ""
+        raise AssertionError(f"worker pid {proc.pid} did not start ({line!r}):\n{text}")
 
 
 async def _create_runs(db: Path, count: int) -> durably.Engine:
@@ -156,7 +185,8 @@ async def test_two_processes_on_one_file_never_run_a_step_twice(tmp_path: Path) 
     procs = [_spawn(db, ledger, f"peer-{i}", concurrency=16) for i in range(2)]
     try:
         # Both peers must be polling before the runs exist, so both compete.
-        await asyncio.sleep(1.0)
+        for proc in procs:
+            await _wait_ready(proc)
         for i in range(count):
             await client.start("multi-step", i, run_id=f"run-{i:04}")
         await _wait_all_terminal(client, count, timeout=120)
