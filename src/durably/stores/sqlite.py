@@ -431,29 +431,37 @@ class SqliteStore:
             (*ns_params, now, limit),
         )
 
-    async def recover_orphan(self, run_id: str, now: int, max_attempts: int) -> RunStatus | None:
-        """Count a recovery; pending again, or dead past ``max_attempts``."""
+    async def recover_orphans(
+        self, run_ids: list[str], now: int, max_attempts: int
+    ) -> dict[str, RunStatus]:
+        """Count a recovery of each run still orphaned; pending again, or dead
+        past ``max_attempts``: one conditional UPDATE in one transaction."""
+        if not run_ids:
+            return {}
 
-        def op(conn: sqlite3.Connection) -> RunStatus | None:
-            row = conn.execute(
+        def op(conn: sqlite3.Connection) -> dict[str, RunStatus]:
+            # The orphan conditions are re-checked row by row inside the write
+            # transaction (SQLite has one writer), so a run recovered or
+            # re-leased since it was listed is left alone.
+            rows = conn.execute(
                 "UPDATE durably_runs SET recovery_attempts = recovery_attempts + 1, "
                 "locked_by = NULL, locked_until = NULL, updated_at = ?, "
                 "status = CASE WHEN recovery_attempts + 1 > ? THEN 'dead' ELSE 'pending' END "
-                "WHERE id = ? AND status = 'running' "
+                "WHERE id IN (SELECT value FROM json_each(?)) AND status = 'running' "
                 "AND (locked_until IS NULL OR locked_until < ?) "
-                "RETURNING status, recovery_attempts",
-                (now, max_attempts, run_id, now),
-            ).fetchone()
-            if row is None:
-                return None
-            status = RunStatus(row[0])
-            if status is RunStatus.DEAD:
-                conn.execute(
-                    "UPDATE durably_runs SET error = ? WHERE id = ?",
-                    (codec.dumps(dead_error(row[1])), run_id),
-                )
-                _drop_waiters(conn, run_id)
-            return status
+                "RETURNING id, status, recovery_attempts",
+                (now, max_attempts, codec.dumps(run_ids), now),
+            ).fetchall()
+            recovered: dict[str, RunStatus] = {}
+            for run_id, status, attempts in rows:
+                recovered[run_id] = RunStatus(status)
+                if recovered[run_id] is RunStatus.DEAD:
+                    conn.execute(
+                        "UPDATE durably_runs SET error = ? WHERE id = ?",
+                        (codec.dumps(dead_error(attempts)), run_id),
+                    )
+                    _drop_waiters(conn, run_id)
+            return recovered
 
         return await self._db.run(op)
 
@@ -471,20 +479,19 @@ class SqliteStore:
             (now, *ns_params, *ns_params, limit),
         )
 
-    async def claim_due(self, run_id: str, now: int, next_wake_at: int) -> bool:
-        """Move a due run's wake time ahead so no other poll takes it."""
-
-        def op(conn: sqlite3.Connection) -> bool:
-            cur = conn.execute(
-                "UPDATE durably_runs SET wake_at = ?, wake_requested_at = NULL "
-                "WHERE id = ? AND status = 'suspended' "
-                "AND (wake_at <= ? OR wake_requested_at IS NOT NULL) "
-                "AND (locked_by IS NULL OR locked_until IS NULL OR locked_until < ?)",
-                (next_wake_at, run_id, now, now),
-            )
-            return cur.rowcount == 1
-
-        return await self._db.run(op)
+    async def claim_due_batch(self, run_ids: list[str], now: int, next_wake_at: int) -> list[str]:
+        """Move each due run's wake time ahead so no other poll takes it: one
+        conditional UPDATE, re-checked row by row under SQLite's one writer."""
+        if not run_ids:
+            return []
+        return await self._ids(
+            "UPDATE durably_runs SET wake_at = ?, wake_requested_at = NULL "
+            "WHERE id IN (SELECT value FROM json_each(?)) AND status = 'suspended' "
+            "AND (wake_at <= ? OR wake_requested_at IS NOT NULL) "
+            "AND (locked_by IS NULL OR locked_until IS NULL OR locked_until < ?) "
+            "RETURNING id",
+            (next_wake_at, codec.dumps(run_ids), now, now),
+        )
 
     async def list_finished_before(
         self, before: int, limit: int, *, namespace: str | None = None
