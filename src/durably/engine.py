@@ -26,6 +26,7 @@ from typing import Any, Literal, TypeVar, cast
 
 from . import codec
 from ._aio import wait_event
+from ._batch import BatchCall
 from ._dispatch import FlowQueue, StepDispatcher
 from ._executor import RunExecutor
 from ._run_queue import RunQueue
@@ -53,6 +54,7 @@ from .retry import RetryPolicy
 from .schedules import Overlap, Schedule, Scheduler, ScheduleSpec
 from .steps import StepDefinition, StepRef, takes_logger
 from .stores import RunChanges, RunPage, RunQuery, SettleResult, StateStore, open_store
+from .stores.base import Resolution
 from .transports import Transport, open_transport
 from .transports.base import RunCarrier
 from .wire import StepTask, routing_token
@@ -233,6 +235,13 @@ class Engine:
         self._executor_limit = max_concurrent_runs
         self._active: dict[str, Turn] = {}
         self._watcher = RunWatcher(self.store.get_runs)
+        # Children ending together tell their parents in shared transactions:
+        # on PostgreSQL each report locks the parent's row, so 10,000 children
+        # reporting one at a time queued behind that lock (fan-out profile:
+        # 10,000 resolve_checkpoint calls at ~440 ms each in the pool's queue).
+        self._parent_reports: BatchCall[Resolution, int | None] = BatchCall(
+            lambda batch: self.store.resolve_checkpoints(batch, self.clock.now_ms())
+        )
         self._opened = False
         self._open_lock: asyncio.Lock | None = None
         self._loop_task: asyncio.Task[None] | None = None
@@ -1559,12 +1568,14 @@ class Engine:
                     updated_at=now,
                 )
             )
-        for i, error in enumerate(errors):
-            if error is not None:
-                # A child that cannot start reaches its parent as a failed child.
-                await self.store.resolve_checkpoint(
-                    parent.run_id, calls[i].seq, CheckpointStatus.FAILED, None, error, now
-                )
+        # A child that cannot start reaches its parent as a failed child.
+        unstartable = [
+            Resolution(parent.run_id, calls[i].seq, CheckpointStatus.FAILED, error=error)
+            for i, error in enumerate(errors)
+            if error is not None
+        ]
+        if unstartable:
+            await self.store.resolve_checkpoints(unstartable, now)
         created = set(await self.store.create_runs(runs)) if runs else set()
         existing = [run.run_id for run in runs if run.run_id not in created]
         for run in runs:
@@ -1663,11 +1674,10 @@ class Engine:
         else:
             status, output = CheckpointStatus.FAILED, None
             error = _child_error(child.run_id, child.status.value, child.error)
+        report = Resolution(child.parent_id, child.parent_seq, status, output, error)
         for delay in (0.25, 1.0, 4.0, None):
             try:
-                left = await self.store.resolve_checkpoint(
-                    child.parent_id, child.parent_seq, status, output, error, self.clock.now_ms()
-                )
+                left = await self._parent_reports(report)
                 break
             except Exception:
                 if delay is None:
@@ -1699,6 +1709,7 @@ class Engine:
         missing = set(ids)
         now = self.clock.now_ms()
         for start in range(0, len(ids), 500):
+            settled: list[Resolution] = []
             for child in await self.store.get_runs(ids[start : start + 500]):
                 missing.discard(child.run_id)
                 if child.status not in TERMINAL_STATUSES:
@@ -1710,9 +1721,9 @@ class Engine:
                     cp.status = CheckpointStatus.FAILED
                     cp.error = _child_error(child.run_id, child.status.value, child.error)
                 cp.finished_at = now
-                await self.store.resolve_checkpoint(
-                    run.run_id, cp.seq, cp.status, cp.output, cp.error, now
-                )
+                settled.append(Resolution(run.run_id, cp.seq, cp.status, cp.output, cp.error))
+            if settled:  # one transaction per page, not one per finished child
+                await self.store.resolve_checkpoints(settled, now)
         return missing
 
     async def _expire_own_leases(self) -> None:

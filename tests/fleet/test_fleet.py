@@ -786,14 +786,14 @@ async def test_a_fan_whose_reporter_died_completes_promptly(
     try:
         await client.start("fan", 3, run_id="fan")
         async with fleet(postgres_url, tmp_path) as crew:
-            reporter = await crew.spawn("reporter", "reporter", stall="resolve_checkpoint")
+            reporter = await crew.spawn("reporter", "reporter", stall="resolve_checkpoints")
 
             async def parent_suspended() -> bool:
                 run = await client.get_run("fan")
                 return run is not None and run.status is RunStatus.SUSPENDED
 
             await _until(parent_suspended, 20, "the parent to suspend on its children")
-            await _kill_when_stalled(crew, reporter, "resolve_checkpoint")
+            await _kill_when_stalled(crew, reporter, "resolve_checkpoints")
             children = [await client.get_run(f"fan.child.{i}") for i in range(3)]
             # Killed while reporting: no child has recorded its end yet.
             assert all(c is not None and not c.status.is_terminal for c in children)
