@@ -202,6 +202,8 @@ class Engine:
         self._run_queue: RunQueue | None = None
         self._starting: set[str] = set()
         self._preleased: dict[str, Run] = {}
+        self._promised_slots = 0
+        """Starts inserting a run leased to us whose insert has not returned yet."""
         self._hooks = Hooks()
         self._last_sweep: dict[str, float] = {}
         self._registry = Registry()
@@ -684,7 +686,18 @@ class Engine:
         # returns; it must not cost a pending-run poll.
         self._starting.add(run.run_id)
         try:
-            stored, created = await self.store.create_run(run)
+            # The slot is promised until the insert returns and the run is
+            # submitted: 10,000 starts gathered at once all saw an idle
+            # executor, so all 10,000 were inserted leased while only 256 could
+            # run, and a lease ran out while its run still waited here (the
+            # recovery bench's victim left ~9,000 such runs, counted as orphans).
+            if lease_here:
+                self._promised_slots += 1
+            try:
+                stored, created = await self.store.create_run(run)
+            finally:
+                if lease_here:
+                    self._promised_slots -= 1
             if created and lease_here:
                 self._preleased[run.run_id] = stored
                 self._submit_here(run.run_id)
@@ -1320,7 +1333,7 @@ class Engine:
             and self._run_queue is None
             and executor is not None
             and executor.waiting == 0
-            and executor.busy < self._executor_limit
+            and executor.busy + self._promised_slots < self._executor_limit
         )
 
     async def _execute(self, run_id: str, wake: bool) -> None:
