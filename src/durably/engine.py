@@ -203,6 +203,8 @@ class Engine:
         self._starting: set[str] = set()
         self._preleased: dict[str, Run] = {}
         self._promised_slots = 0
+        self._more_pending = False
+        """The last pending-run poll found a full page: more runs may wait."""
         """Starts inserting a run leased to us whose insert has not returned yet."""
         self._hooks = Hooks()
         self._last_sweep: dict[str, float] = {}
@@ -507,7 +509,9 @@ class Engine:
             except BaseException:
                 await self.store.close()
                 raise
-            self._executor = RunExecutor(self._execute, self._executor_limit)
+            self._executor = RunExecutor(
+                self._execute, self._executor_limit, on_drained=self._executor_drained
+            )
             self._opened = True
             self._listening = await self.store.subscribe(self._on_store_event)
             await self.transport.open()
@@ -1074,6 +1078,7 @@ class Engine:
         ids = await self.store.list_pending(
             self.clock.now_ms(), limit, namespace=self.drives_namespace
         )
+        self._more_pending = len(ids) >= limit and self._run_queue is None
         for run_id in ids:
             self._dispatch(run_id)
         return len(ids)
@@ -1758,6 +1763,22 @@ class Engine:
             # another process creates a run; polling remains the safety net.
             await wait_event(wake, self.poll_interval)
 
+    def _executor_drained(self) -> None:
+        """The executor started the last run it had waiting. If the last poll
+        found a full page, poll again now instead of at the next tick: a
+        backlog of 10,000 pending runs (the survivors of a crashed process)
+        then drains at the executor's pace, not 1,000 runs per poll interval."""
+        if self._more_pending:
+            self._more_pending = False
+            self._schedule_pending_poll()
+
+    def _schedule_pending_poll(self) -> None:
+        """One pending-run poll soon, however many ask for it meanwhile."""
+        if self._loop_task is None or self._draining or self._run_queue is not None:
+            return
+        if self._pending_poll is None or self._pending_poll.done():
+            self._pending_poll = asyncio.get_running_loop().create_task(self._poll_pending_soon())
+
     async def _poll_pending_soon(self) -> None:
         await asyncio.sleep(0.005)
         try:
@@ -1785,10 +1806,7 @@ class Engine:
                 return  # our own start, dispatched here
             # Only the pending-run poll, once for a burst of notifications
             # (our own starts notify us too, and we dispatched those already).
-            if self._pending_poll is None or self._pending_poll.done():
-                self._pending_poll = asyncio.get_running_loop().create_task(
-                    self._poll_pending_soon()
-                )
+            self._schedule_pending_poll()
         elif (
             kind == "wake"
             and self._executor is not None

@@ -308,3 +308,26 @@ async def test_starts_gathered_at_once_insert_at_most_the_free_slots_leased(
     assert len(leased_inserts) == 10
     assert 1 <= leased_inserts.count(True) <= 3
     assert [r.output for r in results] == [1] * 10
+
+
+async def test_a_pending_backlog_larger_than_a_poll_drains_without_waiting_for_ticks(
+    make_engine: EngineFactory,
+) -> None:
+    """A crashed process leaves thousands of pending runs. A poll hands out at
+    most 1,000; once the executor has started the last of them, the next page
+    is polled at once (here the next tick is an hour away)."""
+    producer = make_engine(drive=False)
+    worker = make_engine(poll_interval=3600, max_concurrent_runs=50)
+
+    async def quick(ctx: durably.WorkflowContext) -> int:
+        return 1
+
+    producer.register("quick", quick)
+    worker.register("quick", quick)
+    ids = [f"p{i}" for i in range(2_100)]
+    for run_id in ids:
+        await producer.start("quick", run_id=run_id)
+    async with worker:
+        for run_id in ids:
+            result = await worker.wait_for_run(run_id, terminal=True, timeout=60)
+            assert result.output == 1
