@@ -246,6 +246,11 @@ class Engine:
         self._parent_reports: BatchCall[Resolution, int | None] = BatchCall(
             lambda batch: self.store.resolve_checkpoints(batch, self.clock.now_ms())
         )
+        # Turns starting together lease their runs in one statement: waking
+        # 10,000 sleepers or running a fan's children was 10,000 start_turn
+        # round trips queued for the pool (profiles: ~36% of the fan-out's
+        # samples, 19,744 calls at 26 ms in the sleepers bench on PostgreSQL).
+        self._turn_starts: BatchCall[str, _Leased | None] = BatchCall(self._start_turns, 256)
         self._opened = False
         self._open_lock: asyncio.Lock | None = None
         self._loop_task: asyncio.Task[None] | None = None
@@ -1350,13 +1355,20 @@ class Engine:
         if leased is not None:
             await self._drive(*leased)
 
-    async def _acquire(self, run_id: str, *, wake: bool = False) -> _Leased | None:
+    async def _start_turns(self, run_ids: list[str]) -> list[_Leased | None]:
         now = self.clock.now_ms()
-        leased = await self.store.start_turn(
-            run_id, self.instance_id, now, now + self.lease_ms, _WAKEABLE
+        leased = await self.store.start_turns(
+            run_ids, self.instance_id, now, now + self.lease_ms, _WAKEABLE
         )
+        # An id asked twice in one batch gets its turn once: the second asker
+        # sees what a second start_turn would (the run is leased: None).
+        return [leased.pop(run_id, None) for run_id in run_ids]
+
+    async def _acquire(self, run_id: str, *, wake: bool = False) -> _Leased | None:
+        leased = await self._turn_starts(run_id)
         if leased is not None or not wake:
             return leased
+        now = self.clock.now_ms()
         current = await self.store.get_run(run_id)
         if current is None or current.status in TERMINAL_STATUSES:
             return None
@@ -1365,10 +1377,7 @@ class Engine:
         # the run is free now and the retry below takes it.
         if not await self.store.request_wake(run_id, now):
             return None
-        now = self.clock.now_ms()
-        return await self.store.start_turn(
-            run_id, self.instance_id, now, now + self.lease_ms, _WAKEABLE
-        )
+        return await self._turn_starts(run_id)
 
     async def _drive(self, run: Run, checkpoints: dict[int, Checkpoint]) -> None:
         if self.drives_namespace is not None and run.namespace != self.drives_namespace:

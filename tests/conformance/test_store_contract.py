@@ -353,6 +353,88 @@ async def test_racing_acquires_have_exactly_one_winner(store_factory: StoreFacto
     assert stored.locked_by == winners[0].locked_by
 
 
+WAKEABLE = frozenset({RunStatus.PENDING, RunStatus.SUSPENDED})
+
+
+async def test_start_turns_leases_each_free_run_with_its_history(store: StateStore) -> None:
+    suspended = RunStatus.SUSPENDED
+    await store.create_run(make_run("pending"))
+    await store.create_run(make_run("asleep", suspended, wake_at=NOW - 1, wake_requested_at=NOW))
+    await store.create_run(make_run("expired", suspended, locked_by=OTHER, locked_until=NOW - 1))
+    await store.create_run(make_run("held", suspended, locked_by=OTHER, locked_until=NOW))
+    await store.create_run(make_run("running", RunStatus.RUNNING, locked_until=NOW - 1))
+    await store.create_run(make_run("done", RunStatus.COMPLETED))
+    await leased(store, "asleep-history", now=NOW - 2 * LEASE)
+    await store.save_checkpoint(make_cp("asleep-history", 0, CheckpointStatus.COMPLETED), OWNER)
+    await store.save_checkpoint(make_cp("asleep-history", 1), OWNER)
+    changes = RunChanges(wake_at=NOW - 5)
+    await store.settle_run("asleep-history", OWNER, suspended, changes, NOW - 2 * LEASE)
+    ids = ["held", "pending", "missing", "asleep", "done", "asleep-history", "running"]
+
+    turns = await store.start_turns([*ids, "expired", "pending"], OWNER, NOW, NOW + LEASE, WAKEABLE)
+
+    assert sorted(turns) == ["asleep", "asleep-history", "expired", "pending"]
+    for run_id, (run, history) in turns.items():
+        assert (run.run_id, run.status, run.locked_by, run.locked_until) == (
+            run_id,
+            RunStatus.RUNNING,
+            OWNER,
+            NOW + LEASE,
+        )
+        assert (run.wake_at, run.wake_requested_at) == (None, None)
+        assert list(history) == ([0, 1] if run_id == "asleep-history" else [])
+    assert turns["asleep-history"][1][0].status is CheckpointStatus.COMPLETED
+    assert turns["asleep-history"][1][1].status is CheckpointStatus.PENDING
+    for run_id, status, owner in [
+        ("held", suspended, OTHER),
+        ("running", RunStatus.RUNNING, None),
+        ("done", RunStatus.COMPLETED, None),
+    ]:
+        run = await store.get_run(run_id)
+        assert run is not None
+        assert (run.status, run.locked_by) == (status, owner)
+    assert await store.start_turns([], OWNER, NOW, NOW + LEASE, WAKEABLE) == {}
+
+
+async def test_start_turns_leaves_what_another_instance_leased_first(
+    store_factory: StoreFactory,
+) -> None:
+    ours, theirs = await store_factory(), await store_factory()
+    for run_id in ("r1", "r2", "r3"):
+        await ours.create_run(make_run(run_id))
+
+    assert await theirs.acquire_run("r2", OTHER, NOW, NOW + LEASE, PENDING) is not None
+    turns = await ours.start_turns(["r1", "r2", "r3"], OWNER, NOW, NOW + LEASE, WAKEABLE)
+
+    assert sorted(turns) == ["r1", "r3"]
+    r2 = await ours.get_run("r2")
+    assert r2 is not None and r2.locked_by == OTHER
+    assert await theirs.renew_lease("r2", OTHER, NOW + 2 * LEASE) is True  # not fenced
+
+
+async def test_racing_start_turns_lease_each_run_once(store_factory: StoreFactory) -> None:
+    stores = [await store_factory(), await store_factory()]
+    ids = [f"r{i}" for i in range(40)]
+    for run_id in ids:
+        await stores[0].create_run(make_run(run_id))
+    orders = [random.sample(ids, len(ids)) for _ in range(6)]
+
+    results = await asyncio.gather(
+        *(
+            stores[i % 2].start_turns(order, f"owner-{i}", NOW, NOW + LEASE, WAKEABLE)
+            for i, order in enumerate(orders)
+        )
+    )
+
+    won = {run_id: f"owner-{i}" for i, result in enumerate(results) for run_id in result}
+    assert sum(len(result) for result in results) == len(ids)  # each run leased once
+    assert sorted(won) == sorted(ids)
+    for run_id, owner in won.items():
+        run = await stores[1].get_run(run_id)
+        assert run is not None
+        assert (run.status, run.locked_by) == (RunStatus.RUNNING, owner)
+
+
 async def test_continue_turn_clears_the_stamp_and_extends_the_lease(store: StateStore) -> None:
     await leased(store, "r1")
     assert await store.request_wake("r1", NOW + 1) is True

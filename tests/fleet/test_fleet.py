@@ -654,7 +654,7 @@ async def _done(ctx: durably.WorkflowContext) -> str:
 
 
 class _LookHook:
-    """A store proxy that runs ``hook`` when a refused ``start_turn`` is
+    """A store proxy that runs ``hook`` when a refused ``start_turns`` is
     followed by a ``get_run``: it lets a test put the holder's settle exactly
     between the waker's refused lease and its look at the run."""
 
@@ -667,9 +667,9 @@ class _LookHook:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
-    async def start_turn(self, *args: Any) -> Any:
-        leased = await self.inner.start_turn(*args)
-        self.refused = leased is None
+    async def start_turns(self, run_ids: list[str], *args: Any) -> Any:
+        leased = await self.inner.start_turns(run_ids, *args)
+        self.refused = any(run_id not in leased for run_id in run_ids)
         return leased
 
     async def get_run(self, run_id: str) -> Any:

@@ -224,6 +224,20 @@ class StateStore(Protocol):
         """:meth:`acquire_run` and, if it succeeded, :meth:`load_checkpoints`,
         in one round trip: the start of every turn."""
 
+    async def start_turns(
+        self,
+        run_ids: list[str],
+        owner: str,
+        now: int,
+        lease_until: int,
+        statuses: frozenset[RunStatus],
+    ) -> dict[str, tuple[Run, dict[int, Checkpoint]]]:
+        """:meth:`start_turn` for many runs in one round trip (when nothing
+        contends): each run is leased, or not, exactly as :meth:`start_turn`
+        alone would lease it. Returns the runs leased with their histories;
+        a run not leasable (another instance holds it, wrong status, missing)
+        is absent, and an id given twice is leased once."""
+
     async def continue_turn(self, run_id: str, owner: str, lease_until: int) -> Run | None:
         """*Atomic*: while ``owner`` holds the lease of a running run, clear its
         ``wake_requested_at``, extend the lease and return the run."""

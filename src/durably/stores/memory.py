@@ -143,6 +143,22 @@ class MemoryStore:
             return None
         return run, await self.load_checkpoints(run_id)
 
+    async def start_turns(
+        self,
+        run_ids: list[str],
+        owner: str,
+        now: int,
+        lease_until: int,
+        statuses: frozenset[RunStatus],
+    ) -> dict[str, tuple[Run, dict[int, Checkpoint]]]:
+        """Lease each run that is free and load its history (no await yields)."""
+        leased: dict[str, tuple[Run, dict[int, Checkpoint]]] = {}
+        for run_id in run_ids:
+            started = await self.start_turn(run_id, owner, now, lease_until, statuses)
+            if started is not None:
+                leased[run_id] = started
+        return leased
+
     async def continue_turn(self, run_id: str, owner: str, lease_until: int) -> Run | None:
         """Keep the lease for one more turn."""
         run = self._runs.get(run_id)

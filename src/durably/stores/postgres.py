@@ -452,11 +452,7 @@ class PostgresStore:
             "WHERE id = $4 AND status = ANY($5::text[]) "
             "AND (locked_by IS NULL OR locked_until IS NULL OR locked_until < $3) "
             f"RETURNING {_SELECT_RUN}) "
-            "SELECT r.*, (SELECT coalesce(json_agg(json_build_array(c.seq, c.name, c.kind, "
-            "c.status, c.input, c.output, c.error, c.attempts, c.wake_at, c.started_at, "
-            "c.finished_at, c.parallel_group, c.dispatched_at, c.redispatches, c.queue, "
-            "c.last_heartbeat_at, c.progress, c.events) ORDER BY c.seq), '[]')::text "
-            "FROM durably_checkpoints c WHERE c.run_id = r.id) AS history FROM r",
+            f"SELECT r.*, {_HISTORY} AS history FROM r",
             owner,
             lease_until,
             now,
@@ -465,31 +461,51 @@ class PostgresStore:
         )
         if row is None:
             return None
-        history = {}
-        for item in codec.loads(row["history"]):
-            checkpoint = Checkpoint(
-                run_id=run_id,
-                seq=item[0],
-                name=item[1],
-                kind=item[2],
-                status=CheckpointStatus(item[3]),
-                input=codec.loads(item[4]),
-                output=codec.loads(item[5]),
-                error=codec.loads(item[6]),
-                attempts=item[7],
-                wake_at=item[8],
-                started_at=item[9],
-                finished_at=item[10],
-                group=item[11],
-                dispatched_at=item[12],
-                redispatches=item[13],
-                queue=item[14],
-                last_heartbeat_at=item[15],
-                progress=codec.loads(item[16]),
-                events=codec.loads(item[17]),
+        return _row_to_run(row), _history(run_id, row["history"])
+
+    async def start_turns(
+        self,
+        run_ids: list[str],
+        owner: str,
+        now: int,
+        lease_until: int,
+        statuses: frozenset[RunStatus],
+    ) -> dict[str, tuple[Run, dict[int, Checkpoint]]]:
+        """Lease the free runs and load their histories in one statement; a
+        run whose row another transaction holds is retried alone."""
+        if not run_ids:
+            return {}
+        values = [s.value for s in statuses]
+        # SKIP LOCKED: the batch never waits on a row lock, so it cannot
+        # deadlock with another multi-row write locking in another order.
+        rows = await self._ready().fetch(
+            "WITH r AS (UPDATE durably_runs SET status = 'running', locked_by = $1, "
+            "locked_until = $2, wake_requested_at = NULL, wake_at = NULL, updated_at = $3 "
+            "WHERE id IN (SELECT id FROM durably_runs WHERE id = ANY($4::text[]) "
+            "AND status = ANY($5::text[]) "
+            "AND (locked_by IS NULL OR locked_until IS NULL OR locked_until < $3) "
+            "FOR UPDATE SKIP LOCKED) "
+            f"RETURNING {_SELECT_RUN}) "
+            f"SELECT r.*, {_HISTORY} AS history FROM r",
+            owner,
+            lease_until,
+            now,
+            run_ids,
+            values,
+        )
+        leased = {
+            row["id"]: (_row_to_run(row), _history(row["id"], row["history"])) for row in rows
+        }
+        # A run passed over (not leasable, or its row was being written) gets
+        # the one-row statement, which waits for the lock and re-checks: the
+        # batch decides each run as start_turn would. Rare outside contention.
+        rest = [run_id for run_id in dict.fromkeys(run_ids) if run_id not in leased]
+        if rest:
+            again = await asyncio.gather(
+                *(self.start_turn(run_id, owner, now, lease_until, statuses) for run_id in rest)
             )
-            history[checkpoint.seq] = checkpoint
-        return _row_to_run(row), history
+            leased.update((run_id, got) for run_id, got in zip(rest, again, strict=True) if got)
+        return leased
 
     async def continue_turn(self, run_id: str, owner: str, lease_until: int) -> Run | None:
         """Keep the lease for one more turn."""
@@ -1385,6 +1401,45 @@ of those whose run is live, in one statement; returns those runs."""
 def _flow_lock(queue: str) -> str:
     """The advisory-lock key of a flow-control queue, apart from tokens and events."""
     return f"durably:flow:{queue}"
+
+
+_HISTORY = (
+    "(SELECT coalesce(json_agg(json_build_array(c.seq, c.name, c.kind, "
+    "c.status, c.input, c.output, c.error, c.attempts, c.wake_at, c.started_at, "
+    "c.finished_at, c.parallel_group, c.dispatched_at, c.redispatches, c.queue, "
+    "c.last_heartbeat_at, c.progress, c.events) ORDER BY c.seq), '[]')::text "
+    "FROM durably_checkpoints c WHERE c.run_id = r.id)"
+)
+"""A run's whole history as one JSON text, for the turn-starting statements."""
+
+
+def _history(run_id: str, text: str) -> dict[int, Checkpoint]:
+    """Decode what :data:`_HISTORY` selected."""
+    history: dict[int, Checkpoint] = {}
+    for item in codec.loads(text):
+        checkpoint = Checkpoint(
+            run_id=run_id,
+            seq=item[0],
+            name=item[1],
+            kind=item[2],
+            status=CheckpointStatus(item[3]),
+            input=codec.loads(item[4]),
+            output=codec.loads(item[5]),
+            error=codec.loads(item[6]),
+            attempts=item[7],
+            wake_at=item[8],
+            started_at=item[9],
+            finished_at=item[10],
+            group=item[11],
+            dispatched_at=item[12],
+            redispatches=item[13],
+            queue=item[14],
+            last_heartbeat_at=item[15],
+            progress=codec.loads(item[16]),
+            events=codec.loads(item[17]),
+        )
+        history[checkpoint.seq] = checkpoint
+    return history
 
 
 _WAKE_RUN = (

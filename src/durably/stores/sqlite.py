@@ -288,6 +288,43 @@ class SqliteStore:
 
         return await self._db.run(op)
 
+    async def start_turns(
+        self,
+        run_ids: list[str],
+        owner: str,
+        now: int,
+        lease_until: int,
+        statuses: frozenset[RunStatus],
+    ) -> dict[str, tuple[Run, dict[int, Checkpoint]]]:
+        """Lease each free run and load its history: one trip to the store
+        thread and one transaction for the whole batch."""
+        if not run_ids:
+            return {}
+        marks = ",".join("?" * len(statuses))
+        sql = (
+            "UPDATE durably_runs SET status = 'running', locked_by = ?, locked_until = ?, "
+            "wake_requested_at = NULL, wake_at = NULL, updated_at = ? "
+            f"WHERE id = ? AND status IN ({marks}) "
+            "AND (locked_by IS NULL OR locked_until IS NULL OR locked_until < ?) "
+            f"RETURNING {_RUN_COLUMNS}"
+        )
+        values = [s.value for s in statuses]
+
+        def op(conn: sqlite3.Connection) -> dict[str, tuple[Run, dict[int, Checkpoint]]]:
+            leased: dict[str, tuple[Run, dict[int, Checkpoint]]] = {}
+            for run_id in dict.fromkeys(run_ids):
+                row = conn.execute(sql, [owner, lease_until, now, run_id, *values, now]).fetchone()
+                if row is None:
+                    continue
+                rows = conn.execute(
+                    f"SELECT {_CP_SELECT} FROM durably_checkpoints WHERE run_id = ? ORDER BY seq",
+                    (run_id,),
+                )
+                leased[run_id] = _row_to_run(row), {r[1]: _row_to_checkpoint(r) for r in rows}
+            return leased
+
+        return await self._db.run(op)
+
     async def continue_turn(self, run_id: str, owner: str, lease_until: int) -> Run | None:
         """Keep the lease for one more turn."""
 
