@@ -29,13 +29,13 @@ class RunExecutor:
         handler: Callable[[str, bool], Awaitable[None]],
         limit: int,
         *,
-        on_drained: Callable[[], None] | None = None,
+        on_room: Callable[[], None] | None = None,
     ) -> None:
-        """``on_drained()`` is called each time the last waiting id got a slot
-        (the owner may have more work to hand over)."""
+        """``on_room()`` is called each time an execution ends with no id
+        waiting: a slot is free, and the owner may have more work to hand over."""
         self._handler = handler
         self._limit = limit
-        self._on_drained = on_drained
+        self._on_room = on_room
         self._waiting: deque[str] = deque()
         self._waiting_ids: dict[str, bool] = {}
         self._executing: set[str] = set()
@@ -91,9 +91,7 @@ class RunExecutor:
         return run_id in self._executing
 
     def _pump(self) -> None:
-        started = False
         while self._waiting and len(self._tasks) < self._limit:
-            started = True
             run_id = self._waiting.popleft()
             wake = self._waiting_ids.pop(run_id)
             done = self._waiting_done.pop(run_id, None)
@@ -103,8 +101,6 @@ class RunExecutor:
             task = asyncio.create_task(self._run(run_id, wake), name=f"durably-run:{run_id}")
             self._tasks.add(task)
             self._idle.clear()
-        if started and not self._waiting and self._on_drained is not None:
-            self._on_drained()
 
     async def _run(self, run_id: str, wake: bool) -> None:
         ok = True
@@ -123,6 +119,8 @@ class RunExecutor:
             self._pump()
             if not self._tasks and not self._waiting:
                 self._idle.set()
+            if not self._waiting and not self._closed and self._on_room is not None:
+                self._on_room()
 
     async def join(self) -> None:
         """Wait until nothing executes or waits."""

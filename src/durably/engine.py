@@ -515,7 +515,7 @@ class Engine:
                 await self.store.close()
                 raise
             self._executor = RunExecutor(
-                self._execute, self._executor_limit, on_drained=self._executor_drained
+                self._execute, self._executor_limit, on_room=self._executor_has_room
             )
             self._opened = True
             self._listening = await self.store.subscribe(self._on_store_event)
@@ -1772,13 +1772,15 @@ class Engine:
             # another process creates a run; polling remains the safety net.
             await wait_event(wake, self.poll_interval)
 
-    def _executor_drained(self) -> None:
-        """The executor started the last run it had waiting. If the last poll
+    def _executor_has_room(self) -> None:
+        """A run ended and nothing waits for a slot here. If the last poll
         found a full page, poll again now instead of at the next tick: a
         backlog of 10,000 pending runs (the survivors of a crashed process)
-        then drains at the executor's pace, not 1,000 runs per poll interval."""
+        then drains at the executor's pace, not 1,000 runs per poll interval.
+        Asked on every such end while the flag holds (one poll in flight at
+        a time): a page whose runs were all still starting here hands
+        nothing over, and the next end must ask again."""
         if self._more_pending:
-            self._more_pending = False
             self._schedule_pending_poll()
 
     def _schedule_pending_poll(self) -> None:
