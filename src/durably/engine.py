@@ -203,9 +203,9 @@ class Engine:
         self._starting: set[str] = set()
         self._preleased: dict[str, Run] = {}
         self._promised_slots = 0
+        """Starts inserting a run leased to us whose insert has not returned yet."""
         self._more_pending = False
         """The last pending-run poll found a full page: more runs may wait."""
-        """Starts inserting a run leased to us whose insert has not returned yet."""
         self._hooks = Hooks()
         self._last_sweep: dict[str, float] = {}
         self._registry = Registry()
@@ -696,10 +696,11 @@ class Engine:
         self._starting.add(run.run_id)
         try:
             # The slot is promised until the insert returns and the run is
-            # submitted: 10,000 starts gathered at once all saw an idle
-            # executor, so all 10,000 were inserted leased while only 256 could
-            # run, and a lease ran out while its run still waited here (the
-            # recovery bench's victim left ~9,000 such runs, counted as orphans).
+            # submitted. Otherwise 10,000 starts gathered at once all see an
+            # idle executor and all insert their run leased while only 256 can
+            # run: the rest wait here with their leases running out, and look
+            # like orphans to every instance (the recovery bench's victim left
+            # ~9,000 of them).
             if lease_here:
                 self._promised_slots += 1
             try:
