@@ -24,9 +24,18 @@ class RunExecutor:
     A wake is kept: it must reach the run even mid-turn.
     """
 
-    def __init__(self, handler: Callable[[str, bool], Awaitable[None]], limit: int) -> None:
+    def __init__(
+        self,
+        handler: Callable[[str, bool], Awaitable[None]],
+        limit: int,
+        *,
+        on_room: Callable[[], None] | None = None,
+    ) -> None:
+        """``on_room()`` is called each time an execution ends with no id
+        waiting: a slot is free, and the owner may have more work to hand over."""
         self._handler = handler
         self._limit = limit
+        self._on_room = on_room
         self._waiting: deque[str] = deque()
         self._waiting_ids: dict[str, bool] = {}
         self._executing: set[str] = set()
@@ -110,6 +119,8 @@ class RunExecutor:
             self._pump()
             if not self._tasks and not self._waiting:
                 self._idle.set()
+            if not self._waiting and not self._closed and self._on_room is not None:
+                self._on_room()
 
     async def join(self) -> None:
         """Wait until nothing executes or waits."""

@@ -329,7 +329,7 @@ async def test_a_lease_without_an_expiry_counts_as_expired(store: StateStore) ->
     await store.create_run(make_run("r2", RunStatus.SUSPENDED, locked_by=OWNER, wake_at=NOW))
 
     assert await store.list_orphans(NOW, 10) == ["r1"]
-    assert await store.claim_due("r2", NOW, NOW + LEASE) is True
+    assert await store.claim_due_batch(["r2"], NOW, NOW + LEASE) == ["r2"]
     run = await store.acquire_run("r1", OTHER, NOW, NOW + LEASE, RUNNING)
     assert run is not None
     assert run.locked_by == OTHER
@@ -351,6 +351,88 @@ async def test_racing_acquires_have_exactly_one_winner(store_factory: StoreFacto
     stored = await stores[1].get_run("r1")
     assert stored is not None
     assert stored.locked_by == winners[0].locked_by
+
+
+WAKEABLE = frozenset({RunStatus.PENDING, RunStatus.SUSPENDED})
+
+
+async def test_start_turns_leases_each_free_run_with_its_history(store: StateStore) -> None:
+    suspended = RunStatus.SUSPENDED
+    await store.create_run(make_run("pending"))
+    await store.create_run(make_run("asleep", suspended, wake_at=NOW - 1, wake_requested_at=NOW))
+    await store.create_run(make_run("expired", suspended, locked_by=OTHER, locked_until=NOW - 1))
+    await store.create_run(make_run("held", suspended, locked_by=OTHER, locked_until=NOW))
+    await store.create_run(make_run("running", RunStatus.RUNNING, locked_until=NOW - 1))
+    await store.create_run(make_run("done", RunStatus.COMPLETED))
+    await leased(store, "asleep-history", now=NOW - 2 * LEASE)
+    await store.save_checkpoint(make_cp("asleep-history", 0, CheckpointStatus.COMPLETED), OWNER)
+    await store.save_checkpoint(make_cp("asleep-history", 1), OWNER)
+    changes = RunChanges(wake_at=NOW - 5)
+    await store.settle_run("asleep-history", OWNER, suspended, changes, NOW - 2 * LEASE)
+    ids = ["held", "pending", "missing", "asleep", "done", "asleep-history", "running"]
+
+    turns = await store.start_turns([*ids, "expired", "pending"], OWNER, NOW, NOW + LEASE, WAKEABLE)
+
+    assert sorted(turns) == ["asleep", "asleep-history", "expired", "pending"]
+    for run_id, (run, history) in turns.items():
+        assert (run.run_id, run.status, run.locked_by, run.locked_until) == (
+            run_id,
+            RunStatus.RUNNING,
+            OWNER,
+            NOW + LEASE,
+        )
+        assert (run.wake_at, run.wake_requested_at) == (None, None)
+        assert list(history) == ([0, 1] if run_id == "asleep-history" else [])
+    assert turns["asleep-history"][1][0].status is CheckpointStatus.COMPLETED
+    assert turns["asleep-history"][1][1].status is CheckpointStatus.PENDING
+    for run_id, status, owner in [
+        ("held", suspended, OTHER),
+        ("running", RunStatus.RUNNING, None),
+        ("done", RunStatus.COMPLETED, None),
+    ]:
+        run = await store.get_run(run_id)
+        assert run is not None
+        assert (run.status, run.locked_by) == (status, owner)
+    assert await store.start_turns([], OWNER, NOW, NOW + LEASE, WAKEABLE) == {}
+
+
+async def test_start_turns_leaves_what_another_instance_leased_first(
+    store_factory: StoreFactory,
+) -> None:
+    ours, theirs = await store_factory(), await store_factory()
+    for run_id in ("r1", "r2", "r3"):
+        await ours.create_run(make_run(run_id))
+
+    assert await theirs.acquire_run("r2", OTHER, NOW, NOW + LEASE, PENDING) is not None
+    turns = await ours.start_turns(["r1", "r2", "r3"], OWNER, NOW, NOW + LEASE, WAKEABLE)
+
+    assert sorted(turns) == ["r1", "r3"]
+    r2 = await ours.get_run("r2")
+    assert r2 is not None and r2.locked_by == OTHER
+    assert await theirs.renew_lease("r2", OTHER, NOW + 2 * LEASE) is True  # not fenced
+
+
+async def test_racing_start_turns_lease_each_run_once(store_factory: StoreFactory) -> None:
+    stores = [await store_factory(), await store_factory()]
+    ids = [f"r{i}" for i in range(40)]
+    for run_id in ids:
+        await stores[0].create_run(make_run(run_id))
+    orders = [random.sample(ids, len(ids)) for _ in range(6)]
+
+    results = await asyncio.gather(
+        *(
+            stores[i % 2].start_turns(order, f"owner-{i}", NOW, NOW + LEASE, WAKEABLE)
+            for i, order in enumerate(orders)
+        )
+    )
+
+    won = {run_id: f"owner-{i}" for i, result in enumerate(results) for run_id in result}
+    assert sum(len(result) for result in results) == len(ids)  # each run leased once
+    assert sorted(won) == sorted(ids)
+    for run_id, owner in won.items():
+        run = await stores[1].get_run(run_id)
+        assert run is not None
+        assert (run.status, run.locked_by) == (RunStatus.RUNNING, owner)
 
 
 async def test_continue_turn_clears_the_stamp_and_extends_the_lease(store: StateStore) -> None:
@@ -661,11 +743,11 @@ async def test_list_orphans_lists_expired_running_runs(store: StateStore) -> Non
     assert limited[0] in {"o1", "o2"}
 
 
-async def test_recover_orphan_counts_and_requeues(store: StateStore) -> None:
+async def test_recover_orphans_counts_and_requeues(store: StateStore) -> None:
     await leased(store, "r1")
     later = NOW + LEASE + 1
 
-    assert await store.recover_orphan("r1", later, max_attempts=3) is RunStatus.PENDING
+    assert await store.recover_orphans(["r1"], later, max_attempts=3) == {"r1": RunStatus.PENDING}
 
     run = await store.get_run("r1")
     assert run is not None
@@ -675,17 +757,17 @@ async def test_recover_orphan_counts_and_requeues(store: StateStore) -> None:
         None,
         None,
     )
-    assert await store.recover_orphan("r1", later, max_attempts=3) is None  # not an orphan now
+    assert await store.recover_orphans(["r1"], later, max_attempts=3) == {}  # not an orphan now
     assert await store.list_orphans(later, 10) == []
 
 
-async def test_recover_orphan_gives_up_past_max_attempts(store: StateStore) -> None:
+async def test_recover_orphans_gives_up_past_max_attempts(store: StateStore) -> None:
     await leased(store, "r1", recovery_attempts=3)
     await store.wait_signal(signal_cp("r1", 0, "tok"), "tok", OWNER, NOW)
 
-    status = await store.recover_orphan("r1", NOW + LEASE + 1, max_attempts=3)
+    recovered = await store.recover_orphans(["r1"], NOW + LEASE + 1, max_attempts=3)
 
-    assert status is RunStatus.DEAD
+    assert recovered == {"r1": RunStatus.DEAD}
     run = await store.get_run("r1")
     assert run is not None
     assert (run.status, run.recovery_attempts, run.locked_by) == (RunStatus.DEAD, 4, None)
@@ -694,16 +776,91 @@ async def test_recover_orphan_gives_up_past_max_attempts(store: StateStore) -> N
     assert await store.send_signal("tok", 1, NOW) is None  # a dead run waits for nothing
 
 
-async def test_recover_orphan_refuses_a_live_lease(store: StateStore) -> None:
+async def test_recover_orphans_refuses_a_live_lease(store: StateStore) -> None:
     await leased(store, "r1")
     await store.create_run(make_run("pending"))
 
-    assert await store.recover_orphan("r1", NOW + LEASE, max_attempts=3) is None
-    assert await store.recover_orphan("pending", NOW + LEASE, max_attempts=3) is None
-    assert await store.recover_orphan("missing", NOW, max_attempts=3) is None
+    assert await store.recover_orphans(["r1", "pending"], NOW + LEASE, max_attempts=3) == {}
+    assert await store.recover_orphans(["missing"], NOW, max_attempts=3) == {}
+    assert await store.recover_orphans([], NOW, max_attempts=3) == {}
     run = await store.get_run("r1")
     assert run is not None
     assert (run.status, run.locked_by, run.recovery_attempts) == (RunStatus.RUNNING, OWNER, 0)
+
+
+async def test_recover_orphans_decides_run_by_run(store: StateStore) -> None:
+    """One batch mixing every case: each run gets exactly what a recovery of
+    it alone would do, and only the runs recovered are reported."""
+    later = NOW + LEASE + 1
+    await leased(store, "orphan")
+    await leased(store, "exhausted", recovery_attempts=2)
+    await leased(store, "live", now=later)  # its lease runs until later + LEASE
+    await store.create_run(make_run("pending"))
+    await store.create_run(make_run("done", RunStatus.COMPLETED))
+    await store.wait_signal(signal_cp("exhausted", 0, "tok-x"), "tok-x", OWNER, NOW)
+    await store.wait_signal(signal_cp("orphan", 0, "tok-o"), "tok-o", OWNER, NOW)
+    ids = ["orphan", "live", "exhausted", "pending", "missing", "done", "orphan"]
+
+    recovered = await store.recover_orphans(ids, later, max_attempts=2)
+
+    assert recovered == {"orphan": RunStatus.PENDING, "exhausted": RunStatus.DEAD}
+    expected = {
+        "orphan": (RunStatus.PENDING, 1, None),
+        "exhausted": (RunStatus.DEAD, 3, None),
+        "live": (RunStatus.RUNNING, 0, OWNER),
+        "pending": (RunStatus.PENDING, 0, None),
+        "done": (RunStatus.COMPLETED, 0, None),
+    }
+    for run_id, (status, attempts, owner) in expected.items():
+        run = await store.get_run(run_id)
+        assert run is not None
+        assert (run.status, run.recovery_attempts, run.locked_by) == (status, attempts, owner)
+    orphan = await store.get_run("orphan")
+    assert orphan is not None and orphan.error is None
+    assert await store.send_signal("tok-x", 1, later) is None  # the dead run's wait is gone
+    assert await store.send_signal("tok-o", 1, later) == "orphan"  # a pending run still waits
+
+
+async def test_recover_orphans_leaves_what_another_instance_recovered_first(
+    store_factory: StoreFactory,
+) -> None:
+    """Both instances listed the same orphans; the other one recovered "o2"
+    and already leased it again before our batch ran."""
+    ours, theirs = await store_factory(), await store_factory()
+    for run_id in ("o1", "o2", "o3"):
+        await leased(ours, run_id)
+    later = NOW + LEASE + 1
+    listed = await ours.list_orphans(later, 10)
+    assert sorted(listed) == ["o1", "o2", "o3"]
+
+    assert await theirs.recover_orphans(["o2"], later, max_attempts=3) == {"o2": RunStatus.PENDING}
+    assert await theirs.acquire_run("o2", OTHER, later, later + LEASE, PENDING) is not None
+    recovered = await ours.recover_orphans(listed, later, max_attempts=3)
+
+    assert recovered == {"o1": RunStatus.PENDING, "o3": RunStatus.PENDING}
+    o2 = await ours.get_run("o2")
+    assert o2 is not None
+    assert (o2.status, o2.locked_by, o2.recovery_attempts) == (RunStatus.RUNNING, OTHER, 1)
+
+
+async def test_racing_recoveries_count_each_orphan_once(store_factory: StoreFactory) -> None:
+    stores = [await store_factory(), await store_factory()]
+    ids = [f"o{i}" for i in range(40)]
+    for run_id in ids:
+        await leased(stores[0], run_id)
+    later = NOW + LEASE + 1
+    orders = [random.sample(ids, len(ids)) for _ in range(6)]
+
+    results = await asyncio.gather(
+        *(stores[i % 2].recover_orphans(order, later, 3) for i, order in enumerate(orders))
+    )
+
+    won = [run_id for result in results for run_id in result]
+    assert sorted(won) == sorted(ids)  # every orphan recovered, none twice
+    for run_id in ids:
+        run = await stores[1].get_run(run_id)
+        assert run is not None
+        assert (run.status, run.recovery_attempts) == (RunStatus.PENDING, 1)
 
 
 async def test_list_due_orders_most_overdue_first(store: StateStore) -> None:
@@ -735,27 +892,29 @@ async def test_list_due_ranks_a_run_by_the_reasons_that_are_due(store: StateStor
     assert await store.list_due(NOW, 10) == ["timer", "stamped"]
 
 
-async def test_claim_due_claims_once(store_factory: StoreFactory) -> None:
+async def test_claim_due_batch_claims_once(store_factory: StoreFactory) -> None:
     stores = [await store_factory(), await store_factory()]
     await stores[0].create_run(make_run("r1", RunStatus.SUSPENDED, wake_at=NOW - 1))
 
     claims = await asyncio.gather(
-        *(stores[i % 2].claim_due("r1", NOW, NOW + LEASE) for i in range(6))
+        *(stores[i % 2].claim_due_batch(["r1"], NOW, NOW + LEASE) for i in range(6))
     )
 
-    assert claims.count(True) == 1
+    assert sorted(claims) == [[]] * 5 + [["r1"]]
     run = await stores[0].get_run("r1")
     assert run is not None
     assert (run.status, run.wake_at) == (RunStatus.SUSPENDED, NOW + LEASE)
-    assert await stores[0].claim_due("r1", NOW + 1, NOW + 2 * LEASE) is False
+    assert await stores[0].claim_due_batch(["r1"], NOW + 1, NOW + 2 * LEASE) == []
     assert await stores[0].list_due(NOW + 1, 10) == []
-    assert await stores[0].claim_due("r1", NOW + LEASE, NOW + 2 * LEASE) is True
+    assert await stores[0].claim_due_batch(["r1"], NOW + LEASE, NOW + 2 * LEASE) == ["r1"]
 
 
-async def test_claim_due_takes_a_stamped_run_and_clears_the_stamp(store: StateStore) -> None:
+async def test_claim_due_batch_takes_a_stamped_run_and_clears_the_stamp(
+    store: StateStore,
+) -> None:
     await store.create_run(make_run("r1", RunStatus.SUSPENDED, wake_requested_at=NOW - 3))
 
-    assert await store.claim_due("r1", NOW, NOW + LEASE) is True
+    assert await store.claim_due_batch(["r1"], NOW, NOW + LEASE) == ["r1"]
 
     run = await store.get_run("r1")
     assert run is not None
@@ -763,7 +922,7 @@ async def test_claim_due_takes_a_stamped_run_and_clears_the_stamp(store: StateSt
     assert await store.list_due(NOW, 10) == []
 
 
-async def test_claim_due_refuses_leased_or_not_due_runs(store: StateStore) -> None:
+async def test_claim_due_batch_refuses_leased_or_not_due_runs(store: StateStore) -> None:
     await store.create_run(
         make_run(
             "leased", RunStatus.SUSPENDED, wake_at=NOW - 1, locked_by="x", locked_until=NOW + 10
@@ -772,11 +931,74 @@ async def test_claim_due_refuses_leased_or_not_due_runs(store: StateStore) -> No
     await store.create_run(make_run("future", RunStatus.SUSPENDED, wake_at=NOW + 1))
     await store.create_run(make_run("pending", wake_at=NOW - 1))
 
-    assert await store.claim_due("leased", NOW, NOW + LEASE) is False
-    assert await store.claim_due("future", NOW, NOW + LEASE) is False
-    assert await store.claim_due("pending", NOW, NOW + LEASE) is False
-    assert await store.claim_due("missing", NOW, NOW + LEASE) is False
-    assert await store.claim_due("leased", NOW + 11, NOW + LEASE) is True  # lease ran out
+    assert await store.claim_due_batch(["leased", "future", "pending"], NOW, NOW + LEASE) == []
+    assert await store.claim_due_batch(["missing"], NOW, NOW + LEASE) == []
+    assert await store.claim_due_batch([], NOW, NOW + LEASE) == []
+    assert await store.claim_due_batch(["leased"], NOW + 11, NOW + LEASE) == ["leased"]
+
+
+async def test_claim_due_batch_decides_run_by_run(store: StateStore) -> None:
+    """One batch mixing every case claims exactly the runs due and free."""
+    suspended = RunStatus.SUSPENDED
+    await store.create_run(make_run("timer", suspended, wake_at=NOW - 5))
+    await store.create_run(make_run("stamped", suspended, wake_at=NOW + 99, wake_requested_at=NOW))
+    await store.create_run(make_run("future", suspended, wake_at=NOW + 1, wake_requested_at=None))
+    await store.create_run(
+        make_run("leased", suspended, wake_at=NOW - 5, locked_by="x", locked_until=NOW)
+    )
+    await store.create_run(make_run("pending", wake_at=NOW - 5))
+    ids = ["future", "timer", "leased", "missing", "stamped", "pending", "timer"]
+
+    claimed = await store.claim_due_batch(ids, NOW, NOW + LEASE)
+
+    assert sorted(claimed) == ["stamped", "timer"]
+    for run_id, wake_at in {
+        "timer": NOW + LEASE,
+        "stamped": NOW + LEASE,
+        "future": NOW + 1,
+        "leased": NOW - 5,
+        "pending": NOW - 5,
+    }.items():
+        run = await store.get_run(run_id)
+        assert run is not None
+        assert (run.wake_at, run.wake_requested_at) == (wake_at, None)
+    assert await store.list_due(NOW, 10) == ["leased"]  # due, but its lease is live
+
+
+async def test_claim_due_batch_leaves_what_another_instance_claimed_first(
+    store_factory: StoreFactory,
+) -> None:
+    """Both instances loaded the same due page; the other one claimed "r2"
+    before our batch ran."""
+    ours, theirs = await store_factory(), await store_factory()
+    for run_id in ("r1", "r2", "r3"):
+        await ours.create_run(make_run(run_id, RunStatus.SUSPENDED, wake_at=NOW - 1))
+    page = await ours.list_due(NOW, 10)
+    assert page == ["r1", "r2", "r3"]
+
+    assert await theirs.claim_due_batch(["r2"], NOW, NOW + LEASE) == ["r2"]
+    claimed = await ours.claim_due_batch(page, NOW, NOW + LEASE)
+
+    assert sorted(claimed) == ["r1", "r3"]
+    r2 = await ours.get_run("r2")
+    assert r2 is not None
+    assert r2.wake_at == NOW + LEASE
+
+
+async def test_racing_batch_claims_claim_each_run_once(store_factory: StoreFactory) -> None:
+    stores = [await store_factory(), await store_factory()]
+    ids = [f"r{i}" for i in range(40)]
+    for run_id in ids:
+        await stores[0].create_run(make_run(run_id, RunStatus.SUSPENDED, wake_at=NOW - 1))
+    orders = [random.sample(ids, len(ids)) for _ in range(6)]
+
+    results = await asyncio.gather(
+        *(stores[i % 2].claim_due_batch(order, NOW, NOW + LEASE) for i, order in enumerate(orders))
+    )
+
+    won = [run_id for result in results for run_id in result]
+    assert sorted(won) == sorted(ids)  # every due run claimed, none twice
+    assert await stores[1].list_due(NOW, 100) == []
 
 
 async def test_list_expired_lists_live_runs_past_their_deadline(store: StateStore) -> None:

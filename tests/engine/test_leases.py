@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 import durably
 from durably import CheckpointStatus, RunStatus
 from durably.model import Run
@@ -342,3 +344,54 @@ async def test_tick_isolates_failing_phases(make_engine: EngineFactory) -> None:
     await engine.open()
     await engine.tick()
     assert calls == ["broken", "timers"]
+
+
+async def test_starts_gathered_at_once_insert_at_most_the_free_slots_leased(
+    make_engine: EngineFactory, clock: VirtualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A start with a free executor slot inserts its run leased to this
+    process; starts whose inserts are in flight together must not all claim
+    the same free slots (the rest would wait here while their leases ran out)."""
+    engine = make_engine(clock=clock, max_concurrent_runs=3)
+
+    @engine.workflow("quick")
+    async def quick(ctx: durably.WorkflowContext) -> int:
+        return 1
+
+    leased_inserts: list[bool] = []
+    create_run = engine.store.create_run
+
+    async def spy(run: durably.Run) -> tuple[durably.Run, bool]:
+        leased_inserts.append(run.locked_by is not None)
+        return await create_run(run)
+
+    monkeypatch.setattr(engine.store, "create_run", spy)
+    async with engine:
+        await asyncio.gather(*(engine.start("quick", run_id=f"q{i}") for i in range(10)))
+        results = [await engine.wait_for_run(f"q{i}", terminal=True, timeout=10) for i in range(10)]
+    assert len(leased_inserts) == 10
+    assert 1 <= leased_inserts.count(True) <= 3
+    assert [r.output for r in results] == [1] * 10
+
+
+async def test_a_pending_backlog_larger_than_a_poll_drains_without_waiting_for_ticks(
+    make_engine: EngineFactory,
+) -> None:
+    """A crashed process leaves thousands of pending runs. A poll hands out at
+    most 1,000; once the executor has started the last of them, the next page
+    is polled at once (here the next tick is an hour away)."""
+    producer = make_engine(drive=False)
+    worker = make_engine(poll_interval=3600, max_concurrent_runs=50)
+
+    async def quick(ctx: durably.WorkflowContext) -> int:
+        return 1
+
+    producer.register("quick", quick)
+    worker.register("quick", quick)
+    ids = [f"p{i}" for i in range(2_100)]
+    for run_id in ids:
+        await producer.start("quick", run_id=run_id)
+    async with worker:
+        for run_id in ids:
+            result = await worker.wait_for_run(run_id, terminal=True, timeout=60)
+            assert result.output == 1

@@ -654,7 +654,7 @@ async def _done(ctx: durably.WorkflowContext) -> str:
 
 
 class _LookHook:
-    """A store proxy that runs ``hook`` when a refused ``start_turn`` is
+    """A store proxy that runs ``hook`` when a refused ``start_turns`` is
     followed by a ``get_run``: it lets a test put the holder's settle exactly
     between the waker's refused lease and its look at the run."""
 
@@ -667,9 +667,9 @@ class _LookHook:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
-    async def start_turn(self, *args: Any) -> Any:
-        leased = await self.inner.start_turn(*args)
-        self.refused = leased is None
+    async def start_turns(self, run_ids: list[str], *args: Any) -> Any:
+        leased = await self.inner.start_turns(run_ids, *args)
+        self.refused = any(run_id not in leased for run_id in run_ids)
         return leased
 
     async def get_run(self, run_id: str) -> Any:
@@ -786,14 +786,14 @@ async def test_a_fan_whose_reporter_died_completes_promptly(
     try:
         await client.start("fan", 3, run_id="fan")
         async with fleet(postgres_url, tmp_path) as crew:
-            reporter = await crew.spawn("reporter", "reporter", stall="resolve_checkpoint")
+            reporter = await crew.spawn("reporter", "reporter", stall="resolve_checkpoints")
 
             async def parent_suspended() -> bool:
                 run = await client.get_run("fan")
                 return run is not None and run.status is RunStatus.SUSPENDED
 
             await _until(parent_suspended, 20, "the parent to suspend on its children")
-            await _kill_when_stalled(crew, reporter, "resolve_checkpoint")
+            await _kill_when_stalled(crew, reporter, "resolve_checkpoints")
             children = [await client.get_run(f"fan.child.{i}") for i in range(3)]
             # Killed while reporting: no child has recorded its end yet.
             assert all(c is not None and not c.status.is_terminal for c in children)

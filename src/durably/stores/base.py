@@ -224,6 +224,20 @@ class StateStore(Protocol):
         """:meth:`acquire_run` and, if it succeeded, :meth:`load_checkpoints`,
         in one round trip: the start of every turn."""
 
+    async def start_turns(
+        self,
+        run_ids: list[str],
+        owner: str,
+        now: int,
+        lease_until: int,
+        statuses: frozenset[RunStatus],
+    ) -> dict[str, tuple[Run, dict[int, Checkpoint]]]:
+        """:meth:`start_turn` for many runs in one round trip (when nothing
+        contends): each run is leased, or not, exactly as :meth:`start_turn`
+        alone would lease it. Returns the runs leased with their histories;
+        a run not leasable (another instance holds it, wrong status, missing)
+        is absent, and an id given twice is leased once."""
+
     async def continue_turn(self, run_id: str, owner: str, lease_until: int) -> Run | None:
         """*Atomic*: while ``owner`` holds the lease of a running run, clear its
         ``wake_requested_at``, extend the lease and return the run."""
@@ -272,17 +286,33 @@ class StateStore(Protocol):
     ) -> list[str]:
         """Ids of ``running`` runs whose lease expired before ``now``."""
 
-    async def recover_orphan(self, run_id: str, now: int, max_attempts: int) -> RunStatus | None:
-        """*Atomic*: if the run is still an orphan, count the recovery and make it
-        ``pending`` or, past ``max_attempts``, ``dead``; return the new status."""
+    async def recover_orphans(
+        self, run_ids: list[str], now: int, max_attempts: int
+    ) -> dict[str, RunStatus]:
+        """*Atomic* for each run, one transaction for all: every run of
+        ``run_ids`` that is still an orphan (``running``, its lease expired
+        before ``now``) has its recovery counted and becomes ``pending`` or,
+        past ``max_attempts``, ``dead`` (with the ``max_recovery_attempts``
+        error; its signal and event waiters are deleted). Returns the new
+        status of each run recovered here; a run that is no orphan any more
+        (recovered or leased by another instance in between, finished,
+        missing) is absent, so no run is ever recovered twice. A store may
+        also pass over a run another transaction is writing at that moment:
+        it stays an orphan for the next pass."""
 
     async def list_due(self, now: int, limit: int, *, namespace: str | None = None) -> list[str]:
         """Ids of ``suspended`` runs due now (``wake_at <= now`` or a stamped
         ``wake_requested_at``), most overdue first."""
 
-    async def claim_due(self, run_id: str, now: int, next_wake_at: int) -> bool:
-        """*Atomic*: if the run is still suspended, unleased and due, move its
-        ``wake_at`` to ``next_wake_at`` so no other poll claims it."""
+    async def claim_due_batch(self, run_ids: list[str], now: int, next_wake_at: int) -> list[str]:
+        """*Atomic* for each run, one transaction for all: every run of
+        ``run_ids`` that is still suspended, unleased and due (``wake_at <=
+        now`` or a stamped ``wake_requested_at``) gets ``wake_at =
+        next_wake_at`` and its stamp cleared, so no other poll claims it until
+        then. Returns the ids claimed here, in any order; a run another
+        instance claimed (or leased) in between is not among them. A store may
+        also pass over a run another transaction is writing at that moment:
+        it stays due for the next poll."""
 
     async def list_finished_before(
         self, before: int, limit: int, *, namespace: str | None = None

@@ -143,6 +143,22 @@ class MemoryStore:
             return None
         return run, await self.load_checkpoints(run_id)
 
+    async def start_turns(
+        self,
+        run_ids: list[str],
+        owner: str,
+        now: int,
+        lease_until: int,
+        statuses: frozenset[RunStatus],
+    ) -> dict[str, tuple[Run, dict[int, Checkpoint]]]:
+        """Lease each run that is free and load its history (no await yields)."""
+        leased: dict[str, tuple[Run, dict[int, Checkpoint]]] = {}
+        for run_id in run_ids:
+            started = await self.start_turn(run_id, owner, now, lease_until, statuses)
+            if started is not None:
+                leased[run_id] = started
+        return leased
+
     async def continue_turn(self, run_id: str, owner: str, lease_until: int) -> Run | None:
         """Keep the lease for one more turn."""
         run = self._runs.get(run_id)
@@ -235,21 +251,27 @@ class MemoryStore:
         orphans.sort(key=lambda r: (r.locked_until or 0, r.run_id))
         return [r.run_id for r in orphans[:limit]]
 
-    async def recover_orphan(self, run_id: str, now: int, max_attempts: int) -> RunStatus | None:
-        """Count a recovery; pending again, or dead past ``max_attempts``."""
-        run = self._runs.get(run_id)
-        if run is None or run.status is not RunStatus.RUNNING or (run.locked_until or 0) >= now:
-            return None
-        run.recovery_attempts += 1
-        run.locked_by = run.locked_until = None
-        run.updated_at = now
-        if run.recovery_attempts > max_attempts:
-            run.status = RunStatus.DEAD
-            run.error = dead_error(run.recovery_attempts)
-            self._drop_waiters(run_id)
-        else:
-            run.status = RunStatus.PENDING
-        return run.status
+    async def recover_orphans(
+        self, run_ids: list[str], now: int, max_attempts: int
+    ) -> dict[str, RunStatus]:
+        """Count a recovery of each run still orphaned; pending again, or dead
+        past ``max_attempts``. No await inside, so the batch is atomic."""
+        recovered: dict[str, RunStatus] = {}
+        for run_id in run_ids:
+            run = self._runs.get(run_id)
+            if run is None or run.status is not RunStatus.RUNNING or (run.locked_until or 0) >= now:
+                continue  # a duplicate id lands here too: it is pending already
+            run.recovery_attempts += 1
+            run.locked_by = run.locked_until = None
+            run.updated_at = now
+            if run.recovery_attempts > max_attempts:
+                run.status = RunStatus.DEAD
+                run.error = dead_error(run.recovery_attempts)
+                self._drop_waiters(run_id)
+            else:
+                run.status = RunStatus.PENDING
+            recovered[run_id] = run.status
+        return recovered
 
     async def list_due(self, now: int, limit: int, *, namespace: str | None = None) -> list[str]:
         """Suspended runs whose timer is due or whose wake was requested."""
@@ -257,14 +279,17 @@ class MemoryStore:
         due.sort(key=lambda r: (_due_key(r, now), r.run_id))
         return [r.run_id for r in due[:limit]]
 
-    async def claim_due(self, run_id: str, now: int, next_wake_at: int) -> bool:
-        """Move a due run's wake time ahead so no other poll takes it."""
-        run = self._runs.get(run_id)
-        if run is None or not _due(run, now) or _leased(run, now):
-            return False
-        run.wake_at = next_wake_at
-        run.wake_requested_at = None
-        return True
+    async def claim_due_batch(self, run_ids: list[str], now: int, next_wake_at: int) -> list[str]:
+        """Move each due run's wake time ahead so no other poll takes it."""
+        claimed: list[str] = []
+        for run_id in run_ids:
+            run = self._runs.get(run_id)
+            if run is None or not _due(run, now) or _leased(run, now):
+                continue  # a duplicate id lands here too: its wake_at moved ahead
+            run.wake_at = next_wake_at
+            run.wake_requested_at = None
+            claimed.append(run_id)
+        return claimed
 
     async def list_finished_before(
         self, before: int, limit: int, *, namespace: str | None = None

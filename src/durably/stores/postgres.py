@@ -86,6 +86,14 @@ _INSERT_PENDING_RUN = (
     f"WITH ins AS ({_INSERT_RUN.removesuffix('RETURNING true')}RETURNING id) "
     "SELECT (SELECT pg_notify($22, 'pending:' || id)) IS NULL FROM ins"
 )
+_HISTORY = (
+    "(SELECT coalesce(json_agg(json_build_array(c.seq, c.name, c.kind, "
+    "c.status, c.input, c.output, c.error, c.attempts, c.wake_at, c.started_at, "
+    "c.finished_at, c.parallel_group, c.dispatched_at, c.redispatches, c.queue, "
+    "c.last_heartbeat_at, c.progress, c.events) ORDER BY c.seq), '[]')::text "
+    "FROM durably_checkpoints c WHERE c.run_id = r.id)"
+)
+"""A run's whole history as one JSON text, for the turn-starting statements."""
 # Lease the run and read its history in one round trip.
 _START_TURN = (
     "WITH r AS (UPDATE durably_runs SET status = 'running', locked_by = $1, "
@@ -93,11 +101,7 @@ _START_TURN = (
     "WHERE id = $4 AND status = ANY($5::text[]) "
     "AND (locked_by IS NULL OR locked_until IS NULL OR locked_until < $3) "
     f"RETURNING {_SELECT_RUN}) "
-    "SELECT r.*, (SELECT coalesce(json_agg(json_build_array(c.seq, c.name, c.kind, "
-    "c.status, c.input, c.output, c.error, c.attempts, c.wake_at, c.started_at, "
-    "c.finished_at, c.parallel_group, c.dispatched_at, c.redispatches, c.queue, "
-    "c.last_heartbeat_at, c.progress, c.events) ORDER BY c.seq), '[]')::text "
-    "FROM durably_checkpoints c WHERE c.run_id = r.id) AS history FROM r"
+    f"SELECT r.*, {_HISTORY} AS history FROM r"
 )
 _CP_COLUMNS = (
     "run_id, seq, name, kind, status, input, output, error, attempts, wake_at, "
@@ -498,31 +502,51 @@ class PostgresStore:
             )
         if row is None:
             return None
-        history = {}
-        for item in codec.loads(row["history"]):
-            checkpoint = Checkpoint(
-                run_id=run_id,
-                seq=item[0],
-                name=item[1],
-                kind=item[2],
-                status=CheckpointStatus(item[3]),
-                input=codec.loads(item[4]),
-                output=codec.loads(item[5]),
-                error=codec.loads(item[6]),
-                attempts=item[7],
-                wake_at=item[8],
-                started_at=item[9],
-                finished_at=item[10],
-                group=item[11],
-                dispatched_at=item[12],
-                redispatches=item[13],
-                queue=item[14],
-                last_heartbeat_at=item[15],
-                progress=codec.loads(item[16]),
-                events=codec.loads(item[17]),
+        return _row_to_run(row), _history(run_id, row["history"])
+
+    async def start_turns(
+        self,
+        run_ids: list[str],
+        owner: str,
+        now: int,
+        lease_until: int,
+        statuses: frozenset[RunStatus],
+    ) -> dict[str, tuple[Run, dict[int, Checkpoint]]]:
+        """Lease the free runs and load their histories in one statement; a
+        run whose row another transaction holds is retried alone."""
+        if not run_ids:
+            return {}
+        values = [s.value for s in statuses]
+        # SKIP LOCKED: the batch never waits on a row lock, so it cannot
+        # deadlock with another multi-row write locking in another order.
+        rows = await self._ready().fetch(
+            "WITH r AS (UPDATE durably_runs SET status = 'running', locked_by = $1, "
+            "locked_until = $2, wake_requested_at = NULL, wake_at = NULL, updated_at = $3 "
+            "WHERE id IN (SELECT id FROM durably_runs WHERE id = ANY($4::text[]) "
+            "AND status = ANY($5::text[]) "
+            "AND (locked_by IS NULL OR locked_until IS NULL OR locked_until < $3) "
+            "FOR UPDATE SKIP LOCKED) "
+            f"RETURNING {_SELECT_RUN}) "
+            f"SELECT r.*, {_HISTORY} AS history FROM r",
+            owner,
+            lease_until,
+            now,
+            run_ids,
+            values,
+        )
+        leased = {
+            row["id"]: (_row_to_run(row), _history(row["id"], row["history"])) for row in rows
+        }
+        # A run passed over (not leasable, or its row was being written) gets
+        # the one-row statement, which waits for the lock and re-checks: the
+        # batch decides each run as start_turn would. Rare outside contention.
+        rest = [run_id for run_id in dict.fromkeys(run_ids) if run_id not in leased]
+        if rest:
+            again = await asyncio.gather(
+                *(self.start_turn(run_id, owner, now, lease_until, statuses) for run_id in rest)
             )
-            history[checkpoint.seq] = checkpoint
-        return _row_to_run(row), history
+            leased.update((run_id, got) for run_id, got in zip(rest, again, strict=True) if got)
+        return leased
 
     async def continue_turn(self, run_id: str, owner: str, lease_until: int) -> Run | None:
         """Keep the lease for one more turn."""
@@ -688,34 +712,53 @@ class PostgresStore:
             namespace,
         )
 
-    async def recover_orphan(self, run_id: str, now: int, max_attempts: int) -> RunStatus | None:
-        """Count a recovery; pending again, or dead past ``max_attempts``."""
+    async def recover_orphans(
+        self, run_ids: list[str], now: int, max_attempts: int
+    ) -> dict[str, RunStatus]:
+        """Count a recovery of each run still orphaned; pending again, or dead
+        past ``max_attempts``: one conditional UPDATE for the whole batch."""
+        if not run_ids:
+            return {}
         async with self._transaction() as conn:
-            row = await conn.fetchrow(
+            # The rows are locked by the inner SELECT with the orphan conditions
+            # checked on their latest version, so two instances recovering the
+            # same ids never both count a run. SKIP LOCKED: a row another
+            # transaction is writing is left for the next pass rather than
+            # waited on, so batches locking in different orders cannot deadlock.
+            rows = await conn.fetch(
                 "UPDATE durably_runs SET recovery_attempts = recovery_attempts + 1, "
                 "locked_by = NULL, locked_until = NULL, updated_at = $1, "
                 "status = CASE WHEN recovery_attempts + 1 > $2 THEN 'dead' ELSE 'pending' END "
-                "WHERE id = $3 AND status = 'running' "
-                "AND (locked_until IS NULL OR locked_until < $1) "
-                "RETURNING status, recovery_attempts",
+                "WHERE id IN (SELECT id FROM durably_runs WHERE id = ANY($3::text[]) "
+                "AND status = 'running' AND (locked_until IS NULL OR locked_until < $1) "
+                "FOR UPDATE SKIP LOCKED) "
+                "RETURNING id, status, recovery_attempts",
                 now,
                 max_attempts,
-                run_id,
+                run_ids,
             )
-            if row is None:
-                return None
-            status = RunStatus(row["status"])
-            if status is RunStatus.DEAD:
+            recovered = {row["id"]: RunStatus(row["status"]) for row in rows}
+            dead = [row for row in rows if recovered[row["id"]] is RunStatus.DEAD]
+            if dead:
+                ids = [row["id"] for row in dead]
                 await conn.execute(
-                    "UPDATE durably_runs SET error = $1 WHERE id = $2",
-                    codec.dumps(dead_error(row["recovery_attempts"])),
-                    run_id,
+                    "UPDATE durably_runs r SET error = v.error "
+                    "FROM unnest($1::text[], $2::text[]) AS v(id, error) WHERE r.id = v.id",
+                    ids,
+                    [codec.dumps(dead_error(row["recovery_attempts"])) for row in dead],
                 )
-                await conn.execute(_DELETE_WAITERS, run_id)
                 await conn.execute(
-                    "SELECT pg_notify($1, 'ended:' || $2::text)", self.channel, run_id
+                    "WITH events AS (DELETE FROM durably_event_waiters "
+                    "WHERE run_id = ANY($1::text[])) "
+                    "DELETE FROM durably_signal_waiters WHERE run_id = ANY($1::text[])",
+                    ids,
                 )
-            return status
+                await conn.execute(
+                    "SELECT pg_notify($1, 'ended:' || id) FROM unnest($2::text[]) AS id",
+                    self.channel,
+                    ids,
+                )
+            return recovered
 
     async def list_due(self, now: int, limit: int, *, namespace: str | None = None) -> list[str]:
         """Suspended runs whose timer is due or whose wake was requested."""
@@ -734,19 +777,24 @@ class PostgresStore:
             namespace,
         )
 
-    async def claim_due(self, run_id: str, now: int, next_wake_at: int) -> bool:
-        """Move a due run's wake time ahead so no other poll takes it."""
-        done = await self._ready().fetchval(
+    async def claim_due_batch(self, run_ids: list[str], now: int, next_wake_at: int) -> list[str]:
+        """Move each due run's wake time ahead so no other poll takes it: one
+        conditional UPDATE for the whole batch."""
+        if not run_ids:
+            return []
+        # As in recover_orphans: conditions checked on the locked latest row
+        # version (one claimant per run); rows being written elsewhere skipped.
+        return await self._ids(
             "UPDATE durably_runs SET wake_at = $1, wake_requested_at = NULL "
-            "WHERE id = $2 AND status = 'suspended' "
-            "AND (wake_at <= $3 OR wake_requested_at IS NOT NULL) "
+            "WHERE id IN (SELECT id FROM durably_runs WHERE id = ANY($2::text[]) "
+            "AND status = 'suspended' AND (wake_at <= $3 OR wake_requested_at IS NOT NULL) "
             "AND (locked_by IS NULL OR locked_until IS NULL OR locked_until < $3) "
-            "RETURNING true",
+            "FOR UPDATE SKIP LOCKED) "
+            "RETURNING id",
             next_wake_at,
-            run_id,
+            run_ids,
             now,
         )
-        return bool(done)
 
     async def list_finished_before(
         self, before: int, limit: int, *, namespace: str | None = None
@@ -1394,6 +1442,35 @@ of those whose run is live, in one statement; returns those runs."""
 def _flow_lock(queue: str) -> str:
     """The advisory-lock key of a flow-control queue, apart from tokens and events."""
     return f"durably:flow:{queue}"
+
+
+def _history(run_id: str, text: str) -> dict[int, Checkpoint]:
+    """Decode what :data:`_HISTORY` selected."""
+    history: dict[int, Checkpoint] = {}
+    for item in codec.loads(text):
+        checkpoint = Checkpoint(
+            run_id=run_id,
+            seq=item[0],
+            name=item[1],
+            kind=item[2],
+            status=CheckpointStatus(item[3]),
+            input=codec.loads(item[4]),
+            output=codec.loads(item[5]),
+            error=codec.loads(item[6]),
+            attempts=item[7],
+            wake_at=item[8],
+            started_at=item[9],
+            finished_at=item[10],
+            group=item[11],
+            dispatched_at=item[12],
+            redispatches=item[13],
+            queue=item[14],
+            last_heartbeat_at=item[15],
+            progress=codec.loads(item[16]),
+            events=codec.loads(item[17]),
+        )
+        history[checkpoint.seq] = checkpoint
+    return history
 
 
 _WAKE_RUN = (

@@ -1,0 +1,127 @@
+"""PostgreSQL's batched lease, claim and recovery statements under row locks.
+
+The batches take their rows with ``FOR UPDATE SKIP LOCKED`` so they never wait
+on (or deadlock with) another transaction. These tests hold a row lock in a
+transaction of their own, the way a concurrent write would, and show what each
+batch does with that row: ``start_turns`` waits for it alone and re-checks it
+(exactly what ``start_turn`` would do); ``claim_due_batch`` and
+``recover_orphans`` pass over it, and the next pass takes it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import asyncpg
+import pytest
+
+from durably.model import Run, RunStatus
+from durably.stores.postgres import PostgresStore
+
+NOW = 1_700_000_000_000
+LEASE = 30_000
+WAKEABLE = frozenset({RunStatus.PENDING, RunStatus.SUSPENDED})
+
+
+@pytest.fixture
+async def store(postgres_url: str) -> AsyncIterator[PostgresStore]:
+    """An open store in a fresh schema."""
+    store = PostgresStore(postgres_url)
+    await store.open()
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
+async def _holding(store: PostgresStore, run_id: str) -> Any:
+    """A connection holding ``run_id``'s row lock in an open transaction."""
+    dsn = store.url.partition("?")[0]
+    conn = await asyncpg.connect(dsn, server_settings={"search_path": str(store.schema)})
+    tx = conn.transaction()
+    await tx.start()
+    await conn.execute("SELECT 1 FROM durably_runs WHERE id = $1 FOR UPDATE", run_id)
+    return conn, tx
+
+
+async def _until_blocked(store: PostgresStore, holder: Any) -> None:
+    """Wait (bounded, as a hang guard) until a backend waits for ``holder``'s lock."""
+    conn = await asyncpg.connect(store.url.partition("?")[0])
+    try:
+        for _ in range(1000):
+            waiting = await conn.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))",
+                holder.get_server_pid(),
+            )
+            if waiting:
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError("start_turns never waited for the locked row")
+    finally:
+        await conn.close()
+
+
+def _run(run_id: str, status: RunStatus = RunStatus.PENDING, **fields: Any) -> Run:
+    return Run(
+        run_id=run_id,
+        workflow="wf",
+        workflow_version="1",
+        status=status,
+        created_at=NOW,
+        updated_at=NOW,
+        **fields,
+    )
+
+
+async def test_start_turns_waits_for_a_locked_row_and_rechecks_it(store: PostgresStore) -> None:
+    for run_id in ("free", "contended", "taken"):
+        await store.create_run(_run(run_id))
+    conns = [await _holding(store, "contended"), await _holding(store, "taken")]
+    try:
+        batch = asyncio.ensure_future(
+            store.start_turns(["free", "contended", "taken"], "me", NOW, NOW + LEASE, WAKEABLE)
+        )
+        await _until_blocked(store, conns[0][0])
+        await _until_blocked(store, conns[1][0])
+        assert not batch.done()
+        # one holder lets go unchanged; the other leased its run meanwhile
+        await conns[1][0].execute(
+            "UPDATE durably_runs SET status = 'running', locked_by = 'other', "
+            "locked_until = $1 WHERE id = 'taken'",
+            NOW + LEASE,
+        )
+        for _, held in conns:
+            await held.commit()
+        turns = await batch
+    finally:
+        for conn, _ in conns:
+            await conn.close()
+
+    assert sorted(turns) == ["contended", "free"]
+    taken = await store.get_run("taken")
+    assert taken is not None and taken.locked_by == "other"
+
+
+async def test_claims_and_recoveries_pass_over_a_locked_row_for_the_next_pass(
+    store: PostgresStore,
+) -> None:
+    await store.create_run(_run("due-1", RunStatus.SUSPENDED, wake_at=NOW - 1))
+    await store.create_run(_run("due-2", RunStatus.SUSPENDED, wake_at=NOW - 1))
+    for run_id in ("orphan-1", "orphan-2"):
+        await store.create_run(_run(run_id, RunStatus.RUNNING, locked_by="x", locked_until=NOW - 1))
+    conns = [await _holding(store, "due-2"), await _holding(store, "orphan-2")]
+    try:
+        assert await store.claim_due_batch(["due-1", "due-2"], NOW, NOW + LEASE) == ["due-1"]
+        recovered = await store.recover_orphans(["orphan-1", "orphan-2"], NOW, 3)
+        assert recovered == {"orphan-1": RunStatus.PENDING}
+    finally:
+        for conn, tx in conns:
+            await tx.rollback()
+            await conn.close()
+
+    assert await store.list_due(NOW, 10) == ["due-2"]
+    assert await store.claim_due_batch(["due-1", "due-2"], NOW, NOW + LEASE) == ["due-2"]
+    assert await store.list_orphans(NOW, 10) == ["orphan-2"]
+    assert await store.recover_orphans(["orphan-2"], NOW, 3) == {"orphan-2": RunStatus.PENDING}
