@@ -17,7 +17,8 @@ from typing import Any
 import asyncpg
 import pytest
 
-from durably.model import Run, RunStatus
+from durably.model import Checkpoint, CheckpointStatus, Run, RunStatus
+from durably.stores.base import RunChanges, SettleResult
 from durably.stores.postgres import PostgresStore
 
 NOW = 1_700_000_000_000
@@ -125,3 +126,52 @@ async def test_claims_and_recoveries_pass_over_a_locked_row_for_the_next_pass(
     assert await store.claim_due_batch(["due-1", "due-2"], NOW, NOW + LEASE) == ["due-2"]
     assert await store.list_orphans(NOW, 10) == ["orphan-2"]
     assert await store.recover_orphans(["orphan-2"], NOW, 3) == {"orphan-2": RunStatus.PENDING}
+
+
+# -- a run's last result and its terminal settle, committed together ----------------------
+
+OWNER = "engine-a"
+
+
+async def _leased_run(store: PostgresStore, run_id: str) -> None:
+    run = Run(run_id, "w", "1", RunStatus.RUNNING, input=1, locked_by=OWNER)
+    run.locked_until, run.created_at, run.updated_at = NOW + LEASE, NOW, NOW
+    assert (await store.create_run(run))[1]
+
+
+def _result(run_id: str, seq: int) -> Checkpoint:
+    return Checkpoint(
+        run_id, seq, "s", "local", CheckpointStatus.COMPLETED, output={"v": seq}, attempts=1
+    )
+
+
+async def test_a_last_result_and_its_settle_in_one_batch_both_land(store: PostgresStore) -> None:
+    await _leased_run(store, "r")
+    waiting = Checkpoint("r", 0, "signal:t", "signal", CheckpointStatus.PENDING)
+    assert await store.wait_signal(waiting, "t", OWNER, NOW) is not None
+    # Queued together, as a turn's last step result and its outcome are.
+    saved = store.save_checkpoint(_result("r", 1), OWNER)
+    settled = store.settle_run("r", OWNER, RunStatus.COMPLETED, RunChanges(output=7), NOW + 1)
+    assert await saved is True
+    assert await settled is SettleResult.SETTLED
+    run = await store.get_run("r")
+    assert run is not None and run.status is RunStatus.COMPLETED and run.output == 7
+    assert run.locked_by is None and run.locked_until is None and run.updated_at == NOW + 1
+    history = await store.load_checkpoints("r")
+    assert history[1].status is CheckpointStatus.COMPLETED and history[1].output == {"v": 1}
+    assert await store.send_signal("t", "late", NOW + 2) is None  # the waiter went with the run
+
+
+async def test_a_last_result_and_its_settle_are_fenced_together(store: PostgresStore) -> None:
+    await _leased_run(store, "r")
+    taken = await store.update_run_if(
+        "r", frozenset({RunStatus.RUNNING}), {"locked_by": "engine-b"}, NOW
+    )
+    assert taken
+    saved = store.save_checkpoint(_result("r", 0), OWNER)
+    settled = store.settle_run("r", OWNER, RunStatus.COMPLETED, RunChanges(output=7), NOW + 1)
+    assert await saved is False
+    assert await settled is SettleResult.LOST
+    run = await store.get_run("r")
+    assert run is not None and run.status is RunStatus.RUNNING and run.locked_by == "engine-b"
+    assert await store.load_checkpoints("r") == {}

@@ -87,6 +87,44 @@ _BATCH = """
     SELECT id, NULL, (SELECT pg_notify($28, 'settled:' || id)) IS NULL FROM settled
 """
 
+# The latency path: a lone run's last result and its terminal settle. Plain
+# parameters instead of one array per column, and the settle's own lease check
+# fences the checkpoint (a terminal settle succeeds exactly when the lease is
+# held), so there is nothing to lock first. Same effect as _BATCH for this case.
+_FINAL = """
+    WITH settled AS (
+        UPDATE durably_runs SET status = $20::text, output = $21::text, error = $22::text,
+            wake_at = $23::bigint, locked_by = NULL, locked_until = NULL,
+            updated_at = $24::bigint
+        WHERE id = $1::text AND status = 'running' AND locked_by = $19::text
+        RETURNING id
+    ), saved AS (
+        INSERT INTO durably_checkpoints (run_id, seq, name, kind, status, input, output, error,
+            attempts, wake_at, started_at, finished_at, parallel_group, dispatched_at,
+            redispatches, queue, last_heartbeat_at, progress)
+        SELECT $1::text, $2::integer, $3::text, $4::text, $5::text, $6::text, $7::text,
+            $8::text, $9::integer, $10::bigint, $11::bigint, $12::bigint, $13::text,
+            $14::bigint, $15::integer, $16::text, $17::bigint, $18::text
+        FROM settled
+        ON CONFLICT (run_id, seq) DO UPDATE SET
+            name = excluded.name, kind = excluded.kind, status = excluded.status,
+            input = excluded.input, output = excluded.output, error = excluded.error,
+            attempts = excluded.attempts, wake_at = excluded.wake_at,
+            started_at = excluded.started_at, finished_at = excluded.finished_at,
+            parallel_group = excluded.parallel_group, dispatched_at = excluded.dispatched_at,
+            redispatches = excluded.redispatches, queue = excluded.queue,
+            last_heartbeat_at = greatest(
+                excluded.last_heartbeat_at, durably_checkpoints.last_heartbeat_at),
+            progress = coalesce(excluded.progress, durably_checkpoints.progress)
+        WHERE durably_checkpoints.status <> 'completed'
+    ), cleared AS (
+        DELETE FROM durably_signal_waiters WHERE run_id IN (SELECT id FROM settled)
+    ), cleared_events AS (
+        DELETE FROM durably_event_waiters WHERE run_id IN (SELECT id FROM settled)
+    )
+    SELECT (SELECT pg_notify($25, 'settled:' || id)) IS NULL FROM settled
+"""
+
 _STILL_HELD = """
     SELECT r.id FROM durably_runs r
     JOIN unnest($1::text[], $2::text[]) AS v(id, owner) ON r.id = v.id
@@ -207,6 +245,14 @@ class PgWriteBatcher:
         settles: list[tuple[tuple[Any, ...], asyncio.Future[SettleResult]]],
     ) -> tuple[set[tuple[str, int]], list[SettleResult]]:
         cp_rows = [row for row, _ in checkpoints.values()]
+        if len(cp_rows) == 1 and len(settles) == 1:
+            row, settle = cp_rows[0], settles[0][0]
+            # (run_id, owner) of the checkpoint and the settle; a terminal settle
+            if (row[0], row[18]) == (settle[0], settle[1]) and settle[7]:
+                done = await conn.fetchval(_FINAL, *row, *settle[2:7], self._channel)
+                if done is None:
+                    return set(), [SettleResult.LOST]
+                return {(row[0], row[1])}, [SettleResult.SETTLED]
         # A run settles once per turn, and a turn awaits its settle; should one
         # appear twice anyway, only its first settle goes in the statement.
         first: dict[str, tuple[Any, ...]] = {}
