@@ -163,6 +163,9 @@ class PostgresStore:
     ``schema`` (or ``?schema=`` in the URL) keeps the tables in that schema;
     ``min_size`` / ``max_size`` size the connection pool; any other keyword
     goes to :func:`asyncpg.create_pool` (``ssl=``, ``command_timeout=`` …).
+    Pooled connections use generic plans (``plan_cache_mode``
+    ``force_generic_plan``); ``server_settings={"plan_cache_mode": "auto"}``
+    restores PostgreSQL's default.
     """
 
     def __init__(
