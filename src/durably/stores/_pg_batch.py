@@ -23,6 +23,7 @@ from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 from ..model import TERMINAL_STATUSES, RunStatus
+from ._pg_sql import CP_COLUMNS, CP_PARAMS, CP_UPSERT_TAIL
 from .base import SettleResult
 
 __all__ = ["PgWriteBatcher"]
@@ -33,7 +34,7 @@ _log = logging.getLogger("durably.stores.postgres")
 # checkpoints are fenced by the leases as they were before the settles in the
 # same batch release them; FOR SHARE makes a concurrent takeover wait and
 # re-checks the lease against the row it committed.
-_BATCH = """
+_BATCH = f"""
     WITH v AS (
         SELECT * FROM unnest(
             $1::text[], $2::integer[], $3::text[], $4::text[], $5::text[], $6::text[],
@@ -47,23 +48,9 @@ _BATCH = """
         SELECT v.* FROM v JOIN durably_runs r ON r.id = v.run_id AND r.locked_by = v.owner
         FOR SHARE OF r
     ), saved AS (
-        INSERT INTO durably_checkpoints (run_id, seq, name, kind, status, input, output, error,
-            attempts, wake_at, started_at, finished_at, parallel_group, dispatched_at,
-            redispatches, queue, last_heartbeat_at, progress)
-        SELECT run_id, seq, name, kind, status, input, output, error, attempts, wake_at,
-            started_at, finished_at, parallel_group, dispatched_at, redispatches, queue,
-            last_heartbeat_at, progress FROM held
-        ON CONFLICT (run_id, seq) DO UPDATE SET
-            name = excluded.name, kind = excluded.kind, status = excluded.status,
-            input = excluded.input, output = excluded.output, error = excluded.error,
-            attempts = excluded.attempts, wake_at = excluded.wake_at,
-            started_at = excluded.started_at, finished_at = excluded.finished_at,
-            parallel_group = excluded.parallel_group, dispatched_at = excluded.dispatched_at,
-            redispatches = excluded.redispatches, queue = excluded.queue,
-            last_heartbeat_at = greatest(
-                excluded.last_heartbeat_at, durably_checkpoints.last_heartbeat_at),
-            progress = coalesce(excluded.progress, durably_checkpoints.progress)
-        WHERE durably_checkpoints.status <> 'completed'
+        INSERT INTO durably_checkpoints ({CP_COLUMNS})
+        SELECT {CP_COLUMNS} FROM held
+        {CP_UPSERT_TAIL}
     ), s AS (
         SELECT * FROM unnest($20::text[], $21::text[], $22::text[], $23::text[], $24::text[],
                              $25::bigint[], $26::bigint[], $27::boolean[])
@@ -91,7 +78,7 @@ _BATCH = """
 # parameters instead of one array per column, and the settle's own lease check
 # fences the checkpoint (a terminal settle succeeds exactly when the lease is
 # held), so there is nothing to lock first. Same effect as _BATCH for this case.
-_FINAL = """
+_FINAL = f"""
     WITH settled AS (
         UPDATE durably_runs SET status = $20::text, output = $21::text, error = $22::text,
             wake_at = $23::bigint, locked_by = NULL, locked_until = NULL,
@@ -99,24 +86,10 @@ _FINAL = """
         WHERE id = $1::text AND status = 'running' AND locked_by = $19::text
         RETURNING id
     ), saved AS (
-        INSERT INTO durably_checkpoints (run_id, seq, name, kind, status, input, output, error,
-            attempts, wake_at, started_at, finished_at, parallel_group, dispatched_at,
-            redispatches, queue, last_heartbeat_at, progress)
-        SELECT $1::text, $2::integer, $3::text, $4::text, $5::text, $6::text, $7::text,
-            $8::text, $9::integer, $10::bigint, $11::bigint, $12::bigint, $13::text,
-            $14::bigint, $15::integer, $16::text, $17::bigint, $18::text
+        INSERT INTO durably_checkpoints ({CP_COLUMNS})
+        SELECT {CP_PARAMS}
         FROM settled
-        ON CONFLICT (run_id, seq) DO UPDATE SET
-            name = excluded.name, kind = excluded.kind, status = excluded.status,
-            input = excluded.input, output = excluded.output, error = excluded.error,
-            attempts = excluded.attempts, wake_at = excluded.wake_at,
-            started_at = excluded.started_at, finished_at = excluded.finished_at,
-            parallel_group = excluded.parallel_group, dispatched_at = excluded.dispatched_at,
-            redispatches = excluded.redispatches, queue = excluded.queue,
-            last_heartbeat_at = greatest(
-                excluded.last_heartbeat_at, durably_checkpoints.last_heartbeat_at),
-            progress = coalesce(excluded.progress, durably_checkpoints.progress)
-        WHERE durably_checkpoints.status <> 'completed'
+        {CP_UPSERT_TAIL}
     ), cleared AS (
         DELETE FROM durably_signal_waiters WHERE run_id IN (SELECT id FROM settled)
     ), cleared_events AS (

@@ -37,6 +37,9 @@ from ..model import TERMINAL_STATUSES, Checkpoint, CheckpointStatus, ErrorInfo, 
 from ._match import match_index, project
 from ._pg_batch import PgWriteBatcher, settle_params
 from ._pg_messages import PgMessageQueue
+from ._pg_sql import CP_COLUMNS as _CP_COLUMNS
+from ._pg_sql import CP_PARAMS as _CP_PARAMS
+from ._pg_sql import CP_UPSERT_TAIL as _CP_UPSERT_TAIL
 from ._postgres_schema import MIGRATIONS
 from ._schedule_rows import SCHEDULE_COLUMNS, check_schedule_changes
 from ._shared import (
@@ -103,33 +106,9 @@ _START_TURN = (
     f"RETURNING {_SELECT_RUN}) "
     f"SELECT r.*, {_HISTORY} AS history FROM r"
 )
-_CP_COLUMNS = (
-    "run_id, seq, name, kind, status, input, output, error, attempts, wake_at, "
-    "started_at, finished_at, parallel_group, dispatched_at, redispatches, queue, "
-    "last_heartbeat_at, progress"
-)
 # Read with the checkpoint, written only by a resolve: never in a save's upsert,
 # so a save keeps the events a result stored.
 _CP_SELECT = f"{_CP_COLUMNS}, events"
-_CP_PARAMS = (
-    "$1::text, $2::integer, $3::text, $4::text, $5::text, $6::text, $7::text, $8::text, "
-    "$9::integer, $10::bigint, $11::bigint, $12::bigint, $13::text, $14::bigint, "
-    "$15::integer, $16::text, $17::bigint, $18::text"
-)
-# A heartbeat recorded meanwhile (by any instance) is never lost to a save.
-_CP_UPSERT_TAIL = """
-    ON CONFLICT (run_id, seq) DO UPDATE SET
-        name = excluded.name, kind = excluded.kind, status = excluded.status,
-        input = excluded.input, output = excluded.output, error = excluded.error,
-        attempts = excluded.attempts, wake_at = excluded.wake_at,
-        started_at = excluded.started_at, finished_at = excluded.finished_at,
-        parallel_group = excluded.parallel_group, dispatched_at = excluded.dispatched_at,
-        redispatches = excluded.redispatches, queue = excluded.queue,
-        last_heartbeat_at = greatest(
-            excluded.last_heartbeat_at, durably_checkpoints.last_heartbeat_at),
-        progress = coalesce(excluded.progress, durably_checkpoints.progress)
-    WHERE durably_checkpoints.status <> 'completed'
-"""
 _UPSERT_CHECKPOINT = (
     f"INSERT INTO durably_checkpoints ({_CP_COLUMNS}) VALUES ({_CP_PARAMS}) {_CP_UPSERT_TAIL}"
 )

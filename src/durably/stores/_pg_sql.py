@@ -1,0 +1,31 @@
+"""SQL fragments the PostgreSQL store and its write batcher share: one
+checkpoint row's columns, its parameters, and the upsert rule."""
+
+from __future__ import annotations
+
+__all__ = ["CP_COLUMNS", "CP_PARAMS", "CP_UPSERT_TAIL"]
+
+CP_COLUMNS = (
+    "run_id, seq, name, kind, status, input, output, error, attempts, wake_at, "
+    "started_at, finished_at, parallel_group, dispatched_at, redispatches, queue, "
+    "last_heartbeat_at, progress"
+)
+CP_PARAMS = (
+    "$1::text, $2::integer, $3::text, $4::text, $5::text, $6::text, $7::text, $8::text, "
+    "$9::integer, $10::bigint, $11::bigint, $12::bigint, $13::text, $14::bigint, "
+    "$15::integer, $16::text, $17::bigint, $18::text"
+)
+# A heartbeat recorded meanwhile (by any instance) is never lost to a save.
+CP_UPSERT_TAIL = """
+    ON CONFLICT (run_id, seq) DO UPDATE SET
+        name = excluded.name, kind = excluded.kind, status = excluded.status,
+        input = excluded.input, output = excluded.output, error = excluded.error,
+        attempts = excluded.attempts, wake_at = excluded.wake_at,
+        started_at = excluded.started_at, finished_at = excluded.finished_at,
+        parallel_group = excluded.parallel_group, dispatched_at = excluded.dispatched_at,
+        redispatches = excluded.redispatches, queue = excluded.queue,
+        last_heartbeat_at = greatest(
+            excluded.last_heartbeat_at, durably_checkpoints.last_heartbeat_at),
+        progress = coalesce(excluded.progress, durably_checkpoints.progress)
+    WHERE durably_checkpoints.status <> 'completed'
+"""
