@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .. import codec
@@ -161,4 +161,30 @@ def completed_params(cp: Checkpoint, payload_text: str | None, now: int) -> tupl
         now,
         cp.group,
         *_dispatch_params(cp),
+    )
+
+
+def checkpoint_from_row(row: Sequence[Any]) -> Checkpoint:
+    """A checkpoint from its columns in the order both SQL stores select them:
+    the upserted columns (see :func:`checkpoint_params`), then ``events``."""
+    return Checkpoint(
+        run_id=row[0],
+        seq=row[1],
+        name=row[2],
+        kind=row[3],
+        status=CheckpointStatus(row[4]),
+        input=codec.loads(row[5]),
+        output=codec.loads(row[6]),
+        error=codec.loads(row[7]),
+        attempts=row[8],
+        wake_at=row[9],
+        started_at=row[10],
+        finished_at=row[11],
+        group=row[12],
+        dispatched_at=row[13],
+        redispatches=row[14],
+        queue=row[15],
+        last_heartbeat_at=row[16],
+        progress=codec.loads(row[17]),
+        events=codec.loads(row[18]),
     )

@@ -45,6 +45,7 @@ from ._schedule_rows import SCHEDULE_COLUMNS, check_schedule_changes
 from ._shared import (
     JSON_RUN_COLUMNS,
     check_run_changes,
+    checkpoint_from_row,
     checkpoint_params,
     completed_params,
     dead_error,
@@ -829,7 +830,7 @@ class PostgresStore:
             f"SELECT {_CP_SELECT} FROM durably_checkpoints WHERE run_id = $1 ORDER BY seq",
             run_id,
         )
-        return {row["seq"]: _row_to_checkpoint(row) for row in rows}
+        return {row["seq"]: checkpoint_from_row(row) for row in rows}
 
     def save_checkpoint(self, checkpoint: Checkpoint, owner: str) -> asyncio.Future[bool]:
         """Upsert under the lease (never replacing a completed checkpoint),
@@ -979,7 +980,7 @@ class PostgresStore:
             run_id,
             seq,
         )
-        return _row_to_checkpoint(row) if row is not None else None
+        return checkpoint_from_row(row) if row is not None else None
 
     async def record_heartbeat(self, run_id: str, seq: int, at: int, progress: Any) -> bool:
         """Keep the later heartbeat (and its progress) on a pending checkpoint."""
@@ -1371,7 +1372,7 @@ async def _time_out_wait(
         seq,
     )
     if row is not None and row["status"] == CheckpointStatus.COMPLETED.value:
-        return _row_to_checkpoint(row)
+        return checkpoint_from_row(row)
     await conn.execute(forget_waiter, *waiter_params)
     await conn.execute(
         "UPDATE durably_checkpoints SET status = 'failed', error = $1, finished_at = $2 "
@@ -1427,32 +1428,9 @@ def _flow_lock(queue: str) -> str:
 
 
 def _history(run_id: str, text: str) -> dict[int, Checkpoint]:
-    """Decode what :data:`_HISTORY` selected."""
-    history: dict[int, Checkpoint] = {}
-    for item in codec.loads(text):
-        checkpoint = Checkpoint(
-            run_id=run_id,
-            seq=item[0],
-            name=item[1],
-            kind=item[2],
-            status=CheckpointStatus(item[3]),
-            input=codec.loads(item[4]),
-            output=codec.loads(item[5]),
-            error=codec.loads(item[6]),
-            attempts=item[7],
-            wake_at=item[8],
-            started_at=item[9],
-            finished_at=item[10],
-            group=item[11],
-            dispatched_at=item[12],
-            redispatches=item[13],
-            queue=item[14],
-            last_heartbeat_at=item[15],
-            progress=codec.loads(item[16]),
-            events=codec.loads(item[17]),
-        )
-        history[checkpoint.seq] = checkpoint
-    return history
+    """Decode what :data:`_HISTORY` selected (each item the checkpoint's
+    columns after ``run_id``)."""
+    return {item[0]: checkpoint_from_row((run_id, *item)) for item in codec.loads(text)}
 
 
 _WAKE_RUN = (
@@ -1631,28 +1609,4 @@ def _row_to_run(row: Any) -> Run:
         updated_at=row["updated_at"],
         parent_seq=row["parent_seq"],
         cancel_requested=row["cancel_requested"],
-    )
-
-
-def _row_to_checkpoint(row: Any) -> Checkpoint:
-    return Checkpoint(
-        run_id=row["run_id"],
-        seq=row["seq"],
-        name=row["name"],
-        kind=row["kind"],
-        status=CheckpointStatus(row["status"]),
-        input=codec.loads(row["input"]),
-        output=codec.loads(row["output"]),
-        error=codec.loads(row["error"]),
-        attempts=row["attempts"],
-        wake_at=row["wake_at"],
-        started_at=row["started_at"],
-        finished_at=row["finished_at"],
-        group=row["parallel_group"],
-        dispatched_at=row["dispatched_at"],
-        redispatches=row["redispatches"],
-        queue=row["queue"],
-        last_heartbeat_at=row["last_heartbeat_at"],
-        progress=codec.loads(row["progress"]),
-        events=codec.loads(row["events"]),
     )

@@ -23,6 +23,7 @@ from ._schedule_rows import SCHEDULE_COLUMNS, check_schedule_changes
 from ._shared import (
     JSON_RUN_COLUMNS,
     check_run_changes,
+    checkpoint_from_row,
     checkpoint_params,
     completed_params,
     dead_error,
@@ -246,14 +247,7 @@ class SqliteStore:
         self, run_id: str, owner: str, now: int, lease_until: int, statuses: frozenset[RunStatus]
     ) -> Run | None:
         """Lease the run if its status allows and nobody else holds it."""
-        marks = ",".join("?" * len(statuses))
-        sql = (
-            "UPDATE durably_runs SET status = 'running', locked_by = ?, locked_until = ?, "
-            "wake_requested_at = NULL, wake_at = NULL, updated_at = ? "
-            f"WHERE id = ? AND status IN ({marks}) "
-            "AND (locked_by IS NULL OR locked_until IS NULL OR locked_until < ?) "
-            f"RETURNING {_RUN_COLUMNS}"
-        )
+        sql = _lease_statement(len(statuses))
         params = [owner, lease_until, now, run_id, *(s.value for s in statuses), now]
 
         def op(conn: sqlite3.Connection) -> Run | None:
@@ -266,27 +260,8 @@ class SqliteStore:
         self, run_id: str, owner: str, now: int, lease_until: int, statuses: frozenset[RunStatus]
     ) -> tuple[Run, dict[int, Checkpoint]] | None:
         """Lease the run and load its history in one batch."""
-        marks = ",".join("?" * len(statuses))
-        sql = (
-            "UPDATE durably_runs SET status = 'running', locked_by = ?, locked_until = ?, "
-            "wake_requested_at = NULL, wake_at = NULL, updated_at = ? "
-            f"WHERE id = ? AND status IN ({marks}) "
-            "AND (locked_by IS NULL OR locked_until IS NULL OR locked_until < ?) "
-            f"RETURNING {_RUN_COLUMNS}"
-        )
-        params = [owner, lease_until, now, run_id, *(s.value for s in statuses), now]
-
-        def op(conn: sqlite3.Connection) -> tuple[Run, dict[int, Checkpoint]] | None:
-            row = conn.execute(sql, params).fetchone()
-            if row is None:
-                return None
-            rows = conn.execute(
-                f"SELECT {_CP_SELECT} FROM durably_checkpoints WHERE run_id = ? ORDER BY seq",
-                (run_id,),
-            )
-            return _row_to_run(row), {r[1]: _row_to_checkpoint(r) for r in rows}
-
-        return await self._db.run(op)
+        leased = await self.start_turns([run_id], owner, now, lease_until, statuses)
+        return leased.get(run_id)
 
     async def start_turns(
         self,
@@ -300,14 +275,7 @@ class SqliteStore:
         thread and one transaction for the whole batch."""
         if not run_ids:
             return {}
-        marks = ",".join("?" * len(statuses))
-        sql = (
-            "UPDATE durably_runs SET status = 'running', locked_by = ?, locked_until = ?, "
-            "wake_requested_at = NULL, wake_at = NULL, updated_at = ? "
-            f"WHERE id = ? AND status IN ({marks}) "
-            "AND (locked_by IS NULL OR locked_until IS NULL OR locked_until < ?) "
-            f"RETURNING {_RUN_COLUMNS}"
-        )
+        sql = _lease_statement(len(statuses))
         values = [s.value for s in statuses]
 
         def op(conn: sqlite3.Connection) -> dict[str, tuple[Run, dict[int, Checkpoint]]]:
@@ -320,7 +288,7 @@ class SqliteStore:
                     f"SELECT {_CP_SELECT} FROM durably_checkpoints WHERE run_id = ? ORDER BY seq",
                     (run_id,),
                 )
-                leased[run_id] = _row_to_run(row), {r[1]: _row_to_checkpoint(r) for r in rows}
+                leased[run_id] = _row_to_run(row), {r[1]: checkpoint_from_row(r) for r in rows}
             return leased
 
         return await self._db.run(op)
@@ -574,7 +542,7 @@ class SqliteStore:
                 f"SELECT {_CP_SELECT} FROM durably_checkpoints WHERE run_id = ? ORDER BY seq",
                 (run_id,),
             )
-            return {row[1]: _row_to_checkpoint(row) for row in rows}
+            return {row[1]: checkpoint_from_row(row) for row in rows}
 
         return await self._db.run(op)
 
@@ -658,7 +626,7 @@ class SqliteStore:
                 f"SELECT {_CP_SELECT} FROM durably_checkpoints WHERE run_id = ? AND seq = ?",
                 (run_id, seq),
             ).fetchone()
-            return _row_to_checkpoint(row) if row else None
+            return checkpoint_from_row(row) if row else None
 
         return await self._db.run(op)
 
@@ -1017,7 +985,7 @@ def _time_out_wait(
         (run_id, seq),
     ).fetchone()
     if row is not None and row[4] == CheckpointStatus.COMPLETED.value:
-        return _row_to_checkpoint(row)
+        return checkpoint_from_row(row)
     conn.execute(forget_waiter, waiter_params)
     conn.execute(
         "UPDATE durably_checkpoints SET status = 'failed', error = ?, finished_at = ? "
@@ -1327,32 +1295,21 @@ def _row_to_run(row: tuple[Any, ...]) -> Run:
     )
 
 
+def _lease_statement(statuses: int) -> str:
+    """Lease one run (parameters: owner, lease_until, now, id, ``statuses``
+    statuses, now) if its status allows and nobody else holds it."""
+    marks = ",".join("?" * statuses)
+    return (
+        "UPDATE durably_runs SET status = 'running', locked_by = ?, locked_until = ?, "
+        "wake_requested_at = NULL, wake_at = NULL, updated_at = ? "
+        f"WHERE id = ? AND status IN ({marks}) "
+        "AND (locked_by IS NULL OR locked_until IS NULL OR locked_until < ?) "
+        f"RETURNING {_RUN_COLUMNS}"
+    )
+
+
 def _fetch_run(conn: sqlite3.Connection, run_id: str) -> Run | None:
     row = conn.execute(
         f"SELECT {_RUN_COLUMNS} FROM durably_runs WHERE id = ?", (run_id,)
     ).fetchone()
     return _row_to_run(row) if row else None
-
-
-def _row_to_checkpoint(row: tuple[Any, ...]) -> Checkpoint:
-    return Checkpoint(
-        run_id=row[0],
-        seq=row[1],
-        name=row[2],
-        kind=row[3],
-        status=CheckpointStatus(row[4]),
-        input=codec.loads(row[5]),
-        output=codec.loads(row[6]),
-        error=codec.loads(row[7]),
-        attempts=row[8],
-        wake_at=row[9],
-        started_at=row[10],
-        finished_at=row[11],
-        group=row[12],
-        dispatched_at=row[13],
-        redispatches=row[14],
-        queue=row[15],
-        last_heartbeat_at=row[16],
-        progress=codec.loads(row[17]),
-        events=codec.loads(row[18]),
-    )
