@@ -41,3 +41,24 @@ async def test_calls_after_stop_fail_clearly(tmp_path: Path) -> None:
     await db.stop()
     with pytest.raises(RuntimeError, match="closed"):
         await db.run(lambda c: None)
+
+
+async def test_stores_opening_a_new_file_together_all_open(tmp_path: Path) -> None:
+    """Four connections switching one new file to WAL at once: SQLite fails
+    some of them with "database is locked" despite busy_timeout (about one
+    round in eight before the retry); every one must open."""
+    for round_number in range(40):
+        path = str(tmp_path / f"new-{round_number}.db")
+        threads = [SqliteThread(path) for _ in range(4)]
+        try:
+            await asyncio.gather(*(asyncio.to_thread(db.start) for db in threads))
+            modes = await asyncio.gather(
+                *(
+                    db.run(lambda c: c.execute("PRAGMA journal_mode").fetchone()[0])
+                    for db in threads
+                )
+            )
+            assert modes == ["wal"] * 4
+        finally:
+            for db in threads:
+                await db.stop()

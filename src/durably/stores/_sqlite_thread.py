@@ -16,6 +16,7 @@ import contextlib
 import queue
 import sqlite3
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -78,7 +79,20 @@ class SqliteThread:
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
         conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout_ms)}")
-        conn.execute("PRAGMA journal_mode = WAL")
+        # Processes opening a new file together race to switch it to WAL, and
+        # SQLite answers the loser "database is locked" at once, busy_timeout
+        # or not (about one start in eight with four openers): retry it here
+        # for as long as busy_timeout would have waited.
+        deadline = time.monotonic() + self._busy_timeout_ms / 1000
+        while True:
+            try:
+                conn.execute("PRAGMA journal_mode = WAL")
+                break
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() >= deadline:
+                    conn.close()
+                    raise
+                time.sleep(0.005)
         # NORMAL in WAL mode never corrupts the database; a power loss may drop
         # the last commits, a process crash (what durably guards against) loses nothing.
         conn.execute("PRAGMA synchronous = NORMAL")
