@@ -474,8 +474,12 @@ async def test_execution_timeout_cancels_children_too(
 async def test_a_compensating_cancel_waits_on_nothing_new(make_engine: EngineFactory) -> None:
     """The unwinding turn replays history only: a wait it reaches for the
     first time (here an event wait after a signal that already arrived)
-    registers nothing and records nothing."""
-    engine = make_engine()
+    registers nothing and records nothing.
+
+    The engine drives turns only when told (``run_one``): a listening store
+    (PostgreSQL) would otherwise hear the signal's wake and resume the run
+    before the cancel, and the unwinding turn would see nothing new."""
+    engine = make_engine(drive=False)
     sender = make_engine(drive=False)
     undone: list[str] = []
 
@@ -487,9 +491,10 @@ async def test_a_compensating_cancel_waits_on_nothing_new(make_engine: EngineFac
 
     await engine.open()
     await engine.start("order", run_id="o")
-    await engine.join()
-    assert await sender.signal("paid") == "o"  # stamped only: no worker loop runs here
+    assert await engine.run_one("o")
+    assert await sender.signal("paid") == "o"  # stamped only: no turn has consumed it
     assert await engine.cancel("o", compensate=True) is RunStatus.SUSPENDED
+    assert await engine.run_one("o")  # the unwinding turn
     result = await engine.wait_for_run("o", terminal=True, timeout=10)
     assert result.status is RunStatus.CANCELLED and undone == ["R"]
     assert [c.name for c in await engine.history("o") if c.seq >= 0] == ["reserve", "signal:paid"]

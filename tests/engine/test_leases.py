@@ -11,7 +11,7 @@ from durably import CheckpointStatus, RunStatus
 from durably.model import Run
 from durably.replay import Turn
 from durably.stores.memory import MemoryStore
-from durably.testing import VirtualClock
+from durably.testing import VirtualClock, eventually
 
 from .conftest import EngineFactory
 
@@ -112,6 +112,14 @@ async def test_a_fenced_turn_writes_nothing(
     await engine.open()
     await engine.start("zombie", run_id="z")
     await asyncio.wait_for(entered.wait(), 10)
+
+    async def running_recorded() -> bool:
+        return [c.status for c in await engine.history("z")] == [CheckpointStatus.RUNNING]
+
+    # The step's ``running`` record is written without being awaited: on a
+    # store with a pool (PostgreSQL) it may still be in flight, and the
+    # takeover below would fence it too. Take over once it is durable.
+    await eventually(running_recorded, what="the step's running record")
     # Another instance takes over after the lease ran out (e.g. a long GC pause here).
     clock_now = clock.now_ms()
     assert await engine.store.update_run_if(
