@@ -92,7 +92,7 @@ async def test_recovery_lists_orphans_only_and_is_bounded(
 
 
 async def test_a_fenced_turn_writes_nothing(
-    make_engine: EngineFactory, clock: VirtualClock
+    make_engine: EngineFactory, clock: VirtualClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A turn whose lease renewal fails (another instance took over) stops
     without writing checkpoints or its outcome."""
@@ -129,7 +129,9 @@ async def test_a_fenced_turn_writes_nothing(
         clock_now,
     )
     clock.advance("5s")  # the renewal fires and fails
-    await asyncio.sleep(0.05)
+    await eventually(
+        lambda: "lost the lease of run z" in caplog.text, what="the renewal to find the takeover"
+    )
     gate.set()
     await engine.join()
     run = await engine.get_run("z")
@@ -158,7 +160,10 @@ async def test_a_turn_needs_a_fenced_write_once_half_its_lease_is_gone() -> None
 class _RenewalsFail(MemoryStore):
     """A store that cannot be reached for lease renewals (a network blip)."""
 
+    renewals = 0
+
     async def renew_lease(self, run_id: str, owner: str, lease_until: int) -> bool:
+        self.renewals += 1
         raise OSError("connection reset")
 
 
@@ -166,7 +171,8 @@ async def test_a_step_after_a_stale_lease_proves_it_before_its_effect(clock: Vir
     """The first step of a turn skips its fenced write only while the lease is
     fresh: once the renewals have failed for half a lease and another
     instance took the run over, the step's effect never happens here."""
-    engine = durably.Engine(_RenewalsFail(), clock=clock, lease="10s")
+    store = _RenewalsFail()
+    engine = durably.Engine(store, clock=clock, lease="10s")
     started, gate = asyncio.Event(), asyncio.Event()
     effects: list[str] = []
 
@@ -181,7 +187,7 @@ async def test_a_step_after_a_stale_lease_proves_it_before_its_effect(clock: Vir
         await engine.start("late-step", run_id="s")
         await asyncio.wait_for(started.wait(), 10)
         clock.advance("6s")  # the renewal fails: the lease is known only until +10 s
-        await asyncio.sleep(0.05)
+        await eventually(lambda: store.renewals == 1, what="the renewal to be tried")
         now = clock.now_ms()
         assert await engine.store.update_run_if(
             "s",
