@@ -18,15 +18,8 @@ from .conftest import EngineFactory
 
 Kind = Literal["signal", "event"]
 
-_SIGNAL = pytest.param(
-    "signal",
-    marks=pytest.mark.xfail(
-        strict=True, reason="the signal wait registers a new wait while unwinding"
-    ),
-)
 
-
-@pytest.mark.parametrize("new_wait", [_SIGNAL, "event"])
+@pytest.mark.parametrize("new_wait", ["signal", "event"])
 async def test_a_compensating_cancel_takes_no_buffered_message_for_a_new_wait(
     make_engine: EngineFactory, new_wait: Kind
 ) -> None:
@@ -71,7 +64,7 @@ async def test_a_compensating_cancel_takes_no_buffered_message_for_a_new_wait(
     assert history == ["reserve", f"{first}:first"]
 
 
-@pytest.mark.parametrize("new_wait", [_SIGNAL, "event"])
+@pytest.mark.parametrize("new_wait", ["signal", "event"])
 async def test_a_compensating_cancel_registers_no_waiter_for_a_new_wait(
     make_engine: EngineFactory, new_wait: Kind
 ) -> None:
