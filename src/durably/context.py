@@ -47,7 +47,6 @@ class WorkflowContext:
 
     def __init__(self, turn: Turn, services: Services, saga: Saga | None = None) -> None:
         self._turn = turn
-        self._services = services
         self._env = TurnEnv(turn, services)
         self._saga = Saga() if saga is None else saga
         self.log = self._env.log
@@ -125,16 +124,16 @@ class WorkflowContext:
             backoff_base,
             backoff_max,
             jitter,
-            default=self._services.default_retry,
+            default=self._env.services.default_retry,
         )
         if compensate is not None and not callable(compensate):
             raise TypeError(f"local step {name!r}: compensate must be callable")
-        track = self._services.track_start if track_start is None else track_start
+        track = self._env.services.track_start if track_start is None else track_start
         seq, recorded = self._turn.allocate(name, "local")
         step = local_step(self._env, seq, name, fn, args, policy, track, recorded)
         if compensate is None:
             return step
-        return self._saga.step(seq, name, compensate, step)
+        return self._saga.with_undo(seq, name, compensate, step)
 
     def side_effect(self, fn: Callable[..., T | Awaitable[T]], *args: Any) -> Awaitable[T]:
         """Run ``fn(*args)`` once and record its value (no retries, no running checkpoint).
@@ -197,10 +196,10 @@ class WorkflowContext:
         if isinstance(step, StepRef):
             name, definition = step.name, step.definition
         elif isinstance(step, str) and step:
-            name, definition = step, self._services.steps.definition(step)
+            name, definition = step, self._env.services.steps.definition(step)
         else:
             raise TypeError("ctx.step takes a step reference or a non-empty step name")
-        base = definition.retry if definition is not None else self._services.default_retry
+        base = definition.retry if definition is not None else self._env.services.default_retry
         policy = RetryPolicy.build(
             retries, backoff, backoff_base, backoff_max, jitter, default=base
         )
@@ -215,7 +214,7 @@ class WorkflowContext:
             else (definition.pickup_timeout_ms if definition else None)
         )
         queue_name = queue if queue is not None else (definition.queue if definition else None)
-        if queue_name is not None and queue_name not in self._services.steps.queues:
+        if queue_name is not None and queue_name not in self._env.services.steps.queues:
             raise ValueError(f"ctx.step: queue {queue_name!r} is not registered on this engine")
         try:
             payload = codec.to_jsonable(input)
@@ -420,7 +419,7 @@ class WorkflowContext:
         return bool(self._saga)
 
     async def _compensate(self) -> list[ErrorInfo]:
-        return await self._saga.compensate(self._turn, self._services)
+        return await self._saga.compensate(self._turn, self._env.services)
 
     # -- control -------------------------------------------------------------------------
 

@@ -45,7 +45,7 @@ class Saga:
         """Whether any undo is registered (the engine unwinds only then)."""
         return bool(self._undos)
 
-    async def step(
+    async def with_undo(
         self, seq: int, name: str, undo: Callable[..., Any], step: Awaitable[Any]
     ) -> Any:
         """Await ``step``; once it completed, register ``undo(output)`` for it."""
