@@ -61,6 +61,7 @@ class StepRunner:
         self._env = env
 
     async def run(self, seq: int, call: StepCall, recorded: Checkpoint | None) -> Any:
+        """Drive the step at ``seq`` from its ``recorded`` checkpoint to a result or a park."""
         turn, services = self._env.turn, self._env.services
         cp = recorded
         while True:

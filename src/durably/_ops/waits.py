@@ -84,11 +84,15 @@ class _Mailbox(Protocol):
         """The error a wait past its deadline raises."""
         ...
 
-    async def register(self, env: TurnEnv, checkpoint: Checkpoint, now: int) -> SignalWait | None:
+    def register(
+        self, env: TurnEnv, checkpoint: Checkpoint, now: int
+    ) -> Awaitable[SignalWait | None]:
         """Take a buffered message or register the waiter (``None``: fenced)."""
         ...
 
-    async def cancel(self, env: TurnEnv, seq: int, error: ErrorInfo, now: int) -> Checkpoint | None:
+    def cancel(
+        self, env: TurnEnv, seq: int, error: ErrorInfo, now: int
+    ) -> Awaitable[Checkpoint | None]:
         """Remove the timed-out waiter, or return the checkpoint a message completed."""
         ...
 
@@ -102,11 +106,15 @@ class _Signal:
     def timed_out(self) -> SignalTimeout:
         return SignalTimeout(self.token)
 
-    async def register(self, env: TurnEnv, checkpoint: Checkpoint, now: int) -> SignalWait | None:
-        return await env.store.wait_signal(checkpoint, self.token, env.turn.owner, now)
+    def register(
+        self, env: TurnEnv, checkpoint: Checkpoint, now: int
+    ) -> Awaitable[SignalWait | None]:
+        return env.store.wait_signal(checkpoint, self.token, env.turn.owner, now)
 
-    async def cancel(self, env: TurnEnv, seq: int, error: ErrorInfo, now: int) -> Checkpoint | None:
-        return await env.store.cancel_signal_wait(env.run_id, seq, self.token, error, now)
+    def cancel(
+        self, env: TurnEnv, seq: int, error: ErrorInfo, now: int
+    ) -> Awaitable[Checkpoint | None]:
+        return env.store.cancel_signal_wait(env.run_id, seq, self.token, error, now)
 
 
 class _Event:
@@ -119,11 +127,15 @@ class _Event:
     def timed_out(self) -> SignalTimeout:
         return EventTimeout(self.name)
 
-    async def register(self, env: TurnEnv, checkpoint: Checkpoint, now: int) -> SignalWait | None:
-        return await env.store.wait_event(checkpoint, self.name, self.match, env.turn.owner, now)
+    def register(
+        self, env: TurnEnv, checkpoint: Checkpoint, now: int
+    ) -> Awaitable[SignalWait | None]:
+        return env.store.wait_event(checkpoint, self.name, self.match, env.turn.owner, now)
 
-    async def cancel(self, env: TurnEnv, seq: int, error: ErrorInfo, now: int) -> Checkpoint | None:
-        return await env.store.cancel_event_wait(env.run_id, seq, self.name, error, now)
+    def cancel(
+        self, env: TurnEnv, seq: int, error: ErrorInfo, now: int
+    ) -> Awaitable[Checkpoint | None]:
+        return env.store.cancel_event_wait(env.run_id, seq, self.name, error, now)
 
 
 def wait_for_signal(
