@@ -18,45 +18,22 @@ and buffers in one atomic store call, both under the event name's lock.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from . import codec
-from .errors import EventTimeout, SchemaValidationError, _TurnClosed
-from .model import Checkpoint, CheckpointStatus
-from .replay import error_info
-from .stores._match import canonical
+from ._ops.waits import check_match, check_name
+from .errors import SchemaValidationError
 
 if TYPE_CHECKING:
-    from .context import WorkflowContext
     from .engine import Engine
 
-__all__ = ["EventRouter", "check_match", "check_name", "event_trigger_run_id", "wait_for_event"]
+__all__ = ["EventRouter", "check_match", "check_name", "event_trigger_run_id"]
 
 
 def event_trigger_run_id(event_id: str, workflow: str) -> str:
     """The id of the run an ``on_event`` trigger starts: ``evt:<event id>:<workflow>``."""
     return f"evt:{event_id}:{workflow}"
-
-
-def check_name(name: str) -> None:
-    """Raise ``ValueError`` unless ``name`` is a usable event name."""
-    if not isinstance(name, str) or not name:
-        raise ValueError("an event name must be a non-empty string")
-
-
-def check_match(match: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    """Validate a ``wait_for_event`` match and return it as JSON data (``None`` if empty)."""
-    if match is None:
-        return None
-    if not isinstance(match, Mapping) or not all(isinstance(k, str) for k in match):
-        raise TypeError("match must be a mapping of top-level keys (str) to values")
-    try:
-        value = codec.to_jsonable(dict(match))
-        canonical(value)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"match cannot be stored as JSON: {exc}") from exc
-    return value if value else None
 
 
 class EventRouter:
@@ -122,59 +99,3 @@ class EventRouter:
                 tags=[f"event:{name}"],
             )
         return delivery.recipients
-
-
-async def wait_for_event(
-    ctx: WorkflowContext,
-    seq: int,
-    name: str,
-    match: dict[str, Any] | None,
-    timeout_ms: int | None,
-    recorded: Checkpoint | None,
-) -> Any:
-    """The body of ``ctx.wait_for_event`` once its position is taken."""
-    turn, services = ctx._turn, ctx._services
-    if recorded is not None:
-        if recorded.status is CheckpointStatus.COMPLETED:
-            return recorded.output
-        if recorded.status is CheckpointStatus.FAILED:
-            raise EventTimeout(name)
-        if turn.unwinding:
-            return await turn.park(seq, None, reconcile=False)
-        deadline = recorded.wake_at
-        now = services.clock.now_ms()
-        if deadline is not None and deadline <= now:
-            with turn.in_flight():
-                await turn.flush()
-                won = await services.store.cancel_event_wait(
-                    ctx.run_id, seq, name, error_info(EventTimeout(name)), now
-                )
-            if won is not None:
-                return won.output
-            raise EventTimeout(name)
-        return await turn.park(seq, deadline, reconcile=True)
-    if turn.unwinding:
-        # A compensating cancel replays history only: nothing new is waited on.
-        return await turn.park(seq, None, reconcile=False)
-    now = services.clock.now_ms()
-    deadline = None if timeout_ms is None else now + timeout_ms
-    checkpoint = Checkpoint(
-        ctx.run_id,
-        seq,
-        f"event:{name}",
-        "event",
-        CheckpointStatus.PENDING,
-        input={"match": match} if match else None,
-        wake_at=deadline,
-        started_at=now,
-    )
-    with turn.in_flight():
-        await turn.flush()
-        result = await services.store.wait_event(checkpoint, name, match, turn.owner, now)
-    if result is None:
-        turn.fenced = True
-        turn.close("fenced")
-        raise _TurnClosed("fenced")
-    if result.delivered:
-        return result.payload
-    return await turn.park(seq, deadline, reconcile=True)
