@@ -24,34 +24,20 @@ import click
 from rich import box
 from rich.table import Table
 
+from ._cli_common import CliError, open_client, store_option
 from ._cli_render import abbreviate, format_time, make_console
 from .engine import Engine
+from .errors import DurablyError
 from .schedules import Schedule, ScheduleNotFound
 
 __all__ = ["schedules", "schedules_table"]
 
 T = TypeVar("T")
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def _store_option(fn: F) -> F:
-    option = click.option(
-        "--store",
-        "store_url",
-        envvar="DURABLY_DATABASE_URL",
-        default="sqlite:///durably.db",
-        show_default=True,
-        show_envvar=True,
-        metavar="URL",
-        help="Store URL: sqlite:///path.db, postgresql://…, memory://, or a SQLite file path.",
-    )
-    return option(fn)
 
 
 def _with_engine(store_url: str, action: Callable[[Engine], Awaitable[T]]) -> T:
     """Run ``action`` on a client engine opened on ``store_url``; an unknown
     schedule becomes a one-line CLI error."""
-    from .cli import CliError, open_client  # imported late: cli imports this module
 
     async def go() -> T:
         async with open_client(store_url) as engine:
@@ -120,7 +106,7 @@ def schedules() -> None:
 
 
 @schedules.command("list")
-@_store_option
+@store_option
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def schedules_list(store_url: str, as_json: bool) -> None:
     """List every schedule (all namespaces) with its state and next window."""
@@ -142,7 +128,7 @@ def schedules_list(store_url: str, as_json: bool) -> None:
 
 
 @schedules.command("pause")
-@_store_option
+@store_option
 @click.argument("name")
 def schedules_pause(store_url: str, name: str) -> None:
     """Stop firing NAME until it is resumed (for every instance, across restarts)."""
@@ -151,7 +137,7 @@ def schedules_pause(store_url: str, name: str) -> None:
 
 
 @schedules.command("resume")
-@_store_option
+@store_option
 @click.argument("name")
 def schedules_resume(store_url: str, name: str) -> None:
     """Fire NAME again from its next window (windows missed while paused are skipped)."""
@@ -160,7 +146,7 @@ def schedules_resume(store_url: str, name: str) -> None:
 
 
 @schedules.command("trigger")
-@_store_option
+@store_option
 @click.argument("name")
 def schedules_trigger(store_url: str, name: str) -> None:
     """Start a run of NAME now, outside its windows (even while paused).
@@ -168,8 +154,6 @@ def schedules_trigger(store_url: str, name: str) -> None:
     The run is queued on the schedule; the next worker pass of the
     application (which has the workflow registered) starts it.
     """
-    from .cli import CliError
-    from .errors import DurablyError
 
     async def trigger(engine: Engine) -> str:
         try:
@@ -184,13 +168,11 @@ def schedules_trigger(store_url: str, name: str) -> None:
 
 
 @schedules.command("remove")
-@_store_option
+@store_option
 @click.argument("name")
 def schedules_remove(store_url: str, name: str) -> None:
     """Delete schedule NAME (runs it started are kept). A schedule declared in
     the application's code comes back when the application starts again."""
     if not _with_engine(store_url, lambda engine: engine.remove_schedule(name)):
-        from .cli import CliError
-
         raise CliError(f"no schedule named {name!r}")
     click.echo(f"removed schedule {name}")

@@ -28,15 +28,23 @@ import signal as signals
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine
-from contextlib import asynccontextmanager
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
-from urllib.parse import urlsplit, urlunsplit
 
 import click
 
 from ._cli_app import AppLoadError, load_engine
+from ._cli_common import (
+    DEFAULT_STORE,
+    EXIT_FAILURE,
+    EXIT_USAGE,
+    CliError,
+    describe,
+    one_line,
+    open_client,
+    store_option,
+)
 from ._cli_render import (
     checkpoint_to_dict,
     make_console,
@@ -44,21 +52,15 @@ from ._cli_render import (
     run_to_dict,
     runs_table,
 )
+from ._cli_schedules import schedules
+from ._urls import redact_url
 from .engine import Engine, RunNotFound
 from .errors import DurablyError
 from .model import RunStatus
-from .stores.sqlite import sqlite_path_from_url
 
 __all__ = ["DEFAULT_STORE", "CliError", "cli", "main"]
 
-DEFAULT_STORE = "sqlite:///durably.db"
-"""The store used when neither ``--store`` nor ``DURABLY_DATABASE_URL`` is given."""
-
-EXIT_FAILURE = 1
-EXIT_USAGE = 2
-
 T = TypeVar("T")
-F = TypeVar("F", bound=Callable[..., Any])
 
 _log = logging.getLogger("durably.cli")
 
@@ -67,101 +69,11 @@ class _StoppedEarly(Exception):
     """A second SIGTERM/SIGINT cut the worker's drain short."""
 
 
-class CliError(click.ClickException):
-    """A failure reported as one line on stderr with ``exit_code``."""
-
-    def __init__(self, message: str, exit_code: int = EXIT_FAILURE) -> None:
-        super().__init__(message)
-        self.status = exit_code
-        """The process exit code (``exit_code`` is a class attribute in click)."""
-
-
 # -- helpers ------------------------------------------------------------------------------
-
-
-def _one_line(text: str) -> str:
-    return " ".join(text.split())
-
-
-def _describe(exc: BaseException) -> str:
-    message = _one_line(str(exc))
-    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
-
-
-def redact_url(url: str) -> str:
-    """``url`` with any password replaced by ``***`` (safe to print or log)."""
-    if "://" not in url:
-        return url
-    try:
-        parts = urlsplit(url)
-        if parts.password is None:
-            return url
-        host = parts.hostname or ""
-        if parts.port is not None:
-            host = f"{host}:{parts.port}"
-        user = parts.username or ""
-        return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
-    except ValueError:
-        return url
 
 
 def _run(coro: Coroutine[Any, Any, T]) -> T:
     return asyncio.run(coro)
-
-
-def store_option(fn: F) -> F:
-    """The ``--store URL`` option (``DURABLY_DATABASE_URL``, default ``sqlite:///durably.db``)."""
-    option = click.option(
-        "--store",
-        "store_url",
-        envvar="DURABLY_DATABASE_URL",
-        default=DEFAULT_STORE,
-        show_default=True,
-        show_envvar=True,
-        metavar="URL",
-        help="Store URL: sqlite:///path.db, postgresql://…, memory://, or a SQLite file path.",
-    )
-    return option(fn)
-
-
-def _sqlite_file(url: str) -> str | None:
-    """The file of a SQLite store URL (``None`` for other stores and ``:memory:``)."""
-    if "://" in url and not url.startswith("sqlite:"):
-        return None
-    try:
-        path = sqlite_path_from_url(url)
-    except ValueError as exc:
-        raise CliError(f"invalid store URL {url!r}: {exc}", EXIT_USAGE) from None
-    return None if path == ":memory:" else path
-
-
-@asynccontextmanager
-async def open_client(store_url: str) -> AsyncIterator[Engine]:
-    """An opened ``Engine(store=store_url, drive=False)`` for client commands.
-
-    It never executes runs. A SQLite file that does not exist is an error here
-    (rather than silently creating an empty database from a mistyped path).
-    """
-    path = _sqlite_file(store_url)
-    if path is not None and not Path(path).exists():  # noqa: ASYNC240 - one stat, before any I/O
-        raise CliError(
-            f"no SQLite database at {path!r} (pass --store URL or set DURABLY_DATABASE_URL)"
-        )
-    try:
-        engine = Engine(store=store_url, drive=False)
-    except ValueError as exc:
-        raise CliError(_one_line(str(exc)), EXIT_USAGE) from None
-    try:
-        await engine.open()
-    except Exception as exc:
-        raise CliError(f"cannot open the store {redact_url(store_url)}: {_describe(exc)}") from None
-    try:
-        yield engine
-    finally:
-        try:
-            await engine.close()
-        except Exception as exc:  # closing must not mask the command's own outcome
-            _log.debug("closing the store failed: %s", exc)
 
 
 def _print_json(data: Any) -> None:
@@ -221,7 +133,7 @@ def runs_list(
                     status=status, workflow=workflow, tag=tag, limit=limit, cursor=cursor
                 )
             except ValueError as exc:
-                raise CliError(_one_line(str(exc)), EXIT_USAGE) from None
+                raise CliError(one_line(str(exc)), EXIT_USAGE) from None
             return page.runs, page.next_cursor
 
     found, next_cursor = _run(go())
@@ -321,7 +233,7 @@ def signal_cmd(store_url: str, token: str, payload: str | None) -> None:
             try:
                 return await engine.signal(token, value)
             except (ValueError, DurablyError) as exc:
-                raise CliError(_one_line(str(exc)), EXIT_USAGE) from None
+                raise CliError(one_line(str(exc)), EXIT_USAGE) from None
 
     receiver = _run(go())
     if receiver is None:
@@ -425,7 +337,7 @@ def worker(
     try:
         engine = load_engine(app_spec)
     except AppLoadError as exc:
-        raise CliError(_one_line(str(exc)), EXIT_USAGE) from None
+        raise CliError(one_line(str(exc)), EXIT_USAGE) from None
     if not engine.drive:
         raise CliError(
             f"{app_spec} was built with drive=False, so it cannot execute runs", EXIT_USAGE
@@ -543,7 +455,7 @@ async def serve(engine: Engine) -> None:
             await engine.start_worker()
         except Exception as exc:
             raise CliError(
-                f"cannot open the store {redact_url(engine.store.url)}: {_describe(exc)}"
+                f"cannot open the store {redact_url(engine.store.url)}: {describe(exc)}"
             ) from None
         _log.info(
             "worker %s serving %s and steps %s on %s (tick every %gs)",
@@ -607,17 +519,11 @@ _NO_ARGS_IS_HELP: type[click.UsageError] = getattr(
 
 
 def _fail(message: str, code: int) -> NoReturn:
-    click.echo(f"durably: error: {_one_line(message)}", err=True)
+    click.echo(f"durably: error: {one_line(message)}", err=True)
     sys.exit(code)
 
 
-def _attach_subcommands() -> None:
-    from ._cli_schedules import schedules
-
-    cli.add_command(schedules)
-
-
-_attach_subcommands()
+cli.add_command(schedules)
 
 
 def main(argv: list[str] | None = None) -> NoReturn:
@@ -639,5 +545,5 @@ def main(argv: list[str] | None = None) -> NoReturn:
     except Exception as exc:
         if os.environ.get("DURABLY_TRACEBACK"):
             raise
-        _fail(f"unexpected {_describe(exc)} (set DURABLY_TRACEBACK=1 for details)", EXIT_FAILURE)
+        _fail(f"unexpected {describe(exc)} (set DURABLY_TRACEBACK=1 for details)", EXIT_FAILURE)
     sys.exit(result if isinstance(result, int) else 0)
