@@ -102,7 +102,7 @@ def evil_db(tmp_path: Path) -> str:
 def test_runs_list_prints_hostile_ids_tags_and_names_as_text(evil_db: str) -> None:
     listed = run_cli("runs", "list", "--store", evil_db)
     assert_inert(listed, "ok-[/x][link=https://evil.example]", "\\x1b[2J", "\\x9b2J", "\\u202e")
-    assert "t[/x][link=https://evil.example]click[/link]" in listed.stdout
+    assert "t[/x][link=https://ev" in listed.stdout  # a tag (cut to fit its column)
     assert "wf[/x]" in listed.stdout
 
 

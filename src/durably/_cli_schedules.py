@@ -16,16 +16,16 @@ run at its next firing pass, since only it has the workflow registered.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 import click
 from rich import box
 from rich.table import Table
+from rich.text import Text
 
 from ._cli_common import CliError, open_client, store_option
-from ._cli_render import abbreviate, format_time, make_console
+from ._cli_render import abbreviate, format_time, json_text, make_console, plain, visible
 from .engine import Engine
 from .errors import DurablyError
 from .schedules import Schedule, ScheduleNotFound
@@ -88,14 +88,14 @@ def schedules_table(found: list[Schedule]) -> Table:
             state += ", catch-up"
         name = s.name if namespaces == {"default"} else f"{s.namespace}/{s.name}"
         table.add_row(
-            name,
-            s.workflow,
-            _when(s),
-            f"[yellow]{state}[/yellow]" if s.paused else state,
+            plain(name),
+            plain(s.workflow),
+            plain(_when(s)),
+            plain(state, style="yellow" if s.paused else ""),
             "-" if s.paused else format_time(s.next_fire_at),
             format_time(s.last_fired_at),
-            s.last_run_id or "-",
-            abbreviate(s.input, 40) if s.input is not None else "",
+            plain(s.last_run_id or "-"),
+            Text(abbreviate(s.input, 40)) if s.input is not None else "",
         )
     return table
 
@@ -116,9 +116,7 @@ def schedules_list(store_url: str, as_json: bool) -> None:
 
     found = _with_engine(store_url, load)
     if as_json:
-        click.echo(
-            json.dumps([s.to_dict() for s in found], indent=2, ensure_ascii=False, default=str)
-        )
+        click.echo(json_text([s.to_dict() for s in found]))
         return
     console = make_console()
     if not found:
@@ -133,7 +131,7 @@ def schedules_list(store_url: str, as_json: bool) -> None:
 def schedules_pause(store_url: str, name: str) -> None:
     """Stop firing NAME until it is resumed (for every instance, across restarts)."""
     _with_engine(store_url, lambda engine: engine.pause_schedule(name))
-    click.echo(f"paused schedule {name}")
+    click.echo(f"paused schedule {visible(name)}")
 
 
 @schedules.command("resume")
@@ -142,7 +140,7 @@ def schedules_pause(store_url: str, name: str) -> None:
 def schedules_resume(store_url: str, name: str) -> None:
     """Fire NAME again from its next window (windows missed while paused are skipped)."""
     resumed = _with_engine(store_url, lambda engine: engine.resume_schedule(name))
-    click.echo(f"resumed schedule {name}; next window {format_time(resumed.next_fire_at)}")
+    click.echo(f"resumed schedule {visible(name)}; next window {format_time(resumed.next_fire_at)}")
 
 
 @schedules.command("trigger")
@@ -164,7 +162,10 @@ def schedules_trigger(store_url: str, name: str) -> None:
             raise CliError(str(exc)) from None
 
     run_id = _with_engine(store_url, trigger)
-    click.echo(f"queued run {run_id} of schedule {name}; a worker starts it on its next pass")
+    click.echo(
+        f"queued run {visible(run_id)} of schedule {visible(name)}; "
+        "a worker starts it on its next pass"
+    )
 
 
 @schedules.command("remove")
@@ -175,4 +176,4 @@ def schedules_remove(store_url: str, name: str) -> None:
     the application's code comes back when the application starts again."""
     if not _with_engine(store_url, lambda engine: engine.remove_schedule(name)):
         raise CliError(f"no schedule named {name!r}")
-    click.echo(f"removed schedule {name}")
+    click.echo(f"removed schedule {visible(name)}")

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
 import click
+from rich.text import Text
 
 from ._cli_app import AppLoadError, load_engine
 from ._cli_common import (
@@ -47,10 +48,12 @@ from ._cli_common import (
 )
 from ._cli_render import (
     checkpoint_to_dict,
+    json_text,
     make_console,
     render_run,
     run_to_dict,
     runs_table,
+    visible,
 )
 from ._cli_schedules import schedules
 from ._urls import redact_url
@@ -72,12 +75,27 @@ class _StoppedEarly(Exception):
 # -- helpers ------------------------------------------------------------------------------
 
 
+class _LogFormatter(logging.Formatter):
+    """Worker log lines whose user values (run ids, names, error messages) cannot
+    drive the terminal: control characters are shown as escapes, and a message
+    cannot start a forged log line (only a traceback keeps its newlines)."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return visible(super().formatMessage(record))
+
+    def formatException(self, ei: Any) -> str:
+        return visible(super().formatException(ei), keep="\n")
+
+    def formatStack(self, stack_info: str) -> str:
+        return visible(super().formatStack(stack_info), keep="\n")
+
+
 def _run(coro: Coroutine[Any, Any, T]) -> T:
     return asyncio.run(coro)
 
 
 def _print_json(data: Any) -> None:
-    click.echo(json.dumps(data, indent=2, ensure_ascii=False, default=str))
+    click.echo(json_text(data))
 
 
 # -- the command group --------------------------------------------------------------------
@@ -146,8 +164,9 @@ def runs_list(
         return
     console.print(runs_table(found))
     if next_cursor:
-        console.print(f"next cursor: {next_cursor}")
-        console.print(f"[dim](more runs: add --cursor {next_cursor})[/dim]")
+        cursor_text = visible(next_cursor)
+        console.print(Text(f"next cursor: {cursor_text}"))
+        console.print(Text(f"(more runs: add --cursor {cursor_text})", style="dim"))
     else:
         console.print(f"[dim]{len(found)} run(s); end of list[/dim]")
 
@@ -185,9 +204,9 @@ def _cancel(store_url: str, run_id: str) -> None:
 
     before = _run(go())
     if before.is_terminal:
-        click.echo(f"run {run_id} was already {before.value}; left unchanged")
+        click.echo(f"run {visible(run_id)} was already {before.value}; left unchanged")
     else:
-        click.echo(f"cancelled run {run_id} (it was {before.value})")
+        click.echo(f"cancelled run {visible(run_id)} (it was {before.value})")
 
 
 @runs.command("cancel")
@@ -238,10 +257,11 @@ def signal_cmd(store_url: str, token: str, payload: str | None) -> None:
     receiver = _run(go())
     if receiver is None:
         click.echo(
-            f"no run waits on {token!r} yet; the signal is buffered for the first one that does"
+            f"no run waits on {visible(repr(token))} yet; "
+            "the signal is buffered for the first one that does"
         )
     else:
-        click.echo(f"delivered {token!r} to run {receiver}")
+        click.echo(f"delivered {visible(repr(token))} to run {visible(receiver)}")
 
 
 # -- worker -------------------------------------------------------------------------------
@@ -327,11 +347,9 @@ def worker(
     finish for up to --drain-timeout seconds, hands the rest back as pending,
     closes the store and exits 0. A second signal stops without waiting.
     """
-    logging.basicConfig(
-        level=getattr(logging, log_level.upper()),
-        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_LogFormatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
+    logging.basicConfig(level=getattr(logging, log_level.upper()), handlers=[handler])
     if store_url:
         os.environ["DURABLY_DATABASE_URL"] = store_url
     try:
@@ -395,7 +413,7 @@ def _exit_now_if_steps_linger(code: int, error: str | None = None) -> None:
     )
     logging.shutdown()
     if error is not None:
-        click.echo(f"durably: error: {error}", err=True)
+        click.echo(f"durably: error: {visible(error)}", err=True)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
@@ -519,7 +537,7 @@ _NO_ARGS_IS_HELP: type[click.UsageError] = getattr(
 
 
 def _fail(message: str, code: int) -> NoReturn:
-    click.echo(f"durably: error: {one_line(message)}", err=True)
+    click.echo(f"durably: error: {visible(one_line(message))}", err=True)
     sys.exit(code)
 
 
