@@ -8,6 +8,7 @@ this module; it imports none of them.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -15,7 +16,7 @@ from typing import Any, TypeVar
 
 import click
 
-from ._urls import redact_url
+from ._urls import redact_url, scrub
 from .engine import Engine
 from .stores.sqlite import sqlite_path_from_url
 
@@ -24,9 +25,12 @@ __all__ = [
     "EXIT_FAILURE",
     "EXIT_USAGE",
     "CliError",
+    "check_store_url",
     "describe",
     "one_line",
     "open_client",
+    "remember_url",
+    "scrub_urls",
     "sqlite_file",
     "store_option",
 ]
@@ -42,6 +46,10 @@ EXIT_USAGE = 2
 F = TypeVar("F", bound=Callable[..., Any])
 
 _log = logging.getLogger("durably.cli")
+
+# The store URLs this process was given: scrub_urls hides their credentials in
+# any message, including ones a database driver built from the raw URL.
+_urls: list[str] = []
 
 
 class CliError(click.ClickException):
@@ -64,6 +72,26 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
 
 
+def remember_url(url: str) -> None:
+    """Have :func:`scrub_urls` hide ``url``'s credentials from now on."""
+    if url and url not in _urls:
+        _urls.append(url)
+
+
+def scrub_urls(text: str) -> str:
+    """``text`` with the credentials of every store URL this process was given
+    (``--store``, ``DURABLY_DATABASE_URL``, the app's engine) replaced by ``***``."""
+    return scrub(text, [*_urls, os.environ.get("DURABLY_DATABASE_URL", "")])
+
+
+def check_store_url(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """The ``--store`` callback: a given URL's credentials are scrubbed from output."""
+    if value is None:
+        return None
+    remember_url(value)
+    return value
+
+
 def store_option(fn: F) -> F:
     """The ``--store URL`` option (``DURABLY_DATABASE_URL``, default ``sqlite:///durably.db``)."""
     option = click.option(
@@ -74,6 +102,7 @@ def store_option(fn: F) -> F:
         show_default=True,
         show_envvar=True,
         metavar="URL",
+        callback=check_store_url,
         help="Store URL: sqlite:///path.db, postgresql://…, memory://, or a SQLite file path.",
     )
     return option(fn)
@@ -86,7 +115,7 @@ def sqlite_file(url: str) -> str | None:
     try:
         path = sqlite_path_from_url(url)
     except ValueError as exc:
-        raise CliError(f"invalid store URL {url!r}: {exc}", EXIT_USAGE) from None
+        raise CliError(f"invalid store URL {redact_url(url)!r}: {exc}", EXIT_USAGE) from None
     return None if path == ":memory:" else path
 
 

@@ -41,9 +41,12 @@ from ._cli_common import (
     EXIT_FAILURE,
     EXIT_USAGE,
     CliError,
+    check_store_url,
     describe,
     one_line,
     open_client,
+    remember_url,
+    scrub_urls,
     store_option,
 )
 from ._cli_render import (
@@ -78,7 +81,11 @@ class _StoppedEarly(Exception):
 class _LogFormatter(logging.Formatter):
     """Worker log lines whose user values (run ids, names, error messages) cannot
     drive the terminal: control characters are shown as escapes, and a message
-    cannot start a forged log line (only a traceback keeps its newlines)."""
+    cannot start a forged log line (only a traceback keeps its newlines). The
+    credentials of the store URLs are hidden too, even in a driver's message."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return scrub_urls(super().format(record))
 
     def formatMessage(self, record: logging.LogRecord) -> str:
         return visible(super().formatMessage(record))
@@ -281,6 +288,7 @@ def signal_cmd(store_url: str, token: str, payload: str | None) -> None:
     envvar="DURABLY_DATABASE_URL",
     default=None,
     metavar="URL",
+    callback=check_store_url,
     help="Exported as DURABLY_DATABASE_URL before the app is imported, so an "
     "Engine() built with the default store uses it.",
 )
@@ -360,6 +368,7 @@ def worker(
         raise CliError(
             f"{app_spec} was built with drive=False, so it cannot execute runs", EXIT_USAGE
         )
+    remember_url(engine.store.url)
     if store_url and engine.store.url != store_url:
         _log.warning(
             "the app's engine uses its own store %s; --store/DURABLY_DATABASE_URL is ignored",
@@ -413,7 +422,7 @@ def _exit_now_if_steps_linger(code: int, error: str | None = None) -> None:
     )
     logging.shutdown()
     if error is not None:
-        click.echo(f"durably: error: {visible(error)}", err=True)
+        click.echo(f"durably: error: {visible(scrub_urls(error))}", err=True)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
@@ -537,7 +546,7 @@ _NO_ARGS_IS_HELP: type[click.UsageError] = getattr(
 
 
 def _fail(message: str, code: int) -> NoReturn:
-    click.echo(f"durably: error: {visible(one_line(message))}", err=True)
+    click.echo(f"durably: error: {visible(scrub_urls(one_line(message)))}", err=True)
     sys.exit(code)
 
 
