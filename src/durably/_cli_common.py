@@ -85,9 +85,16 @@ def scrub_urls(text: str) -> str:
 
 
 def check_store_url(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
-    """The ``--store`` callback: a given URL's credentials are scrubbed from output."""
+    """The ``--store`` callback: an empty URL is a usage error (it would quietly
+    mean ``./durably.db``), and a given URL's credentials are scrubbed from output."""
     if value is None:
         return None
+    if not value.strip():
+        raise click.BadParameter(
+            "is empty; pass a store URL such as sqlite:///durably.db or postgresql://…",
+            ctx=ctx,
+            param=param,
+        )
     remember_url(value)
     return value
 
