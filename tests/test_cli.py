@@ -373,12 +373,17 @@ async def test_worker_no_drive_serves_steps_and_executes_no_run(
 ) -> None:
     worker = workers(db, "--no-drive", app="steps_app:full_engine")
     await worker.ready()
-    async with client(db) as creator:
+    creator = durably.Engine(db, drive=False)
+    creator.workflow("shouting")(_steps_app().shouting)
+    await creator.open()  # only opened: it consumes nothing
+    try:
         await creator.start("shouting", "ho", run_id="shout-2")
         await asyncio.sleep(1.5)  # 15 of the worker's ticks
         run = await creator.get_run("shout-2")
         assert run is not None
         assert run.status is RunStatus.PENDING, (run, worker.output())  # not driven by it
+    finally:
+        await creator.close()
     async with step_driver(db) as engine:
         run = await wait_until(
             engine, "shout-2", lambda run, _: run.status.is_terminal, worker=worker

@@ -332,6 +332,12 @@ def signal_cmd(store_url: str, token: str, payload: str | None) -> None:
     help="Step handlers executing at once (default: the engine's step_concurrency).",
 )
 @click.option(
+    "--no-drive",
+    is_flag=True,
+    help="Serve step handlers only and execute no run, as an engine built with "
+    "drive=False does (a step-worker pool beside the processes that drive runs).",
+)
+@click.option(
     "--log-level",
     type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
     default="INFO",
@@ -346,10 +352,14 @@ def worker(
     groups: tuple[str, ...],
     step_names: str | None,
     concurrency: int | None,
+    no_drive: bool,
     log_level: str,
 ) -> None:
     """Run the worker loop of an app's Engine until SIGTERM or SIGINT, and
     serve its step handlers (all of them, or those picked by --group/--steps).
+
+    An engine built with drive=False (or any engine, with --no-drive) only
+    serves its step handlers: it executes no run.
 
     On the first signal it drains: stops taking tasks and work, lets running turns
     finish for up to --drain-timeout seconds, hands the rest back as pending,
@@ -364,10 +374,6 @@ def worker(
         engine = load_engine(app_spec)
     except AppLoadError as exc:
         raise CliError(one_line(str(exc)), EXIT_USAGE) from None
-    if not engine.drive:
-        raise CliError(
-            f"{app_spec} was built with drive=False, so it cannot execute runs", EXIT_USAGE
-        )
     remember_url(engine.store.url)
     if store_url and engine.store.url != store_url:
         _log.warning(
@@ -375,7 +381,11 @@ def worker(
             redact_url(engine.store.url),
         )
     configure_worker(
-        engine, interval=interval, drain_timeout=drain_timeout, instance_id=instance_id
+        engine,
+        interval=interval,
+        drain_timeout=drain_timeout,
+        instance_id=instance_id,
+        drive=False if no_drive else None,
     )
     if groups:
         engine.serve_groups = frozenset(groups)
@@ -390,6 +400,14 @@ def worker(
         engine.serve_steps = names
     if concurrency is not None:
         engine.step_concurrency = concurrency
+    if not engine.drive and not engine.served_steps:
+        why = "--no-drive" if no_drive else "drive=False"
+        raise CliError(
+            f"{app_spec} has nothing to serve: it executes no run ({why}) and serves "
+            "no step handler (none registered, consumers='never', or none left by "
+            "--group/--steps)",
+            EXIT_USAGE,
+        )
     try:
         _run(serve(engine))
     except _StoppedEarly:
@@ -434,8 +452,13 @@ def configure_worker(
     interval: float | None = None,
     drain_timeout: float | None = None,
     instance_id: str | None = None,
+    drive: bool | None = None,
 ) -> None:
-    """Apply the ``durably worker`` options to an engine that is not open yet."""
+    """Apply the ``durably worker`` options to an engine that is not open yet.
+
+    ``drive=False`` makes it a step worker: it serves its step handlers and
+    executes no run (what ``Engine(drive=False)`` does from the start).
+    """
     if interval is not None:
         engine.poll_interval = interval
     if drain_timeout is not None:
@@ -448,6 +471,12 @@ def configure_worker(
         # reclaims that id's leases on open); an id given here is just as stable.
         if hasattr(engine, "_stable_instance_id"):
             engine._stable_instance_id = True
+    if drive is not None:
+        # Read when the worker starts (whether to run the worker loop and claim
+        # queued runs) and on each store event, so it must be set before then.
+        if engine.is_open and drive != engine.drive:
+            raise CliError("--no-drive needs an engine that is not open yet", EXIT_USAGE)
+        engine.drive = drive
 
 
 async def serve(engine: Engine) -> None:
@@ -487,7 +516,9 @@ async def serve(engine: Engine) -> None:
         _log.info(
             "worker %s serving %s and steps %s on %s (tick every %gs)",
             engine.instance_id,
-            ", ".join(engine.workflows) or "no workflows",
+            (", ".join(engine.workflows) or "no workflows")
+            if engine.drive
+            else "no runs (steps only)",
             ", ".join(engine.served_steps) or "none",
             redact_url(engine.store.url),
             engine.poll_interval,
