@@ -19,6 +19,7 @@ import pytest
 
 import durably
 from durably import RunStatus
+from durably._cli_render import json_text, visible
 from test_cli import Worker, acli, client, run_cli, wait_until
 
 ESC = "\x1b"
@@ -208,3 +209,13 @@ async def test_worker_log_shows_hostile_text_as_text(tmp_path: Path) -> None:
     assert "\\x1b[2J\\u202e" in log
     for char in FORBIDDEN:
         assert char not in log, f"{char!r} reached the worker log raw:\n{log!r}"
+
+
+def test_visible_and_json_text() -> None:
+    assert visible(f"a{CLEAR}b\n{CSI8}{RLO}\u2028") == "a\\x1b[2Jb\\x0a\\x9b2J\\u202e\\u2028"
+    assert visible("line\none\x1b", keep="\n") == "line\none\\x1b"
+    assert visible("[/x] ünïcødé ok") == "[/x] ünïcødé ok"
+    data = {"k": f"{CLEAR}{CSI8}{RLO}\x7f", f"{MARKUP}": [1, None]}
+    text = json_text(data)
+    assert not any(char in text for char in (*FORBIDDEN, "\x7f"))
+    assert json.loads(text) == data

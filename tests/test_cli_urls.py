@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from durably._urls import redact_url
+from durably._urls import redact_url, scrub, url_secrets
 from durably.stores import MemoryStore, open_store
 from durably.transports import open_transport
 from test_cli import APPS, _env, run_cli
@@ -150,3 +150,17 @@ def test_an_empty_store_url_is_a_usage_error(tmp_path: Path, args: list[str]) ->
     assert "empty" in result.stderr, context
     assert len(result.stderr.strip().splitlines()) == 1, context
     assert not list(tmp_path.glob("*.db*")), "a database file was created"
+
+
+def test_scrub_hides_the_secrets_wherever_a_message_repeats_them() -> None:
+    urls = ["postgresql://u:p%40ssw0rd@h/db?sslpassword=t0ken&schema=s", "memory://"]
+    message = (
+        "cannot connect to postgresql://u:p%40ssw0rd@h/db?sslpassword=t0ken&schema=s: "
+        "password 'p@ssw0rd' rejected (sslpassword t0ken)"
+    )
+    scrubbed = scrub(message, urls)
+    for secret in ("p%40ssw0rd", "p@ssw0rd", "t0ken"):
+        assert secret not in scrubbed
+    assert "postgresql://u:***@h/db?sslpassword=***&schema=s" in scrubbed
+    assert url_secrets("postgresql://u:ab@h/db") == ["ab"]
+    assert scrub("ab cab", ["postgresql://u:ab@h/db"]) == "ab cab"  # too short to scrub text
