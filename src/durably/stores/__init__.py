@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from .._urls import redact_url
 from .base import (
     EventDelivery,
     RunChanges,
@@ -49,5 +50,5 @@ def open_store(target: str | StateStore) -> StateStore:
     if target.startswith("sqlite:") or "://" not in target:
         return SqliteStore(target)
     raise ValueError(
-        f"unknown store URL {target!r}; use memory://, sqlite:///path.db or postgresql://…"
+        f"unknown store URL {redact_url(target)!r}; use memory://, sqlite:///path.db or postgresql://…"
     )

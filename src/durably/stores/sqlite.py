@@ -17,6 +17,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from .. import codec
+from .._urls import redact_url
 from ..model import TERMINAL_STATUSES, Checkpoint, CheckpointStatus, ErrorInfo, Run, RunStatus
 from ._match import match_index, project
 from ._schedule_rows import SCHEDULE_COLUMNS, check_schedule_changes
@@ -88,13 +89,13 @@ def sqlite_path_from_url(url: str) -> str:
         return url
     parts = urlsplit(url)
     if parts.scheme != "sqlite":
-        raise ValueError(f"not a sqlite URL: {url!r}")
+        raise ValueError(f"not a sqlite URL: {redact_url(url)!r}")
     if parts.netloc == ":memory:" or url == "sqlite://":
         return ":memory:"
     path = unquote(parts.path)
     path = path[1:] if path.startswith("/") else path
     if not path:
-        raise ValueError(f"the sqlite URL {url!r} names no file")
+        raise ValueError(f"the sqlite URL {redact_url(url)!r} names no file")
     return path
 
 
