@@ -504,11 +504,8 @@ def configure_worker(
     if instance_id is not None:
         if engine.is_open:
             raise CliError("--instance-id needs an engine that is not open yet", EXIT_USAGE)
+        # Counts as stable, like an id given to Engine(): opening reclaims its leases.
         engine.instance_id = instance_id
-        # Engine() treats only an id given to its constructor as stable (and
-        # reclaims that id's leases on open); an id given here is just as stable.
-        if hasattr(engine, "_stable_instance_id"):
-            engine._stable_instance_id = True
 
 
 async def serve(engine: Engine) -> None:

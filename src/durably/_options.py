@@ -1,0 +1,115 @@
+"""EngineOptions: the engine's constructor keywords, validated once.
+
+``Engine(...)`` takes 25 keywords. Holding them in one frozen value means the
+checks run in one place (``__post_init__``), before the engine builds
+anything, and again on every ``dataclasses.replace``: an option changed after
+construction (the CLI's ``--instance-id``, a test turning ``drive`` off) is as
+valid as one given to the constructor, and collaborators that read the
+current options never see a half-applied change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+from .durations import Duration, to_ms
+
+if TYPE_CHECKING:
+    from .clock import Clock
+    from .stores import StateStore
+    from .transports import Transport
+
+__all__ = ["Consumers", "EngineOptions"]
+
+Consumers = Literal["auto", "always", "never"]
+"""Whether an engine serves step handlers and settles step results (see ``Engine``)."""
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """The keywords of :class:`durably.Engine`, checked, with their durations in ms.
+
+    Field names and defaults are exactly the constructor's; the ``*_ms``
+    fields and ``drives`` are derived from them (recomputed by
+    ``dataclasses.replace``). Raises ``ValueError`` for a bad value.
+    """
+
+    store: str | StateStore | None = None
+    namespace: str | None = None
+    clock: Clock | None = None
+    lease: Duration = "30s"
+    reconcile: Duration = "5m"
+    max_recovery_attempts: int = 5
+    max_concurrent_runs: int = 256
+    poll_interval: float = 1.0
+    timer_batch_size: int = 500
+    track_start: bool = True
+    drive: bool = True
+    instance_id: str | None = None
+    drain_timeout: float = 10.0
+    step_threads: int = 32
+    retention: Duration | None = None
+    stalled_after: Duration = "1h"
+    transport: str | Transport | None = None
+    consumers: Consumers = "auto"
+    step_concurrency: int = 64
+    serve_groups: Collection[str] | None = None
+    serve_steps: Collection[str] | None = None
+    remote_redispatch: Duration | None = None
+    remote_redispatch_max: int = 3
+    heartbeat_persist_throttle: Duration = "10s"
+
+    lease_ms: int = field(init=False)
+    """How long a turn's lease lasts without renewal."""
+    reconcile_ms: int = field(init=False)
+    """The fallback wake of a run waiting on someone else; ``0`` disables it."""
+    retention_ms: int | None = field(init=False)
+    """How long terminal runs are kept; ``None``: forever."""
+    stalled_after_ms: int = field(init=False)
+    """How long a live run may make no progress before it counts as stalled."""
+    redispatch_ms: int | None = field(init=False)
+    """When a dispatched step's task is sent again; ``None``: never."""
+    heartbeat_throttle_ms: int = field(init=False)
+    """At most one persisted heartbeat per step per this window."""
+    drives: bool = field(init=False)
+    """Whether runs execute here: a pure producer (``consumers="never"``) runs none."""
+
+    def __post_init__(self) -> None:
+        derive = self._derive
+        derive("lease_ms", to_ms(self.lease, name="lease"))
+        if self.lease_ms < 100:
+            raise ValueError("lease must be at least 100ms")
+        derive("reconcile_ms", to_ms(self.reconcile, name="reconcile"))
+        if (
+            self.max_recovery_attempts < 0
+            or self.max_concurrent_runs < 1
+            or self.timer_batch_size < 1
+        ):
+            raise ValueError(
+                "max_recovery_attempts must be >= 0, max_concurrent_runs and timer_batch_size >= 1"
+            )
+        derive(
+            "retention_ms",
+            None if self.retention is None else to_ms(self.retention, name="retention"),
+        )
+        derive("stalled_after_ms", to_ms(self.stalled_after, name="stalled_after"))
+        if self.consumers not in ("auto", "always", "never"):
+            raise ValueError("consumers must be 'auto', 'always' or 'never'")
+        if self.step_concurrency < 1 or self.remote_redispatch_max < 0:
+            raise ValueError("step_concurrency must be >= 1 and remote_redispatch_max >= 0")
+        derive(
+            "heartbeat_throttle_ms",
+            to_ms(self.heartbeat_persist_throttle, name="heartbeat_persist_throttle"),
+        )
+        derive(
+            "redispatch_ms",
+            None
+            if self.remote_redispatch is None
+            else to_ms(self.remote_redispatch, name="remote_redispatch"),
+        )
+        derive("drives", self.drive and self.consumers != "never")
+
+    def _derive(self, name: str, value: object) -> None:
+        object.__setattr__(self, name, value)  # frozen: only __post_init__ sets these
