@@ -36,6 +36,7 @@ _log = logging.getLogger("durably")
 
 LIVE = frozenset({RunStatus.PENDING, RunStatus.RUNNING, RunStatus.SUSPENDED, RunStatus.BLOCKED})
 """The statuses a run can still leave."""
+_RETRYABLE = frozenset({RunStatus.FAILED, RunStatus.DEAD})
 
 
 class RunNotFound(DurablyError, LookupError):
@@ -231,6 +232,42 @@ class ChildRuns:
                 return run.status
             run = await self.require(run_id)
         return run.status
+
+    async def retry(self, run_id: str) -> Run:
+        """Run a failed or dead run again from where it failed, its failed or
+        dead children too (see :meth:`durably.Engine.retry`)."""
+        run = await self.require(run_id)
+        if run.status not in _RETRYABLE:
+            raise DurablyError(f"run {run_id!r} is {run.status}; only failed or dead runs retry")
+        history = await self._store.load_checkpoints(run_id)
+        stale = [
+            cp.seq
+            for cp in history.values()
+            if cp.status is not CheckpointStatus.COMPLETED or cp.seq < 0
+        ]
+        for cp in history.values():
+            if cp.kind == "child" and cp.status is CheckpointStatus.FAILED:
+                child_id = cp.input.get("run_id") if isinstance(cp.input, dict) else None
+                child = await self._store.get_run(str(child_id)) if child_id else None
+                if child is not None and child.status in _RETRYABLE:
+                    await self.retry(child.run_id)
+        await self._store.delete_checkpoints(run_id, stale)
+        if not await self._store.update_run_if(
+            run_id,
+            _RETRYABLE,
+            {
+                "status": RunStatus.PENDING.value,
+                "error": None,
+                "output": None,
+                "wake_at": None,
+                "recovery_attempts": 0,
+                "cancel_requested": None,
+            },
+            self._clock.now_ms(),
+        ):
+            raise DurablyError(f"run {run_id!r} changed while being retried; try again")
+        self._router.route(run_id, namespace=run.namespace, priority=run.priority)
+        return await self.require(run_id)
 
     async def cancel_runs(self, run_ids: list[str]) -> None:
         """Cancel each of ``run_ids`` (and its children); a missing run is skipped."""

@@ -10,9 +10,10 @@ current options never see a half-applied change.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Collection
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Generic, Literal, Never, Protocol, TypeVar, cast, overload
 
 from .durations import Duration, to_ms
 
@@ -21,7 +22,9 @@ if TYPE_CHECKING:
     from .stores import StateStore
     from .transports import Transport
 
-__all__ = ["Consumers", "EngineOptions"]
+__all__ = ["Consumers", "EngineOptions", "Option", "SettableOption"]
+
+T = TypeVar("T")
 
 Consumers = Literal["auto", "always", "never"]
 """Whether an engine serves step handlers and settles step results (see ``Engine``)."""
@@ -95,6 +98,11 @@ class EngineOptions:
             None if self.retention is None else to_ms(self.retention, name="retention"),
         )
         derive("stalled_after_ms", to_ms(self.stalled_after, name="stalled_after"))
+        # Held as sets: each step definition's name and group is looked up in them.
+        if self.serve_groups is not None:
+            derive("serve_groups", frozenset(self.serve_groups))
+        if self.serve_steps is not None:
+            derive("serve_steps", frozenset(self.serve_steps))
         if self.consumers not in ("auto", "always", "never"):
             raise ValueError("consumers must be 'auto', 'always' or 'never'")
         if self.step_concurrency < 1 or self.remote_redispatch_max < 0:
@@ -113,3 +121,44 @@ class EngineOptions:
 
     def _derive(self, name: str, value: object) -> None:
         object.__setattr__(self, name, value)  # frozen: only __post_init__ sets these
+
+
+class _Configurable(Protocol):
+    _options: EngineOptions
+
+
+class Option(Generic[T]):
+    """An engine attribute that reads one field of the engine's current options."""
+
+    def __init__(self, field: str) -> None:
+        self._field = field
+
+    @overload
+    def __get__(self, obj: None, owner: type[Any]) -> Option[T]: ...
+    @overload
+    def __get__(self, obj: _Configurable, owner: type[Any]) -> T: ...
+    def __get__(self, obj: _Configurable | None, owner: type[Any]) -> Option[T] | T:
+        if obj is None:
+            return self
+        return cast(T, getattr(obj._options, self._field))
+
+    def __set__(self, obj: _Configurable, value: Never) -> None:
+        # Without this, an assignment would shadow the option on the instance,
+        # unseen by the collaborators that read the options themselves.
+        raise AttributeError(f"{self._field} is fixed when the engine is built")
+
+
+class SettableOption(Option[T]):
+    """An :class:`Option` that assigning replaces, validated as the constructor's
+    keywords are; ``keyword`` names the field written when it differs from the
+    one read (``drive`` is written, ``drives`` read)."""
+
+    def __init__(self, field: str, *, keyword: str | None = None) -> None:
+        super().__init__(field)
+        self._keyword = keyword or field
+
+    def __set__(self, obj: _Configurable, value: T) -> None:
+        # Collaborators read the current options on each use, so the change
+        # reaches all of them at once.
+        changes: dict[str, Any] = {self._keyword: value}
+        obj._options = dataclasses.replace(obj._options, **changes)

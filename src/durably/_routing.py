@@ -18,6 +18,8 @@ import asyncio
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from .model import RunStatus
+
 if TYPE_CHECKING:
     from ._executor import RunExecutor
     from ._options import EngineOptions
@@ -90,6 +92,52 @@ class RunRouter:
         self._watcher.forget(run_id)
         if self.accepting and self.executor is not None:
             self.executor.submit(run_id, wake=wake)
+
+    async def insert(self, run: Run, owner: str, lease_ms: int) -> Run:
+        """Store a new run and give it its first turn; return it as seen from outside.
+
+        An id that exists already returns that run (routed again if still
+        pending). With a free slot here, the run is inserted already leased to
+        ``owner`` and its first turn starts without taking the lease (one round
+        trip less on the latency path). A crash before that turn is recovered
+        like any other (after the lease, or at once by a restart with the same
+        instance_id).
+        """
+        now = run.created_at
+        lease_here = run.status is RunStatus.PENDING and self.has_free_slot()
+        if lease_here:
+            run.status = RunStatus.RUNNING
+            run.locked_by, run.locked_until = owner, now + lease_ms
+        # Our own "new run" notification may arrive before create_run
+        # returns; it must not cost a pending-run poll.
+        self.starting.add(run.run_id)
+        try:
+            # The slot is promised until the insert returns and the run is
+            # submitted. Otherwise thousands of starts gathered at once all see
+            # an idle executor and all insert their run leased while only a few
+            # hundred can run: the rest wait here with their leases running
+            # out, and look like orphans to every instance.
+            if lease_here:
+                self.promised_slots += 1
+            try:
+                stored, created = await self._store.create_run(run)
+            finally:
+                if lease_here:
+                    self.promised_slots -= 1
+            if created and lease_here:
+                self.preleased[run.run_id] = stored
+                self.submit_here(run.run_id)
+                if run.run_id in self.preleased and not self.runs_here(run.run_id):
+                    # Not taken after all (closing): hand it to whoever polls.
+                    self.preleased.pop(run.run_id, None)
+                    await self._store.release_run(run.run_id, owner, now)
+                # Seen from outside it is a new run waiting for its first turn.
+                return stored.replace(status=RunStatus.PENDING, locked_by=None, locked_until=None)
+            if stored.status is RunStatus.PENDING:
+                self.route(stored.run_id, namespace=stored.namespace, priority=stored.priority)
+        finally:
+            self.starting.discard(run.run_id)
+        return stored
 
     async def wake(self, run_id: str, *, namespace: str | None = None) -> None:
         """Make sure ``run_id`` takes a turn that sees what the caller just wrote."""

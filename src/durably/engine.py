@@ -22,7 +22,7 @@ import os
 import random
 import socket
 import uuid
-from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime
 from types import TracebackType
 from typing import Any, TypeVar, cast
@@ -31,7 +31,7 @@ from . import codec
 from ._children import ChildRuns, RunNotFound
 from ._dispatch import FlowQueue, StepDispatcher
 from ._executor import RunExecutor
-from ._options import Consumers, EngineOptions
+from ._options import Consumers, EngineOptions, Option, SettableOption
 from ._routing import RunRouter
 from ._run_queue import RunQueue
 from ._step_runtime import StepServer
@@ -263,20 +263,10 @@ class Engine:
     def _owner(self) -> str:
         return self.instance_id
 
-    def _configure(self, **changes: Any) -> None:
-        # Validated as the constructor's keywords are; collaborators read the
-        # current options on each use, so the change reaches all of them.
-        self._options = dataclasses.replace(self._options, **changes)
-
     @property
     def namespace(self) -> str:
         """The pool this engine's new runs and schedules belong to."""
         return self._options.namespace or "default"
-
-    @property
-    def drives_namespace(self) -> str | None:
-        """The namespace whose runs this engine executes; ``None``: every one."""
-        return self._options.namespace
 
     @property
     def instance_id(self) -> str:
@@ -290,98 +280,36 @@ class Engine:
 
     @instance_id.setter
     def instance_id(self, value: str) -> None:
-        self._configure(instance_id=value)
+        self._options = dataclasses.replace(self._options, instance_id=value)
 
-    @property
-    def drive(self) -> bool:
-        """Whether runs execute in this process (never with ``consumers="never"``)."""
-        return self._options.drives
-
-    @drive.setter
-    def drive(self, value: bool) -> None:
-        self._configure(drive=value)
-
-    @property
-    def poll_interval(self) -> float:
-        """Seconds between worker-loop ticks."""
-        return self._options.poll_interval
-
-    @poll_interval.setter
-    def poll_interval(self, value: float) -> None:
-        self._configure(poll_interval=value)
-
-    @property
-    def drain_timeout(self) -> float:
-        """Seconds ``async with`` (and :meth:`close`) waits for turns on exit."""
-        return self._options.drain_timeout
-
-    @drain_timeout.setter
-    def drain_timeout(self, value: float) -> None:
-        self._configure(drain_timeout=value)
-
-    @property
-    def step_concurrency(self) -> int:
-        """Step handlers executing at once in this process (set before :meth:`start_worker`)."""
-        return self._options.step_concurrency
-
-    @step_concurrency.setter
-    def step_concurrency(self, value: int) -> None:
-        self._configure(step_concurrency=value)
-
-    @property
-    def serve_groups(self) -> frozenset[str] | None:
-        """Serve only the steps of these groups (set before :meth:`start_worker`)."""
-        groups = self._options.serve_groups
-        return None if groups is None else frozenset(groups)
-
-    @serve_groups.setter
-    def serve_groups(self, value: Collection[str] | None) -> None:
-        self._configure(serve_groups=value)
-
-    @property
-    def serve_steps(self) -> frozenset[str] | None:
-        """Serve only the steps with these names (set before :meth:`start_worker`)."""
-        names = self._options.serve_steps
-        return None if names is None else frozenset(names)
-
-    @serve_steps.setter
-    def serve_steps(self, value: Collection[str] | None) -> None:
-        self._configure(serve_steps=value)
-
-    @property
-    def consumers(self) -> Consumers:
-        """Whether this engine serves step handlers: ``"auto"``, ``"always"`` or ``"never"``."""
-        return self._options.consumers
-
-    @property
-    def lease_ms(self) -> int:
-        """How long a turn's lease lasts without renewal, in ms."""
-        return self._options.lease_ms
-
-    @property
-    def reconcile_ms(self) -> int:
-        """The fallback wake of a run waiting on someone else, in ms (``0``: off)."""
-        return self._options.reconcile_ms
-
-    @property
-    def max_recovery_attempts(self) -> int:
-        """Crash recoveries of one run before it is ``dead``."""
-        return self._options.max_recovery_attempts
-
-    @property
-    def timer_batch_size(self) -> int:
-        """Due timers loaded per tick."""
-        return self._options.timer_batch_size
-
-    @property
-    def retention_ms(self) -> int | None:
-        """How long terminal runs are kept, in ms (``None``: forever)."""
-        return self._options.retention_ms
-
-    @property
-    def stalled_after_ms(self) -> int:
-        """How long a live run may make no progress before it counts as stalled, in ms."""
-        return self._options.stalled_after_ms
+    drives_namespace = Option[str | None]("namespace")
+    """The namespace whose runs this engine executes; ``None``: every one."""
+    drive = SettableOption[bool]("drives", keyword="drive")
+    """Whether runs execute in this process (never with ``consumers="never"``)."""
+    poll_interval = SettableOption[float]("poll_interval")
+    """Seconds between worker-loop ticks."""
+    drain_timeout = SettableOption[float]("drain_timeout")
+    """Seconds ``async with`` (and :meth:`close`) waits for turns on exit."""
+    step_concurrency = SettableOption[int]("step_concurrency")
+    """Step handlers executing at once here (set before :meth:`start_worker`)."""
+    serve_groups = SettableOption[frozenset[str] | None]("serve_groups")
+    """Serve only the steps of these groups (set before :meth:`start_worker`)."""
+    serve_steps = SettableOption[frozenset[str] | None]("serve_steps")
+    """Serve only the steps with these names (set before :meth:`start_worker`)."""
+    consumers = Option[Consumers]("consumers")
+    """Whether this engine serves step handlers: ``"auto"``, ``"always"`` or ``"never"``."""
+    lease_ms = Option[int]("lease_ms")
+    """How long a turn's lease lasts without renewal, in ms."""
+    reconcile_ms = Option[int]("reconcile_ms")
+    """The fallback wake of a run waiting on someone else, in ms (``0``: off)."""
+    max_recovery_attempts = Option[int]("max_recovery_attempts")
+    """Crash recoveries of one run before it is ``dead``."""
+    timer_batch_size = Option[int]("timer_batch_size")
+    """Due timers loaded per tick."""
+    retention_ms = Option[int | None]("retention_ms")
+    """How long terminal runs are kept, in ms (``None``: forever)."""
+    stalled_after_ms = Option[int]("stalled_after_ms")
+    """How long a live run may make no progress before it counts as stalled, in ms."""
 
     @property
     def _run_queue(self) -> RunQueue | None:
@@ -795,13 +723,6 @@ class Engine:
         now = self.clock.now_ms()
         wake_at = _start_time(start_at, now)
         status = RunStatus.SUSPENDED if wake_at is not None and wake_at > now else RunStatus.PENDING
-        # With a free slot here, the run is inserted already leased to this
-        # process and its first turn starts without taking the lease (one
-        # round trip less on the latency path). A crash before that turn is
-        # recovered like any other (after the lease, or at once by a restart
-        # with the same instance_id).
-        router = self._router
-        lease_here = status is RunStatus.PENDING and router.has_free_slot()
         run = Run(
             run_id=run_id or _new_run_id(),
             workflow=definition.name,
@@ -816,40 +737,7 @@ class Engine:
             created_at=now,
             updated_at=now,
         )
-        if lease_here:
-            run.status = RunStatus.RUNNING
-            run.locked_by, run.locked_until = self.instance_id, now + self.lease_ms
-        # Our own "new run" notification may arrive before create_run
-        # returns; it must not cost a pending-run poll.
-        router.starting.add(run.run_id)
-        try:
-            # The slot is promised until the insert returns and the run is
-            # submitted. Otherwise 10,000 starts gathered at once all see an
-            # idle executor and all insert their run leased while only 256 can
-            # run: the rest wait here with their leases running out, and look
-            # like orphans to every instance (the recovery bench's victim left
-            # ~9,000 of them).
-            if lease_here:
-                router.promised_slots += 1
-            try:
-                stored, created = await self.store.create_run(run)
-            finally:
-                if lease_here:
-                    router.promised_slots -= 1
-            if created and lease_here:
-                router.preleased[run.run_id] = stored
-                router.submit_here(run.run_id)
-                if run.run_id in router.preleased and not router.runs_here(run.run_id):
-                    # Not taken after all (closing): hand it to whoever polls.
-                    router.preleased.pop(run.run_id, None)
-                    await self.store.release_run(run.run_id, self.instance_id, now)
-                # Seen from outside it is a new run waiting for its first turn.
-                return stored.replace(status=RunStatus.PENDING, locked_by=None, locked_until=None)
-            if stored.status is RunStatus.PENDING:
-                router.route(stored.run_id, namespace=stored.namespace, priority=stored.priority)
-        finally:
-            router.starting.discard(run.run_id)
-        return stored
+        return await self._router.insert(run, self.instance_id, self.lease_ms)
 
     async def signal(self, token: str, payload: Any = None) -> str | None:
         """Deliver ``payload`` to the run waiting on ``token``.
@@ -892,39 +780,7 @@ class Engine:
         re-executed.
         """
         await self.open()
-        run = await self._children.require(run_id)
-        retryable = frozenset({RunStatus.FAILED, RunStatus.DEAD})
-        if run.status not in retryable:
-            raise DurablyError(f"run {run_id!r} is {run.status}; only failed or dead runs retry")
-        history = await self.store.load_checkpoints(run_id)
-        stale = [
-            cp.seq
-            for cp in history.values()
-            if cp.status is not CheckpointStatus.COMPLETED or cp.seq < 0
-        ]
-        for cp in history.values():
-            if cp.kind == "child" and cp.status is CheckpointStatus.FAILED:
-                child_id = cp.input.get("run_id") if isinstance(cp.input, dict) else None
-                child = await self.store.get_run(str(child_id)) if child_id else None
-                if child is not None and child.status in retryable:
-                    await self.retry(child.run_id)
-        await self.store.delete_checkpoints(run_id, stale)
-        if not await self.store.update_run_if(
-            run_id,
-            retryable,
-            {
-                "status": RunStatus.PENDING.value,
-                "error": None,
-                "output": None,
-                "wake_at": None,
-                "recovery_attempts": 0,
-                "cancel_requested": None,
-            },
-            self.clock.now_ms(),
-        ):
-            raise DurablyError(f"run {run_id!r} changed while being retried; try again")
-        self._router.route(run_id, namespace=run.namespace, priority=run.priority)
-        return await self._children.require(run_id)
+        return await self._children.retry(run_id)
 
     async def retry_with_input(
         self, run_id: str, input: Any, *, new_run_id: str | None = None
