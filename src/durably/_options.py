@@ -3,9 +3,11 @@
 ``Engine(...)`` takes 25 keywords. Holding them in one frozen value means the
 checks run in one place (``__post_init__``), before the engine builds
 anything, and again on every ``dataclasses.replace``: an option changed after
-construction (the CLI's ``--instance-id``, a test turning ``drive`` off) is as
-valid as one given to the constructor, and collaborators that read the
-current options never see a half-applied change.
+construction (``durably worker --instance-id``, ``engine.drive = False``) is
+as valid as one given to the constructor, and the collaborators, which read
+the engine's current options on each use, never see a half-applied change.
+:class:`Option` and :class:`SettableOption` expose fields as the engine's
+attributes (``engine.lease_ms``, ``engine.poll_interval = 0.5``).
 """
 
 from __future__ import annotations
@@ -34,9 +36,10 @@ Consumers = Literal["auto", "always", "never"]
 class EngineOptions:
     """The keywords of :class:`durably.Engine`, checked, with their durations in ms.
 
-    Field names and defaults are exactly the constructor's; the ``*_ms``
-    fields and ``drives`` are derived from them (recomputed by
-    ``dataclasses.replace``). Raises ``ValueError`` for a bad value.
+    Field names and defaults are exactly the constructor's (``serve_groups``
+    and ``serve_steps`` are held as frozensets); the ``*_ms`` fields and
+    ``drives`` are derived from them, and recomputed by ``dataclasses.replace``.
+    Raises ``ValueError`` for a bad value.
     """
 
     store: str | StateStore | None = None
