@@ -466,11 +466,8 @@ def configure_worker(
     if instance_id is not None:
         if engine.is_open:
             raise CliError("--instance-id needs an engine that is not open yet", EXIT_USAGE)
+        # Counts as stable, like an id given to Engine(): opening reclaims its leases.
         engine.instance_id = instance_id
-        # Engine() treats only an id given to its constructor as stable (and
-        # reclaims that id's leases on open); an id given here is just as stable.
-        if hasattr(engine, "_stable_instance_id"):
-            engine._stable_instance_id = True
     if drive is not None:
         # Read when the worker starts (whether to run the worker loop and claim
         # queued runs) and on each store event, so it must be set before then.

@@ -25,7 +25,7 @@ from ._ops.step import StepCall, StepRunner
 from ._ops.waits import check_match, check_name, timer, wait_for_event, wait_for_signal
 from .durations import Duration, to_ms
 from .errors import NondeterminismError, _ContinueAsNew
-from .model import CheckpointStatus, ErrorInfo
+from .model import CheckpointStatus
 from .replay import Turn
 from .retry import RetryPolicy
 from .steps import StepDefinition, StepRef
@@ -33,9 +33,6 @@ from .steps import StepDefinition, StepRef
 __all__ = ["ChildCall", "Settled", "WorkflowContext"]
 
 T = TypeVar("T")
-
-_Services = Services
-"""The engine's name for :class:`durably._ops.env.Services`."""
 
 
 class WorkflowContext:
@@ -409,17 +406,6 @@ class WorkflowContext:
                 )
             )
         return _resolved(True)
-
-    # -- sagas (the engine's side) ------------------------------------------------------
-    # After the body ended the engine unwinds a failed run only if it registered undos,
-    # and a compensating cancel always (see durably._ops.saga).
-
-    @property
-    def _has_compensations(self) -> bool:
-        return bool(self._saga)
-
-    async def _compensate(self) -> list[ErrorInfo]:
-        return await self._saga.compensate(self._turn, self._env.services)
 
     # -- control -------------------------------------------------------------------------
 

@@ -18,15 +18,17 @@ and buffers in one atomic store call, both under the event name's lock.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 from . import codec
 from ._ops.waits import check_match, check_name
 from .errors import SchemaValidationError
 
 if TYPE_CHECKING:
-    from .engine import Engine
+    from .clock import Clock
+    from .registry import Registry
+    from .stores import StateStore
 
 __all__ = ["EventRouter", "check_match", "check_name", "event_trigger_run_id"]
 
@@ -36,14 +38,44 @@ def event_trigger_run_id(event_id: str, workflow: str) -> str:
     return f"evt:{event_id}:{workflow}"
 
 
+class StartRun(Protocol):
+    """Starts a run idempotently by id (``Engine.start``)."""
+
+    def __call__(
+        self,
+        workflow: str,
+        input: Any = None,
+        *,
+        run_id: str | None = None,
+        tags: list[str] | None = None,
+    ) -> Awaitable[Any]: ...
+
+
 class EventRouter:
     """The engine's event triggers and publish path.
 
     Internal: ``engine.publish_event`` and ``engine.on_event`` delegate here.
     """
 
-    def __init__(self, engine: Engine) -> None:
-        self._engine = engine
+    def __init__(
+        self,
+        store: StateStore,
+        clock: Clock,
+        registry: Registry,
+        *,
+        open: Callable[[], Awaitable[None]],
+        wake: Callable[[str], Awaitable[None]],
+        start: StartRun,
+    ) -> None:
+        """``open()`` connects the engine before a publish writes; ``wake(run_id)``
+        gives a run that received the event its turn; ``start`` starts a
+        trigger's run (idempotent by id). Triggers name workflows of ``registry``."""
+        self._store = store
+        self._clock = clock
+        self._registry = registry
+        self._open = open
+        self._wake = wake
+        self._start = start
         self._triggers: dict[str, list[str]] = {}
 
     def add_trigger(self, events: str | Sequence[str], workflow: str) -> None:
@@ -70,29 +102,28 @@ class EventRouter:
             payload = codec.to_jsonable(payload)
         except (TypeError, ValueError) as exc:
             raise SchemaValidationError(f"event payload cannot be stored as JSON: {exc}") from exc
-        engine = self._engine
         workflows = self.triggers(name)
         for workflow in workflows:  # refuse a payload a trigger would reject, before anything
-            definition = engine._registry.get(workflow)
+            definition = self._registry.get(workflow)
             if definition.takes_input:
                 definition.validate_input(payload)
-        await engine.open()
-        delivery = await engine.store.publish_event(
+        await self._open()
+        delivery = await self._store.publish_event(
             name,
             payload,
-            engine.clock.now_ms(),
+            self._clock.now_ms(),
             event_id=event_id,
             buffer=buffer,
             triggered=len(workflows),
         )
         for run_id in delivery.run_ids:
-            await engine._wake(run_id)
+            await self._wake(run_id)
         # Started after the delivery, also for a duplicate: a publish retried
         # after a crash in between still starts them (idempotent by run id).
         trigger_id = event_id or uuid.uuid4().hex
         for workflow in workflows:
-            takes_input = engine._registry.get(workflow).takes_input
-            await engine.start(
+            takes_input = self._registry.get(workflow).takes_input
+            await self._start(
                 workflow,
                 payload if takes_input else None,
                 run_id=event_trigger_run_id(trigger_id, workflow),
