@@ -63,9 +63,22 @@ async def leased(
 ) -> Run:
     """Create a pending run and take its lease until ``now + LEASE``."""
     await store.create_run(make_run(run_id, **fields))
-    run = await store.acquire_run(run_id, owner, now, now + LEASE, PENDING)
+    run = await lease_one(store, run_id, owner, now, now + LEASE, PENDING)
     assert run is not None
     return run
+
+
+async def lease_one(
+    store: StateStore,
+    run_id: str,
+    owner: str,
+    now: int,
+    lease_until: int,
+    statuses: frozenset[RunStatus],
+) -> Run | None:
+    """Lease one run the engine's way (``start_turns`` of one id); the run, or ``None``."""
+    started = await store.start_turns([run_id], owner, now, lease_until, statuses)
+    return started[run_id][0] if run_id in started else None
 
 
 async def status_of(store: StateStore, run_id: str) -> RunStatus:
@@ -271,12 +284,12 @@ async def test_delete_run_removes_its_history_and_waiters(store: StateStore) -> 
 # -- leases and turns ------------------------------------------------------------------
 
 
-async def test_acquire_run_leases_and_clears_wake_fields(store: StateStore) -> None:
+async def test_start_turns_leases_and_clears_wake_fields(store: StateStore) -> None:
     await store.create_run(
         make_run("r1", RunStatus.SUSPENDED, wake_at=NOW - 10, wake_requested_at=NOW - 5)
     )
 
-    run = await store.acquire_run("r1", OWNER, NOW, NOW + LEASE, SUSPENDED)
+    run = await lease_one(store, "r1", OWNER, NOW, NOW + LEASE, SUSPENDED)
 
     assert run is not None
     assert (run.status, run.locked_by, run.locked_until) == (
@@ -288,35 +301,35 @@ async def test_acquire_run_leases_and_clears_wake_fields(store: StateStore) -> N
     assert await store.get_run("r1") == run
 
 
-async def test_acquire_run_refuses_other_statuses(store: StateStore) -> None:
+async def test_start_turns_refuses_other_statuses(store: StateStore) -> None:
     await store.create_run(make_run("r1"))
     await store.create_run(make_run("done", RunStatus.COMPLETED))
 
-    assert await store.acquire_run("r1", OWNER, NOW, NOW + LEASE, SUSPENDED) is None
-    assert await store.acquire_run("done", OWNER, NOW, NOW + LEASE, PENDING) is None
-    assert await store.acquire_run("missing", OWNER, NOW, NOW + LEASE, PENDING) is None
+    assert await lease_one(store, "r1", OWNER, NOW, NOW + LEASE, SUSPENDED) is None
+    assert await lease_one(store, "done", OWNER, NOW, NOW + LEASE, PENDING) is None
+    assert await lease_one(store, "missing", OWNER, NOW, NOW + LEASE, PENDING) is None
     run = await store.get_run("r1")
     assert run is not None
     assert (run.status, run.locked_by) == (RunStatus.PENDING, None)
 
 
-async def test_acquire_run_refuses_a_held_lease(store: StateStore) -> None:
+async def test_start_turns_refuses_a_held_lease(store: StateStore) -> None:
     await leased(store, "r1")
 
     # the lease holds until and including its last millisecond
-    assert await store.acquire_run("r1", OTHER, NOW + LEASE, NOW + 2 * LEASE, RUNNING) is None
+    assert await lease_one(store, "r1", OTHER, NOW + LEASE, NOW + 2 * LEASE, RUNNING) is None
     run = await store.get_run("r1")
     assert run is not None
     assert (run.locked_by, run.locked_until) == (OWNER, NOW + LEASE)
 
 
-async def test_acquire_run_takes_an_expired_lease_and_fences_the_old_owner(
+async def test_start_turns_takes_an_expired_lease_and_fences_the_old_owner(
     store: StateStore,
 ) -> None:
     await leased(store, "r1")
     later = NOW + LEASE + 1
 
-    run = await store.acquire_run("r1", OTHER, later, later + LEASE, RUNNING)
+    run = await lease_one(store, "r1", OTHER, later, later + LEASE, RUNNING)
 
     assert run is not None
     assert (run.locked_by, run.locked_until) == (OTHER, later + LEASE)
@@ -330,7 +343,7 @@ async def test_a_lease_without_an_expiry_counts_as_expired(store: StateStore) ->
 
     assert await store.list_orphans(NOW, 10) == ["r1"]
     assert await store.claim_due_batch(["r2"], NOW, NOW + LEASE) == ["r2"]
-    run = await store.acquire_run("r1", OTHER, NOW, NOW + LEASE, RUNNING)
+    run = await lease_one(store, "r1", OTHER, NOW, NOW + LEASE, RUNNING)
     assert run is not None
     assert run.locked_by == OTHER
 
@@ -340,10 +353,7 @@ async def test_racing_acquires_have_exactly_one_winner(store_factory: StoreFacto
     await stores[0].create_run(make_run("r1"))
 
     results = await asyncio.gather(
-        *(
-            stores[i % 2].acquire_run("r1", f"owner-{i}", NOW, NOW + LEASE, PENDING)
-            for i in range(8)
-        )
+        *(lease_one(stores[i % 2], "r1", f"owner-{i}", NOW, NOW + LEASE, PENDING) for i in range(8))
     )
 
     winners = [run for run in results if run is not None]
@@ -403,7 +413,7 @@ async def test_start_turns_leaves_what_another_instance_leased_first(
     for run_id in ("r1", "r2", "r3"):
         await ours.create_run(make_run(run_id))
 
-    assert await theirs.acquire_run("r2", OTHER, NOW, NOW + LEASE, PENDING) is not None
+    assert await lease_one(theirs, "r2", OTHER, NOW, NOW + LEASE, PENDING) is not None
     turns = await ours.start_turns(["r1", "r2", "r3"], OWNER, NOW, NOW + LEASE, WAKEABLE)
 
     assert sorted(turns) == ["r1", "r3"]
@@ -834,7 +844,7 @@ async def test_recover_orphans_leaves_what_another_instance_recovered_first(
     assert sorted(listed) == ["o1", "o2", "o3"]
 
     assert await theirs.recover_orphans(["o2"], later, max_attempts=3) == {"o2": RunStatus.PENDING}
-    assert await theirs.acquire_run("o2", OTHER, later, later + LEASE, PENDING) is not None
+    assert await lease_one(theirs, "o2", OTHER, later, later + LEASE, PENDING) is not None
     recovered = await ours.recover_orphans(listed, later, max_attempts=3)
 
     assert recovered == {"o1": RunStatus.PENDING, "o3": RunStatus.PENDING}

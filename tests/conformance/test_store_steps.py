@@ -56,9 +56,9 @@ def make_cp(
 async def leased(store: StateStore, run_id: str, owner: str = OWNER) -> Run:
     """Create a pending run and take its lease."""
     await store.create_run(make_run(run_id))
-    run = await store.acquire_run(run_id, owner, NOW, NOW + LEASE, PENDING)
-    assert run is not None
-    return run
+    started = await store.start_turns([run_id], owner, NOW, NOW + LEASE, PENDING)
+    assert run_id in started
+    return started[run_id][0]
 
 
 async def suspended(store: StateStore, *run_ids: str) -> None:
@@ -135,9 +135,8 @@ async def test_dispatch_fields_round_trip_through_every_write_and_read(store: St
     assert await store.get_checkpoint("r1", 2) == many[1]
     # the start of a turn reads them too
     assert await store.release_run("r1", OWNER, NOW)
-    turn = await store.start_turn("r1", OWNER, NOW + 5, NOW + LEASE, PENDING)
-    assert turn is not None
-    assert turn[1] == history
+    turns = await store.start_turns(["r1"], OWNER, NOW + 5, NOW + LEASE, PENDING)
+    assert turns["r1"][1] == history
 
 
 async def test_get_checkpoint_of_an_unknown_position_is_none(store: StateStore) -> None:
@@ -315,9 +314,8 @@ async def test_resolve_checkpoints_stores_the_events_of_the_result(store: StateS
     assert (history[0].output, history[0].progress) == ("sent", PROGRESS)
     assert await store.get_checkpoint("r1", 0) == history[0]
     assert await store.get_checkpoint("r1", 1) == history[1]
-    turn = await store.start_turn("r1", OWNER, NOW + 20, NOW + LEASE, frozenset(RunStatus))
-    assert turn is not None
-    assert turn[1] == history
+    turns = await store.start_turns(["r1"], OWNER, NOW + 20, NOW + LEASE, frozenset(RunStatus))
+    assert turns["r1"][1] == history
 
 
 async def test_a_save_never_writes_or_wipes_the_stored_events(store: StateStore) -> None:
@@ -332,7 +330,7 @@ async def test_a_save_never_writes_or_wipes_the_stored_events(store: StateStore)
         NOW + 10,
     ) == [0, 0]
     await leased(store, "r2")
-    assert await store.acquire_run("r1", OWNER, NOW, NOW + LEASE, frozenset(RunStatus))
+    assert await store.start_turns(["r1"], OWNER, NOW, NOW + LEASE, frozenset(RunStatus))
 
     retry = dispatched_cp("r1", 0, dispatched_at=NOW + 20, redispatches=0)
     assert await store.save_checkpoint(retry, OWNER)
@@ -361,7 +359,7 @@ async def test_a_save_never_writes_or_wipes_the_stored_events(store: StateStore)
     ) == [0]
     assert (await store.load_checkpoints("r1"))[0].events == EVENTS[2:]
     assert await store.save_checkpoint(make_cp("r2", 2), OWNER)
-    assert await store.resolve_checkpoint("r2", 2, COMPLETED, "x", None, NOW + 31) == 0
+    assert await store.resolve_checkpoints([Resolution("r2", 2, COMPLETED, "x")], NOW + 31) == [0]
     found = await store.get_checkpoint("r2", 2)
     assert found is not None and found.events is None
 
@@ -482,10 +480,7 @@ async def test_waiters_not_seen_for_three_retries_are_dropped(store: StateStore)
     assert await store.try_admit(stale, NOW + 302) == NOW + 402
 
 
-@pytest.mark.parametrize("batch", [False, True], ids=["resolve_checkpoint", "resolve_checkpoints"])
-async def test_settling_a_step_frees_its_slot_and_wakes_the_next(
-    store: StateStore, batch: bool
-) -> None:
+async def test_settling_a_step_frees_its_slot_and_wakes_the_next(store: StateStore) -> None:
     await saved(store, make_cp("holder", 1, queue="q"), make_cp("holder", 2, queue="q"))
     await saved(store, make_cp("urgent", 1, queue="q"))
     await suspended(store, "early")
@@ -493,12 +488,9 @@ async def test_settling_a_step_frees_its_slot_and_wakes_the_next(
     assert await store.try_admit(ask("early:1", concurrency=1), NOW + 1) == NOW + 1001
     assert await store.try_admit(ask("urgent:1", concurrency=1, priority=1), NOW + 2) == NOW + 1002
 
-    if batch:
-        answers = await store.resolve_checkpoints(
-            [Resolution("holder", 1, COMPLETED, output="ok")], NOW + 5
-        )
-    else:
-        answers = [await store.resolve_checkpoint("holder", 1, COMPLETED, "ok", None, NOW + 5)]
+    answers = await store.resolve_checkpoints(
+        [Resolution("holder", 1, COMPLETED, output="ok")], NOW + 5
+    )
 
     assert answers == [0]
     assert await wake_of(store, "urgent") == NOW + 5
@@ -507,7 +499,7 @@ async def test_settling_a_step_frees_its_slot_and_wakes_the_next(
     assert await store.try_admit(ask("early:1", concurrency=1), NOW + 7) == NOW + 1007
 
     # a failed step frees its slot too (holder:2 never held one: nothing to free)
-    await store.resolve_checkpoint("holder", 2, FAILED, None, ERROR, NOW + 8)
+    await store.resolve_checkpoints([Resolution("holder", 2, FAILED, error=ERROR)], NOW + 8)
     assert await store.try_admit(ask("early:1", concurrency=1), NOW + 9) == NOW + 1009
     await store.resolve_checkpoints([Resolution("urgent", 1, FAILED, error=ERROR)], NOW + 11)
     assert await wake_of(store, "early") == NOW + 11

@@ -457,28 +457,11 @@ class PostgresStore:
 
     # -- leases and turns ------------------------------------------------------------
 
-    async def acquire_run(
-        self, run_id: str, owner: str, now: int, lease_until: int, statuses: frozenset[RunStatus]
-    ) -> Run | None:
-        """Lease the run if its status allows and nobody else holds it."""
-        row = await self._ready().fetchrow(
-            "UPDATE durably_runs SET status = 'running', locked_by = $1, locked_until = $2, "
-            "wake_requested_at = NULL, wake_at = NULL, updated_at = $3 "
-            "WHERE id = $4 AND status = ANY($5::text[]) "
-            "AND (locked_by IS NULL OR locked_until IS NULL OR locked_until < $3) "
-            f"RETURNING {_SELECT_RUN}",
-            owner,
-            lease_until,
-            now,
-            run_id,
-            [s.value for s in statuses],
-        )
-        return _row_to_run(row) if row is not None else None
-
-    async def start_turn(
+    async def _start_turn(
         self, run_id: str, owner: str, now: int, lease_until: int, statuses: frozenset[RunStatus]
     ) -> tuple[Run, dict[int, Checkpoint]] | None:
-        """Lease the run and load its history, in one statement."""
+        """Lease one run and load its history, in one statement that waits
+        for the run's row lock (the batch passes locked rows over)."""
         async with self._connection() as conn:
             row = await conn.fetchrow(
                 _START_TURN, owner, lease_until, now, run_id, [s.value for s in statuses]
@@ -522,11 +505,11 @@ class PostgresStore:
         }
         # A run passed over (not leasable, or its row was being written) gets
         # the one-row statement, which waits for the lock and re-checks: the
-        # batch decides each run as start_turn would. Rare outside contention.
+        # batch decides each run as leasing it alone would. Rare outside contention.
         rest = [run_id for run_id in dict.fromkeys(run_ids) if run_id not in leased]
         if rest:
             again = await asyncio.gather(
-                *(self.start_turn(run_id, owner, now, lease_until, statuses) for run_id in rest)
+                *(self._start_turn(run_id, owner, now, lease_until, statuses) for run_id in rest)
             )
             leased.update((run_id, got) for run_id, got in zip(rest, again, strict=True) if got)
         return leased
@@ -863,25 +846,11 @@ class PostgresStore:
             seqs,
         )
 
-    async def resolve_checkpoint(
-        self,
-        run_id: str,
-        seq: int,
-        status: CheckpointStatus,
-        output: Any,
-        error: ErrorInfo | None,
-        now: int,
-    ) -> int | None:
-        """Settle a pending checkpoint; count its group's pending siblings;
-        free the flow-control slot it holds."""
-        resolution = Resolution(run_id, seq, status, output, error)
-        return (await self.resolve_checkpoints([resolution], now))[0]
-
     async def resolve_checkpoints(
         self, resolutions: list[Resolution], now: int
     ) -> list[int | None]:
-        """:meth:`resolve_checkpoint` for many outcomes, in one transaction of a
-        few statements whatever their number."""
+        """Settle the outcomes in one transaction of a few statements,
+        whatever their number."""
         if not resolutions:
             return []
         # A position named twice is settled by its first entry; the second finds it settled.

@@ -246,7 +246,10 @@ class SqliteStore:
     async def acquire_run(
         self, run_id: str, owner: str, now: int, lease_until: int, statuses: frozenset[RunStatus]
     ) -> Run | None:
-        """Lease the run if its status allows and nobody else holds it."""
+        """Lease the run if its status allows and nobody else holds it, without
+        loading its history. Not part of :class:`~.base.StateStore` (the
+        engine starts turns with :meth:`start_turns`): tests use it to make a
+        run look leased by an owner that then crashed."""
         sql = _lease_statement(len(statuses))
         params = [owner, lease_until, now, run_id, *(s.value for s in statuses), now]
 
@@ -255,13 +258,6 @@ class SqliteStore:
             return _row_to_run(row) if row else None
 
         return await self._db.run(op)
-
-    async def start_turn(
-        self, run_id: str, owner: str, now: int, lease_until: int, statuses: frozenset[RunStatus]
-    ) -> tuple[Run, dict[int, Checkpoint]] | None:
-        """Lease the run and load its history in one batch."""
-        leased = await self.start_turns([run_id], owner, now, lease_until, statuses)
-        return leased.get(run_id)
 
     async def start_turns(
         self,
@@ -585,24 +581,10 @@ class SqliteStore:
 
         await self._db.run(op)
 
-    async def resolve_checkpoint(
-        self,
-        run_id: str,
-        seq: int,
-        status: CheckpointStatus,
-        output: Any,
-        error: ErrorInfo | None,
-        now: int,
-    ) -> int | None:
-        """Settle a pending checkpoint; count its group's pending siblings;
-        free the flow-control slot it holds."""
-        resolution = Resolution(run_id, seq, status, output, error)
-        return (await self.resolve_checkpoints([resolution], now))[0]
-
     async def resolve_checkpoints(
         self, resolutions: list[Resolution], now: int
     ) -> list[int | None]:
-        """:meth:`resolve_checkpoint` for many outcomes, in one transaction."""
+        """Settle the outcomes in one transaction."""
         values = [
             (
                 r.status,
