@@ -14,8 +14,13 @@ from typing import Any
 
 from ..model import TERMINAL_STATUSES, Checkpoint, CheckpointStatus, ErrorInfo, Run, RunStatus
 from ._match import match_index, project
-from ._schedule_rows import check_schedule_changes
-from ._shared import check_run_changes, dead_error, decode_cursor, encode_cursor
+from ._rows import (
+    check_run_changes,
+    check_schedule_changes,
+    dead_error,
+    decode_cursor,
+    encode_cursor,
+)
 from .base import (
     Admission,
     EventDelivery,

@@ -37,14 +37,16 @@ from ..model import TERMINAL_STATUSES, Checkpoint, CheckpointStatus, ErrorInfo, 
 from ._match import match_index, project
 from ._pg_batch import PgWriteBatcher, settle_params
 from ._pg_messages import PgMessageQueue
-from ._pg_sql import CP_COLUMNS as _CP_COLUMNS
 from ._pg_sql import CP_PARAMS as _CP_PARAMS
 from ._pg_sql import CP_UPSERT_TAIL as _CP_UPSERT_TAIL
 from ._postgres_schema import MIGRATIONS
-from ._schedule_rows import SCHEDULE_COLUMNS, check_schedule_changes
-from ._shared import (
-    JSON_RUN_COLUMNS,
+from ._rows import (
+    CP_COLUMNS,
+    CP_SELECT,
+    RUN_COLUMNS,
+    SCHEDULE_COLUMNS,
     check_run_changes,
+    check_schedule_changes,
     checkpoint_from_row,
     checkpoint_params,
     completed_params,
@@ -52,7 +54,12 @@ from ._shared import (
     decode_cursor,
     dump_json,
     encode_cursor,
+    run_column_value,
+    run_from_row,
     run_params,
+    schedule_column_value,
+    schedule_from_row,
+    schedule_params,
 )
 from .base import (
     Admission,
@@ -70,18 +77,11 @@ __all__ = ["PostgresStore"]
 
 _log = logging.getLogger("durably.stores.postgres")
 
-_RUN_COLUMNS = (
-    "id, workflow, workflow_version, status, namespace, parent_id, input, output, error, tags, "
-    "priority, wake_at, wake_requested_at, locked_by, locked_until, recovery_attempts, "
-    "deadline_at, created_at, updated_at, parent_seq, cancel_requested"
-)
-_SELECT_RUN = (
-    "id, workflow, workflow_version, status, namespace, parent_id, input, output, error, "
-    "tags::text AS tags, priority, wake_at, wake_requested_at, locked_by, locked_until, "
-    "recovery_attempts, deadline_at, created_at, updated_at, parent_seq, cancel_requested"
-)
+# The run columns read as text: asyncpg would decode jsonb itself, and
+# run_from_row decodes every JSON column the same way on both dialects.
+_SELECT_RUN = RUN_COLUMNS.replace(" tags,", " tags::text AS tags,")
 _INSERT_RUN = (
-    f"INSERT INTO durably_runs ({_RUN_COLUMNS}) VALUES "
+    f"INSERT INTO durably_runs ({RUN_COLUMNS}) VALUES "
     "($1,$2,$3,$4,$5,$6,$7,$8,$9,$10::jsonb,$11,$12,$13,$14,$15,$16,$17,$18,$19,$20,$21) "
     "ON CONFLICT (id) DO NOTHING RETURNING true"
 )
@@ -107,11 +107,8 @@ _START_TURN = (
     f"RETURNING {_SELECT_RUN}) "
     f"SELECT r.*, {_HISTORY} AS history FROM r"
 )
-# Read with the checkpoint, written only by a resolve: never in a save's upsert,
-# so a save keeps the events a result stored.
-_CP_SELECT = f"{_CP_COLUMNS}, events"
 _UPSERT_CHECKPOINT = (
-    f"INSERT INTO durably_checkpoints ({_CP_COLUMNS}) VALUES ({_CP_PARAMS}) {_CP_UPSERT_TAIL}"
+    f"INSERT INTO durably_checkpoints ({CP_COLUMNS}) VALUES ({_CP_PARAMS}) {_CP_UPSERT_TAIL}"
 )
 # One statement: lock the run row against a concurrent takeover, check the
 # lease, and upsert only if it is held; the result says whether it was.
@@ -119,7 +116,7 @@ _SAVE_CHECKPOINT_FENCED = f"""
     WITH lease AS (
         SELECT id FROM durably_runs WHERE id = $1::text AND locked_by = $19::text FOR SHARE
     ), saved AS (
-        INSERT INTO durably_checkpoints ({_CP_COLUMNS})
+        INSERT INTO durably_checkpoints ({CP_COLUMNS})
         SELECT {_CP_PARAMS} FROM lease
         {_CP_UPSERT_TAIL}
         RETURNING 1
@@ -375,7 +372,7 @@ class PostgresStore:
                 chunk = runs[start : start + 500]
                 columns = list(zip(*(run_params(run) for run in chunk), strict=True))
                 rows = await conn.fetch(
-                    f"INSERT INTO durably_runs ({_RUN_COLUMNS}) "
+                    f"INSERT INTO durably_runs ({RUN_COLUMNS}) "
                     "SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], "
                     "$5::text[], $6::text[], $7::text[], $8::text[], $9::text[], $10::jsonb[], "
                     "$11::integer[], $12::bigint[], $13::bigint[], $14::text[], $15::bigint[], "
@@ -394,7 +391,7 @@ class PostgresStore:
         row = await self._ready().fetchrow(
             f"SELECT {_SELECT_RUN} FROM durably_runs WHERE id = $1", run_id
         )
-        return _row_to_run(row) if row is not None else None
+        return run_from_row(row) if row is not None else None
 
     async def get_runs(self, run_ids: list[str]) -> list[Run]:
         """The runs that exist among ``run_ids``."""
@@ -404,7 +401,7 @@ class PostgresStore:
         rows = await self._ready().fetch(
             f"SELECT {_SELECT_RUN} FROM durably_runs WHERE id = ANY($1::text[])", ids
         )
-        return [_row_to_run(row) for row in rows]
+        return [run_from_row(row) for row in rows]
 
     async def list_runs(self, query: RunQuery) -> RunPage:
         """Runs matching ``query``, newest first."""
@@ -433,7 +430,7 @@ class PostgresStore:
             f"SELECT {_SELECT_RUN} FROM durably_runs {where} "
             f"ORDER BY created_at DESC, id DESC LIMIT {param(query.limit + 1)}"
         )
-        runs = [_row_to_run(row) for row in await self._ready().fetch(sql, *params)]
+        runs = [run_from_row(row) for row in await self._ready().fetch(sql, *params)]
         if len(runs) <= query.limit:
             return RunPage(runs, None)
         runs = runs[: query.limit]
@@ -468,7 +465,7 @@ class PostgresStore:
             )
         if row is None:
             return None
-        return _row_to_run(row), _history(run_id, row["history"])
+        return run_from_row(row), _history(run_id, row["history"])
 
     async def start_turns(
         self,
@@ -501,7 +498,7 @@ class PostgresStore:
             values,
         )
         leased = {
-            row["id"]: (_row_to_run(row), _history(row["id"], row["history"])) for row in rows
+            row["id"]: (run_from_row(row), _history(row["id"], row["history"])) for row in rows
         }
         # A run passed over (not leasable, or its row was being written) gets
         # the one-row statement, which waits for the lock and re-checks: the
@@ -524,7 +521,7 @@ class PostgresStore:
             run_id,
             owner,
         )
-        return _row_to_run(row) if row is not None else None
+        return run_from_row(row) if row is not None else None
 
     async def renew_lease(self, run_id: str, owner: str, lease_until: int) -> bool:
         """Extend our lease."""
@@ -631,7 +628,7 @@ class PostgresStore:
         params: list[Any] = []
         sets: list[str] = []
         for column, value in changes.items():
-            params.append(_column_value(column, value))
+            params.append(run_column_value(column, value))
             cast = "::jsonb" if column == "tags" else ""
             sets.append(f"{column} = ${len(params)}{cast}")
         params.extend([now, run_id, [s.value for s in statuses]])
@@ -810,7 +807,7 @@ class PostgresStore:
     async def load_checkpoints(self, run_id: str) -> dict[int, Checkpoint]:
         """Every checkpoint of the run."""
         rows = await self._ready().fetch(
-            f"SELECT {_CP_SELECT} FROM durably_checkpoints WHERE run_id = $1 ORDER BY seq",
+            f"SELECT {CP_SELECT} FROM durably_checkpoints WHERE run_id = $1 ORDER BY seq",
             run_id,
         )
         return {row["seq"]: checkpoint_from_row(row) for row in rows}
@@ -945,7 +942,7 @@ class PostgresStore:
     async def get_checkpoint(self, run_id: str, seq: int) -> Checkpoint | None:
         """One checkpoint, or ``None``."""
         row = await self._ready().fetchrow(
-            f"SELECT {_CP_SELECT} FROM durably_checkpoints WHERE run_id = $1 AND seq = $2",
+            f"SELECT {CP_SELECT} FROM durably_checkpoints WHERE run_id = $1 AND seq = $2",
             run_id,
             seq,
         )
@@ -1245,7 +1242,7 @@ class PostgresStore:
                 f"INSERT INTO durably_schedules ({SCHEDULE_COLUMNS}) "
                 "VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11) "
                 "ON CONFLICT (name) DO NOTHING RETURNING true",
-                *_schedule_params(record),
+                *schedule_params(record),
             )
             if inserted:
                 return record, True
@@ -1259,7 +1256,7 @@ class PostgresStore:
         row = await self._ready().fetchrow(
             f"SELECT {SCHEDULE_COLUMNS} FROM durably_schedules WHERE name = $1", name
         )
-        return _row_to_schedule(row) if row is not None else None
+        return schedule_from_row(row) if row is not None else None
 
     async def list_schedules(self, namespace: str | None = None) -> list[ScheduleRecord]:
         """Schedules by name."""
@@ -1268,7 +1265,7 @@ class PostgresStore:
             "WHERE $1::text IS NULL OR namespace = $1 ORDER BY name",
             namespace,
         )
-        return [_row_to_schedule(row) for row in rows]
+        return [schedule_from_row(row) for row in rows]
 
     async def list_due_schedules(
         self, namespace: str, now: int, limit: int, workflows: list[str] | None = None
@@ -1284,7 +1281,7 @@ class PostgresStore:
             limit,
             workflows,
         )
-        return [_row_to_schedule(row) for row in rows]
+        return [schedule_from_row(row) for row in rows]
 
     async def update_schedule(
         self, name: str, changes: dict[str, Any], now: int, *, revision: int | None = None
@@ -1294,7 +1291,7 @@ class PostgresStore:
         params: list[Any] = []
         sets: list[str] = []
         for column, value in changes.items():
-            params.append(codec.dumps(value) if column == "spec" else value)
+            params.append(schedule_column_value(column, value))
             sets.append(f"{column} = ${len(params)}")
         params.extend([now, name])
         sets.append(f"revision = revision + 1, updated_at = ${len(params) - 1}")
@@ -1308,7 +1305,7 @@ class PostgresStore:
             f"RETURNING {SCHEDULE_COLUMNS}",
             *params,
         )
-        return _row_to_schedule(row) if row is not None else None
+        return schedule_from_row(row) if row is not None else None
 
     async def delete_schedule(self, name: str) -> bool:
         """Delete a schedule."""
@@ -1336,7 +1333,7 @@ async def _time_out_wait(
     advisory lock): return the checkpoint if a delivery won the race, else
     forget exactly this waiter and fail the checkpoint."""
     row = await conn.fetchrow(
-        f"SELECT {_CP_SELECT} FROM durably_checkpoints WHERE run_id = $1 AND seq = $2 FOR UPDATE",
+        f"SELECT {CP_SELECT} FROM durably_checkpoints WHERE run_id = $1 AND seq = $2 FOR UPDATE",
         run_id,
         seq,
     )
@@ -1507,75 +1504,7 @@ async def _take_buffered_event(conn: Any, name: str, keys: str, match: str) -> s
         after = rows[-1]["id"]
 
 
-def _schedule_params(record: ScheduleRecord) -> tuple[Any, ...]:
-    return (
-        record.name,
-        record.namespace,
-        codec.dumps(record.spec),
-        record.paused,
-        record.next_fire_at,
-        record.last_fired_at,
-        record.last_run_id,
-        record.firing_run_id,
-        record.revision,
-        record.created_at,
-        record.updated_at,
-    )
-
-
-def _row_to_schedule(row: Any) -> ScheduleRecord:
-    return ScheduleRecord(
-        name=row["name"],
-        namespace=row["namespace"],
-        spec=codec.loads(row["spec"]),
-        paused=bool(row["paused"]),
-        next_fire_at=row["next_fire_at"],
-        last_fired_at=row["last_fired_at"],
-        last_run_id=row["last_run_id"],
-        firing_run_id=row["firing_run_id"],
-        revision=int(row["revision"]),
-        created_at=row["created_at"],
-        updated_at=row["updated_at"],
-    )
-
-
 def _row_count(status: str) -> int:
     """The row count of an asyncpg command tag (``UPDATE 3`` → 3)."""
     tail = status.rsplit(" ", 1)[-1]
     return int(tail) if tail.isdigit() else 0
-
-
-def _column_value(column: str, value: Any) -> Any:
-    if column == "status":
-        return RunStatus(value).value
-    if column == "tags":
-        return codec.dumps(value if value is not None else [])
-    if column in JSON_RUN_COLUMNS:
-        return dump_json(value)
-    return value
-
-
-def _row_to_run(row: Any) -> Run:
-    return Run(
-        run_id=row["id"],
-        workflow=row["workflow"],
-        workflow_version=row["workflow_version"],
-        status=RunStatus(row["status"]),
-        namespace=row["namespace"],
-        parent_id=row["parent_id"],
-        input=codec.loads(row["input"]),
-        output=codec.loads(row["output"]),
-        error=codec.loads(row["error"]),
-        tags=codec.loads(row["tags"]) or [],
-        priority=row["priority"],
-        wake_at=row["wake_at"],
-        wake_requested_at=row["wake_requested_at"],
-        locked_by=row["locked_by"],
-        locked_until=row["locked_until"],
-        recovery_attempts=row["recovery_attempts"],
-        deadline_at=row["deadline_at"],
-        created_at=row["created_at"],
-        updated_at=row["updated_at"],
-        parent_seq=row["parent_seq"],
-        cancel_requested=row["cancel_requested"],
-    )
