@@ -150,7 +150,7 @@ async def test_dispatch_and_send_raise_transport_error_when_the_database_fails(
 async def test_a_malformed_message_is_dropped_not_redelivered(
     db_factory: TransportFactory,
 ) -> None:
-    from durably.stores._messages import OutMessage
+    from durably._queue import OutMessage
 
     transport = await db_factory()
     queue = _store(transport).messages()  # type: ignore[attr-defined]

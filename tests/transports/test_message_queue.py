@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
+from durably._queue import MessageQueue, OutMessage
 from durably.stores import SqliteStore
-from durably.stores._messages import MessageQueue, OutMessage
 
 from .conftest import wait_until
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Collection
 from typing import Protocol, runtime_checkable
 
+from .._queue import MessageQueue
 from ..errors import DurablyError
-from ..stores._messages import MessageQueue
 from ..wire import Heartbeat, StepResult, StepTask
 
 __all__ = [

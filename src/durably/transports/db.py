@@ -32,8 +32,8 @@ from typing import Any, Generic, TypeVar
 
 from .. import codec
 from .._aio import wait_event
+from .._queue import Message, MessageQueue, OutMessage, Unlisten
 from ..clock import wall_ms
-from ..stores._messages import Message, MessageQueue, OutMessage, Unlisten
 from ..wire import Heartbeat, StepResult, StepTask, WireError
 from .base import CancelHandler, HeartbeatHandler, ResultHandler, TaskHandler, TransportError
 
