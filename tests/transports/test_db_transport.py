@@ -9,12 +9,12 @@ import time
 import pytest
 
 from durably.stores import MemoryStore
+from durably.testing.conformance.transports.contract import Handler, Results, task
 from durably.transports.base import TransportError
 from durably.transports.db import DbTransport, task_topic
 from durably.wire import StepResult, StepTask
 
 from .conftest import TransportFactory, wait_until
-from .test_transport_contract import Handler, Results, task
 
 
 def _store(transport: object) -> object:
