@@ -84,16 +84,22 @@ async def test_a_task_reaches_the_handler_serving_its_group_only(
     sent = task("r1", 1, group="a", input={"x": [1, "two"]}, priority=3, traceparent="tp")
     await sender.dispatch([sent, task("r2", 1, group="b", name="other")])
     await wait_until(lambda: len(handler.seen) >= 1, what="the task of group a")
-    await asyncio.sleep(0.2)
-    assert handler.seen == [sent]  # the fields survive the trip; b never reaches a
     if transport_factory.inline:
-        # memory: a task nobody serves fails at once, non-retryable
+        # inline: dispatch returned, so every delivery of it is done; a task
+        # nobody serves fails at once, non-retryable
+        assert handler.seen == [sent]  # the fields survive the trip
         assert [(r.step_id, r.ok, r.error) for r in results.results] == [
             ("r2:1", False, {"message": "no handler for other", "retryable": False})
         ]
         assert not results.results[0].retryable
-    else:
-        assert results.results == []  # no answer: it waits for a server of b
+        return
+    assert results.results == []  # no answer: it waits for a server of b
+    # b reaches a server of b; delivered there, it was never a's to take
+    other = Handler()
+    b_server = await transport_factory()
+    await b_server.serve(["b"], other, concurrency=1)
+    await wait_until(lambda: other.ids == ["r2:1"], what="the task of group b at a server of b")
+    assert handler.seen == [sent]  # the fields survive the trip; b never reached a
 
 
 async def test_an_unserved_task_waits_for_a_server_of_its_group(
@@ -201,7 +207,13 @@ async def test_serve_again_replaces_the_served_set(transport_factory: TransportF
     sender = await transport_factory()
     await sender.dispatch([task("ra", group="a"), task("rb", group="b")])
     await wait_until(lambda: second.ids == ["rb:1"], what="the task of group b")
-    await asyncio.sleep(0.2)
+    if transport_factory.inline:  # ra had no server: answered at once
+        assert [(r.step_id, r.ok) for r in results.results] == [("ra:1", False)]
+    else:  # ra waits for a server of a, and the first handler is not one any more
+        third = Handler()
+        a_server = await transport_factory()
+        await a_server.serve(["a"], third, concurrency=1)
+        await wait_until(lambda: third.ids == ["ra:1"], what="the task of group a")
     assert first.seen == []
 
 
@@ -212,7 +224,7 @@ async def test_a_handler_that_raises_has_its_task_delivered_again(
 
     async def flaky(t: StepTask) -> None:
         calls.append(t.step_id)
-        if calls.count(t.step_id) == 1:
+        if t.run_id != "last" and calls.count(t.step_id) == 1:
             raise RuntimeError("the result could not be sent")
 
     server = await transport_factory()
@@ -220,15 +232,19 @@ async def test_a_handler_that_raises_has_its_task_delivered_again(
     sender = await transport_factory()
     await sender.dispatch([task("r1"), task("r2")])
     if transport_factory.inline:
-        # memory: logged, not retried (inline retries could loop forever)
-        assert sorted(calls) == ["r1:1", "r2:1"]
-        await asyncio.sleep(0.1)
-        assert sorted(calls) == ["r1:1", "r2:1"]
+        # inline: logged, not retried (inline retries could loop forever);
+        # the next dispatch runs right after, with no retry in between
+        assert calls == ["r1:1", "r2:1"]
+        await sender.dispatch([task("last")])
+        assert calls == ["r1:1", "r2:1", "last:1"]
         return
     await wait_until(lambda: len(calls) == 4, what="each task delivered twice")
     assert sorted(calls) == ["r1:1", "r1:1", "r2:1", "r2:1"]
-    await asyncio.sleep(0.2)
-    assert len(calls) == 4  # acked after the second delivery returned
+    # A task of lower priority goes out after anything queued before it: had
+    # a second delivery not been taken as done, a third would come first.
+    await sender.dispatch([task("last", priority=-1)])
+    await wait_until(lambda: "last:1" in calls, what="the task dispatched last")
+    assert sorted(calls) == ["last:1", "r1:1", "r1:1", "r2:1", "r2:1"]
 
 
 async def test_a_results_batch_whose_consumer_raised_is_delivered_again(
@@ -261,9 +277,12 @@ async def test_stop_serving_hands_back_tasks_not_started(
     gate = asyncio.Event()
     started: list[str] = []
 
+    first_done: list[str] = []
+
     async def blocked(t: StepTask) -> None:
         started.append(t.step_id)
         await gate.wait()
+        first_done.append(t.step_id)
 
     if transport_factory.inline:
         # memory holds nothing: after stop_serving a task has no handler
@@ -286,9 +305,14 @@ async def test_stop_serving_hands_back_tasks_not_started(
     assert set(handler.ids) | set(started) == {"r0:1", "r1:1", "r2:1"}
     assert not set(handler.ids) & set(started)
     gate.set()  # the running one was left to finish, and is not delivered again
-    await asyncio.sleep(0.3)
+    await wait_until(lambda: first_done == started, what="the running one to finish")
+    # A task of lower priority goes out after anything queued before it: a
+    # second delivery of the finished one would come first.
+    await sender.dispatch([task("last", priority=-1)])
+    await wait_until(lambda: "last:1" in handler.ids, what="the task dispatched last")
     assert len(started) == 1
-    assert len(handler.seen) == 2
+    assert len(handler.seen) == 3
+    assert not set(handler.ids) & set(started)
 
 
 async def test_higher_priority_tasks_are_delivered_first(
