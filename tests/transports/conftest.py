@@ -13,8 +13,6 @@ transport (``lease_ms``…); the others ignore them.
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
@@ -24,6 +22,7 @@ import pytest
 
 from durably.stores import SqliteStore
 from durably.testing.conformance import TransportFactory, transport_factory_from
+from durably.testing.conformance import wait_until as wait_until  # for test modules here
 from durably.transports.base import Transport
 from durably.transports.local import LocalTransport
 from durably.transports.memory import MemoryTransport
@@ -129,14 +128,3 @@ async def db_factory(request: pytest.FixtureRequest) -> AsyncIterator[TransportF
     """Like ``transport_factory``, for the ``db`` transport only."""
     async with TRANSPORTS[request.param](request) as make:
         yield transport_factory_from(make)
-
-
-async def wait_until(
-    predicate: Callable[[], bool], timeout: float = 5.0, what: str = "the condition"
-) -> None:
-    """Poll ``predicate`` until true; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.01)

@@ -10,12 +10,11 @@ import pytest
 
 from durably._queue import MessageQueue
 from durably.stores import MemoryStore
+from durably.testing.conformance import TransportFactory, wait_until
 from durably.testing.conformance.transports.contract import Handler, Results, task
 from durably.transports.base import TransportError
 from durably.transports.db import DbTransport, task_topic
 from durably.wire import StepResult, StepTask
-
-from .conftest import TransportFactory, wait_until
 
 
 def _store(transport: object) -> object:

@@ -12,8 +12,7 @@ import pytest
 
 from durably._queue import MessageQueue, OutMessage
 from durably.stores import SqliteStore
-
-from .conftest import wait_until
+from durably.testing.conformance import wait_until
 
 StoreMaker = Callable[[], Any]
 
