@@ -5,29 +5,47 @@ from __future__ import annotations
 
 from .._urls import redact_url
 from .base import (
+    CheckpointStore,
     EventDelivery,
+    FlowStore,
     RunChanges,
     RunPage,
     RunQuery,
+    RunStore,
     ScheduleRecord,
+    ScheduleStore,
     SettleResult,
     SignalWait,
     StateStore,
+    StoreConnection,
+    StoreInspector,
+    SweepStore,
+    TurnStore,
+    WaitStore,
 )
 from .memory import MemoryStore
 from .sqlite import SqliteStore
 
 __all__ = [
+    "CheckpointStore",
     "EventDelivery",
+    "FlowStore",
     "MemoryStore",
     "RunChanges",
     "RunPage",
     "RunQuery",
+    "RunStore",
     "ScheduleRecord",
+    "ScheduleStore",
     "SettleResult",
     "SignalWait",
     "SqliteStore",
     "StateStore",
+    "StoreConnection",
+    "StoreInspector",
+    "SweepStore",
+    "TurnStore",
+    "WaitStore",
     "open_store",
 ]
 
