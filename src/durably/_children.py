@@ -16,17 +16,17 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ._batch import BatchCall
+from ._replay import error_info
 from .errors import DurablyError, SchemaValidationError, WorkflowNotRegistered
 from .model import TERMINAL_STATUSES, CheckpointStatus, ErrorInfo, Run, RunStatus
-from .replay import error_info
 from .stores import RunQuery
 from .stores.base import Resolution
 
 if TYPE_CHECKING:
+    from ._registry import Registry
     from ._routing import RunRouter
     from .clock import Clock
     from .model import Checkpoint
-    from .registry import Registry
     from .stores import StateStore
     from .transports import Transport
 

@@ -23,11 +23,11 @@ from .model import RunStatus
 if TYPE_CHECKING:
     from ._executor import RunExecutor
     from ._options import EngineOptions
+    from ._replay import Turn
     from ._run_queue import RunQueue
     from ._watch import RunWatcher
     from .clock import Clock
     from .model import Run, RunResult
-    from .replay import Turn
     from .stores import StateStore
 
 __all__ = ["RunRouter"]

@@ -2,7 +2,7 @@
 
 A turn leases the run (many turns starting together share one statement),
 replays the workflow body against its checkpoint snapshot
-(:mod:`durably.replay`) while a renewer keeps the lease, and settles the
+(:mod:`durably._replay`) while a renewer keeps the lease, and settles the
 outcome and the lease in one compare-and-set. A wake that arrived during the
 turn makes the run take another turn at once; a run that ended tells its
 parent, its waiters and its failure handlers.
@@ -18,19 +18,19 @@ from typing import TYPE_CHECKING, Any
 
 from ._batch import BatchCall
 from ._ops.saga import Saga
+from ._replay import Turn, TurnEnd, TurnOutcome, error_info
 from .context import WorkflowContext
 from .errors import SchemaValidationError, WorkflowNotRegistered, _TurnClosed
 from .model import TERMINAL_STATUSES, Checkpoint, ErrorInfo, Run, RunResult, RunStatus
-from .replay import Turn, TurnEnd, TurnOutcome, error_info
 from .stores import RunChanges, SettleResult
 
 if TYPE_CHECKING:
     from ._children import ChildRuns
     from ._ops.env import Services
     from ._options import EngineOptions
+    from ._registry import Registry
     from ._routing import RunRouter
     from .clock import Clock
-    from .registry import Registry
     from .stores import StateStore
 
 __all__ = ["Leased", "TurnDriver"]

@@ -17,16 +17,16 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
 from ._aio import wait_event
-from .hooks import call_safely
+from ._hooks import call_safely
 from .model import TERMINAL_STATUSES, RunStatus
 from .stores import RunQuery
 
 if TYPE_CHECKING:
     from ._children import ChildRuns
+    from ._hooks import Hooks
     from ._options import EngineOptions
     from ._routing import RunRouter
     from .clock import Clock
-    from .hooks import Hooks
     from .model import Run
     from .stores import StateStore
 

@@ -3,7 +3,7 @@ that is not pure computation.
 
 Each public method is a plain (non-async) function that checks its
 arguments, takes the operation's position at call time and returns an
-awaitable; see :mod:`durably.replay` for why. An operation whose checkpoint
+awaitable; see :mod:`durably._replay` for why. An operation whose checkpoint
 is completed returns the recorded value without executing anything. The
 operations themselves live in :mod:`durably._ops`, one module per family.
 """
@@ -16,17 +16,17 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-from . import codec
+from . import _codec as codec
 from ._ops.env import Services, TurnEnv
 from ._ops.fan import ChildCall, Settled, gather
 from ._ops.local_step import local_step, recorded_value
 from ._ops.saga import Saga
 from ._ops.step import StepCall, StepRunner
 from ._ops.waits import check_match, check_name, timer, wait_for_event, wait_for_signal
+from ._replay import Turn
 from .durations import Duration, to_ms
 from .errors import NondeterminismError, _ContinueAsNew
 from .model import CheckpointStatus
-from .replay import Turn
 from .retry import RetryPolicy
 from .steps import StepDefinition, StepRef
 

@@ -27,15 +27,16 @@ from datetime import datetime
 from types import TracebackType
 from typing import Any, TypeVar, cast
 
-from . import codec
+from . import _codec as codec
 from ._children import ChildRuns, RunNotFound
-from ._dispatch import FlowQueue, StepDispatcher
+from ._events import EventRouter
 from ._executor import RunExecutor
+from ._hooks import EvictHook, Handler, Hooks, StalledHook
 from ._ops.env import Services
 from ._options import Consumers, EngineOptions, Option, SettableOption
+from ._registry import Registry, WorkflowDef, takes_input
 from ._routing import RunRouter
 from ._run_queue import RunQueue
-from ._step_runtime import StepServer
 from ._threads import StepThreads
 from ._turns import TurnDriver
 from ._watch import RunWatcher
@@ -43,13 +44,13 @@ from ._worker import RECOVERY_BATCH, Phase, Worker
 from .clock import Clock, SystemClock
 from .durations import Duration, to_ms
 from .errors import DurablyError, SchemaValidationError
-from .events import EventRouter
-from .hooks import EvictHook, Handler, Hooks, StalledHook
 from .model import TERMINAL_STATUSES, Checkpoint, CheckpointStatus, Run, RunResult, RunStatus
-from .registry import Registry, WorkflowDef, takes_input
 from .retry import RetryPolicy
 from .schedules import Overlap, Schedule, Scheduler, ScheduleSpec
-from .steps import StepDefinition, StepRef, takes_logger
+from .steps._dispatcher import StepDispatcher
+from .steps._flow import FlowQueue
+from .steps._server import StepServer
+from .steps.definition import StepDefinition, StepRef, takes_logger
 from .stores import RunPage, RunQuery, StateStore, open_store
 from .transports import Transport, open_transport
 from .transports.base import RunCarrier
@@ -957,7 +958,7 @@ class Engine:
         """Worker phase: start the runs of due schedule windows; return how many."""
         return await self._worker.fire_schedules()
 
-    # -- events (durably.events) ------------------------------------------------------------
+    # -- events (durably._events) ------------------------------------------------------------
 
     def on_event(self, event: str | Sequence[str], workflow: str) -> None:
         """Start a run of ``workflow`` for every publish of ``event`` (or of

@@ -40,15 +40,15 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import CroniterBadDateError, croniter
 
-from . import codec
+from . import _codec as codec
 from .durations import Duration, to_ms
 from .errors import DurablyError, SchemaValidationError, WorkflowNotRegistered
 from .model import RunStatus
 from .stores.base import ScheduleRecord
 
 if TYPE_CHECKING:
+    from ._registry import Registry
     from .clock import Clock
-    from .registry import Registry
     from .stores import StateStore
 
 __all__ = [

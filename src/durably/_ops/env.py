@@ -15,13 +15,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from .._dispatch import StepDispatcher
+from .._replay import Turn
 from .._threads import StepThreads
 from ..clock import Clock
 from ..errors import _TurnClosed
 from ..model import Checkpoint, CheckpointStatus, ErrorInfo, Run
-from ..replay import Turn
 from ..retry import RetryPolicy
+from ..steps._dispatcher import StepDispatcher
 from ..stores.base import StateStore
 
 __all__ = ["Services", "SpawnChildren", "TurnEnv"]

@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from .. import codec
+from .. import _codec as codec
+from .._replay import error_info
 from ..errors import FatalError, StepFailed
 from ..model import Checkpoint, CheckpointStatus
-from ..replay import error_info
 from ..retry import RetryPolicy
 from .env import TurnEnv
 

@@ -14,8 +14,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from .._replay import Turn, error_info
 from ..model import CheckpointStatus, ErrorInfo
-from ..replay import Turn, error_info
 from ..retry import RetryPolicy
 from .env import Services, TurnEnv
 

@@ -22,10 +22,10 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
-from .._dispatch import LiveStep
 from ..errors import StepFailed
 from ..model import Checkpoint, CheckpointStatus, ErrorInfo
 from ..retry import RetryPolicy
+from ..steps._dispatcher import LiveStep
 from ..stores.base import Admission
 from ..transports.base import TransportError
 from ..wire import StepTask, routing_token

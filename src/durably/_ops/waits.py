@@ -17,10 +17,10 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
-from .. import codec
+from .. import _codec as codec
+from .._replay import error_info
 from ..errors import EventTimeout, SignalTimeout
 from ..model import Checkpoint, CheckpointStatus, ErrorInfo
-from ..replay import error_info
 from ..stores._match import canonical
 from ..stores.base import SignalWait
 from .env import TurnEnv

@@ -18,7 +18,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .. import codec
+from .. import _codec as codec
 from ..model import Checkpoint, CheckpointStatus, ErrorInfo, Run, RunStatus
 from .base import ScheduleRecord
 

@@ -26,7 +26,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from .. import codec
+from .. import _codec as codec
 from ..model import TERMINAL_STATUSES, Checkpoint, CheckpointStatus, ErrorInfo, Run, RunStatus
 from ._match import match_index, project
 from ._pg_batch import PgWriteBatcher, settle_params

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from .. import codec
+from .. import _codec as codec
 from .._urls import redact_url
 from ..model import TERMINAL_STATUSES, Checkpoint, CheckpointStatus, ErrorInfo, Run, RunStatus
 from ._match import match_index, project

@@ -30,7 +30,7 @@ import uuid
 from collections.abc import Collection
 from typing import Any
 
-from .. import codec
+from .. import _codec as codec
 from .._aio import wait_event
 from .._batch import BatchCall
 from .._queue import Message, MessageQueue, OutMessage, Unlisten

@@ -21,13 +21,13 @@ import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from . import codec
+from . import _codec as codec
 from ._ops.waits import check_match, check_name
 from .errors import SchemaValidationError
 
 if TYPE_CHECKING:
+    from ._registry import Registry
     from .clock import Clock
-    from .registry import Registry
     from .stores import StateStore
 
 __all__ = ["EventRouter", "check_match", "check_name", "event_trigger_run_id"]

@@ -24,7 +24,7 @@ EvictHook = Callable[[Run, list[Checkpoint]], Awaitable[Any]]
 StalledHook = Callable[[Run], Awaitable[Any]]
 """``async def alert(run)``, called once per stalled episode."""
 
-_log = logging.getLogger("durably.hooks")
+_log = logging.getLogger("durably._hooks")
 
 
 class StartRun(Protocol):

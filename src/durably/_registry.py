@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from . import codec
+from . import _codec as codec
 from .errors import SchemaValidationError, WorkflowNotRegistered
 
 __all__ = ["Registry", "WorkflowDef"]
