@@ -6,6 +6,7 @@ Chosen by URL: ``local://`` (the default, in-process queues), ``memory://``
 
 from __future__ import annotations
 
+from .._urls import redact_url
 from ..stores.base import StateStore
 from .base import Transport, TransportError
 from .local import LocalTransport
@@ -31,4 +32,6 @@ def open_transport(target: str | Transport | None, store: StateStore) -> Transpo
         from .db import DbTransport
 
         return DbTransport(store)
-    raise ValueError(f"unknown transport URL {target!r}: expected local://, memory:// or db://")
+    raise ValueError(
+        f"unknown transport URL {redact_url(target)!r}: expected local://, memory:// or db://"
+    )
