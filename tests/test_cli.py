@@ -21,6 +21,7 @@ import pytest
 
 import durably
 from durably import CheckpointStatus, RunStatus
+from durably.testing import VirtualClock, eventually
 
 APPS = Path(__file__).parent / "apps"
 SRC = Path(__file__).resolve().parent.parent / "src"
@@ -86,17 +87,20 @@ async def wait_until(
     timeout: float = 30.0,
     worker: Worker | None = None,
 ) -> durably.Run:
-    """Poll the store until ``check(run, history)`` holds."""
-    deadline = time.monotonic() + timeout
-    while True:
+    """Poll the store until ``check(run, history)`` holds; a timeout shows the
+    run as last read and the worker's output."""
+
+    async def holds() -> durably.Run:
         run = await engine.get_run(run_id)
-        assert run is not None
-        if check(run, await engine.history(run_id)):
-            return run
-        if time.monotonic() > deadline:
-            log = worker.output() if worker is not None else ""
-            raise AssertionError(f"timed out; run is {run}\n{log}")
-        await asyncio.sleep(0.05)
+        assert run is not None, f"no run {run_id}"
+        assert check(run, await engine.history(run_id)), f"run is {run}"
+        return run
+
+    try:
+        return await eventually(holds, what=f"run {run_id}", timeout=timeout, interval=0.05)
+    except AssertionError as timed_out:
+        log = worker.output() if worker is not None else ""
+        raise AssertionError(f"{timed_out}\n{log}") from None
 
 
 class Worker:
@@ -179,13 +183,17 @@ def workers(tmp_path: Path) -> Iterator[Callable[..., Worker]]:
 
 
 async def test_runs_list_shows_runs_filters_and_pages(db: str) -> None:
-    async with client(db) as engine:
+    clock = VirtualClock()  # distinct created_at, so the order is certain
+    engine: durably.Engine = _cli_app().register(durably.Engine(db, drive=False, clock=clock))
+    try:
         for n in range(3):
             await engine.start(
                 "approval", f"o{n}", run_id=f"run-{n}", tags=["blue" if n == 1 else "red"]
             )
-            await asyncio.sleep(0.005)  # distinct created_at, so the order is certain
+            clock.advance("1s")
         await engine.cancel("run-2")
+    finally:
+        await engine.close()
 
     out = (await acli("runs", "list", "--store", db)).stdout
     assert all(f"run-{n}" in out for n in range(3))

@@ -13,7 +13,6 @@ import random
 import signal
 import subprocess
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -21,6 +20,7 @@ import pytest
 
 import durably
 from durably import RunStatus
+from durably.testing import eventually
 
 from .app import FAN_WIDTH, SAGA_STEPS, STEPS, expected_output
 
@@ -92,18 +92,22 @@ async def _create_runs(db: Path, count: int) -> durably.Engine:
 
 
 async def _wait_all_terminal(client: durably.Engine, count: int, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        page = await client.list_runs(status="completed", limit=1000)
-        if len(page.runs) == count:
-            return
-        await asyncio.sleep(0.25)
-    live = [
-        (r.run_id, r.status.value)
-        for s in ("pending", "running", "suspended", "failed", "dead")
-        for r in (await client.list_runs(status=s, limit=20)).runs
-    ]
-    raise AssertionError(f"runs did not all complete in {timeout}s; some left: {live}")
+    """Wait until ``count`` runs completed; else fail listing some that did not."""
+
+    async def all_completed() -> bool:
+        return len((await client.list_runs(status="completed", limit=1000)).runs) == count
+
+    try:
+        await eventually(
+            all_completed, what=f"{count} runs to complete", timeout=timeout, interval=0.25
+        )
+    except AssertionError as timed_out:
+        live = [
+            (r.run_id, r.status.value)
+            for s in ("pending", "running", "suspended", "failed", "dead")
+            for r in (await client.list_runs(status=s, limit=20)).runs
+        ]
+        raise AssertionError(f"{timed_out}; some left: {live}") from None
 
 
 def _read_ledger(ledger: Path) -> tuple[Counter[tuple[str, int]], list[str], Counter[str]]:
@@ -227,18 +231,17 @@ async def test_saga_unwind_and_fan_survive_sigkill(tmp_path: Path) -> None:
             kills += 1
         final = _spawn(db, ledger, "saga-worker", lease="1s")
         try:
-            deadline = time.monotonic() + 120
-            while time.monotonic() < deadline:
+
+            async def none_live() -> bool:
                 live = [
                     r.run_id
                     for s in ("pending", "running", "suspended")
                     for r in (await client.list_runs(status=s, limit=1000)).runs
                 ]
-                if not live:
-                    break
-                await asyncio.sleep(0.25)
-            else:
-                raise AssertionError(f"runs still live: {live[:10]}")
+                assert not live, f"runs still live: {live[:10]}"
+                return True
+
+            await eventually(none_live, what="every run to end", timeout=120, interval=0.25)
         finally:
             final.send_signal(signal.SIGTERM)
             final.wait(timeout=30)

@@ -1,8 +1,13 @@
-"""Fixtures for engine behaviour tests: every test runs on memory and SQLite."""
+"""Fixtures for engine behaviour tests: every test runs on memory, SQLite and PostgreSQL.
+
+PostgreSQL tables live in a fresh schema per test (``isolated_postgres`` in
+``tests/conftest.py``), dropped at teardown.
+"""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
@@ -14,12 +19,19 @@ from durably.testing import VirtualClock
 EngineFactory = Callable[..., durably.Engine]
 
 
-@pytest.fixture(params=["memory", "sqlite"])
-def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """A fresh store URL of each embedded kind."""
+@pytest.fixture(params=["memory", "sqlite", "postgresql"])
+async def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[str]:
+    """A fresh store URL of each kind."""
     if request.param == "memory":
-        return "memory://"
-    return f"sqlite:///{tmp_path / 'durably.db'}"
+        yield "memory://"
+    elif request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'durably.db'}"
+    else:
+        isolated: Callable[[], AbstractAsyncContextManager[str]] = request.getfixturevalue(
+            "isolated_postgres"
+        )
+        async with isolated() as url:
+            yield url
 
 
 @pytest.fixture

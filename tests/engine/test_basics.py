@@ -11,6 +11,7 @@ import pytest
 
 import durably
 from durably import RunStatus
+from durably.testing import eventually
 
 from .conftest import EngineFactory
 
@@ -271,10 +272,7 @@ async def test_runs_execute_concurrently_but_bounded(make_engine: EngineFactory)
     async with engine:
         for i in range(12):
             await engine.start("hold", run_id=f"h{i}")
-        for _ in range(200):
-            if peak == 4:
-                break
-            await asyncio.sleep(0.01)
+        await eventually(lambda: peak == 4, what="4 runs holding their step")
         gate.set()
         for i in range(12):
             assert (await engine.wait_for_run(f"h{i}", terminal=True, timeout=10)).ok

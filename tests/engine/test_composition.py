@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections import Counter
 
 import pytest
 
 import durably
 from durably import CheckpointStatus, RunStatus
-from durably.testing import VirtualClock
+from durably.testing import VirtualClock, eventually
 
 from .conftest import EngineFactory
+
+
+async def _status(engine: durably.Engine, run_id: str) -> RunStatus | None:
+    run = await engine.get_run(run_id)
+    return None if run is None else run.status
 
 
 def _register_children(engine: durably.Engine, log: Counter[str] | None = None) -> None:
@@ -102,18 +106,13 @@ async def test_every_way_a_child_ends_reaches_the_parent(
 
     await engine.open()
     await engine.start("parent", run_id="p")
-    for _ in range(100):
+
+    async def both_suspended() -> bool:
         await engine.join()
-        kid = await engine.get_run("kid")
-        parent_run = await engine.get_run("p")
-        if (
-            kid is not None
-            and kid.status is RunStatus.SUSPENDED
-            and parent_run is not None
-            and parent_run.status is RunStatus.SUSPENDED
-        ):
-            break
-        await asyncio.sleep(0.01)
+        kid, parent = await _status(engine, "kid"), await _status(engine, "p")
+        return kid is RunStatus.SUSPENDED and parent is RunStatus.SUSPENDED
+
+    await eventually(both_suspended, what="the parent and its child to suspend")
     if ending == "cancelled":
         await engine.cancel("kid")
         expected = "cancelled/cancelled"
@@ -239,11 +238,11 @@ async def test_cancel_cascades_to_children(make_engine: EngineFactory) -> None:
 
     async with engine:
         await engine.start("waiting-parent", run_id="wp")
-        for _ in range(200):
-            kids = (await engine.list_runs(status="suspended", limit=10)).runs
-            if len(kids) == 4:
-                break
-            await asyncio.sleep(0.02)
+
+        async def all_suspended() -> bool:
+            return len((await engine.list_runs(status="suspended", limit=10)).runs) == 4
+
+        await eventually(all_suspended, what="the parent and its 3 children to suspend")
         assert await engine.cancel("wp") is RunStatus.SUSPENDED
         for i in range(3):
             kid = await engine.get_run(f"wp.child.{i}")
@@ -261,15 +260,12 @@ async def test_a_late_child_cannot_revive_a_cancelled_parent(make_engine: Engine
 
     async with engine:
         await engine.start("parent", run_id="p")
-        for _ in range(200):
-            if (await engine.get_run("late-kid")) is not None:
-                break
-            await asyncio.sleep(0.01)
+        await eventually(lambda: engine.get_run("late-kid"), what="the child to exist")
         await engine.wait_for_run("late-kid", timeout=10)
         # Cancel the parent only: the child is cancelled by the cascade.
         await engine.cancel("p")
         await engine.signal("late", "x")
-        await asyncio.sleep(0.1)
+        await engine.join()  # every turn the signal caused here has ended
         run = await engine.get_run("p")
     assert run is not None and run.status is RunStatus.CANCELLED and run.output is None
 
@@ -459,12 +455,12 @@ async def test_execution_timeout_cancels_children_too(
 
     await engine.open()
     await engine.start("bounded-parent", run_id="bp")
-    for _ in range(200):
+
+    async def kid_suspended() -> bool:
         await engine.join()
-        kid = await engine.get_run("orphan-to-be")
-        if kid is not None and kid.status is RunStatus.SUSPENDED:
-            break
-        await asyncio.sleep(0.01)
+        return await _status(engine, "orphan-to-be") is RunStatus.SUSPENDED
+
+    await eventually(kid_suspended, what="the child to suspend")
     clock.advance("1h")
     assert await engine.sweep_timeouts() == 1
     kid = await engine.get_run("orphan-to-be")
@@ -474,8 +470,12 @@ async def test_execution_timeout_cancels_children_too(
 async def test_a_compensating_cancel_waits_on_nothing_new(make_engine: EngineFactory) -> None:
     """The unwinding turn replays history only: a wait it reaches for the
     first time (here an event wait after a signal that already arrived)
-    registers nothing and records nothing."""
-    engine = make_engine()
+    registers nothing and records nothing.
+
+    The engine drives turns only when told (``run_one``): a listening store
+    (PostgreSQL) would otherwise hear the signal's wake and resume the run
+    before the cancel, and the unwinding turn would see nothing new."""
+    engine = make_engine(drive=False)
     sender = make_engine(drive=False)
     undone: list[str] = []
 
@@ -487,9 +487,10 @@ async def test_a_compensating_cancel_waits_on_nothing_new(make_engine: EngineFac
 
     await engine.open()
     await engine.start("order", run_id="o")
-    await engine.join()
-    assert await sender.signal("paid") == "o"  # stamped only: no worker loop runs here
+    assert await engine.run_one("o")
+    assert await sender.signal("paid") == "o"  # stamped only: no turn has consumed it
     assert await engine.cancel("o", compensate=True) is RunStatus.SUSPENDED
+    assert await engine.run_one("o")  # the unwinding turn
     result = await engine.wait_for_run("o", terminal=True, timeout=10)
     assert result.status is RunStatus.CANCELLED and undone == ["R"]
     assert [c.name for c in await engine.history("o") if c.seq >= 0] == ["reserve", "signal:paid"]

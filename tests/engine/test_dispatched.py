@@ -11,7 +11,7 @@ import pytest
 
 import durably
 from durably import CheckpointStatus, RunStatus
-from durably.testing import VirtualClock
+from durably.testing import VirtualClock, eventually
 from durably.transports import LocalTransport
 from durably.wire import StepResult, StepTask
 
@@ -27,13 +27,6 @@ async def finish(engine: durably.Engine, run_id: str, timeout: float = 15) -> du
 async def step_checkpoint(engine: durably.Engine, run_id: str, seq: int = 0) -> durably.Checkpoint:
     history = {cp.seq: cp for cp in await engine.history(run_id)}
     return history[seq]
-
-
-async def eventually(predicate: Any, timeout: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not await predicate():
-        assert asyncio.get_running_loop().time() < deadline, "condition never held"
-        await asyncio.sleep(0.02)
 
 
 @pytest.mark.parametrize("transport", ["memory://", "local://"])
@@ -152,7 +145,7 @@ async def test_a_step_out_suspends_the_run_and_its_result_resumes_it(
             current = await engine.get_run("w1")
             return current is not None and current.status is RunStatus.SUSPENDED
 
-        await eventually(suspended)
+        await eventually(suspended, what="w1 to suspend")
         checkpoint = await step_checkpoint(engine, "w1")
         assert checkpoint.status is CheckpointStatus.PENDING
         assert checkpoint.dispatched_at is not None
@@ -184,7 +177,7 @@ async def test_retries_wait_on_a_durable_timer(make_engine: EngineFactory) -> No
             current = await engine.get_run("r1")
             return current is not None and current.status is RunStatus.SUSPENDED and bool(calls)
 
-        await eventually(backing_off)
+        await eventually(backing_off, what="the first backoff")
         checkpoint = await step_checkpoint(engine, "r1")
         # Waiting for the backoff: not out, an error kept, a timer set.
         assert checkpoint.status is CheckpointStatus.PENDING
@@ -200,7 +193,7 @@ async def test_retries_wait_on_a_durable_timer(make_engine: EngineFactory) -> No
             checkpoint = await step_checkpoint(engine, "r1")
             return checkpoint.attempts == 2 and checkpoint.dispatched_at is None
 
-        await eventually(second_backoff)
+        await eventually(second_backoff, what="the second backoff")
         assert calls == [1, 2]
         clock.advance("10s")
         result = await finish(engine, "r1")
@@ -363,6 +356,11 @@ async def test_a_beat_persisted_by_another_instance_is_honoured(
         assert current is not None
         return current.status
 
+    def watching_until(deadline: int) -> bool:
+        # The step's liveness window is the only timer at that moment (the
+        # lease renewals fall at sent + 15 s, 30 s, ... and after each advance).
+        return deadline in clock.deadlines
+
     async with engine:
         await engine.start("remote", run_id="x1")
 
@@ -370,19 +368,29 @@ async def test_a_beat_persisted_by_another_instance_is_honoured(
             history = await engine.history("x1")
             return bool(history) and history[0].dispatched_at is not None
 
-        await eventually(dispatched)
+        await eventually(dispatched, what="the step to go out")
+        sent = (await step_checkpoint(engine, "x1")).dispatched_at
+        assert sent is not None
+        await eventually(lambda: watching_until(sent + 30_000), what="the first 30 s window")
         # "Another instance" persists a beat every 20 s for 80 s: the 30 s
-        # window runs out here three times without a beat heard here.
-        for _ in range(5):
-            await engine.store.record_heartbeat("x1", 0, clock.now_ms(), None)
-            await asyncio.sleep(0.05)
+        # window runs out here three times without a beat heard here. Each
+        # time, the dispatcher reads the beat persisted 20 s ago and waits
+        # until it is timeout + throttle (40 s) old: that new timer is the
+        # proof it looked and kept the step, not that time passed.
+        for n in range(5):
+            beat = clock.now_ms()
+            await engine.store.record_heartbeat("x1", 0, beat, None)
             clock.advance("20s")
-            await asyncio.sleep(0.1)
+            expected = sent + 30_000 if n == 0 else beat + 40_000
+            await eventually(
+                lambda t=expected: watching_until(t),
+                what=f"a liveness window ending at sent + {(expected - sent) // 1000} s",
+            )
             assert await status() is RunStatus.RUNNING
-        last_beat = clock.now_ms() - 20_000
-        # The worker is dead now: silent until timeout + throttle after its last beat.
-        clock.advance((last_beat + 30_000 + 10_000 - 1 - clock.now_ms()) / 1000)
-        await asyncio.sleep(0.2)
+        # The worker is dead now: the window ends exactly timeout + throttle
+        # after its last beat (the timer shown above), not a millisecond earlier.
+        clock.advance((beat + 40_000 - 1 - clock.now_ms()) / 1000)
+        assert watching_until(beat + 40_000)
         assert await status() is RunStatus.RUNNING
         clock.advance(0.001)
         result = await finish(engine, "x1")
@@ -467,7 +475,7 @@ async def test_redispatch_pending_sends_the_outstanding_tasks_again(
             history = await engine.history("m1")
             return len(history) == 2 and all(cp.dispatched_at for cp in history)
 
-        await eventually(both_out)
+        await eventually(both_out, what="both steps to go out")
         assert await engine.redispatch_pending("m1") == 2
         result = await finish(engine, "m1")
     assert result.output == [1, 2]
@@ -487,7 +495,7 @@ async def test_a_late_result_for_a_finished_run_is_dropped(make_engine: EngineFa
             history = await engine.history("a1")
             return bool(history) and history[0].dispatched_at is not None
 
-        await eventually(out)
+        await eventually(out, what="the step to go out")
         await engine.cancel("a1")
         await engine.transport.send_result(StepResult("a1", 0, ok=True, output="late"))
         await asyncio.sleep(0.3)
@@ -517,7 +525,7 @@ async def test_cancelling_a_run_reaches_its_running_handler(make_engine: EngineF
         await engine.start("cancellable", run_id="c1")
         await asyncio.wait_for(started.wait(), 10)
         await engine.cancel("c1")
-        await eventually(lambda: _true(bool(stopped)))
+        await eventually(lambda: bool(stopped), what="the handler to stop")
     assert stopped == [True]
     current = await engine.get_run("c1")
     assert current is not None and current.status is RunStatus.CANCELLED
@@ -600,18 +608,33 @@ async def test_a_queue_rate_limit_spreads_admissions_over_periods(
     async with engine:
         runs = [await engine.start("metered", i) for i in range(5)]
 
-        async def settled_after(count: int) -> bool:
+        async def waiting() -> list[str]:
             states = [await engine.get_run(r.run_id) for r in runs]
-            waiting = [s for s in states if s is not None and s.status is RunStatus.SUSPENDED]
-            return len(calls) == count and len(waiting) == 5 - count
+            return [s.run_id for s in states if s is not None and s.status is RunStatus.SUSPENDED]
 
-        for admitted in (2, 4, 5):
-            await eventually(lambda n=admitted: settled_after(n))
-            await asyncio.sleep(0.2)
+        async def settled_after(count: int) -> bool:
+            return len(calls) == count and len(await waiting()) == 5 - count
+
+        async def refused_again(count: int) -> bool:
+            # Every step still waiting asked again at the current time and was
+            # told to come back in 1 s: none was admitted.
+            left = await waiting()
+            retry_at = [(await step_checkpoint(engine, run_id)).wake_at for run_id in left]
+            return len(left) == 5 - count and retry_at == [clock.now_ms() + 1000] * len(left)
+
+        for admitted in (2, 4):
+            await eventually(lambda n=admitted: settled_after(n), what=f"{admitted} admitted")
+            # Still inside the period: the waiting steps' 1 s retry timers are
+            # due, they ask again, and are refused again.
+            clock.advance("9s")
+            await eventually(
+                lambda n=admitted: refused_again(n), what="the waiting steps to be refused again"
+            )
             assert len(calls) == admitted  # nothing more inside this period
-            clock.advance("10s")
+            clock.advance("1s")  # the next period
         results = [await finish(engine, r.run_id) for r in runs]
     assert sorted(r.output for r in results) == [0, 1, 2, 3, 4]
+    assert sorted(calls) == [0, 1, 2, 3, 4]  # each admitted and executed once
 
 
 class _RefuseFirst(LocalTransport):

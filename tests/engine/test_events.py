@@ -13,7 +13,6 @@ import durably
 from durably import RunStatus
 from durably.testing import VirtualClock
 
-from ._all_stores import store_url  # noqa: F401 - every store, PostgreSQL too
 from .conftest import EngineFactory
 
 

@@ -11,7 +11,7 @@ from durably import CheckpointStatus, RunStatus
 from durably._replay import Turn
 from durably.model import Run
 from durably.stores.memory import MemoryStore
-from durably.testing import VirtualClock
+from durably.testing import VirtualClock, eventually
 
 from .conftest import EngineFactory
 
@@ -19,10 +19,12 @@ from .conftest import EngineFactory
 async def _orphan(engine: durably.Engine, run_id: str, owner: str = "dead-process") -> None:
     """Make ``run_id`` look like a run whose executor died mid-turn."""
     now = engine.clock.now_ms()
-    run = await engine.store.acquire_run(
-        run_id, owner, now, now + engine.lease_ms, frozenset({RunStatus.PENDING})
+    # start_turns, not acquire_run: the store protocol's lease, which every
+    # store has (PostgreSQL has no acquire_run).
+    leased = await engine.store.start_turns(
+        [run_id], owner, now, now + engine.lease_ms, frozenset({RunStatus.PENDING})
     )
-    assert run is not None
+    assert run_id in leased
 
 
 async def test_orphans_are_recovered_after_their_lease(
@@ -92,7 +94,7 @@ async def test_recovery_lists_orphans_only_and_is_bounded(
 
 
 async def test_a_fenced_turn_writes_nothing(
-    make_engine: EngineFactory, clock: VirtualClock
+    make_engine: EngineFactory, clock: VirtualClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A turn whose lease renewal fails (another instance took over) stops
     without writing checkpoints or its outcome."""
@@ -112,6 +114,14 @@ async def test_a_fenced_turn_writes_nothing(
     await engine.open()
     await engine.start("zombie", run_id="z")
     await asyncio.wait_for(entered.wait(), 10)
+
+    async def running_recorded() -> bool:
+        return [c.status for c in await engine.history("z")] == [CheckpointStatus.RUNNING]
+
+    # The step's ``running`` record is written without being awaited: on a
+    # store with a pool (PostgreSQL) it may still be in flight, and the
+    # takeover below would fence it too. Take over once it is durable.
+    await eventually(running_recorded, what="the step's running record")
     # Another instance takes over after the lease ran out (e.g. a long GC pause here).
     clock_now = clock.now_ms()
     assert await engine.store.update_run_if(
@@ -121,7 +131,9 @@ async def test_a_fenced_turn_writes_nothing(
         clock_now,
     )
     clock.advance("5s")  # the renewal fires and fails
-    await asyncio.sleep(0.05)
+    await eventually(
+        lambda: "lost the lease of run z" in caplog.text, what="the renewal to find the takeover"
+    )
     gate.set()
     await engine.join()
     run = await engine.get_run("z")
@@ -150,7 +162,10 @@ async def test_a_turn_needs_a_fenced_write_once_half_its_lease_is_gone() -> None
 class _RenewalsFail(MemoryStore):
     """A store that cannot be reached for lease renewals (a network blip)."""
 
+    renewals = 0
+
     async def renew_lease(self, run_id: str, owner: str, lease_until: int) -> bool:
+        self.renewals += 1
         raise OSError("connection reset")
 
 
@@ -158,7 +173,8 @@ async def test_a_step_after_a_stale_lease_proves_it_before_its_effect(clock: Vir
     """The first step of a turn skips its fenced write only while the lease is
     fresh: once the renewals have failed for half a lease and another
     instance took the run over, the step's effect never happens here."""
-    engine = durably.Engine(_RenewalsFail(), clock=clock, lease="10s")
+    store = _RenewalsFail()
+    engine = durably.Engine(store, clock=clock, lease="10s")
     started, gate = asyncio.Event(), asyncio.Event()
     effects: list[str] = []
 
@@ -173,7 +189,7 @@ async def test_a_step_after_a_stale_lease_proves_it_before_its_effect(clock: Vir
         await engine.start("late-step", run_id="s")
         await asyncio.wait_for(started.wait(), 10)
         clock.advance("6s")  # the renewal fails: the lease is known only until +10 s
-        await asyncio.sleep(0.05)
+        await eventually(lambda: store.renewals == 1, what="the renewal to be tried")
         now = clock.now_ms()
         assert await engine.store.update_run_if(
             "s",
@@ -322,9 +338,11 @@ async def test_a_stable_instance_id_reclaims_its_own_runs_at_once(
 
     restarted = make_engine(instance_id="worker-1")
     restarted.register("mine", mine)
-    async with restarted:
-        assert await restarted.recover_incomplete() == 1
-        assert (await restarted.wait_for_run("m", terminal=True, timeout=10)).output == "recovered"
+    # Opened without its worker loop, whose first tick would recover the run
+    # before the call below could (a race PostgreSQL lost now and then).
+    await restarted.open()
+    assert await restarted.recover_incomplete() == 1  # the 30 s lease is not waited out
+    assert (await restarted.wait_for_run("m", terminal=True, timeout=10)).output == "recovered"
 
 
 async def test_tick_isolates_failing_phases(make_engine: EngineFactory) -> None:

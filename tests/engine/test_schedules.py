@@ -14,7 +14,6 @@ from durably import RunStatus
 from durably.schedules import ScheduleSpec, window_run_id
 from durably.testing import VirtualClock
 
-from ._all_stores import store_url  # noqa: F401 - every store, PostgreSQL too
 from .conftest import EngineFactory
 
 HOUR = 3_600_000

@@ -5,13 +5,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-from collections.abc import Callable
 
 import pytest
 
 import durably
 from durably import CheckpointStatus, RetryPolicy, RunStatus
-from durably.testing import VirtualClock
+from durably.testing import VirtualClock, eventually
 
 from .conftest import EngineFactory
 
@@ -51,22 +50,18 @@ async def test_retries_with_backoff_on_the_engine_clock(
             "call", flaky, retries=3, backoff="exp", backoff_base="1s", jitter=False
         )
 
-    async def until(condition: Callable[[], bool]) -> None:
-        for _ in range(500):
-            if condition():
-                return
-            await asyncio.sleep(0.01)
-        raise AssertionError("condition never held")
+    def backing_off(failed: int, delay_ms: int) -> bool:
+        # ``failed`` attempts ran, and the backoff timer after the last one is armed.
+        return len(attempts) == failed and attempts[-1] + delay_ms in clock.deadlines
 
     await engine.open()
     await engine.start("flaky", run_id="f")
-    # Sleepers: the lease renewal, plus the backoff once an attempt failed.
-    await until(lambda: len(attempts) == 1 and clock.sleepers == 2)
+    await eventually(lambda: backing_off(1, 1000), what="the first failure's 1 s backoff")
     clock.advance("1s")
-    await until(lambda: len(attempts) == 2 and clock.sleepers == 2)
+    await eventually(lambda: backing_off(2, 2000), what="the second failure's 2 s backoff")
     clock.advance("1999ms")
-    await asyncio.sleep(0.05)
-    assert len(attempts) == 2  # the second backoff is 2 s
+    # Its timer is not due yet (nothing else can start the third attempt).
+    assert backing_off(2, 2000)
     clock.advance("1ms")
     result = await engine.wait_for_run("f", terminal=True, timeout=10)
     assert result.output == "ok"
@@ -176,12 +171,7 @@ async def test_running_checkpoint_is_recorded_while_the_step_runs(
     async with engine:
         await engine.start("tracked", run_id="t")
         await asyncio.wait_for(entered.wait(), 10)
-        history = await engine.history("t")
-        for _ in range(1000):
-            if history:
-                break
-            await asyncio.sleep(0.01)
-            history = await engine.history("t")
+        history = await eventually(lambda: engine.history("t"), what="a checkpoint of run t")
         assert [(c.name, c.status) for c in history] == [("long", CheckpointStatus.RUNNING)]
         assert history[0].attempts == 1
         gate.set()

@@ -3,6 +3,10 @@ for the first time parks without registering a waiter or taking a buffered messa
 
 Taking one would hand a message meant for a live run to a run that is being
 undone, and leave a pending wait recorded on a run that is about to end.
+
+The engine under test drives turns only through ``run_one``: on a listening
+store (PostgreSQL) it would otherwise hear the sender's wake and resume the run
+before the cancel, and the unwinding turn would find nothing new to reach.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ Kind = Literal["signal", "event"]
 async def test_a_compensating_cancel_takes_no_buffered_message_for_a_new_wait(
     make_engine: EngineFactory, new_wait: Kind
 ) -> None:
-    engine = make_engine()
+    engine = make_engine(drive=False)  # turns only through run_one: see the module doc
     sender = make_engine(drive=False)
     undone: list[str] = []
     first: Kind = "event" if new_wait == "signal" else "signal"
@@ -47,11 +51,12 @@ async def test_a_compensating_cancel_takes_no_buffered_message_for_a_new_wait(
 
     await engine.open()
     await engine.start("order", run_id="o")
-    await engine.join()
-    # Stamped only (no worker loop runs here): the run replays both on the cancel's turn.
+    assert await engine.run_one("o")
+    # Stamped only (no turn runs here): the run replays both on the cancel's turn.
     await send(first, "first", "one")
     await send(new_wait, "second", "two")  # nobody waits yet: buffered
     assert await engine.cancel("o", compensate=True) is RunStatus.SUSPENDED
+    assert await engine.run_one("o")  # the unwinding turn
     result = await engine.wait_for_run("o", terminal=True, timeout=10)
     history = [c.name for c in await engine.history("o") if c.seq >= 0]
     if new_wait == "signal":
@@ -70,7 +75,7 @@ async def test_a_compensating_cancel_registers_no_waiter_for_a_new_wait(
 ) -> None:
     """With nothing buffered, the new wait must not leave a waiter behind
     that would swallow a later message meant for another run."""
-    engine = make_engine()
+    engine = make_engine(drive=False)  # turns only through run_one: see the module doc
     sender = make_engine(drive=False)
     undone: list[str] = []
     first: Kind = "event" if new_wait == "signal" else "signal"
@@ -88,12 +93,13 @@ async def test_a_compensating_cancel_registers_no_waiter_for_a_new_wait(
 
     await engine.open()
     await engine.start("order", run_id="o")
-    await engine.join()
+    assert await engine.run_one("o")
     if first == "signal":
         await sender.signal("first", "one")
     else:
         await sender.publish_event("first", "one")
     assert await engine.cancel("o", compensate=True) is RunStatus.SUSPENDED
+    assert await engine.run_one("o")  # the unwinding turn
     result = await engine.wait_for_run("o", terminal=True, timeout=10)
     assert result.status is RunStatus.CANCELLED and undone == ["R"]
     # Sent after the run ended: nobody waits, so the message is kept for the next waiter.

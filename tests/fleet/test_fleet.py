@@ -27,6 +27,7 @@ import pytest
 
 import durably
 from durably import RunStatus
+from durably.testing import eventually
 
 from .app import (
     SIGNAL_ADD,
@@ -233,17 +234,19 @@ class Observer:
 
     async def wait_settled(self, total: int, timeout: float) -> Counter[str]:
         """Wait until ``total`` runs exist and none is live."""
-        deadline = time.monotonic() + timeout
-        while True:
+
+        async def settled() -> Counter[str]:
             counts = await self.counts()
-            if sum(counts.values()) >= total and not any(counts[s] for s in LIVE):
-                return counts
-            if time.monotonic() > deadline:
-                raise AssertionError(
-                    f"runs still live after {timeout}s: {dict(counts)}\n"
-                    f"{await self.describe_live()}"
-                )
-            await asyncio.sleep(0.25)
+            assert sum(counts.values()) >= total, f"runs by status: {dict(counts)}"
+            assert not any(counts[s] for s in LIVE), f"runs by status: {dict(counts)}"
+            return counts
+
+        try:
+            return await eventually(
+                settled, what=f"{total} runs, none live", timeout=timeout, interval=0.25
+            )
+        except AssertionError as timed_out:
+            raise AssertionError(f"{timed_out}\n{await self.describe_live()}") from None
 
 
 @dataclass
@@ -479,17 +482,6 @@ async def test_a_drive_false_producer_never_executes(postgres_url: str, tmp_path
 # -- 3. a wake refused by a held lease --------------------------------------------------------
 
 
-async def _until(check: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = await check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
-
-
 @pytest.mark.parametrize("sender_drives", [False, True], ids=["stamp", "refused-lease"])
 async def test_a_wake_refused_by_a_held_lease_is_not_lost(
     postgres_url: str, tmp_path: Path, sender_drives: bool
@@ -518,7 +510,9 @@ async def test_a_wake_refused_by_a_held_lease_is_not_lost(
                 history = await client.history("gated")
                 return any(c.kind == "signal" and c.status.value == "pending" for c in history)
 
-            await _until(parked, 20, "the step to start and the signal wait to register")
+            await eventually(
+                parked, what="the step to start and the signal wait to register", timeout=20
+            )
             run = await client.get_run("gated")
             assert run is not None and run.status is RunStatus.RUNNING
             assert run.locked_by == "holder" and run.wake_requested_at is None
@@ -529,7 +523,7 @@ async def test_a_wake_refused_by_a_held_lease_is_not_lost(
                 run = await client.get_run("gated")
                 return run if run is not None and run.wake_requested_at is not None else None
 
-            run = await _until(stamped, 5, "the wake request to be stamped")
+            run = await eventually(stamped, what="the wake request to be stamped", timeout=5)
             assert run.status is RunStatus.RUNNING and run.locked_by == "holder"
 
             (tmp_path / "gated.go").touch()  # the step finishes; the turn goes quiescent
@@ -713,7 +707,9 @@ async def test_a_wake_racing_the_holders_settle_is_not_lost(postgres_url: str) -
             history = await holder.history("race")
             return started.is_set() and any(c.kind == "signal" for c in history)
 
-        await _until(parked, 10, "the step to start and the signal wait to register")
+        await eventually(
+            parked, what="the step to start and the signal wait to register", timeout=10
+        )
 
         async def holder_settles() -> None:
             gate.set()
@@ -722,7 +718,7 @@ async def test_a_wake_racing_the_holders_settle_is_not_lost(postgres_url: str) -
                 run = await proxy.inner.get_run("race")
                 return run.status is RunStatus.SUSPENDED
 
-            await _until(suspended, 10, "the holder to suspend the run")
+            await eventually(suspended, what="the holder to suspend the run", timeout=10)
 
         proxy.hook = holder_settles
         assert await waker.signal("race", {"approved": True}) == "race"
@@ -743,7 +739,7 @@ async def _kill_when_stalled(crew: Fleet, worker: Worker, method: str) -> None:
     async def stalled() -> bool:
         return marker.exists()
 
-    await _until(stalled, 20, f"the worker to reach {method}")
+    await eventually(stalled, what=f"the worker to reach {method}", timeout=20)
     await crew.kill(worker)
 
 
@@ -792,7 +788,9 @@ async def test_a_fan_whose_reporter_died_completes_promptly(
                 run = await client.get_run("fan")
                 return run is not None and run.status is RunStatus.SUSPENDED
 
-            await _until(parent_suspended, 20, "the parent to suspend on its children")
+            await eventually(
+                parent_suspended, what="the parent to suspend on its children", timeout=20
+            )
             await _kill_when_stalled(crew, reporter, "resolve_checkpoints")
             children = [await client.get_run(f"fan.child.{i}") for i in range(3)]
             # Killed while reporting: no child has recorded its end yet.

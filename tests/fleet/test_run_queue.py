@@ -21,10 +21,13 @@ import durably
 from durably import RunStatus
 from durably._run_queue import MAX_HELD
 from durably.stores._messages import Message, MessageQueue, OutMessage
+from durably.testing import eventually
 
 pytestmark = [pytest.mark.timeout(300)]
 
 POLL = 0.05
+WAIT = 60.0
+"""Seconds ``eventually`` waits here: several engines share two loaded cores."""
 TOPIC = "runs:default"
 
 
@@ -70,23 +73,6 @@ async def unclaimed(url: str, topic: str = TOPIC) -> int:
     return int(n)
 
 
-async def eventually(
-    check: Callable[[], Awaitable[bool] | bool], what: str, timeout: float = 60
-) -> None:
-    """Wait until ``check()`` holds (polled), else fail saying ``what``."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        result = check()
-        if not isinstance(result, bool):
-            result = await result
-        if result:
-            return
-        if loop.time() > deadline:
-            pytest.fail(f"timed out waiting until {what}")
-        await asyncio.sleep(0.02)
-
-
 async def wait_all(engine: durably.Engine, run_ids: list[str], timeout: float = 120) -> None:
     results = await asyncio.gather(
         *(engine.wait_for_run(r, terminal=True, timeout=timeout) for r in run_ids)
@@ -100,7 +86,13 @@ async def _is(value: Awaitable[int], expected: int) -> bool:
 
 
 class SpyQueue:
-    """Wraps a message queue: records every push, and fails pushes on demand."""
+    """Wraps a message queue: records every push, claim and depth query, counts
+    the consumer's passes, and fails pushes on demand.
+
+    Installed on a running engine, it sees the consumer's next passes: the
+    consumer reads ``poll_interval`` once a pass, as it goes to wait for the
+    next one, so ``passes`` counts the passes whose claim decision was made.
+    """
 
     def __init__(self, inner: MessageQueue) -> None:
         self._inner = inner
@@ -109,9 +101,22 @@ class SpyQueue:
         self.failures = 0
         self.claim_delay = 0.0
         self.claimed_late = asyncio.Event()
+        self.claims: list[tuple[list[str], int]] = []  # (topics, messages taken)
+        self.depths: list[tuple[list[str] | None, dict[str, int]]] = []
+        self.passes = 0
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
+
+    @property
+    def poll_interval(self) -> float:
+        self.passes += 1
+        return float(self._inner.poll_interval)
+
+    async def depth(self, topics: list[str] | None = None) -> dict[str, int]:
+        found: dict[str, int] = await self._inner.depth(topics)
+        self.depths.append((None if topics is None else list(topics), found))
+        return found
 
     async def push(self, messages: list[OutMessage]) -> None:
         self.pushes.append(list(messages))
@@ -122,6 +127,7 @@ class SpyQueue:
 
     async def claim(self, *args: Any) -> list[Message]:
         taken: list[Message] = await self._inner.claim(*args)
+        self.claims.append((list(args[0]), len(taken)))
         if taken and self.claim_delay:
             self.claimed_late.set()
             await asyncio.sleep(self.claim_delay)  # the statement ran; its answer is slow
@@ -214,15 +220,23 @@ async def test_an_instance_holds_at_most_64_and_another_takes_the_rest(postgres_
 
     async with first:
         ids = [(await first.start("gated", i, run_id=f"g{i:03}")).run_id for i in range(100)]
-        await eventually(lambda: len(executing[a]) >= MAX_HELD, "64 runs execute")
-        await asyncio.sleep(0.5)  # several polls: it must not take more
+        await eventually(
+            lambda: len(executing[a]) >= MAX_HELD, what="64 runs execute", timeout=WAIT
+        )
+        # It must not take more: watch three more passes of its consumer.
+        spy = spy_on(first)
+        await eventually(
+            lambda: spy.passes >= 3, what="three passes of the first's consumer", timeout=WAIT
+        )
         assert len(executing[a]) == MAX_HELD
         assert queue_of(first).held == MAX_HELD
         assert await depth(first) == 100  # claimed or not, every message is still there
         assert await unclaimed(postgres_url) == 100 - MAX_HELD
         async with second:
             await eventually(
-                lambda: len(executing[b]) == 100 - MAX_HELD, "the second takes the rest"
+                lambda: len(executing[b]) == 100 - MAX_HELD,
+                what="the second takes the rest",
+                timeout=WAIT,
             )
             assert len(executing[a]) == MAX_HELD  # the first is still blocked
             assert queue_of(first).held == MAX_HELD
@@ -230,9 +244,17 @@ async def test_an_instance_holds_at_most_64_and_another_takes_the_rest(postgres_
             gates[a].set()
             gates[b].set()
             await wait_all(first, ids)
-            await eventually(lambda: queue_of(first).held == 0, "the first acks its messages")
-            await eventually(lambda: queue_of(second).held == 0, "the second acks its messages")
-            await eventually(lambda: _is(depth(first), 0), "every message is acked")
+            await eventually(
+                lambda: queue_of(first).held == 0, what="the first acks its messages", timeout=WAIT
+            )
+            await eventually(
+                lambda: queue_of(second).held == 0,
+                what="the second acks its messages",
+                timeout=WAIT,
+            )
+            await eventually(
+                lambda: _is(depth(first), 0), what="every message is acked", timeout=WAIT
+            )
     assert Counter(done_by.values()) == {a: MAX_HELD, b: 100 - MAX_HELD}
 
 
@@ -260,7 +282,9 @@ async def test_higher_priority_first_then_oldest(postgres_url: str) -> None:
             run = await producer.start("ordered", i, run_id=f"p{i:02}", priority=priority)
             ids.append(run.run_id)
         n = len(priorities)
-        await eventually(lambda: queue_of(producer).pushed == n, "every start is pushed")
+        await eventually(
+            lambda: queue_of(producer).pushed == n, what="every start is pushed", timeout=WAIT
+        )
         assert await depth(producer) == n
         async with consumer:
             await wait_all(consumer, ids)
@@ -298,7 +322,9 @@ async def test_failed_start_pushes_stay_pending_for_the_safety_poll(
         ids = []
         for i in range(6):
             ids.append((await producer.start("short", i, run_id=f"f{i}")).run_id)
-            await eventually(lambda i=i: spy.failures > i, "the push is tried (and fails)")
+            await eventually(
+                lambda i=i: spy.failures > i, what="the push is tried (and fails)", timeout=WAIT
+            )
         assert spy.failures == 6
         assert len(enqueue_errors(caplog)) == 1  # reported once for the minute
         assert queue_of(producer).pushed == 0
@@ -329,8 +355,10 @@ async def test_a_wake_whose_push_fails_runs_locally(
         for run_id in ids:
             result = await engine.wait_for_run(run_id, timeout=30)
             assert result.status is RunStatus.SUSPENDED
-        await eventually(lambda: queue_of(engine).held == 0, "the starts are handled")
-        await eventually(lambda: _is(depth(engine), 0), "the queue is empty")
+        await eventually(
+            lambda: queue_of(engine).held == 0, what="the starts are handled", timeout=WAIT
+        )
+        await eventually(lambda: _is(depth(engine), 0), what="the queue is empty", timeout=WAIT)
         consumed = queue_of(engine).consumed
         spy = spy_on(engine)
         spy.failing = True  # from now on nothing reaches the queue
@@ -339,7 +367,7 @@ async def test_a_wake_whose_push_fails_runs_locally(
         await wait_all(engine, ids, timeout=30)
         assert spy.failures >= 1
         assert queue_of(engine).consumed == consumed  # not one came through the queue
-        await eventually(lambda: _is(depth(engine), 0), "every message is acked")
+        await eventually(lambda: _is(depth(engine), 0), what="every message is acked", timeout=WAIT)
         assert len(enqueue_errors(caplog)) == 1
         for i, run_id in enumerate(ids):
             run = await engine.get_run(run_id)
@@ -363,19 +391,31 @@ async def test_drain_hands_back_what_it_holds(postgres_url: str) -> None:
     try:
         async with first:
             ids = [(await first.start("gated", i, run_id=f"d{i:02}")).run_id for i in range(n)]
-            await eventually(lambda: len(executing[a]) == n, "the first executes every run")
+            await eventually(
+                lambda: len(executing[a]) == n, what="the first executes every run", timeout=WAIT
+            )
             assert queue_of(first).held == n
             async with second:
-                await asyncio.sleep(0.3)
-                assert not executing.get(b)  # nothing for the second while the first holds all
+                # Nothing for the second while the first holds all: its claims
+                # come back empty.
+                spy = spy_on(second)
+                await eventually(
+                    lambda: len(spy.claims) >= 3, what="three claims by the second", timeout=WAIT
+                )
+                assert [taken for _, taken in spy.claims] == [0] * len(spy.claims)
+                assert not executing.get(b)
                 await first.drain(timeout=0.2)
                 assert queue_of(first).held == 0
                 assert not queue_of(first).consuming
                 await wait_all(second, ids)
                 assert {done_by[r] for r in ids} == {b}
                 assert executing[b] == set(ids)
-                await eventually(lambda: queue_of(second).held == 0, "the second acks")
-                await eventually(lambda: _is(depth(second), 0), "the queue is empty")
+                await eventually(
+                    lambda: queue_of(second).held == 0, what="the second acks", timeout=WAIT
+                )
+                await eventually(
+                    lambda: _is(depth(second), 0), what="the queue is empty", timeout=WAIT
+                )
                 assert queue_of(first).consumed == 0  # handed back, never acked there
     finally:
         gates[a].set()
@@ -394,7 +434,9 @@ async def test_a_drain_mid_claim_hands_back_what_the_claim_took(postgres_url: st
         spy = spy_on(first)
         spy.claim_delay = 2.0
         ids = [(await first.start("short", i, run_id=f"m{i}")).run_id for i in range(n)]
-        await eventually(lambda: queue_of(first).pushed == n, "every start is pushed")
+        await eventually(
+            lambda: queue_of(first).pushed == n, what="every start is pushed", timeout=WAIT
+        )
         await first.start_worker()
         await spy.claimed_late.wait()  # the claim took them and has not answered yet
         await first.drain(timeout=0.2)
@@ -438,7 +480,9 @@ async def test_a_child_spawned_during_a_drain_is_queued(postgres_url: str) -> No
 
     async with first:
         await first.start("parent", 7, run_id="p")
-        await eventually(lambda: queue_of(first).held == 1, "the first runs the parent")
+        await eventually(
+            lambda: queue_of(first).held == 1, what="the first runs the parent", timeout=WAIT
+        )
         async with second:
             try:
                 draining = asyncio.create_task(first.drain(timeout=5))
@@ -514,7 +558,21 @@ async def test_due_timers_wake_each_run_once(postgres_url: str) -> None:
             (await engines[i % 2].start("sleeper", i, run_id=f"s{i:02}")).run_id for i in range(n)
         ]
         await wait_all(engines[0], ids)
-        await asyncio.sleep(0.5)  # a duplicate wake would execute the step again by now
+        queues = [queue_of(engine) for engine in engines]
+
+        async def all_handled() -> bool:
+            # Every message pushed (starts, timer wakes, duplicates if any) was
+            # handled and acked: no duplicate wake is still on its way.
+            pushed = sum(q.pushed for q in queues)
+            return (
+                pushed == sum(q.consumed for q in queues)
+                and all(q.held == 0 for q in queues)
+                and await depth(engines[0]) == 0
+            )
+
+        await eventually(all_handled, what="every queued message is handled", timeout=WAIT)
+        for engine in engines:
+            await engine.join()  # and every turn here has ended
 
     executions = Counter(run_id for run_id, _ in after)
     assert set(executions) == set(ids)
@@ -548,19 +606,48 @@ async def test_a_namespace_consumer_takes_only_its_topic(postgres_url: str) -> N
             await producers["b"].start("where", 0, run_id="b1")
             await producers["a"].start("where", 0, run_id="a1")
             await wait_all(only_a, ["a1"])
-            await eventually(lambda: _is(depth(only_a, "runs:b"), 1), "b1 is queued on runs:b")
-            await asyncio.sleep(1.5)  # several polls and a safety poll
+            await eventually(
+                lambda: _is(depth(only_a, "runs:b"), 1), what="b1 is queued on runs:b", timeout=WAIT
+            )
+            # Several claims and two safety polls go by. A safety poll (once
+            # a second) asks the depth of runs:a and, finding it empty, lists
+            # the pending runs of namespace a; the second proves the first ended.
+            spy = spy_on(only_a)
+
+            def safety_polls() -> int:
+                return sum(
+                    1
+                    for topics, found in spy.depths
+                    if topics == ["runs:a"] and not any(found.values())
+                )
+
+            await eventually(
+                lambda: len(spy.claims) >= 3 and safety_polls() >= 2,
+                what="claims and safety polls",
+                timeout=WAIT,
+            )
+            assert {topic for topics, _ in spy.claims for topic in topics} == {"runs:a"}
             b1 = await only_a.get_run("b1")
             assert b1 is not None and b1.status is RunStatus.PENDING
             assert await depth(only_a, "runs:b") == 1
             assert await unclaimed(postgres_url, "runs:b") == 1
         await producers["a"].start("where", 0, run_id="a2")
-        await eventually(lambda: _is(depth(producers["a"], "runs:a"), 1), "a2 is queued on runs:a")
+        await eventually(
+            lambda: _is(depth(producers["a"], "runs:a"), 1),
+            what="a2 is queued on runs:a",
+            timeout=WAIT,
+        )
         async with every:
             await wait_all(every, ["b1", "a2"])
-            await eventually(lambda: queue_of(every).held == 0, "every message is acked")
-            await eventually(lambda: _is(depth(every, "runs:a"), 0), "runs:a is empty")
-            await eventually(lambda: _is(depth(every, "runs:b"), 0), "runs:b is empty")
+            await eventually(
+                lambda: queue_of(every).held == 0, what="every message is acked", timeout=WAIT
+            )
+            await eventually(
+                lambda: _is(depth(every, "runs:a"), 0), what="runs:a is empty", timeout=WAIT
+            )
+            await eventually(
+                lambda: _is(depth(every, "runs:b"), 0), what="runs:b is empty", timeout=WAIT
+            )
 
     assert sorted(ran) == [
         ("a1", only_a.instance_id),

@@ -23,6 +23,7 @@ import pytest
 
 import durably
 from durably import RunStatus
+from durably.testing import eventually
 
 from .step_app import CAP, expected_job
 
@@ -130,9 +131,7 @@ async def test_a_worker_killed_holding_tasks_loses_no_run(
 
             # Kill worker-a once it holds tasks (started, not ended), a step
             # with a timeout among them.
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + 60
-            while True:
+            def held_by_a() -> list[list[str]]:
                 lines = team.ledger_lines()
                 ended = {(row[1], row[2]) for row in lines if row[0] == "end"}
                 held = [
@@ -141,9 +140,14 @@ async def test_a_worker_killed_holding_tasks_loses_no_run(
                     if row[0] == "start" and row[3] == "worker-a" and (row[1], row[2]) not in ended
                 ]
                 if len(held) >= 2 and any(row[1].endswith(":1") for row in held):
-                    break
-                assert loop.time() < deadline, "worker-a never took a task"
-                await asyncio.sleep(0.02)
+                    return held
+                return []
+
+            held = await eventually(
+                held_by_a,
+                what="worker-a to hold 2 tasks, a step with a timeout among them",
+                timeout=60,
+            )
             await team.kill("worker-a")
             held_steps = [(row[1], row[2]) for row in held]
             held_ids = {step_id for step_id, _ in held_steps}
@@ -224,11 +228,11 @@ async def test_the_engine_killed_while_steps_are_out_loses_no_run(
             await team.spawn("worker-a", "worker")
             await team.spawn("worker-b", "worker")
             runs = [await client.start("job", n, run_id=f"job-{n:03}") for n in range(30)]
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + 60
-            while len([row for row in team.ledger_lines() if row[0] == "start"]) < 10:
-                assert loop.time() < deadline, "no step started"
-                await asyncio.sleep(0.02)
+            await eventually(
+                lambda: len([row for row in team.ledger_lines() if row[0] == "start"]) >= 10,
+                what="10 steps to start",
+                timeout=60,
+            )
             await team.kill("engine")
             await team.spawn("engine-again", "engine")
             await wait_all(client, [r.run_id for r in runs], timeout=180)

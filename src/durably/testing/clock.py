@@ -56,6 +56,18 @@ class VirtualClock:
                 future.set_result(None)
 
     @property
+    def deadlines(self) -> list[int]:
+        """When each waiting sleep ends, in epoch milliseconds, soonest first.
+
+        A test can wait until the engine sleeps until a given moment before
+        it advances the clock again: proof that a timer loop ran and re-armed,
+        which a real-time sleep cannot give::
+
+            await eventually(lambda: beat + 40_000 in clock.deadlines)
+        """
+        return sorted(deadline for deadline, _, f in self._sleepers if not f.done())
+
+    @property
     def sleepers(self) -> int:
         """How many sleeps are waiting (cancelled ones included until released)."""
         return sum(1 for _, _, f in self._sleepers if not f.done())
