@@ -40,7 +40,8 @@ PUSH_CHUNK = 1000
 
 Listener = Callable[[str, str], None]
 """``listener(kind, argument)``: ``("message", topic)`` after a push, or a
-broadcast's ``(kind, argument)`` (the ``db`` transport's ``("cancel", run_id)``)."""
+broadcast's ``(kind, argument)`` (the ``db`` transport's ``("cancel", run_id)``);
+the kinds are :class:`~durably._notices.StoreNotice` values."""
 
 Unlisten = Callable[[], None]
 """Removes the listener it was returned for."""

@@ -26,7 +26,7 @@ from ._ops.waits import check_match, check_name, timer, wait_for_event, wait_for
 from ._replay import Turn
 from .durations import Duration, to_ms
 from .errors import NondeterminismError, _ContinueAsNew
-from .model import CheckpointStatus
+from .model import CheckpointKind, CheckpointStatus
 from .retry import RetryPolicy
 from .steps import StepDefinition, StepRef
 
@@ -126,7 +126,7 @@ class WorkflowContext:
         if compensate is not None and not callable(compensate):
             raise TypeError(f"local step {name!r}: compensate must be callable")
         track = self._env.services.track_start if track_start is None else track_start
-        seq, recorded = self._turn.allocate(name, "local")
+        seq, recorded = self._turn.allocate(name, CheckpointKind.LOCAL)
         step = local_step(self._env, seq, name, fn, args, policy, track, recorded)
         if compensate is None:
             return step
@@ -140,7 +140,7 @@ class WorkflowContext:
         """
         if not callable(fn):
             raise TypeError(f"side_effect: {fn!r} is not callable")
-        seq, recorded = self._turn.allocate("side_effect", "side_effect")
+        seq, recorded = self._turn.allocate("side_effect", CheckpointKind.SIDE_EFFECT)
 
         env = self._env
 
@@ -148,7 +148,9 @@ class WorkflowContext:
             await env.turn.flush()  # earlier results are durable before the effect
             return await env.call(fn, args)
 
-        return recorded_value(env, seq, "side_effect", "side_effect", recorded, compute)
+        return recorded_value(
+            env, seq, "side_effect", CheckpointKind.SIDE_EFFECT, recorded, compute
+        )
 
     def step(
         self,
@@ -230,14 +232,14 @@ class WorkflowContext:
             fairness_key=fairness_key,
             context=context,
         )
-        seq, recorded = self._turn.allocate(name, "step")
+        seq, recorded = self._turn.allocate(name, CheckpointKind.STEP)
         return StepRunner(self._env).run(seq, call, recorded)
 
     # -- deterministic sources -----------------------------------------------------------
 
     def now(self) -> Awaitable[datetime]:
         """The current time (UTC), recorded on first execution and replayed verbatim."""
-        seq, recorded = self._turn.allocate("now", "now")
+        seq, recorded = self._turn.allocate("now", CheckpointKind.NOW)
 
         env = self._env
 
@@ -245,32 +247,34 @@ class WorkflowContext:
             return env.clock.now_ms()
 
         async def as_datetime() -> datetime:
-            ms = await recorded_value(env, seq, "now", "now", recorded, read)
+            ms = await recorded_value(env, seq, "now", CheckpointKind.NOW, recorded, read)
             return datetime.fromtimestamp(ms / 1000, tz=UTC)
 
         return as_datetime()
 
     def uuid(self) -> Awaitable[_uuid.UUID]:
         """A random UUID4, recorded so replay returns the same one."""
-        seq, recorded = self._turn.allocate("uuid", "uuid")
+        seq, recorded = self._turn.allocate("uuid", CheckpointKind.UUID)
         env = self._env
 
         async def make() -> str:
             return str(_uuid.uuid4())
 
         async def as_uuid() -> _uuid.UUID:
-            return _uuid.UUID(await recorded_value(env, seq, "uuid", "uuid", recorded, make))
+            return _uuid.UUID(
+                await recorded_value(env, seq, "uuid", CheckpointKind.UUID, recorded, make)
+            )
 
         return as_uuid()
 
     def random(self) -> Awaitable[float]:
         """A random float in [0, 1), recorded so replay returns the same one."""
-        seq, recorded = self._turn.allocate("random", "random")
+        seq, recorded = self._turn.allocate("random", CheckpointKind.RANDOM)
 
         async def make() -> float:
             return _random.random()
 
-        return recorded_value(self._env, seq, "random", "random", recorded, make)
+        return recorded_value(self._env, seq, "random", CheckpointKind.RANDOM, recorded, make)
 
     # -- waiting -------------------------------------------------------------------------
 
@@ -281,7 +285,7 @@ class WorkflowContext:
         not restart the countdown.
         """
         ms = to_ms(duration, name="sleep duration")
-        seq, recorded = self._turn.allocate("sleep", "sleep")
+        seq, recorded = self._turn.allocate("sleep", CheckpointKind.SLEEP)
         return timer(self._env, seq, recorded, lambda now: now + ms)
 
     def sleep_until(self, when: datetime | int | float) -> Awaitable[None]:
@@ -294,7 +298,7 @@ class WorkflowContext:
             target = int(when * 1000)
         else:
             raise TypeError("sleep_until takes an aware datetime or epoch seconds")
-        seq, recorded = self._turn.allocate("sleep", "sleep")
+        seq, recorded = self._turn.allocate("sleep", CheckpointKind.SLEEP)
         return timer(self._env, seq, recorded, lambda _now: target)
 
     def wait_for_signal(self, token: str, *, timeout: Duration | None = None) -> Awaitable[Any]:
@@ -308,7 +312,7 @@ class WorkflowContext:
             raise ValueError("a signal token must be a non-empty string")
         timeout_ms = None if timeout is None else to_ms(timeout, name="signal timeout")
         name = f"signal:{token}"
-        seq, recorded = self._turn.allocate(name, "signal")
+        seq, recorded = self._turn.allocate(name, CheckpointKind.SIGNAL)
         return wait_for_signal(self._env, seq, name, token, timeout_ms, recorded)
 
     def wait_for_event(
@@ -330,7 +334,7 @@ class WorkflowContext:
         clean = check_match(match)
         timeout_ms = None if timeout is None else to_ms(timeout, name="event timeout")
         label = f"event:{name}"
-        seq, recorded = self._turn.allocate(label, "event")
+        seq, recorded = self._turn.allocate(label, CheckpointKind.EVENT)
         return wait_for_event(self._env, seq, label, name, clean, timeout_ms, recorded)
 
     # -- composition ---------------------------------------------------------------------
@@ -345,7 +349,7 @@ class WorkflowContext:
         """
         if not isinstance(workflow, str) or not workflow:
             raise ValueError("ctx.child needs a workflow name")
-        seq, recorded = self._turn.allocate(f"child:{workflow}", "child")
+        seq, recorded = self._turn.allocate(f"child:{workflow}", CheckpointKind.CHILD)
         if recorded is not None and isinstance(recorded.input, dict):
             child_id = str(recorded.input.get("run_id"))
         else:
@@ -383,14 +387,14 @@ class WorkflowContext:
         turn.ensure_open()
         name = f"patch:{patch_id}"
         recorded = turn.checkpoints.get(turn.next_seq)
-        if recorded is not None and recorded.kind != "patch":
+        if recorded is not None and recorded.kind != CheckpointKind.PATCH:
             return _resolved(False)
         if recorded is not None and recorded.name != name:
             raise NondeterminismError(
                 f"run {self.run_id!r}: position {turn.next_seq} holds {recorded.name!r}, "
                 f"but the workflow now asks for {name!r}"
             )
-        seq, recorded = turn.allocate(name, "patch")
+        seq, recorded = turn.allocate(name, CheckpointKind.PATCH)
         if recorded is None:
             env = self._env
             now = env.clock.now_ms()
@@ -398,7 +402,7 @@ class WorkflowContext:
                 env.checkpoint(
                     seq,
                     name,
-                    "patch",
+                    CheckpointKind.PATCH,
                     CheckpointStatus.COMPLETED,
                     output=True,
                     started_at=now,

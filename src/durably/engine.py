@@ -35,6 +35,7 @@ from ._hooks import EvictHook, Handler, Hooks, StalledHook
 from ._ops.env import Services
 from ._options import Consumers, EngineOptions, Option, SettableOption
 from ._registry import Registry, WorkflowDef, takes_input
+from ._replay import CloseReason
 from ._routing import RunRouter
 from ._run_queue import RunQueue
 from ._threads import StepThreads
@@ -44,7 +45,15 @@ from ._worker import RECOVERY_BATCH, Phase, Worker
 from .clock import Clock, SystemClock
 from .durations import Duration, to_ms
 from .errors import DurablyError, SchemaValidationError
-from .model import TERMINAL_STATUSES, Checkpoint, CheckpointStatus, Run, RunResult, RunStatus
+from .model import (
+    TERMINAL_STATUSES,
+    Checkpoint,
+    CheckpointKind,
+    CheckpointStatus,
+    Run,
+    RunResult,
+    RunStatus,
+)
 from .retry import RetryPolicy
 from .schedules import Overlap, Schedule, Scheduler, ScheduleSpec
 from .steps._dispatcher import StepDispatcher
@@ -674,7 +683,7 @@ class Engine:
             return
         still_running = await router.executor.close(bound)
         for turn in list(router.active.values()):
-            turn.close("drain")
+            turn.close(CloseReason.DRAIN)
         for run_id in list(router.preleased):
             # Inserted leased to us but dropped before their first turn.
             router.preleased.pop(run_id, None)
@@ -1108,7 +1117,7 @@ class Engine:
                 else None,
             )
             for cp in (await self.store.load_checkpoints(run_id)).values()
-            if cp.kind == "step"
+            if cp.kind == CheckpointKind.STEP
             and cp.status is CheckpointStatus.PENDING
             and cp.dispatched_at is not None
         ]

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import StepFailed
-from ..model import Checkpoint, CheckpointStatus, ErrorInfo
+from ..model import Checkpoint, CheckpointKind, CheckpointStatus, ErrorInfo
 from ..retry import RetryPolicy
 from ..steps._dispatcher import LiveStep
 from ..stores.base import Admission
@@ -175,7 +175,7 @@ class StepRunner:
         return self._env.checkpoint(
             seq,
             call.name,
-            "step",
+            CheckpointKind.STEP,
             status,
             input=call.input,
             output=output,

@@ -12,7 +12,15 @@ from collections import defaultdict, deque
 from collections.abc import Callable
 from typing import Any
 
-from ..model import TERMINAL_STATUSES, Checkpoint, CheckpointStatus, ErrorInfo, Run, RunStatus
+from ..model import (
+    TERMINAL_STATUSES,
+    Checkpoint,
+    CheckpointKind,
+    CheckpointStatus,
+    ErrorInfo,
+    Run,
+    RunStatus,
+)
 from ._match import match_index, project
 from ._rows import (
     check_run_changes,
@@ -493,7 +501,7 @@ class MemoryStore:
         run_id, seq = waiter
         current = self._checkpoints[run_id].get(seq)
         base = current or Checkpoint(
-            run_id, seq, f"signal:{token}", "signal", CheckpointStatus.PENDING
+            run_id, seq, f"signal:{token}", CheckpointKind.SIGNAL, CheckpointStatus.PENDING
         )
         self._put(_completed(base, copy.deepcopy(payload), now))
         return run_id

@@ -18,7 +18,15 @@ from urllib.parse import unquote, urlsplit
 
 from .. import _codec as codec
 from .._urls import redact_url
-from ..model import TERMINAL_STATUSES, Checkpoint, CheckpointStatus, ErrorInfo, Run, RunStatus
+from ..model import (
+    TERMINAL_STATUSES,
+    Checkpoint,
+    CheckpointKind,
+    CheckpointStatus,
+    ErrorInfo,
+    Run,
+    RunStatus,
+)
 from ._match import match_index, project
 from ._rows import (
     CP_COLUMNS,
@@ -694,7 +702,7 @@ class SqliteStore:
             )
             if cur.rowcount == 0:
                 base = Checkpoint(
-                    run_id, seq, f"signal:{token}", "signal", CheckpointStatus.PENDING
+                    run_id, seq, f"signal:{token}", CheckpointKind.SIGNAL, CheckpointStatus.PENDING
                 )
                 conn.execute(_UPSERT_CHECKPOINT, completed_params(base, text, now))
             return str(run_id)

@@ -33,6 +33,7 @@ from typing import Any
 from .. import _codec as codec
 from .._aio import wait_event
 from .._batch import BatchCall
+from .._notices import StoreNotice
 from .._queue import Message, MessageQueue, OutMessage, Unlisten
 from ..clock import wall_ms
 from ..wire import Heartbeat, StepResult, StepTask, WireError
@@ -157,12 +158,12 @@ class DbTransport:
         return self._queue
 
     def _heard(self, kind: str, argument: str) -> None:
-        if kind == "message":
+        if kind == StoreNotice.MESSAGE:
             if argument in (RESULTS_TOPIC, BEATS_TOPIC):
                 self._results_wake.set()
             elif argument in self._topics:
                 self._task_wake.set()
-        elif kind == "cancel" and argument:
+        elif kind == StoreNotice.CANCEL and argument:
             for handler in list(self._cancel_handlers):
                 try:
                     handler([argument])
@@ -216,7 +217,7 @@ class DbTransport:
         if not run_ids:
             return
         try:
-            await self._q().broadcast("cancel", run_ids)
+            await self._q().broadcast(StoreNotice.CANCEL, run_ids)
         except Exception as exc:
             _log.warning("could not publish the cancellation of %d run(s): %s", len(run_ids), exc)
 
