@@ -213,7 +213,7 @@ class WorkflowContext:
             else (definition.pickup_timeout_ms if definition else None)
         )
         queue_name = queue if queue is not None else (definition.queue if definition else None)
-        if queue_name is not None and queue_name not in self._env.services.steps.queues:
+        if queue_name is not None and self._env.services.steps.queue(queue_name) is None:
             raise ValueError(f"ctx.step: queue {queue_name!r} is not registered on this engine")
         try:
             payload = codec.to_jsonable(input)

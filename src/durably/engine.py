@@ -200,7 +200,13 @@ class Engine:
         self._watcher = RunWatcher(store.get_runs)
         self._router = RunRouter(store, clock, self._watcher, settings)
         self._steps = StepDispatcher(
-            store, self.transport, clock, self._router.wake, options.heartbeat_throttle_ms
+            store,
+            self.transport,
+            clock,
+            self._router.wake,
+            options.heartbeat_throttle_ms,
+            step=self._registry.step,
+            queue=self._registry.queue,
         )
         self._children = ChildRuns(
             store,
@@ -208,7 +214,7 @@ class Engine:
             self._registry,
             self._router,
             self.transport,
-            has_flow_queues=lambda: bool(self._steps.queues),
+            has_flow_queues=self._registry.has_queues,
         )
         self._step_server = StepServer(self.transport, self._threads, self._children.ended_runs)
         services = Services(
@@ -501,7 +507,7 @@ class Engine:
             raise ValueError("a step needs a non-empty name")
         if not callable(fn):
             raise TypeError(f"step {name!r}: {fn!r} is not callable")
-        if name in self._steps.definitions:
+        if self._registry.step(name) is not None:
             raise ValueError(f"step {name!r} is already registered")
         definition = StepDefinition(
             name=name,
@@ -518,13 +524,13 @@ class Engine:
             output_model=output,
             takes_logger=takes_logger(fn),
         )
-        self._steps.definitions[name] = definition
+        self._registry.add_step(definition)
         return StepRef(definition)
 
     @property
     def steps(self) -> list[str]:
         """The names of the registered step handlers."""
-        return sorted(self._steps.definitions)
+        return sorted(d.name for d in self._registry.steps())
 
     def register_queue(
         self,
@@ -543,7 +549,7 @@ class Engine:
         slot wakes the next waiter early. A slot is held from dispatch until
         the step's result is settled or its run ends.
         """
-        self._steps.queues[name] = FlowQueue.build(name, concurrency, rate, retry)
+        self._registry.add_queue(FlowQueue.build(name, concurrency, rate, retry))
 
     @property
     def served_steps(self) -> list[str]:
@@ -555,7 +561,7 @@ class Engine:
 
     def _served_tokens(self) -> dict[str, StepDefinition]:
         served: dict[str, StepDefinition] = {}
-        for definition in self._steps.definitions.values():
+        for definition in self._registry.steps():
             if self.serve_steps is not None and definition.name not in self.serve_steps:
                 continue
             if self.serve_groups is not None and definition.group not in self.serve_groups:
@@ -1112,8 +1118,8 @@ class Engine:
                 group=routing_token(cp.name, run.namespace),
                 input=cp.input,
                 attempt=max(1, cp.attempts),
-                priority=self._steps.definitions[cp.name].priority
-                if cp.name in self._steps.definitions
+                priority=definition.priority
+                if (definition := self._registry.step(cp.name)) is not None
                 else None,
             )
             for cp in (await self.store.load_checkpoints(run_id)).values()

@@ -191,7 +191,8 @@ class StepRunner:
 
     async def _admit(self, seq: int, call: StepCall) -> int | None:
         assert call.queue is not None
-        flow = self._env.services.steps.queues[call.queue]
+        flow = self._env.services.steps.queue(call.queue)
+        assert flow is not None  # ctx.step refused an undeclared queue
         request = Admission(
             queue=call.queue,
             step_id=f"{self._env.run_id}:{seq}",

@@ -51,14 +51,16 @@ class StepDispatcher:
         clock: Clock,
         wake: Callable[[str], Awaitable[None]],
         heartbeat_throttle_ms: int,
+        step: Callable[[str], StepDefinition | None],
+        queue: Callable[[str], FlowQueue | None],
     ) -> None:
         self.store = store
         self.transport = transport
         self.clock = clock
         self._wake = wake
         self.heartbeat_throttle_ms = heartbeat_throttle_ms
-        self.definitions: dict[str, StepDefinition] = {}
-        self.queues: dict[str, FlowQueue] = {}
+        self._step = step
+        self._queue = queue
         self._live: dict[str, LiveStep] = {}
         self._persisted: OrderedDict[str, int] = OrderedDict()
 
@@ -137,5 +139,9 @@ class StepDispatcher:
             _log.warning("could not persist a heartbeat of %s", beat.step_id, exc_info=True)
 
     def definition(self, name: str) -> StepDefinition | None:
-        """The step registered here under ``name``, if any."""
-        return self.definitions.get(name)
+        """The step registered on this engine under ``name``, if any."""
+        return self._step(name)
+
+    def queue(self, name: str) -> FlowQueue | None:
+        """The flow-control queue declared on this engine as ``name``, if any."""
+        return self._queue(name)
