@@ -14,7 +14,7 @@ import random as _random
 import uuid as _uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any, TypeVar, Unpack
 
 from . import _codec as codec
 from ._ops.env import Services, TurnEnv
@@ -28,7 +28,8 @@ from .durations import Duration, to_ms
 from .errors import NondeterminismError, _ContinueAsNew
 from .model import CheckpointKind, CheckpointStatus
 from .retry import RetryPolicy
-from .steps import StepDefinition, StepRef
+from .steps import StepDefinition, StepPolicy, StepRef
+from .steps.definition import check_policy
 
 __all__ = ["ChildCall", "Settled", "WorkflowContext"]
 
@@ -157,23 +158,16 @@ class WorkflowContext:
         step: StepRef[Any] | str,
         input: Any = None,
         *,
-        retries: int | None = None,
-        backoff: str | None = None,
-        backoff_base: Duration | None = None,
-        backoff_max: Duration | None = None,
-        jitter: bool | None = None,
-        timeout: Duration | None = None,
-        pickup_timeout: Duration | None = None,
-        queue: str | None = None,
-        priority: int | None = None,
         fairness_key: str | None = None,
         context: Any = None,
+        **policy: Unpack[StepPolicy],
     ) -> Awaitable[Any]:
         """Dispatch a step by name to whichever worker serves it and return its result.
 
         ``step`` is what ``@engine.step`` returned, or a step name served by
         another process or language. Options override the step's registered
-        policy for this call.
+        policy for this call (the policy keywords are those of
+        :class:`~durably.steps.StepPolicy`, each ``None`` by default: not set).
 
         Without ``timeout`` the run suspends durably while the task is out:
         nothing is held in memory, and whichever instance receives the result
@@ -191,6 +185,9 @@ class WorkflowContext:
         ``priority`` first, round-robin across ``fairness_key`` (default: the
         run id).
         """
+        check_policy("WorkflowContext.step", policy)
+        timeout, pickup_timeout = policy.get("timeout"), policy.get("pickup_timeout")
+        queue, priority = policy.get("queue"), policy.get("priority")
         definition: StepDefinition | None
         if isinstance(step, StepRef):
             name, definition = step.name, step.definition
@@ -199,8 +196,13 @@ class WorkflowContext:
         else:
             raise TypeError("ctx.step takes a step reference or a non-empty step name")
         base = definition.retry if definition is not None else self._env.services.default_retry
-        policy = RetryPolicy.build(
-            retries, backoff, backoff_base, backoff_max, jitter, default=base
+        retry = RetryPolicy.build(
+            policy.get("retries"),
+            policy.get("backoff"),
+            policy.get("backoff_base"),
+            policy.get("backoff_max"),
+            policy.get("jitter"),
+            default=base,
         )
         timeout_ms = (
             to_ms(timeout, name="step timeout")
@@ -222,7 +224,7 @@ class WorkflowContext:
         call = StepCall(
             name=name,
             input=payload,
-            policy=policy,
+            policy=retry,
             timeout_ms=timeout_ms,
             pickup_ms=pickup_ms,
             queue=queue_name,

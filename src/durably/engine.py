@@ -19,15 +19,13 @@ import contextlib
 import dataclasses
 import logging
 import os
-import random
 import socket
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime
 from types import TracebackType
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar, Unpack
 
-from . import _codec as codec
 from ._children import ChildRuns, RunNotFound
 from ._events import EventRouter
 from ._executor import RunExecutor
@@ -38,6 +36,7 @@ from ._registry import Registry, WorkflowDef, takes_input
 from ._replay import CloseReason
 from ._routing import RunRouter
 from ._run_queue import RunQueue
+from ._start import check_signal, check_tags, new_run_id, start_time
 from ._threads import StepThreads
 from ._turns import TurnDriver
 from ._watch import RunWatcher
@@ -48,8 +47,6 @@ from .errors import DurablyError, SchemaValidationError
 from .model import (
     TERMINAL_STATUSES,
     Checkpoint,
-    CheckpointKind,
-    CheckpointStatus,
     Run,
     RunResult,
     RunStatus,
@@ -58,12 +55,11 @@ from .retry import RetryPolicy
 from .schedules import Overlap, Schedule, Scheduler, ScheduleSpec
 from .steps._dispatcher import StepDispatcher
 from .steps._flow import FlowQueue
-from .steps._server import StepServer
-from .steps.definition import StepDefinition, StepRef, takes_logger
+from .steps._server import StepServer, served_tokens
+from .steps.definition import StepDefinition, StepPolicy, StepRef, check_policy, define_step
 from .stores import RunPage, RunQuery, StateStore, open_store
 from .transports import Transport, open_transport
 from .transports.base import RunCarrier
-from .wire import StepTask, routing_token
 
 __all__ = ["Engine", "RunNotFound"]
 
@@ -410,29 +406,23 @@ class Engine:
         """Call ``handler`` for every run that goes ``dead`` (crashed its
         executor too often). A workflow name is started as ``dlq:<run_id>``
         with the dead run's id, workflow, error and input."""
-        self._hooks.dead.append(_check_handler(handler))
+        self._hooks.add_dead(handler)
 
     def on_error(self, code: str, handler: Handler) -> None:
         """Route failed runs whose error ``code`` matches (``"*"``: any) to
         ``handler``. A workflow name is started as ``onerror:<code>:<run_id>``."""
-        if not isinstance(code, str) or not code:
-            raise ValueError("on_error needs an error code, or '*' for every failure")
-        self._hooks.errors.setdefault(code, []).append(_check_handler(handler))
+        self._hooks.add_error(code, handler)
 
     def on_evict(self, hook: EvictHook) -> None:
         """Archive runs before retention deletes them: ``await hook(run,
         history)``; if it raises, the run is kept and offered again later."""
-        if not callable(hook):
-            raise TypeError("on_evict takes an async callable (run, history)")
-        self._hooks.evict.append(hook)
+        self._hooks.add_evict(hook)
 
     def on_stalled(self, hook: StalledHook) -> None:
         """Hear of live runs that made no progress for ``stalled_after``
         (pending or running that long, or a timer that long overdue), once
         per episode: a run that moves and stalls again is reported again."""
-        if not callable(hook):
-            raise TypeError("on_stalled takes an async callable (run)")
-        self._hooks.stalled.append(hook)
+        self._hooks.add_stalled(hook)
 
     # -- steps (durably.steps) ------------------------------------------------------------
 
@@ -440,18 +430,10 @@ class Engine:
         self,
         name: str,
         *,
-        retries: int | None = None,
-        backoff: str | None = None,
-        backoff_base: Duration | None = None,
-        backoff_max: Duration | None = None,
-        jitter: bool | None = None,
-        timeout: Duration | None = None,
-        pickup_timeout: Duration | None = None,
         group: str | None = None,
-        queue: str | None = None,
-        priority: int | None = None,
         input: Any = None,
         output: Any = None,
+        **policy: Unpack[StepPolicy],
     ) -> Callable[[Callable[..., Any]], StepRef[Any]]:
         """Register a step handler served by ``name``; returns a :class:`StepRef`
         for ``ctx.step``.
@@ -462,25 +444,15 @@ class Engine:
         there is not retried. The other options are the defaults of every
         ``ctx.step`` call of it (see :meth:`WorkflowContext.step`); ``group``
         names the worker group that serves it (``durably worker --group``).
+        The policy keywords (:class:`~durably.steps.StepPolicy`: ``retries``,
+        ``backoff``, ``backoff_base``, ``backoff_max``, ``jitter``,
+        ``timeout``, ``pickup_timeout``, ``queue``, ``priority``) each default
+        to ``None``: not set.
         """
+        check_policy("Engine.step", policy)
 
         def decorate(fn: Callable[..., Any]) -> StepRef[Any]:
-            return self.register_step(
-                name,
-                fn,
-                retries=retries,
-                backoff=backoff,
-                backoff_base=backoff_base,
-                backoff_max=backoff_max,
-                jitter=jitter,
-                timeout=timeout,
-                pickup_timeout=pickup_timeout,
-                group=group,
-                queue=queue,
-                priority=priority,
-                input=input,
-                output=output,
-            )
+            return self.register_step(name, fn, group=group, input=input, output=output, **policy)
 
         return decorate
 
@@ -489,42 +461,24 @@ class Engine:
         name: str,
         fn: Callable[..., Any],
         *,
-        retries: int | None = None,
-        backoff: str | None = None,
-        backoff_base: Duration | None = None,
-        backoff_max: Duration | None = None,
-        jitter: bool | None = None,
-        timeout: Duration | None = None,
-        pickup_timeout: Duration | None = None,
         group: str | None = None,
-        queue: str | None = None,
-        priority: int | None = None,
         input: Any = None,
         output: Any = None,
+        **policy: Unpack[StepPolicy],
     ) -> StepRef[Any]:
         """The non-decorator form of :meth:`step`."""
-        if not isinstance(name, str) or not name.strip():
-            raise ValueError("a step needs a non-empty name")
-        if not callable(fn):
-            raise TypeError(f"step {name!r}: {fn!r} is not callable")
-        if self._registry.step(name) is not None:
-            raise ValueError(f"step {name!r} is already registered")
-        definition = StepDefinition(
-            name=name,
-            fn=fn,
-            retry=RetryPolicy.build(retries, backoff, backoff_base, backoff_max, jitter),
-            timeout_ms=None if timeout is None else to_ms(timeout, name="step timeout"),
-            pickup_timeout_ms=(
-                None if pickup_timeout is None else to_ms(pickup_timeout, name="pickup timeout")
-            ),
+        check_policy("Engine.register_step", policy)
+        registry = self._registry
+        definition = define_step(
+            name,
+            fn,
+            taken=lambda n: registry.step(n) is not None,
             group=group,
-            queue=queue,
-            priority=priority,
-            input_model=input,
-            output_model=output,
-            takes_logger=takes_logger(fn),
+            input=input,
+            output=output,
+            policy=policy,
         )
-        self._registry.add_step(definition)
+        registry.add_step(definition)
         return StepRef(definition)
 
     @property
@@ -560,14 +514,9 @@ class Engine:
         return sorted(d.name for d in self._served_tokens().values())
 
     def _served_tokens(self) -> dict[str, StepDefinition]:
-        served: dict[str, StepDefinition] = {}
-        for definition in self._registry.steps():
-            if self.serve_steps is not None and definition.name not in self.serve_steps:
-                continue
-            if self.serve_groups is not None and definition.group not in self.serve_groups:
-                continue
-            served[routing_token(definition.name, self.namespace)] = definition
-        return served
+        return served_tokens(
+            self._registry.steps(), self.namespace, self.serve_steps, self.serve_groups
+        )
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -732,15 +681,15 @@ class Engine:
             raise SchemaValidationError(f"workflow {workflow!r} takes no input")
         if run_id is not None and (not isinstance(run_id, str) or not run_id):
             raise ValueError("run_id must be a non-empty string")
-        clean_tags = _check_tags(tags)
+        clean_tags = check_tags(tags)
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise ValueError("priority must be an int")
         await self.open()
         now = self.clock.now_ms()
-        wake_at = _start_time(start_at, now)
+        wake_at = start_time(start_at, now)
         status = RunStatus.SUSPENDED if wake_at is not None and wake_at > now else RunStatus.PENDING
         run = Run(
-            run_id=run_id or _new_run_id(),
+            run_id=run_id or new_run_id(),
             workflow=definition.name,
             workflow_version=definition.version,
             status=status,
@@ -762,7 +711,7 @@ class Engine:
         ``None`` when no run waits yet: then the signal is buffered and the
         first ``wait_for_signal(token)`` consumes it.
         """
-        _check_signal(token, payload)
+        check_signal(token, payload)
         await self.open()
         run_id = await self.store.send_signal(token, payload, self.clock.now_ms())
         if run_id is not None:
@@ -1011,7 +960,7 @@ class Engine:
         The signal is buffered until the run waits on ``token``, so entity and
         accumulator workflows can be fed without knowing whether they run yet.
         """
-        _check_signal(token, payload)
+        check_signal(token, payload)
         run = await self.start(workflow, input, run_id=run_id, tags=tags, priority=priority)
         await self.signal(token, payload)
         return run
@@ -1107,70 +1056,4 @@ class Engine:
         awaiting a result (after a broker outage, say); return how many. A
         duplicate result is harmless: only a pending step is settled."""
         await self.open()
-        run = await self._children.require(run_id)
-        if run.status in TERMINAL_STATUSES:
-            return 0
-        tasks = [
-            StepTask(
-                run_id=run_id,
-                seq=cp.seq,
-                name=cp.name,
-                group=routing_token(cp.name, run.namespace),
-                input=cp.input,
-                attempt=max(1, cp.attempts),
-                priority=definition.priority
-                if (definition := self._registry.step(cp.name)) is not None
-                else None,
-            )
-            for cp in (await self.store.load_checkpoints(run_id)).values()
-            if cp.kind == CheckpointKind.STEP
-            and cp.status is CheckpointStatus.PENDING
-            and cp.dispatched_at is not None
-        ]
-        if tasks:
-            await self._steps.dispatch(tasks)
-        return len(tasks)
-
-
-def _new_run_id() -> str:
-    """128 random bits as hex. Not ``uuid4``: on the VMs we measured,
-    ``os.urandom`` costs ~0.3 ms a call, a third of a short run's latency;
-    ``random`` is seeded from it once (and again after ``fork``)."""
-    return f"{random.getrandbits(128):032x}"
-
-
-def _check_handler(handler: Handler) -> Handler:
-    if isinstance(handler, str) and handler:
-        return handler
-    if callable(handler):
-        return handler
-    raise TypeError("a handler is a workflow name or an async callable taking the run")
-
-
-def _check_tags(tags: list[str] | None) -> list[str]:
-    if tags is None:
-        return []
-    if isinstance(cast(object, tags), str) or not all(isinstance(t, str) and t for t in tags):
-        raise ValueError("tags must be a list of non-empty strings")
-    return list(dict.fromkeys(tags))
-
-
-def _start_time(start_at: datetime | Duration | None, now: int) -> int | None:
-    if start_at is None:
-        return None
-    if isinstance(start_at, datetime):
-        if start_at.tzinfo is None:
-            raise ValueError("start_at must be a timezone-aware datetime")
-        return int(start_at.timestamp() * 1000)
-    return now + to_ms(start_at, name="start_at")
-
-
-def _check_signal(token: str, payload: Any) -> None:
-    """Refuse a signal before anything is stored: a bad token, or a payload
-    that cannot be stored as JSON."""
-    if not isinstance(token, str) or not token:
-        raise ValueError("a signal token must be a non-empty string")
-    try:
-        codec.dumps(payload)
-    except (TypeError, ValueError) as exc:
-        raise SchemaValidationError(f"signal payload cannot be stored as JSON: {exc}") from exc
+        return await self._steps.redispatch(await self._children.require(run_id))

@@ -16,12 +16,13 @@ import logging
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from ..clock import Clock
-from ..model import CheckpointStatus
-from ..stores.base import Resolution, StateStore
+from ..model import TERMINAL_STATUSES, CheckpointKind, CheckpointStatus, Run
+from ..stores.base import CheckpointStore, FlowStore, Resolution
 from ..transports.base import Transport
-from ..wire import Heartbeat, StepResult, StepTask
+from ..wire import Heartbeat, StepResult, StepTask, routing_token
 from ._flow import FlowQueue
 from .definition import StepDefinition
 
@@ -41,12 +42,16 @@ class LiveStep:
     changed: asyncio.Event = field(default_factory=asyncio.Event)
 
 
+class _Store(CheckpointStore, FlowStore, Protocol):
+    """The slice of the store a dispatcher uses: settling steps and recording beats."""
+
+
 class StepDispatcher:
     """Sends tasks and settles results; see the module docstring."""
 
     def __init__(
         self,
-        store: StateStore,
+        store: _Store,
         transport: Transport,
         clock: Clock,
         wake: Callable[[str], Awaitable[None]],
@@ -67,6 +72,32 @@ class StepDispatcher:
     async def dispatch(self, tasks: list[StepTask]) -> None:
         """Send tasks; raises :class:`~durably.transports.TransportError` if not sent."""
         await self.transport.dispatch(tasks)
+
+    async def redispatch(self, run: Run) -> int:
+        """Send again the task of every dispatched step of ``run`` still awaiting
+        a result; return how many (none for a terminal run)."""
+        if run.status in TERMINAL_STATUSES:
+            return 0
+        tasks = [
+            StepTask(
+                run_id=run.run_id,
+                seq=cp.seq,
+                name=cp.name,
+                group=routing_token(cp.name, run.namespace),
+                input=cp.input,
+                attempt=max(1, cp.attempts),
+                priority=definition.priority
+                if (definition := self._step(cp.name)) is not None
+                else None,
+            )
+            for cp in (await self.store.load_checkpoints(run.run_id)).values()
+            if cp.kind == CheckpointKind.STEP
+            and cp.status is CheckpointStatus.PENDING
+            and cp.dispatched_at is not None
+        ]
+        if tasks:
+            await self.dispatch(tasks)
+        return len(tasks)
 
     @contextlib.contextmanager
     def live(self, step_id: str) -> Iterator[LiveStep]:
