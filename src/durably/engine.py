@@ -14,8 +14,6 @@ by ``async with engine:`` or ``durably worker``).
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import dataclasses
 import logging
 import os
@@ -28,12 +26,11 @@ from typing import Any, TypeVar, Unpack
 
 from ._children import ChildRuns, RunNotFound
 from ._events import EventRouter
-from ._executor import RunExecutor
 from ._hooks import EvictHook, Handler, Hooks, StalledHook
+from ._lifecycle import Lifecycle
 from ._ops.env import Services
 from ._options import Consumers, EngineOptions, Option, SettableOption
 from ._registry import Registry, WorkflowDef, takes_input
-from ._replay import CloseReason
 from ._routing import RunRouter
 from ._run_queue import RunQueue
 from ._start import check_signal, check_tags, new_run_id, start_time
@@ -59,7 +56,6 @@ from .steps._server import StepServer, served_tokens
 from .steps.definition import StepDefinition, StepPolicy, StepRef, check_policy, define_step
 from .stores import RunPage, RunQuery, StateStore, open_store
 from .transports import Transport, open_transport
-from .transports.base import RunCarrier
 
 __all__ = ["Engine", "RunNotFound"]
 
@@ -144,45 +140,18 @@ class Engine:
         remote_redispatch_max: int = 3,
         heartbeat_persist_throttle: Duration = "10s",
     ) -> None:
+        # Taken first, while the locals are exactly the parameters: the keywords
+        # are EngineOptions' fields, by name.
+        keywords = {k: v for k, v in locals().items() if k != "self"}
         target = store if store is not None else os.environ.get("DURABLY_DATABASE_URL")
         self.store: StateStore = open_store(target or "sqlite:///durably.db")
         """The state store runs live in."""
-        self._options = EngineOptions(
-            store=store,
-            namespace=namespace,
-            clock=clock,
-            lease=lease,
-            reconcile=reconcile,
-            max_recovery_attempts=max_recovery_attempts,
-            max_concurrent_runs=max_concurrent_runs,
-            poll_interval=poll_interval,
-            timer_batch_size=timer_batch_size,
-            track_start=track_start,
-            drive=drive,
-            instance_id=instance_id,
-            drain_timeout=drain_timeout,
-            step_threads=step_threads,
-            retention=retention,
-            stalled_after=stalled_after,
-            transport=transport,
-            consumers=consumers,
-            step_concurrency=step_concurrency,
-            serve_groups=serve_groups,
-            serve_steps=serve_steps,
-            remote_redispatch=remote_redispatch,
-            remote_redispatch_max=remote_redispatch_max,
-            heartbeat_persist_throttle=heartbeat_persist_throttle,
-        )
+        self._options = EngineOptions(**keywords)
         self._generated_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.clock: Clock = clock or SystemClock()
         """The engine's time source."""
         self.transport: Transport = open_transport(transport, self.store)
         """How dispatched steps reach workers."""
-        self._consuming = False
-        self._opened = False
-        self._open_lock: asyncio.Lock | None = None
-        self._listening = False
-        """Whether the store pushes other processes' changes (PostgreSQL)."""
         self._wire()
 
     def _wire(self) -> None:
@@ -258,6 +227,22 @@ class Engine:
             phases=self._phases,
             fire_schedules=self._scheduler.fire,
             after_failure=self._after_failure,
+            options=settings,
+            owner=owner,
+        )
+        self._lifecycle = Lifecycle(
+            store,
+            self.transport,
+            clock,
+            router=self._router,
+            turns=self._turns,
+            worker=self._worker,
+            steps=self._steps,
+            step_server=self._step_server,
+            watcher=self._watcher,
+            threads=self._threads,
+            sync_schedules=self._scheduler.sync,
+            served=self._served_tokens,
             options=settings,
             owner=owner,
         )
@@ -522,71 +507,23 @@ class Engine:
 
     async def open(self) -> None:
         """Connect the store and migrate its schema (done lazily by every call)."""
-        if self._opened:
-            return
-        if self._open_lock is None:
-            self._open_lock = asyncio.Lock()
-        async with self._open_lock:
-            if self.is_open:  # another task opened it while we waited for the lock
-                return
-            await self.store.open()
-            try:
-                await self._scheduler.sync()  # upsert the schedules declared in code
-            except BaseException:
-                await self.store.close()
-                raise
-            router = self._router
-            router.executor = RunExecutor(
-                self._turns.execute,
-                self._options.max_concurrent_runs,
-                on_room=self._worker.executor_has_room,
-            )
-            self._opened = True
-            self._listening = await self.store.subscribe(self._worker.on_store_event)
-            await self.transport.open()
-            carrier = self.transport.run_queue() if isinstance(self.transport, RunCarrier) else None
-            if carrier is not None:
-                router.run_queue = RunQueue(
-                    carrier,
-                    self.instance_id,
-                    self.lease_ms,
-                    router.run_from_queue,
-                    router.enqueue_failed,
-                    router.namespaces_of,
-                    capacity=self._options.max_concurrent_runs,
-                )
-            if self.consumers == "always":
-                await self._start_consumers()
-            if self._options.instance_id is not None:
-                # Our previous incarnation's turns died with it; no one else can
-                # hold our id, so reclaim its runs now rather than after the lease.
-                await self._worker.expire_own_leases()
+        if not self._lifecycle.opened:
+            await self._lifecycle.open()
 
     @property
     def listening(self) -> bool:
         """Whether the store pushes other processes' changes to this engine
         (PostgreSQL's LISTEN/NOTIFY); otherwise it learns of them by polling."""
-        return self._listening
+        return self._lifecycle.listening
 
     @property
     def is_open(self) -> bool:
         """Whether the store is connected."""
-        return self._opened
+        return self._lifecycle.opened
 
     async def close(self) -> None:
         """Drain, stop the worker loop and close the store."""
-        if not self._opened:
-            return
-        await self.drain(self.drain_timeout)
-        await self._watcher.close()
-        if self._router.run_queue is not None:
-            await self._router.run_queue.flush()
-            self._router.run_queue = None
-        await self.transport.close()
-        self._consuming = False
-        self._opened = False
-        await self.store.close()
-        self._threads.shutdown()
+        await self._lifecycle.close(self.drain_timeout)
 
     async def __aenter__(self) -> Engine:
         await self.start_worker()
@@ -603,51 +540,13 @@ class Engine:
     async def start_worker(self) -> None:
         """Open the engine and start the background worker loop (and, unless
         ``consumers="never"``, serve step handlers and settle step results)."""
-        await self.open()
-        if self.consumers != "never":
-            await self._start_consumers()
-        router = self._router
-        router.draining = False
-        if router.executor is not None:
-            router.executor.reopen()
-        if router.run_queue is not None and self.drive and not router.run_queue.consuming:
-            pools = None if self.drives_namespace is None else [self.drives_namespace]
-            await router.run_queue.start(pools)
-        if self.drive:
-            self._worker.start()
-
-    async def _start_consumers(self) -> None:
-        if self._consuming:
-            return
-        self._consuming = True
-        await self.transport.consume_results(self._steps.on_results, self._steps.on_heartbeat)
-        await self._step_server.start(self._served_tokens(), self.step_concurrency)
+        await self._lifecycle.start_worker()
 
     async def drain(self, timeout: float | None = None) -> None:
         """Stop taking work, let running turns finish for up to ``timeout``
         seconds, then hand the runs still executing back as ``pending``.
         Step handlers stop taking tasks first; queued ones stay queued."""
-        bound = self.drain_timeout if timeout is None else timeout
-        router = self._router
-        if router.run_queue is not None:
-            await router.run_queue.stop_claiming()
-        await self._step_server.stop(bound)
-        router.draining = True
-        await self._worker.stop()
-        if router.executor is None:
-            return
-        still_running = await router.executor.close(bound)
-        for turn in list(router.active.values()):
-            turn.close(CloseReason.DRAIN)
-        for run_id in list(router.preleased):
-            # Inserted leased to us but dropped before their first turn.
-            router.preleased.pop(run_id, None)
-            with contextlib.suppress(Exception):
-                await self.store.release_run(run_id, self.instance_id, self.clock.now_ms())
-        if still_running:
-            await asyncio.wait(still_running, timeout=5.0)
-        if router.run_queue is not None:
-            await router.run_queue.hand_back()
+        await self._lifecycle.drain(self.drain_timeout if timeout is None else timeout)
 
     async def join(self) -> None:
         """Wait until this process executes no turn and has none waiting."""
