@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import _codec as codec
+from .durations import Duration, to_ms
 from .errors import SchemaValidationError, WorkflowNotRegistered
 from .steps._flow import FlowQueue
 from .steps.definition import StepDefinition
@@ -28,6 +29,32 @@ class WorkflowDef:
     input_type: Any = None
     execution_timeout_ms: int | None = None
     takes_input: bool = True
+
+    @classmethod
+    def build(
+        cls,
+        name: str,
+        fn: WorkflowFn,
+        *,
+        version: str,
+        input: Any,
+        execution_timeout: Duration | None,
+    ) -> WorkflowDef:
+        """Validate ``engine.register``'s arguments and build the definition."""
+        if not isinstance(name, str) or not name:
+            raise ValueError("a workflow needs a non-empty name")
+        return cls(
+            name=name,
+            version=str(version),
+            fn=fn,
+            input_type=input,
+            execution_timeout_ms=(
+                None
+                if execution_timeout is None
+                else to_ms(execution_timeout, name="execution_timeout")
+            ),
+            takes_input=takes_input(fn),
+        )
 
     def deadline_from(self, now_ms: int) -> int | None:
         """When a run of this version started at ``now_ms`` exceeds its

@@ -7,15 +7,17 @@ by collaborators the engine builds and wires, each handed the callables it
 uses rather than the engine itself, so none of them imports this module:
 :class:`~durably._routing.RunRouter` (where a run's next turn happens),
 :class:`~durably._children.ChildRuns` (children, parents, cascading cancels),
-:class:`~durably._turns.TurnDriver` (lease, replay, renew, settle) and
+:class:`~durably._turns.TurnDriver` (lease, replay, renew, settle),
 :class:`~durably._worker.Worker` (the periodic phases and their loop, started
-by ``async with engine:`` or ``durably worker``).
+by ``async with engine:`` or ``durably worker``) and
+:class:`~durably._lifecycle.Lifecycle` (open, start, drain, close).
+:func:`durably._wiring.wire` builds them; registrations live in one
+:class:`~durably._registry.Registry`; dispatched steps in :mod:`durably.steps`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import logging
 import os
 import socket
 import uuid
@@ -24,22 +26,16 @@ from datetime import datetime
 from types import TracebackType
 from typing import Any, TypeVar, Unpack
 
-from ._children import ChildRuns, RunNotFound
-from ._events import EventRouter
-from ._hooks import EvictHook, Handler, Hooks, StalledHook
-from ._lifecycle import Lifecycle
-from ._ops.env import Services
+from ._children import RunNotFound
+from ._hooks import EvictHook, Handler, StalledHook
 from ._options import Consumers, EngineOptions, Option, SettableOption
-from ._registry import Registry, WorkflowDef, takes_input
-from ._routing import RunRouter
+from ._registry import WorkflowDef
 from ._run_queue import RunQueue
 from ._start import check_signal, check_tags, new_run_id, start_time
-from ._threads import StepThreads
-from ._turns import TurnDriver
-from ._watch import RunWatcher
-from ._worker import RECOVERY_BATCH, Phase, Worker
+from ._wiring import wire
+from ._worker import RECOVERY_BATCH, Phase
 from .clock import Clock, SystemClock
-from .durations import Duration, to_ms
+from .durations import Duration
 from .errors import DurablyError, SchemaValidationError
 from .model import (
     TERMINAL_STATUSES,
@@ -48,11 +44,9 @@ from .model import (
     RunResult,
     RunStatus,
 )
-from .retry import RetryPolicy
-from .schedules import Overlap, Schedule, Scheduler, ScheduleSpec
-from .steps._dispatcher import StepDispatcher
+from .schedules import Overlap, Schedule, ScheduleSpec
 from .steps._flow import FlowQueue
-from .steps._server import StepServer, served_tokens
+from .steps._server import served_tokens
 from .steps.definition import StepDefinition, StepPolicy, StepRef, check_policy, define_step
 from .stores import RunPage, RunQuery, StateStore, open_store
 from .transports import Transport, open_transport
@@ -155,100 +149,29 @@ class Engine:
         self._wire()
 
     def _wire(self) -> None:
-        """Build the collaborators, each handed what it calls."""
-        options = self._options
-        store, clock = self.store, self.clock
-        settings, owner = self._current_options, self._owner
-        self._hooks = Hooks()
-        self._registry = Registry()
-        self._threads = StepThreads(options.step_threads)
-        self._watcher = RunWatcher(store.get_runs)
-        self._router = RunRouter(store, clock, self._watcher, settings)
-        self._steps = StepDispatcher(
-            store,
+        """Build the collaborators (:func:`durably._wiring.wire`), each handed what it calls."""
+        parts = wire(
+            self._options,
+            self.store,
+            self.clock,
             self.transport,
-            clock,
-            self._router.wake,
-            options.heartbeat_throttle_ms,
-            step=self._registry.step,
-            queue=self._registry.queue,
-        )
-        self._children = ChildRuns(
-            store,
-            clock,
-            self._registry,
-            self._router,
-            self.transport,
-            has_flow_queues=self._registry.has_queues,
-        )
-        self._step_server = StepServer(self.transport, self._threads, self._children.ended_runs)
-        services = Services(
-            store=store,
-            clock=clock,
-            threads=self._threads,
-            track_start=options.track_start,
-            default_retry=RetryPolicy(),
-            logger=logging.getLogger("durably.workflow"),
-            spawn_children=self._children.spawn,
-            cancel_runs=self._children.cancel_runs,
-            steps=self._steps,
-            redispatch_ms=options.redispatch_ms,
-            redispatch_max=options.remote_redispatch_max,
-        )
-        self._turns = TurnDriver(
-            store,
-            clock,
-            self._registry,
-            self._router,
-            self._children,
-            services,
-            self._after_failure,
-            settings,
-            owner,
-        )
-        self._scheduler = Scheduler(
-            store, clock, self.namespace, self._registry, start=self._start_late, cancel=self.cancel
-        )
-        self._events = EventRouter(
-            store,
-            clock,
-            self._registry,
+            self.namespace,
+            settings=self._current_options,
+            owner=self._owner,
             open=self.open,
-            wake=self._router.wake,
+            cancel=self.cancel,
             start=self._start_late,
-        )
-        self._worker = Worker(
-            store,
-            clock,
-            self._router,
-            self._children,
-            self._hooks,
-            open=self.open,
-            phases=self._phases,
-            fire_schedules=self._scheduler.fire,
             after_failure=self._after_failure,
-            options=settings,
-            owner=owner,
-        )
-        self._lifecycle = Lifecycle(
-            store,
-            self.transport,
-            clock,
-            router=self._router,
-            turns=self._turns,
-            worker=self._worker,
-            steps=self._steps,
-            step_server=self._step_server,
-            watcher=self._watcher,
-            threads=self._threads,
-            sync_schedules=self._scheduler.sync,
+            phases=self._phases,
             served=self._served_tokens,
-            options=settings,
-            owner=owner,
         )
+        self._hooks, self._registry, self._threads = parts.hooks, parts.registry, parts.threads
+        self._watcher, self._router, self._steps = parts.watcher, parts.router, parts.steps
+        self._children, self._step_server = parts.children, parts.step_server
+        self._turns, self._scheduler, self._events = parts.turns, parts.scheduler, parts.events
+        self._worker, self._lifecycle = parts.worker, parts.lifecycle
 
-    # -- options --------------------------------------------------------------------------
-
+    # -- options
     @property
     def options(self) -> EngineOptions:
         """The constructor's keywords, validated (see :class:`EngineOptions`)."""
@@ -365,20 +288,9 @@ class Engine:
         replay on the version they started with; new runs take the version
         registered last.
         """
-        if not isinstance(name, str) or not name:
-            raise ValueError("a workflow needs a non-empty name")
         self._registry.add(
-            WorkflowDef(
-                name=name,
-                version=str(version),
-                fn=fn,
-                input_type=input,
-                execution_timeout_ms=(
-                    None
-                    if execution_timeout is None
-                    else to_ms(execution_timeout, name="execution_timeout")
-                ),
-                takes_input=takes_input(fn),
+            WorkflowDef.build(
+                name, fn, version=version, input=input, execution_timeout=execution_timeout
             )
         )
 
