@@ -55,7 +55,10 @@ async def test_on_dead_starts_a_dead_letter_run(
     engine.drive = False
     await engine.start("fragile", run_id="f")
     now = clock.now_ms()
-    await engine.store.acquire_run("f", "crashed", now, now + 1, frozenset({RunStatus.PENDING}))
+    leased = await engine.store.start_turns(
+        ["f"], "crashed", now, now + 1, frozenset({RunStatus.PENDING})
+    )
+    assert "f" in leased
     clock.advance("1s")
     engine.drive = True
     assert await engine.recover_incomplete() == 1

@@ -19,10 +19,10 @@ from .conftest import EngineFactory
 async def _orphan(engine: durably.Engine, run_id: str, owner: str = "dead-process") -> None:
     """Make ``run_id`` look like a run whose executor died mid-turn."""
     now = engine.clock.now_ms()
-    run = await engine.store.acquire_run(
-        run_id, owner, now, now + engine.lease_ms, frozenset({RunStatus.PENDING})
+    leased = await engine.store.start_turns(
+        [run_id], owner, now, now + engine.lease_ms, frozenset({RunStatus.PENDING})
     )
-    assert run is not None
+    assert run_id in leased
 
 
 async def test_orphans_are_recovered_after_their_lease(

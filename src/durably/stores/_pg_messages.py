@@ -1,10 +1,10 @@
-"""The message queue (:mod:`._messages`) in PostgreSQL.
+"""The message queue (:mod:`durably._queue`) in PostgreSQL.
 
 Claims are one ``UPDATE … WHERE id IN (SELECT … FOR UPDATE SKIP LOCKED)``:
 concurrent consumers skip each other's rows instead of queueing behind them,
 and a row whose claim was taken while we waited is re-checked, never taken
 twice. A push inserts with ``unnest`` (one statement per
-:data:`~._messages.PUSH_CHUNK` rows) and ``NOTIFY``-s ``message:<topic>`` on the
+:data:`~durably._queue.PUSH_CHUNK` rows) and ``NOTIFY``-s ``message:<topic>`` on the
 store's channel once per topic in the same transaction, so a consumer in any
 process wakes when the messages are visible, not before.
 """
@@ -76,7 +76,7 @@ _NOTIFY = "SELECT pg_notify($1::text, $2::text || ':' || a) FROM unnest($3::text
 
 
 class PgMessageQueue:
-    """A :class:`~._messages.MessageQueue` on a :class:`PostgresStore`'s pool."""
+    """A :class:`~durably._queue.MessageQueue` on a :class:`PostgresStore`'s pool."""
 
     poll_interval = 1.0
 

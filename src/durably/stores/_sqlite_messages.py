@@ -1,4 +1,4 @@
-"""The message queue (:mod:`._messages`) in a SQLite file.
+"""The message queue (:mod:`durably._queue`) in a SQLite file.
 
 Every operation is one function run by the store's writer thread inside its
 ``BEGIN IMMEDIATE`` transaction, so a claim's select-and-mark is atomic
@@ -67,7 +67,7 @@ _LISTENERS: dict[str, list[tuple[asyncio.AbstractEventLoop, Listener]]] = {}
 
 
 class SqliteMessageQueue:
-    """A :class:`~._messages.MessageQueue` on a :class:`SqliteStore`'s writer thread."""
+    """A :class:`~durably._queue.MessageQueue` on a :class:`SqliteStore`'s writer thread."""
 
     poll_interval = 0.05
 

@@ -247,22 +247,6 @@ class SqliteStore:
 
     # -- leases and turns ------------------------------------------------------------
 
-    async def acquire_run(
-        self, run_id: str, owner: str, now: int, lease_until: int, statuses: frozenset[RunStatus]
-    ) -> Run | None:
-        """Lease the run if its status allows and nobody else holds it, without
-        loading its history. Not part of :class:`~.base.StateStore` (the
-        engine starts turns with :meth:`start_turns`): tests use it to make a
-        run look leased by an owner that then crashed."""
-        sql = _lease_statement(len(statuses))
-        params = [owner, lease_until, now, run_id, *(s.value for s in statuses), now]
-
-        def op(conn: sqlite3.Connection) -> Run | None:
-            row = conn.execute(sql, params).fetchone()
-            return run_from_row(row) if row else None
-
-        return await self._db.run(op)
-
     async def start_turns(
         self,
         run_ids: list[str],
