@@ -16,9 +16,17 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ._batch import BatchCall
-from ._replay import error_info
+from ._replay import CloseReason, error_info
 from .errors import DurablyError, SchemaValidationError, WorkflowNotRegistered
-from .model import TERMINAL_STATUSES, CheckpointStatus, ErrorInfo, Run, RunStatus
+from .model import (
+    TERMINAL_STATUSES,
+    CancelMode,
+    CheckpointKind,
+    CheckpointStatus,
+    ErrorInfo,
+    Run,
+    RunStatus,
+)
 from .stores import RunQuery
 from .stores.base import Resolution
 
@@ -181,7 +189,7 @@ class ChildRuns:
         waiting = {
             str(cp.input["run_id"]): cp
             for cp in checkpoints.values()
-            if cp.kind == "child"
+            if cp.kind == CheckpointKind.CHILD
             and cp.status is CheckpointStatus.PENDING
             and isinstance(cp.input, dict)
         }
@@ -216,11 +224,11 @@ class ChildRuns:
             if run.status in TERMINAL_STATUSES:
                 return run.status
             if await self._store.update_run_if(
-                run_id, LIVE, {"cancel_requested": "compensate"}, self._clock.now_ms()
+                run_id, LIVE, {"cancel_requested": CancelMode.COMPENSATE}, self._clock.now_ms()
             ):
                 turn = self._router.active.get(run_id)
                 if turn is not None:
-                    turn.close("unwind")
+                    turn.close(CloseReason.UNWIND)
                 else:
                     await self._router.wake(run_id)
             return run.status
@@ -246,7 +254,7 @@ class ChildRuns:
             if cp.status is not CheckpointStatus.COMPLETED or cp.seq < 0
         ]
         for cp in history.values():
-            if cp.kind == "child" and cp.status is CheckpointStatus.FAILED:
+            if cp.kind == CheckpointKind.CHILD and cp.status is CheckpointStatus.FAILED:
                 child_id = cp.input.get("run_id") if isinstance(cp.input, dict) else None
                 child = await self._store.get_run(str(child_id)) if child_id else None
                 if child is not None and child.status in _RETRYABLE:
@@ -304,7 +312,7 @@ class ChildRuns:
         if changed:
             turn = self._router.active.get(run.run_id)
             if turn is not None:
-                turn.close(status.value)
+                turn.close(CloseReason.CANCELLED)
             self._router.notify(run.run_id)
             await self.report_to_parent(run.replace(status=status, error=error, output=None))
         return changed

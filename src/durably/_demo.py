@@ -40,7 +40,7 @@ from ._cli_render import format_duration, format_time, make_console, render_run,
 from .context import WorkflowContext
 from .engine import Engine
 from .errors import SignalTimeout
-from .model import Checkpoint, CheckpointStatus, Run, RunStatus
+from .model import Checkpoint, CheckpointKind, CheckpointStatus, Run, RunStatus
 
 __all__ = [
     "EFFECTS",
@@ -314,7 +314,8 @@ class _Demo:
 
             def waiting_for_approval(run: Run, cps: list[Checkpoint]) -> bool:
                 return run.status is RunStatus.SUSPENDED and any(
-                    cp.kind == "signal" and cp.status is CheckpointStatus.PENDING for cp in cps
+                    cp.kind == CheckpointKind.SIGNAL and cp.status is CheckpointStatus.PENDING
+                    for cp in cps
                 )
 
             _, cps = await self.wait_for(engine, run_id, "the approval wait", waiting_for_approval)
@@ -330,7 +331,8 @@ class _Demo:
 
             def sleeping(run: Run, cps: list[Checkpoint]) -> bool:
                 return run.status is RunStatus.SUSPENDED and any(
-                    cp.kind == "sleep" and cp.status is CheckpointStatus.PENDING for cp in cps
+                    cp.kind == CheckpointKind.SLEEP and cp.status is CheckpointStatus.PENDING
+                    for cp in cps
                 )
 
             run, cps = await self.wait_for(engine, run_id, "the durable sleep", sleeping)

@@ -19,16 +19,17 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from . import _codec as codec
 from ._ops.waits import check_match, check_name
+from ._start import StartRun
 from .errors import SchemaValidationError
 
 if TYPE_CHECKING:
     from ._registry import Registry
     from .clock import Clock
-    from .stores import StateStore
+    from .stores.base import WaitStore
 
 __all__ = ["EventRouter", "check_match", "check_name", "event_trigger_run_id"]
 
@@ -36,19 +37,6 @@ __all__ = ["EventRouter", "check_match", "check_name", "event_trigger_run_id"]
 def event_trigger_run_id(event_id: str, workflow: str) -> str:
     """The id of the run an ``on_event`` trigger starts: ``evt:<event id>:<workflow>``."""
     return f"evt:{event_id}:{workflow}"
-
-
-class StartRun(Protocol):
-    """Starts a run idempotently by id (``Engine.start``)."""
-
-    def __call__(
-        self,
-        workflow: str,
-        input: Any = None,
-        *,
-        run_id: str | None = None,
-        tags: list[str] | None = None,
-    ) -> Awaitable[Any]: ...
 
 
 class EventRouter:
@@ -59,7 +47,7 @@ class EventRouter:
 
     def __init__(
         self,
-        store: StateStore,
+        store: WaitStore,
         clock: Clock,
         registry: Registry,
         *,

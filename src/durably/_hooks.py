@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import Any
 
+from ._start import StartRun
 from .model import Checkpoint, Run, RunStatus
 
 __all__ = ["EvictHook", "Handler", "Hooks", "StalledHook", "StartRun"]
@@ -27,14 +28,6 @@ StalledHook = Callable[[Run], Awaitable[Any]]
 _log = logging.getLogger("durably._hooks")
 
 
-class StartRun(Protocol):
-    """Starts a run idempotently by id (``Engine.start``)."""
-
-    def __call__(
-        self, workflow: str, input: Any = None, *, run_id: str | None = None
-    ) -> Awaitable[Any]: ...
-
-
 class Hooks:
     """What the engine calls when runs fail, die, age out or stall."""
 
@@ -44,6 +37,28 @@ class Hooks:
         self.evict: list[EvictHook] = []
         self.stalled: list[StalledHook] = []
         self.stalled_seen: dict[str, int] = {}
+
+    def add_dead(self, handler: Handler) -> None:
+        """Call ``handler`` for every run that goes ``dead``."""
+        self.dead.append(_check_handler(handler))
+
+    def add_error(self, code: str, handler: Handler) -> None:
+        """Route failed runs whose error ``code`` matches (``"*"``: any) to ``handler``."""
+        if not isinstance(code, str) or not code:
+            raise ValueError("on_error needs an error code, or '*' for every failure")
+        self.errors.setdefault(code, []).append(_check_handler(handler))
+
+    def add_evict(self, hook: EvictHook) -> None:
+        """Offer runs to ``hook`` before retention deletes them."""
+        if not callable(hook):
+            raise TypeError("on_evict takes an async callable (run, history)")
+        self.evict.append(hook)
+
+    def add_stalled(self, hook: StalledHook) -> None:
+        """Tell ``hook`` of runs that stalled."""
+        if not callable(hook):
+            raise TypeError("on_stalled takes an async callable (run)")
+        self.stalled.append(hook)
 
     def error_handlers(self, code: str | None) -> list[Handler]:
         """Handlers for a failure with ``code``, then the catch-all ``"*"`` ones."""
@@ -95,3 +110,11 @@ async def call_safely(hook: Callable[..., Awaitable[Any]], *args: Any) -> bool:
         _log.exception("hook %r failed", hook)
         return False
     return True
+
+
+def _check_handler(handler: Handler) -> Handler:
+    if isinstance(handler, str) and handler:
+        return handler
+    if callable(handler):
+        return handler
+    raise TypeError("a handler is a workflow name or an async callable taking the run")

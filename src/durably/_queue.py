@@ -33,14 +33,23 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-__all__ = ["PUSH_CHUNK", "Listener", "Message", "MessageQueue", "OutMessage", "Unlisten"]
+__all__ = [
+    "PUSH_CHUNK",
+    "Listener",
+    "Message",
+    "MessageQueue",
+    "MessageStore",
+    "OutMessage",
+    "Unlisten",
+]
 
 PUSH_CHUNK = 1000
 """Messages per multi-row INSERT (a store's :meth:`MessageQueue.push` chunks by it)."""
 
 Listener = Callable[[str, str], None]
 """``listener(kind, argument)``: ``("message", topic)`` after a push, or a
-broadcast's ``(kind, argument)`` (the ``db`` transport's ``("cancel", run_id)``)."""
+broadcast's ``(kind, argument)`` (the ``db`` transport's ``("cancel", run_id)``);
+the kinds are :class:`~durably._notices.StoreNotice` values."""
 
 Unlisten = Callable[[], None]
 """Removes the listener it was returned for."""
@@ -107,3 +116,13 @@ class MessageQueue(Protocol):
 
     async def listen(self, listener: Listener) -> Unlisten:
         """Call ``listener`` for pushes and broadcasts; returns its removal."""
+
+
+@runtime_checkable
+class MessageStore(Protocol):
+    """A store that keeps a :class:`MessageQueue` in its own database (SQLite,
+    PostgreSQL): what the ``db`` transport needs of a store."""
+
+    def messages(self) -> MessageQueue:
+        """The store's message queue, made on first use."""
+        ...

@@ -1,4 +1,5 @@
-"""Registered workflows: name → version → definition, and their input contracts."""
+"""What an engine has registered: workflows (name → version → definition, with
+their input contracts), step handlers, and flow-control queues."""
 
 from __future__ import annotations
 
@@ -8,7 +9,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import _codec as codec
+from .durations import Duration, to_ms
 from .errors import SchemaValidationError, WorkflowNotRegistered
+from .steps._flow import FlowQueue
+from .steps.definition import StepDefinition
 
 __all__ = ["Registry", "WorkflowDef"]
 
@@ -25,6 +29,32 @@ class WorkflowDef:
     input_type: Any = None
     execution_timeout_ms: int | None = None
     takes_input: bool = True
+
+    @classmethod
+    def build(
+        cls,
+        name: str,
+        fn: WorkflowFn,
+        *,
+        version: str,
+        input: Any,
+        execution_timeout: Duration | None,
+    ) -> WorkflowDef:
+        """Validate ``engine.register``'s arguments and build the definition."""
+        if not isinstance(name, str) or not name:
+            raise ValueError("a workflow needs a non-empty name")
+        return cls(
+            name=name,
+            version=str(version),
+            fn=fn,
+            input_type=input,
+            execution_timeout_ms=(
+                None
+                if execution_timeout is None
+                else to_ms(execution_timeout, name="execution_timeout")
+            ),
+            takes_input=takes_input(fn),
+        )
 
     def deadline_from(self, now_ms: int) -> int | None:
         """When a run of this version started at ``now_ms`` exceeds its
@@ -68,10 +98,18 @@ class WorkflowDef:
 
 
 class Registry:
-    """Workflows by name and version; the last version registered is the default."""
+    """Everything registered on one engine, in one place.
+
+    Workflows by name and version (the last version registered is the
+    default), step definitions by name and flow-control queues by name. The
+    engine writes here; the turn driver, the step dispatcher and the step
+    server only read.
+    """
 
     def __init__(self) -> None:
         self._by_name: dict[str, dict[str, WorkflowDef]] = {}
+        self._steps: dict[str, StepDefinition] = {}
+        self._queues: dict[str, FlowQueue] = {}
 
     def add(self, definition: WorkflowDef) -> None:
         """Register ``definition``; a duplicate name and version is an error."""
@@ -108,6 +146,34 @@ class Registry:
     def names(self) -> list[str]:
         """Registered workflow names."""
         return sorted(self._by_name)
+
+    # -- steps and queues -----------------------------------------------------------------
+
+    def add_step(self, definition: StepDefinition) -> None:
+        """Register a step handler; a name may be registered once."""
+        if definition.name in self._steps:
+            raise ValueError(f"step {definition.name!r} is already registered")
+        self._steps[definition.name] = definition
+
+    def step(self, name: str) -> StepDefinition | None:
+        """The step registered under ``name``, if any."""
+        return self._steps.get(name)
+
+    def steps(self) -> list[StepDefinition]:
+        """Every registered step definition, in registration order."""
+        return list(self._steps.values())
+
+    def add_queue(self, queue: FlowQueue) -> None:
+        """Declare (or redeclare) a flow-control queue."""
+        self._queues[queue.name] = queue
+
+    def queue(self, name: str) -> FlowQueue | None:
+        """The flow-control queue declared as ``name``, if any."""
+        return self._queues.get(name)
+
+    def has_queues(self) -> bool:
+        """Whether any flow-control queue is declared (a run's end then frees slots)."""
+        return bool(self._queues)
 
 
 def takes_input(fn: WorkflowFn) -> bool:

@@ -26,9 +26,9 @@ from typing import Any
 
 from . import _codec as codec
 from .errors import NondeterminismError, _ContinueAsNew, _TurnClosed
-from .model import Checkpoint, ErrorInfo, Run
+from .model import CancelMode, Checkpoint, CheckpointKind, ErrorInfo, Run
 
-__all__ = ["Turn", "TurnEnd", "TurnOutcome", "error_info"]
+__all__ = ["CloseReason", "Turn", "TurnEnd", "TurnOutcome", "error_info"]
 
 # Event-loop iterations without progress before a turn with parked operations
 # counts as quiescent. Pure scheduling (gather's child tasks, nested gathers)
@@ -48,6 +48,24 @@ class TurnEnd(StrEnum):
     """A compensating cancel finished unwinding."""
     CLOSED = "closed"
     """Stopped from outside (cancelled, fenced, drained): nothing to write."""
+
+
+class CloseReason(StrEnum):
+    """Why a turn was closed; a closed turn's next ``ctx`` call raises."""
+
+    FENCED = "fenced"
+    """A write or renewal found the lease held by someone else."""
+    DRAIN = "drain"
+    """The engine is draining: the run is handed back as ``pending``."""
+    UNWIND = "unwind"
+    """A compensating cancel: the run takes one more turn to undo its saga."""
+    CANCELLED = "cancelled"
+    """The run was ended from outside its turn (a cancel, a timeout), here or
+    by another process."""
+    SUSPENDED = "suspended"
+    """The body parked for good; the turn ends with the run suspended."""
+    DONE = "done"
+    """The body returned or raised."""
 
 
 @dataclass(slots=True)
@@ -88,11 +106,11 @@ class Turn:
         self._wakeup: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._unflushed: list[asyncio.Future[bool]] = []
         self.closed = False
-        self.close_reason = ""
+        self.close_reason: CloseReason | None = None
         self.fenced = False
         self.missing_children: set[str] = set()
         """Children waited on whose runs were never created (see the engine)."""
-        self.unwinding = run.cancel_requested == "compensate"
+        self.unwinding = run.cancel_requested == CancelMode.COMPENSATE
         """A compensating cancel: replay only, park anything new, then undo."""
 
     # -- used by the context's operations ----------------------------------------------
@@ -102,7 +120,7 @@ class Turn:
         """The position the next operation will take."""
         return self._next_seq
 
-    def allocate(self, name: str, kind: str) -> tuple[int, Checkpoint | None]:
+    def allocate(self, name: str, kind: CheckpointKind) -> tuple[int, Checkpoint | None]:
         """Take the next position and return it with its recorded checkpoint.
 
         Called synchronously when a ``ctx`` method is *called*, so positions
@@ -160,9 +178,9 @@ class Turn:
                     raise result
                 if result is False:
                     self.fenced = True
-                    self.close("fenced")
+                    self.close(CloseReason.FENCED)
         if self.fenced:
-            raise _TurnClosed("fenced")
+            raise _TurnClosed(CloseReason.FENCED)
 
     def ensure_open(self) -> None:
         """Raise :class:`_TurnClosed` once the turn has ended."""
@@ -199,7 +217,7 @@ class Turn:
         await future
         raise _TurnClosed(self.close_reason)  # pragma: no cover - futures are never resolved
 
-    def close(self, reason: str) -> None:
+    def close(self, reason: CloseReason) -> None:
         """Stop the turn from outside (cancel, fence, drain)."""
         if not self.closed:
             self.closed = True
@@ -226,7 +244,7 @@ class Turn:
             if self.closed
             else TurnOutcome(TurnEnd.SUSPENDED, wake_at=self._wake_at())
         )
-        self.close(self.close_reason or "suspended")
+        self.close(self.close_reason or CloseReason.SUSPENDED)
         task.cancel()
         # A body that swallows cancellation can only reach the engine through
         # ctx, which now raises _TurnClosed; it is not awaited past this bound.
@@ -244,7 +262,7 @@ class Turn:
         return bool(self._parked)
 
     def _finish(self, task: asyncio.Future[Any]) -> TurnOutcome:
-        self.close(self.close_reason or "done")
+        self.close(self.close_reason or CloseReason.DONE)
         if task.cancelled():
             return TurnOutcome(TurnEnd.CLOSED)
         exc = task.exception()

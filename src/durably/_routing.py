@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from .model import RunStatus
+from .stores.base import RunStore, TurnStore
 
 if TYPE_CHECKING:
     from ._executor import RunExecutor
@@ -28,9 +29,12 @@ if TYPE_CHECKING:
     from ._watch import RunWatcher
     from .clock import Clock
     from .model import Run, RunResult
-    from .stores import StateStore
 
 __all__ = ["RunRouter"]
+
+
+class _Store(RunStore, TurnStore, Protocol):
+    """The slice of the store a router uses: inserting runs, waking and releasing them."""
 
 
 class RunRouter:
@@ -38,7 +42,7 @@ class RunRouter:
 
     def __init__(
         self,
-        store: StateStore,
+        store: _Store,
         clock: Clock,
         watcher: RunWatcher,
         options: Callable[[], EngineOptions],

@@ -31,6 +31,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from ._aio import wait_event
+from ._notices import StoreNotice
 from ._queue import Message, MessageQueue, OutMessage
 from .clock import wall_ms
 
@@ -231,7 +232,7 @@ class RunQueue:
                 await self._queue.release(left, self._owner)
 
     def _heard(self, kind: str, argument: str) -> None:
-        if kind != "message":
+        if kind != StoreNotice.MESSAGE:
             return
         if argument in self._topics:
             self._nudge.set()

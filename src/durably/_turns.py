@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._batch import BatchCall
 from ._ops.saga import Saga
-from ._replay import Turn, TurnEnd, TurnOutcome, error_info
+from ._replay import CloseReason, Turn, TurnEnd, TurnOutcome, error_info
 from .context import WorkflowContext
 from .errors import SchemaValidationError, WorkflowNotRegistered, _TurnClosed
 from .model import TERMINAL_STATUSES, Checkpoint, ErrorInfo, Run, RunResult, RunStatus
@@ -193,7 +193,7 @@ class TurnDriver:
                 continue
             if not held:
                 _log.warning("lost the lease of run %s; fencing its turn", turn.run.run_id)
-                turn.close("fenced")
+                turn.close(CloseReason.FENCED)
                 return
             turn.lease_until = until
 
@@ -202,7 +202,7 @@ class TurnDriver:
         run_id, now = run.run_id, self._clock.now_ms()
         owner, lease_ms = self._owner(), self._options().lease_ms
         if outcome.end is TurnEnd.CLOSED:
-            if turn is not None and turn.close_reason == "unwind":
+            if turn is not None and turn.close_reason is CloseReason.UNWIND:
                 # A compensating cancel arrived mid-turn: take one more turn,
                 # which reads the intent and unwinds.
                 again = await self._store.continue_turn(run_id, owner, now + lease_ms)

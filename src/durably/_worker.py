@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING
 
 from ._aio import wait_event
 from ._hooks import call_safely
+from ._notices import StoreNotice
+from ._replay import CloseReason
 from .model import TERMINAL_STATUSES, RunStatus
 from .stores import RunQuery
 
@@ -332,20 +334,20 @@ class Worker:
     def on_store_event(self, kind: str, run_id: str) -> None:
         """React to another process's change, as the store reports it."""
         router = self._router
-        if kind == "settled":
+        if kind == StoreNotice.SETTLED:
             if router.runs_here(run_id):
                 # Most likely our own settle, heard before its batch answered:
                 # that answer hands the outcome over, and a read now would only
                 # delay the waiter (the poll stays the net should it not be ours).
                 return
             router.notify(run_id)
-        elif kind == "ended":
+        elif kind == StoreNotice.ENDED:
             turn = router.active.get(run_id)
             if turn is not None:
-                turn.close("cancelled")
+                turn.close(CloseReason.CANCELLED)
             router.notify(run_id)
         elif (
-            kind == "pending"
+            kind == StoreNotice.PENDING
             and self._loop_task is not None
             and not router.draining
             and router.run_queue is None  # the queue's own notices wake its consumers
@@ -356,7 +358,7 @@ class Worker:
             # (our own starts notify us too, and we dispatched those already).
             self._schedule_pending_poll()
         elif (
-            kind == "wake"
+            kind == StoreNotice.WAKE
             and router.executor is not None
             and run_id not in router.active
             and router.run_queue is None  # the waker queued the run itself

@@ -14,7 +14,7 @@ import random as _random
 import uuid as _uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any, TypeVar, Unpack
 
 from . import _codec as codec
 from ._ops.env import Services, TurnEnv
@@ -26,9 +26,10 @@ from ._ops.waits import check_match, check_name, timer, wait_for_event, wait_for
 from ._replay import Turn
 from .durations import Duration, to_ms
 from .errors import NondeterminismError, _ContinueAsNew
-from .model import CheckpointStatus
+from .model import CheckpointKind, CheckpointStatus
 from .retry import RetryPolicy
-from .steps import StepDefinition, StepRef
+from .steps import StepDefinition, StepPolicy, StepRef
+from .steps.definition import check_policy
 
 __all__ = ["ChildCall", "Settled", "WorkflowContext"]
 
@@ -126,7 +127,7 @@ class WorkflowContext:
         if compensate is not None and not callable(compensate):
             raise TypeError(f"local step {name!r}: compensate must be callable")
         track = self._env.services.track_start if track_start is None else track_start
-        seq, recorded = self._turn.allocate(name, "local")
+        seq, recorded = self._turn.allocate(name, CheckpointKind.LOCAL)
         step = local_step(self._env, seq, name, fn, args, policy, track, recorded)
         if compensate is None:
             return step
@@ -140,7 +141,7 @@ class WorkflowContext:
         """
         if not callable(fn):
             raise TypeError(f"side_effect: {fn!r} is not callable")
-        seq, recorded = self._turn.allocate("side_effect", "side_effect")
+        seq, recorded = self._turn.allocate("side_effect", CheckpointKind.SIDE_EFFECT)
 
         env = self._env
 
@@ -148,30 +149,25 @@ class WorkflowContext:
             await env.turn.flush()  # earlier results are durable before the effect
             return await env.call(fn, args)
 
-        return recorded_value(env, seq, "side_effect", "side_effect", recorded, compute)
+        return recorded_value(
+            env, seq, "side_effect", CheckpointKind.SIDE_EFFECT, recorded, compute
+        )
 
     def step(
         self,
         step: StepRef[Any] | str,
         input: Any = None,
         *,
-        retries: int | None = None,
-        backoff: str | None = None,
-        backoff_base: Duration | None = None,
-        backoff_max: Duration | None = None,
-        jitter: bool | None = None,
-        timeout: Duration | None = None,
-        pickup_timeout: Duration | None = None,
-        queue: str | None = None,
-        priority: int | None = None,
         fairness_key: str | None = None,
         context: Any = None,
+        **policy: Unpack[StepPolicy],
     ) -> Awaitable[Any]:
         """Dispatch a step by name to whichever worker serves it and return its result.
 
         ``step`` is what ``@engine.step`` returned, or a step name served by
         another process or language. Options override the step's registered
-        policy for this call.
+        policy for this call (the policy keywords are those of
+        :class:`~durably.steps.StepPolicy`, each ``None`` by default: not set).
 
         Without ``timeout`` the run suspends durably while the task is out:
         nothing is held in memory, and whichever instance receives the result
@@ -189,6 +185,9 @@ class WorkflowContext:
         ``priority`` first, round-robin across ``fairness_key`` (default: the
         run id).
         """
+        check_policy("WorkflowContext.step", policy)
+        timeout, pickup_timeout = policy.get("timeout"), policy.get("pickup_timeout")
+        queue, priority = policy.get("queue"), policy.get("priority")
         definition: StepDefinition | None
         if isinstance(step, StepRef):
             name, definition = step.name, step.definition
@@ -197,8 +196,13 @@ class WorkflowContext:
         else:
             raise TypeError("ctx.step takes a step reference or a non-empty step name")
         base = definition.retry if definition is not None else self._env.services.default_retry
-        policy = RetryPolicy.build(
-            retries, backoff, backoff_base, backoff_max, jitter, default=base
+        retry = RetryPolicy.build(
+            policy.get("retries"),
+            policy.get("backoff"),
+            policy.get("backoff_base"),
+            policy.get("backoff_max"),
+            policy.get("jitter"),
+            default=base,
         )
         timeout_ms = (
             to_ms(timeout, name="step timeout")
@@ -211,7 +215,7 @@ class WorkflowContext:
             else (definition.pickup_timeout_ms if definition else None)
         )
         queue_name = queue if queue is not None else (definition.queue if definition else None)
-        if queue_name is not None and queue_name not in self._env.services.steps.queues:
+        if queue_name is not None and self._env.services.steps.queue(queue_name) is None:
             raise ValueError(f"ctx.step: queue {queue_name!r} is not registered on this engine")
         try:
             payload = codec.to_jsonable(input)
@@ -220,7 +224,7 @@ class WorkflowContext:
         call = StepCall(
             name=name,
             input=payload,
-            policy=policy,
+            policy=retry,
             timeout_ms=timeout_ms,
             pickup_ms=pickup_ms,
             queue=queue_name,
@@ -230,14 +234,14 @@ class WorkflowContext:
             fairness_key=fairness_key,
             context=context,
         )
-        seq, recorded = self._turn.allocate(name, "step")
+        seq, recorded = self._turn.allocate(name, CheckpointKind.STEP)
         return StepRunner(self._env).run(seq, call, recorded)
 
     # -- deterministic sources -----------------------------------------------------------
 
     def now(self) -> Awaitable[datetime]:
         """The current time (UTC), recorded on first execution and replayed verbatim."""
-        seq, recorded = self._turn.allocate("now", "now")
+        seq, recorded = self._turn.allocate("now", CheckpointKind.NOW)
 
         env = self._env
 
@@ -245,32 +249,34 @@ class WorkflowContext:
             return env.clock.now_ms()
 
         async def as_datetime() -> datetime:
-            ms = await recorded_value(env, seq, "now", "now", recorded, read)
+            ms = await recorded_value(env, seq, "now", CheckpointKind.NOW, recorded, read)
             return datetime.fromtimestamp(ms / 1000, tz=UTC)
 
         return as_datetime()
 
     def uuid(self) -> Awaitable[_uuid.UUID]:
         """A random UUID4, recorded so replay returns the same one."""
-        seq, recorded = self._turn.allocate("uuid", "uuid")
+        seq, recorded = self._turn.allocate("uuid", CheckpointKind.UUID)
         env = self._env
 
         async def make() -> str:
             return str(_uuid.uuid4())
 
         async def as_uuid() -> _uuid.UUID:
-            return _uuid.UUID(await recorded_value(env, seq, "uuid", "uuid", recorded, make))
+            return _uuid.UUID(
+                await recorded_value(env, seq, "uuid", CheckpointKind.UUID, recorded, make)
+            )
 
         return as_uuid()
 
     def random(self) -> Awaitable[float]:
         """A random float in [0, 1), recorded so replay returns the same one."""
-        seq, recorded = self._turn.allocate("random", "random")
+        seq, recorded = self._turn.allocate("random", CheckpointKind.RANDOM)
 
         async def make() -> float:
             return _random.random()
 
-        return recorded_value(self._env, seq, "random", "random", recorded, make)
+        return recorded_value(self._env, seq, "random", CheckpointKind.RANDOM, recorded, make)
 
     # -- waiting -------------------------------------------------------------------------
 
@@ -281,7 +287,7 @@ class WorkflowContext:
         not restart the countdown.
         """
         ms = to_ms(duration, name="sleep duration")
-        seq, recorded = self._turn.allocate("sleep", "sleep")
+        seq, recorded = self._turn.allocate("sleep", CheckpointKind.SLEEP)
         return timer(self._env, seq, recorded, lambda now: now + ms)
 
     def sleep_until(self, when: datetime | int | float) -> Awaitable[None]:
@@ -294,7 +300,7 @@ class WorkflowContext:
             target = int(when * 1000)
         else:
             raise TypeError("sleep_until takes an aware datetime or epoch seconds")
-        seq, recorded = self._turn.allocate("sleep", "sleep")
+        seq, recorded = self._turn.allocate("sleep", CheckpointKind.SLEEP)
         return timer(self._env, seq, recorded, lambda _now: target)
 
     def wait_for_signal(self, token: str, *, timeout: Duration | None = None) -> Awaitable[Any]:
@@ -308,7 +314,7 @@ class WorkflowContext:
             raise ValueError("a signal token must be a non-empty string")
         timeout_ms = None if timeout is None else to_ms(timeout, name="signal timeout")
         name = f"signal:{token}"
-        seq, recorded = self._turn.allocate(name, "signal")
+        seq, recorded = self._turn.allocate(name, CheckpointKind.SIGNAL)
         return wait_for_signal(self._env, seq, name, token, timeout_ms, recorded)
 
     def wait_for_event(
@@ -330,7 +336,7 @@ class WorkflowContext:
         clean = check_match(match)
         timeout_ms = None if timeout is None else to_ms(timeout, name="event timeout")
         label = f"event:{name}"
-        seq, recorded = self._turn.allocate(label, "event")
+        seq, recorded = self._turn.allocate(label, CheckpointKind.EVENT)
         return wait_for_event(self._env, seq, label, name, clean, timeout_ms, recorded)
 
     # -- composition ---------------------------------------------------------------------
@@ -345,7 +351,7 @@ class WorkflowContext:
         """
         if not isinstance(workflow, str) or not workflow:
             raise ValueError("ctx.child needs a workflow name")
-        seq, recorded = self._turn.allocate(f"child:{workflow}", "child")
+        seq, recorded = self._turn.allocate(f"child:{workflow}", CheckpointKind.CHILD)
         if recorded is not None and isinstance(recorded.input, dict):
             child_id = str(recorded.input.get("run_id"))
         else:
@@ -383,14 +389,14 @@ class WorkflowContext:
         turn.ensure_open()
         name = f"patch:{patch_id}"
         recorded = turn.checkpoints.get(turn.next_seq)
-        if recorded is not None and recorded.kind != "patch":
+        if recorded is not None and recorded.kind != CheckpointKind.PATCH:
             return _resolved(False)
         if recorded is not None and recorded.name != name:
             raise NondeterminismError(
                 f"run {self.run_id!r}: position {turn.next_seq} holds {recorded.name!r}, "
                 f"but the workflow now asks for {name!r}"
             )
-        seq, recorded = turn.allocate(name, "patch")
+        seq, recorded = turn.allocate(name, CheckpointKind.PATCH)
         if recorded is None:
             env = self._env
             now = env.clock.now_ms()
@@ -398,7 +404,7 @@ class WorkflowContext:
                 env.checkpoint(
                     seq,
                     name,
-                    "patch",
+                    CheckpointKind.PATCH,
                     CheckpointStatus.COMPLETED,
                     output=True,
                     started_at=now,

@@ -7,54 +7,49 @@ by collaborators the engine builds and wires, each handed the callables it
 uses rather than the engine itself, so none of them imports this module:
 :class:`~durably._routing.RunRouter` (where a run's next turn happens),
 :class:`~durably._children.ChildRuns` (children, parents, cascading cancels),
-:class:`~durably._turns.TurnDriver` (lease, replay, renew, settle) and
+:class:`~durably._turns.TurnDriver` (lease, replay, renew, settle),
 :class:`~durably._worker.Worker` (the periodic phases and their loop, started
-by ``async with engine:`` or ``durably worker``).
+by ``async with engine:`` or ``durably worker``) and
+:class:`~durably._lifecycle.Lifecycle` (open, start, drain, close).
+:func:`durably._wiring.wire` builds them; registrations live in one
+:class:`~durably._registry.Registry`; dispatched steps in :mod:`durably.steps`.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import dataclasses
-import logging
 import os
-import random
 import socket
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime
 from types import TracebackType
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar, Unpack
 
-from . import _codec as codec
-from ._children import ChildRuns, RunNotFound
-from ._events import EventRouter
-from ._executor import RunExecutor
-from ._hooks import EvictHook, Handler, Hooks, StalledHook
-from ._ops.env import Services
+from ._children import RunNotFound
+from ._hooks import EvictHook, Handler, StalledHook
 from ._options import Consumers, EngineOptions, Option, SettableOption
-from ._registry import Registry, WorkflowDef, takes_input
-from ._routing import RunRouter
+from ._registry import WorkflowDef
 from ._run_queue import RunQueue
-from ._threads import StepThreads
-from ._turns import TurnDriver
-from ._watch import RunWatcher
-from ._worker import RECOVERY_BATCH, Phase, Worker
+from ._start import check_signal, check_tags, new_run_id, start_time
+from ._wiring import wire
+from ._worker import RECOVERY_BATCH, Phase
 from .clock import Clock, SystemClock
-from .durations import Duration, to_ms
+from .durations import Duration
 from .errors import DurablyError, SchemaValidationError
-from .model import TERMINAL_STATUSES, Checkpoint, CheckpointStatus, Run, RunResult, RunStatus
-from .retry import RetryPolicy
-from .schedules import Overlap, Schedule, Scheduler, ScheduleSpec
-from .steps._dispatcher import StepDispatcher
+from .model import (
+    TERMINAL_STATUSES,
+    Checkpoint,
+    Run,
+    RunResult,
+    RunStatus,
+)
+from .schedules import Overlap, Schedule, ScheduleSpec
 from .steps._flow import FlowQueue
-from .steps._server import StepServer
-from .steps.definition import StepDefinition, StepRef, takes_logger
+from .steps._server import served_tokens
+from .steps.definition import StepDefinition, StepPolicy, StepRef, check_policy, define_step
 from .stores import RunPage, RunQuery, StateStore, open_store
 from .transports import Transport, open_transport
-from .transports.base import RunCarrier
-from .wire import StepTask, routing_token
 
 __all__ = ["Engine", "RunNotFound"]
 
@@ -139,120 +134,44 @@ class Engine:
         remote_redispatch_max: int = 3,
         heartbeat_persist_throttle: Duration = "10s",
     ) -> None:
+        # Taken first, while the locals are exactly the parameters: the keywords
+        # are EngineOptions' fields, by name.
+        keywords = {k: v for k, v in locals().items() if k != "self"}
         target = store if store is not None else os.environ.get("DURABLY_DATABASE_URL")
         self.store: StateStore = open_store(target or "sqlite:///durably.db")
         """The state store runs live in."""
-        self._options = EngineOptions(
-            store=store,
-            namespace=namespace,
-            clock=clock,
-            lease=lease,
-            reconcile=reconcile,
-            max_recovery_attempts=max_recovery_attempts,
-            max_concurrent_runs=max_concurrent_runs,
-            poll_interval=poll_interval,
-            timer_batch_size=timer_batch_size,
-            track_start=track_start,
-            drive=drive,
-            instance_id=instance_id,
-            drain_timeout=drain_timeout,
-            step_threads=step_threads,
-            retention=retention,
-            stalled_after=stalled_after,
-            transport=transport,
-            consumers=consumers,
-            step_concurrency=step_concurrency,
-            serve_groups=serve_groups,
-            serve_steps=serve_steps,
-            remote_redispatch=remote_redispatch,
-            remote_redispatch_max=remote_redispatch_max,
-            heartbeat_persist_throttle=heartbeat_persist_throttle,
-        )
+        self._options = EngineOptions(**keywords)
         self._generated_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.clock: Clock = clock or SystemClock()
         """The engine's time source."""
         self.transport: Transport = open_transport(transport, self.store)
         """How dispatched steps reach workers."""
-        self._consuming = False
-        self._opened = False
-        self._open_lock: asyncio.Lock | None = None
-        self._listening = False
-        """Whether the store pushes other processes' changes (PostgreSQL)."""
         self._wire()
 
     def _wire(self) -> None:
-        """Build the collaborators, each handed what it calls."""
-        options = self._options
-        store, clock = self.store, self.clock
-        settings, owner = self._current_options, self._owner
-        self._hooks = Hooks()
-        self._registry = Registry()
-        self._threads = StepThreads(options.step_threads)
-        self._watcher = RunWatcher(store.get_runs)
-        self._router = RunRouter(store, clock, self._watcher, settings)
-        self._steps = StepDispatcher(
-            store, self.transport, clock, self._router.wake, options.heartbeat_throttle_ms
-        )
-        self._children = ChildRuns(
-            store,
-            clock,
-            self._registry,
-            self._router,
+        """Build the collaborators (:func:`durably._wiring.wire`), each handed what it calls."""
+        parts = wire(
+            self._options,
+            self.store,
+            self.clock,
             self.transport,
-            has_flow_queues=lambda: bool(self._steps.queues),
-        )
-        self._step_server = StepServer(self.transport, self._threads, self._children.ended_runs)
-        services = Services(
-            store=store,
-            clock=clock,
-            threads=self._threads,
-            track_start=options.track_start,
-            default_retry=RetryPolicy(),
-            logger=logging.getLogger("durably.workflow"),
-            spawn_children=self._children.spawn,
-            cancel_runs=self._children.cancel_runs,
-            steps=self._steps,
-            redispatch_ms=options.redispatch_ms,
-            redispatch_max=options.remote_redispatch_max,
-        )
-        self._turns = TurnDriver(
-            store,
-            clock,
-            self._registry,
-            self._router,
-            self._children,
-            services,
-            self._after_failure,
-            settings,
-            owner,
-        )
-        self._scheduler = Scheduler(
-            store, clock, self.namespace, self._registry, start=self._start_late, cancel=self.cancel
-        )
-        self._events = EventRouter(
-            store,
-            clock,
-            self._registry,
+            self.namespace,
+            settings=self._current_options,
+            owner=self._owner,
             open=self.open,
-            wake=self._router.wake,
+            cancel=self.cancel,
             start=self._start_late,
-        )
-        self._worker = Worker(
-            store,
-            clock,
-            self._router,
-            self._children,
-            self._hooks,
-            open=self.open,
-            phases=self._phases,
-            fire_schedules=self._scheduler.fire,
             after_failure=self._after_failure,
-            options=settings,
-            owner=owner,
+            phases=self._phases,
+            served=self._served_tokens,
         )
+        self._hooks, self._registry, self._threads = parts.hooks, parts.registry, parts.threads
+        self._watcher, self._router, self._steps = parts.watcher, parts.router, parts.steps
+        self._children, self._step_server = parts.children, parts.step_server
+        self._turns, self._scheduler, self._events = parts.turns, parts.scheduler, parts.events
+        self._worker, self._lifecycle = parts.worker, parts.lifecycle
 
-    # -- options --------------------------------------------------------------------------
-
+    # -- options
     @property
     def options(self) -> EngineOptions:
         """The constructor's keywords, validated (see :class:`EngineOptions`)."""
@@ -369,20 +288,9 @@ class Engine:
         replay on the version they started with; new runs take the version
         registered last.
         """
-        if not isinstance(name, str) or not name:
-            raise ValueError("a workflow needs a non-empty name")
         self._registry.add(
-            WorkflowDef(
-                name=name,
-                version=str(version),
-                fn=fn,
-                input_type=input,
-                execution_timeout_ms=(
-                    None
-                    if execution_timeout is None
-                    else to_ms(execution_timeout, name="execution_timeout")
-                ),
-                takes_input=takes_input(fn),
+            WorkflowDef.build(
+                name, fn, version=version, input=input, execution_timeout=execution_timeout
             )
         )
 
@@ -395,29 +303,23 @@ class Engine:
         """Call ``handler`` for every run that goes ``dead`` (crashed its
         executor too often). A workflow name is started as ``dlq:<run_id>``
         with the dead run's id, workflow, error and input."""
-        self._hooks.dead.append(_check_handler(handler))
+        self._hooks.add_dead(handler)
 
     def on_error(self, code: str, handler: Handler) -> None:
         """Route failed runs whose error ``code`` matches (``"*"``: any) to
         ``handler``. A workflow name is started as ``onerror:<code>:<run_id>``."""
-        if not isinstance(code, str) or not code:
-            raise ValueError("on_error needs an error code, or '*' for every failure")
-        self._hooks.errors.setdefault(code, []).append(_check_handler(handler))
+        self._hooks.add_error(code, handler)
 
     def on_evict(self, hook: EvictHook) -> None:
         """Archive runs before retention deletes them: ``await hook(run,
         history)``; if it raises, the run is kept and offered again later."""
-        if not callable(hook):
-            raise TypeError("on_evict takes an async callable (run, history)")
-        self._hooks.evict.append(hook)
+        self._hooks.add_evict(hook)
 
     def on_stalled(self, hook: StalledHook) -> None:
         """Hear of live runs that made no progress for ``stalled_after``
         (pending or running that long, or a timer that long overdue), once
         per episode: a run that moves and stalls again is reported again."""
-        if not callable(hook):
-            raise TypeError("on_stalled takes an async callable (run)")
-        self._hooks.stalled.append(hook)
+        self._hooks.add_stalled(hook)
 
     # -- steps (durably.steps) ------------------------------------------------------------
 
@@ -425,18 +327,10 @@ class Engine:
         self,
         name: str,
         *,
-        retries: int | None = None,
-        backoff: str | None = None,
-        backoff_base: Duration | None = None,
-        backoff_max: Duration | None = None,
-        jitter: bool | None = None,
-        timeout: Duration | None = None,
-        pickup_timeout: Duration | None = None,
         group: str | None = None,
-        queue: str | None = None,
-        priority: int | None = None,
         input: Any = None,
         output: Any = None,
+        **policy: Unpack[StepPolicy],
     ) -> Callable[[Callable[..., Any]], StepRef[Any]]:
         """Register a step handler served by ``name``; returns a :class:`StepRef`
         for ``ctx.step``.
@@ -447,25 +341,15 @@ class Engine:
         there is not retried. The other options are the defaults of every
         ``ctx.step`` call of it (see :meth:`WorkflowContext.step`); ``group``
         names the worker group that serves it (``durably worker --group``).
+        The policy keywords (:class:`~durably.steps.StepPolicy`: ``retries``,
+        ``backoff``, ``backoff_base``, ``backoff_max``, ``jitter``,
+        ``timeout``, ``pickup_timeout``, ``queue``, ``priority``) each default
+        to ``None``: not set.
         """
+        check_policy("Engine.step", policy)
 
         def decorate(fn: Callable[..., Any]) -> StepRef[Any]:
-            return self.register_step(
-                name,
-                fn,
-                retries=retries,
-                backoff=backoff,
-                backoff_base=backoff_base,
-                backoff_max=backoff_max,
-                jitter=jitter,
-                timeout=timeout,
-                pickup_timeout=pickup_timeout,
-                group=group,
-                queue=queue,
-                priority=priority,
-                input=input,
-                output=output,
-            )
+            return self.register_step(name, fn, group=group, input=input, output=output, **policy)
 
         return decorate
 
@@ -474,48 +358,30 @@ class Engine:
         name: str,
         fn: Callable[..., Any],
         *,
-        retries: int | None = None,
-        backoff: str | None = None,
-        backoff_base: Duration | None = None,
-        backoff_max: Duration | None = None,
-        jitter: bool | None = None,
-        timeout: Duration | None = None,
-        pickup_timeout: Duration | None = None,
         group: str | None = None,
-        queue: str | None = None,
-        priority: int | None = None,
         input: Any = None,
         output: Any = None,
+        **policy: Unpack[StepPolicy],
     ) -> StepRef[Any]:
         """The non-decorator form of :meth:`step`."""
-        if not isinstance(name, str) or not name.strip():
-            raise ValueError("a step needs a non-empty name")
-        if not callable(fn):
-            raise TypeError(f"step {name!r}: {fn!r} is not callable")
-        if name in self._steps.definitions:
-            raise ValueError(f"step {name!r} is already registered")
-        definition = StepDefinition(
-            name=name,
-            fn=fn,
-            retry=RetryPolicy.build(retries, backoff, backoff_base, backoff_max, jitter),
-            timeout_ms=None if timeout is None else to_ms(timeout, name="step timeout"),
-            pickup_timeout_ms=(
-                None if pickup_timeout is None else to_ms(pickup_timeout, name="pickup timeout")
-            ),
+        check_policy("Engine.register_step", policy)
+        registry = self._registry
+        definition = define_step(
+            name,
+            fn,
+            taken=lambda n: registry.step(n) is not None,
             group=group,
-            queue=queue,
-            priority=priority,
-            input_model=input,
-            output_model=output,
-            takes_logger=takes_logger(fn),
+            input=input,
+            output=output,
+            policy=policy,
         )
-        self._steps.definitions[name] = definition
+        registry.add_step(definition)
         return StepRef(definition)
 
     @property
     def steps(self) -> list[str]:
         """The names of the registered step handlers."""
-        return sorted(self._steps.definitions)
+        return sorted(d.name for d in self._registry.steps())
 
     def register_queue(
         self,
@@ -534,7 +400,7 @@ class Engine:
         slot wakes the next waiter early. A slot is held from dispatch until
         the step's result is settled or its run ends.
         """
-        self._steps.queues[name] = FlowQueue.build(name, concurrency, rate, retry)
+        self._registry.add_queue(FlowQueue.build(name, concurrency, rate, retry))
 
     @property
     def served_steps(self) -> list[str]:
@@ -545,84 +411,31 @@ class Engine:
         return sorted(d.name for d in self._served_tokens().values())
 
     def _served_tokens(self) -> dict[str, StepDefinition]:
-        served: dict[str, StepDefinition] = {}
-        for definition in self._steps.definitions.values():
-            if self.serve_steps is not None and definition.name not in self.serve_steps:
-                continue
-            if self.serve_groups is not None and definition.group not in self.serve_groups:
-                continue
-            served[routing_token(definition.name, self.namespace)] = definition
-        return served
+        return served_tokens(
+            self._registry.steps(), self.namespace, self.serve_steps, self.serve_groups
+        )
 
     # -- lifecycle ------------------------------------------------------------------------
 
     async def open(self) -> None:
         """Connect the store and migrate its schema (done lazily by every call)."""
-        if self._opened:
-            return
-        if self._open_lock is None:
-            self._open_lock = asyncio.Lock()
-        async with self._open_lock:
-            if self.is_open:  # another task opened it while we waited for the lock
-                return
-            await self.store.open()
-            try:
-                await self._scheduler.sync()  # upsert the schedules declared in code
-            except BaseException:
-                await self.store.close()
-                raise
-            router = self._router
-            router.executor = RunExecutor(
-                self._turns.execute,
-                self._options.max_concurrent_runs,
-                on_room=self._worker.executor_has_room,
-            )
-            self._opened = True
-            self._listening = await self.store.subscribe(self._worker.on_store_event)
-            await self.transport.open()
-            carrier = self.transport.run_queue() if isinstance(self.transport, RunCarrier) else None
-            if carrier is not None:
-                router.run_queue = RunQueue(
-                    carrier,
-                    self.instance_id,
-                    self.lease_ms,
-                    router.run_from_queue,
-                    router.enqueue_failed,
-                    router.namespaces_of,
-                    capacity=self._options.max_concurrent_runs,
-                )
-            if self.consumers == "always":
-                await self._start_consumers()
-            if self._options.instance_id is not None:
-                # Our previous incarnation's turns died with it; no one else can
-                # hold our id, so reclaim its runs now rather than after the lease.
-                await self._worker.expire_own_leases()
+        if not self._lifecycle.opened:
+            await self._lifecycle.open()
 
     @property
     def listening(self) -> bool:
         """Whether the store pushes other processes' changes to this engine
         (PostgreSQL's LISTEN/NOTIFY); otherwise it learns of them by polling."""
-        return self._listening
+        return self._lifecycle.listening
 
     @property
     def is_open(self) -> bool:
         """Whether the store is connected."""
-        return self._opened
+        return self._lifecycle.opened
 
     async def close(self) -> None:
         """Drain, stop the worker loop and close the store."""
-        if not self._opened:
-            return
-        await self.drain(self.drain_timeout)
-        await self._watcher.close()
-        if self._router.run_queue is not None:
-            await self._router.run_queue.flush()
-            self._router.run_queue = None
-        await self.transport.close()
-        self._consuming = False
-        self._opened = False
-        await self.store.close()
-        self._threads.shutdown()
+        await self._lifecycle.close(self.drain_timeout)
 
     async def __aenter__(self) -> Engine:
         await self.start_worker()
@@ -639,51 +452,13 @@ class Engine:
     async def start_worker(self) -> None:
         """Open the engine and start the background worker loop (and, unless
         ``consumers="never"``, serve step handlers and settle step results)."""
-        await self.open()
-        if self.consumers != "never":
-            await self._start_consumers()
-        router = self._router
-        router.draining = False
-        if router.executor is not None:
-            router.executor.reopen()
-        if router.run_queue is not None and self.drive and not router.run_queue.consuming:
-            pools = None if self.drives_namespace is None else [self.drives_namespace]
-            await router.run_queue.start(pools)
-        if self.drive:
-            self._worker.start()
-
-    async def _start_consumers(self) -> None:
-        if self._consuming:
-            return
-        self._consuming = True
-        await self.transport.consume_results(self._steps.on_results, self._steps.on_heartbeat)
-        await self._step_server.start(self._served_tokens(), self.step_concurrency)
+        await self._lifecycle.start_worker()
 
     async def drain(self, timeout: float | None = None) -> None:
         """Stop taking work, let running turns finish for up to ``timeout``
         seconds, then hand the runs still executing back as ``pending``.
         Step handlers stop taking tasks first; queued ones stay queued."""
-        bound = self.drain_timeout if timeout is None else timeout
-        router = self._router
-        if router.run_queue is not None:
-            await router.run_queue.stop_claiming()
-        await self._step_server.stop(bound)
-        router.draining = True
-        await self._worker.stop()
-        if router.executor is None:
-            return
-        still_running = await router.executor.close(bound)
-        for turn in list(router.active.values()):
-            turn.close("drain")
-        for run_id in list(router.preleased):
-            # Inserted leased to us but dropped before their first turn.
-            router.preleased.pop(run_id, None)
-            with contextlib.suppress(Exception):
-                await self.store.release_run(run_id, self.instance_id, self.clock.now_ms())
-        if still_running:
-            await asyncio.wait(still_running, timeout=5.0)
-        if router.run_queue is not None:
-            await router.run_queue.hand_back()
+        await self._lifecycle.drain(self.drain_timeout if timeout is None else timeout)
 
     async def join(self) -> None:
         """Wait until this process executes no turn and has none waiting."""
@@ -717,15 +492,15 @@ class Engine:
             raise SchemaValidationError(f"workflow {workflow!r} takes no input")
         if run_id is not None and (not isinstance(run_id, str) or not run_id):
             raise ValueError("run_id must be a non-empty string")
-        clean_tags = _check_tags(tags)
+        clean_tags = check_tags(tags)
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise ValueError("priority must be an int")
         await self.open()
         now = self.clock.now_ms()
-        wake_at = _start_time(start_at, now)
+        wake_at = start_time(start_at, now)
         status = RunStatus.SUSPENDED if wake_at is not None and wake_at > now else RunStatus.PENDING
         run = Run(
-            run_id=run_id or _new_run_id(),
+            run_id=run_id or new_run_id(),
             workflow=definition.name,
             workflow_version=definition.version,
             status=status,
@@ -747,7 +522,7 @@ class Engine:
         ``None`` when no run waits yet: then the signal is buffered and the
         first ``wait_for_signal(token)`` consumes it.
         """
-        _check_signal(token, payload)
+        check_signal(token, payload)
         await self.open()
         run_id = await self.store.send_signal(token, payload, self.clock.now_ms())
         if run_id is not None:
@@ -996,7 +771,7 @@ class Engine:
         The signal is buffered until the run waits on ``token``, so entity and
         accumulator workflows can be fed without knowing whether they run yet.
         """
-        _check_signal(token, payload)
+        check_signal(token, payload)
         run = await self.start(workflow, input, run_id=run_id, tags=tags, priority=priority)
         await self.signal(token, payload)
         return run
@@ -1092,70 +867,4 @@ class Engine:
         awaiting a result (after a broker outage, say); return how many. A
         duplicate result is harmless: only a pending step is settled."""
         await self.open()
-        run = await self._children.require(run_id)
-        if run.status in TERMINAL_STATUSES:
-            return 0
-        tasks = [
-            StepTask(
-                run_id=run_id,
-                seq=cp.seq,
-                name=cp.name,
-                group=routing_token(cp.name, run.namespace),
-                input=cp.input,
-                attempt=max(1, cp.attempts),
-                priority=self._steps.definitions[cp.name].priority
-                if cp.name in self._steps.definitions
-                else None,
-            )
-            for cp in (await self.store.load_checkpoints(run_id)).values()
-            if cp.kind == "step"
-            and cp.status is CheckpointStatus.PENDING
-            and cp.dispatched_at is not None
-        ]
-        if tasks:
-            await self._steps.dispatch(tasks)
-        return len(tasks)
-
-
-def _new_run_id() -> str:
-    """128 random bits as hex. Not ``uuid4``: on the VMs we measured,
-    ``os.urandom`` costs ~0.3 ms a call, a third of a short run's latency;
-    ``random`` is seeded from it once (and again after ``fork``)."""
-    return f"{random.getrandbits(128):032x}"
-
-
-def _check_handler(handler: Handler) -> Handler:
-    if isinstance(handler, str) and handler:
-        return handler
-    if callable(handler):
-        return handler
-    raise TypeError("a handler is a workflow name or an async callable taking the run")
-
-
-def _check_tags(tags: list[str] | None) -> list[str]:
-    if tags is None:
-        return []
-    if isinstance(cast(object, tags), str) or not all(isinstance(t, str) and t for t in tags):
-        raise ValueError("tags must be a list of non-empty strings")
-    return list(dict.fromkeys(tags))
-
-
-def _start_time(start_at: datetime | Duration | None, now: int) -> int | None:
-    if start_at is None:
-        return None
-    if isinstance(start_at, datetime):
-        if start_at.tzinfo is None:
-            raise ValueError("start_at must be a timezone-aware datetime")
-        return int(start_at.timestamp() * 1000)
-    return now + to_ms(start_at, name="start_at")
-
-
-def _check_signal(token: str, payload: Any) -> None:
-    """Refuse a signal before anything is stored: a bad token, or a payload
-    that cannot be stored as JSON."""
-    if not isinstance(token, str) or not token:
-        raise ValueError("a signal token must be a non-empty string")
-    try:
-        codec.dumps(payload)
-    except (TypeError, ValueError) as exc:
-        raise SchemaValidationError(f"signal payload cannot be stored as JSON: {exc}") from exc
+        return await self._steps.redispatch(await self._children.require(run_id))

@@ -9,7 +9,9 @@ from typing import Any
 
 __all__ = [
     "TERMINAL_STATUSES",
+    "CancelMode",
     "Checkpoint",
+    "CheckpointKind",
     "CheckpointStatus",
     "ErrorInfo",
     "Run",
@@ -65,6 +67,47 @@ class CheckpointStatus(StrEnum):
     """Finished with ``error``; replay raises it again."""
 
 
+class CancelMode(StrEnum):
+    """How a requested cancel is carried out (``Run.cancel_requested``)."""
+
+    COMPENSATE = "compensate"
+    """One more turn replays the history, runs the saga's undos in reverse,
+    and only then marks the run ``cancelled``."""
+
+
+class CheckpointKind(StrEnum):
+    """Which ``ctx`` operation a checkpoint records (``Checkpoint.kind``).
+
+    Stored as its value; a checkpoint read back carries the plain string,
+    which compares equal to the member.
+    """
+
+    LOCAL = "local"
+    """``ctx.local_step``: a function executed in the workflow's process."""
+    SIDE_EFFECT = "side_effect"
+    """``ctx.side_effect``: a value recorded once."""
+    STEP = "step"
+    """``ctx.step``: a step dispatched to a worker over a transport."""
+    NOW = "now"
+    """``ctx.now``: the recorded time."""
+    UUID = "uuid"
+    """``ctx.uuid``: a recorded random id."""
+    RANDOM = "random"
+    """``ctx.random``: a recorded random number."""
+    SLEEP = "sleep"
+    """``ctx.sleep`` / ``ctx.sleep_until``: a durable timer."""
+    SIGNAL = "signal"
+    """``ctx.wait_for_signal``."""
+    EVENT = "event"
+    """``ctx.wait_for_event``."""
+    CHILD = "child"
+    """A child run started by ``ctx.child`` or a fan-out."""
+    PATCH = "patch"
+    """``ctx.patched``: which side of a code change this run took."""
+    COMPENSATION = "compensation"
+    """A saga undo run while compensating."""
+
+
 @dataclass(slots=True)
 class Run:
     """One execution of a workflow, as stored."""
@@ -88,6 +131,8 @@ class Run:
     deadline_at: int | None = None
     parent_seq: int | None = None
     cancel_requested: str | None = None
+    """A cancel recorded on the run, carried out by its next turn: a
+    :class:`CancelMode` value (stored as the plain string), or ``None``."""
     created_at: int = 0
     updated_at: int = 0
 
@@ -104,6 +149,7 @@ class Checkpoint:
     seq: int
     name: str
     kind: str
+    """Which operation this records: a :class:`CheckpointKind` value."""
     status: CheckpointStatus
     input: Any = None
     output: Any = None

@@ -41,15 +41,15 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from croniter import CroniterBadDateError, croniter
 
 from . import _codec as codec
+from ._start import StartRun
 from .durations import Duration, to_ms
 from .errors import DurablyError, SchemaValidationError, WorkflowNotRegistered
 from .model import RunStatus
-from .stores.base import ScheduleRecord
+from .stores.base import RunStore, ScheduleRecord, ScheduleStore
 
 if TYPE_CHECKING:
     from ._registry import Registry
     from .clock import Clock
-    from .stores import StateStore
 
 __all__ = [
     "Overlap",
@@ -307,17 +307,8 @@ def manual_run_id(name: str, now_ms: int) -> str:
     return f"sched:{name}:manual:{now_ms}"
 
 
-class StartRun(Protocol):
-    """Starts a run idempotently by id (``Engine.start``)."""
-
-    def __call__(
-        self,
-        workflow: str,
-        input: Any = None,
-        *,
-        run_id: str | None = None,
-        tags: list[str] | None = None,
-    ) -> Awaitable[Any]: ...
+class _Store(ScheduleStore, RunStore, Protocol):
+    """The slice of the store a :class:`Scheduler` uses: schedules, and the runs they start."""
 
 
 class Scheduler:
@@ -329,7 +320,7 @@ class Scheduler:
 
     def __init__(
         self,
-        store: StateStore,
+        store: _Store,
         clock: Clock,
         namespace: str,
         registry: Registry,

@@ -19,8 +19,7 @@ from .conftest import EngineFactory
 async def _orphan(engine: durably.Engine, run_id: str, owner: str = "dead-process") -> None:
     """Make ``run_id`` look like a run whose executor died mid-turn."""
     now = engine.clock.now_ms()
-    # start_turns, not acquire_run: the store protocol's lease, which every
-    # store has (PostgreSQL has no acquire_run).
+    # start_turns: the store protocol's lease, which every store has.
     leased = await engine.store.start_turns(
         [run_id], owner, now, now + engine.lease_ms, frozenset({RunStatus.PENDING})
     )

@@ -19,8 +19,8 @@ import pytest
 
 import durably
 from durably import RunStatus
+from durably._queue import Message, MessageQueue, OutMessage
 from durably._run_queue import MAX_HELD
-from durably.stores._messages import Message, MessageQueue, OutMessage
 from durably.testing import eventually
 
 pytestmark = [pytest.mark.timeout(300)]

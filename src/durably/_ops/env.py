@@ -15,11 +15,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from .._replay import Turn
+from .._replay import CloseReason, Turn
 from .._threads import StepThreads
 from ..clock import Clock
 from ..errors import _TurnClosed
-from ..model import Checkpoint, CheckpointStatus, ErrorInfo, Run
+from ..model import Checkpoint, CheckpointKind, CheckpointStatus, ErrorInfo, Run
 from ..retry import RetryPolicy
 from ..steps._dispatcher import StepDispatcher
 from ..stores.base import StateStore
@@ -73,7 +73,7 @@ class TurnEnv:
         self,
         seq: int,
         name: str,
-        kind: str,
+        kind: CheckpointKind,
         status: CheckpointStatus,
         *,
         input: Any = None,
@@ -133,8 +133,8 @@ class TurnEnv:
         Marked ``fenced`` so the engine writes no outcome over the new owner's.
         """
         self.turn.fenced = True
-        self.turn.close("fenced")
-        raise _TurnClosed("fenced")
+        self.turn.close(CloseReason.FENCED)
+        raise _TurnClosed(CloseReason.FENCED)
 
     async def call(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
         """Run user code: a coroutine function on the loop, anything else in a step thread

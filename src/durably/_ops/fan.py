@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ChildFailed, GatherFailed, RunCancelled, is_control_flow
-from ..model import Checkpoint, CheckpointStatus, ErrorInfo
+from ..model import Checkpoint, CheckpointKind, CheckpointStatus, ErrorInfo
 from .env import TurnEnv
 
 __all__ = ["ChildCall", "Settled", "gather"]
@@ -144,7 +144,7 @@ async def _run_children(
             env.checkpoint(
                 calls[i].seq,
                 f"child:{calls[i].workflow}",
-                "child",
+                CheckpointKind.CHILD,
                 CheckpointStatus.PENDING,
                 input={"run_id": calls[i].run_id, "workflow": calls[i].workflow},
                 started_at=now,

@@ -15,7 +15,7 @@ from typing import Any
 from .. import _codec as codec
 from .._replay import error_info
 from ..errors import FatalError, StepFailed
-from ..model import Checkpoint, CheckpointStatus
+from ..model import Checkpoint, CheckpointKind, CheckpointStatus
 from ..retry import RetryPolicy
 from .env import TurnEnv
 
@@ -50,7 +50,7 @@ async def local_step(
                 running = env.checkpoint(
                     seq,
                     name,
-                    "local",
+                    CheckpointKind.LOCAL,
                     CheckpointStatus.RUNNING,
                     attempts=attempts,
                     started_at=started,
@@ -77,7 +77,7 @@ async def local_step(
                         env.checkpoint(
                             seq,
                             name,
-                            "local",
+                            CheckpointKind.LOCAL,
                             CheckpointStatus.FAILED,
                             error=failure,
                             attempts=attempts,
@@ -102,7 +102,7 @@ async def local_step(
                 env.checkpoint(
                     seq,
                     name,
-                    "local",
+                    CheckpointKind.LOCAL,
                     CheckpointStatus.COMPLETED,
                     output=output,
                     attempts=attempts,
@@ -118,7 +118,7 @@ async def recorded_value(
     env: TurnEnv,
     seq: int,
     name: str,
-    kind: str,
+    kind: CheckpointKind,
     recorded: Checkpoint | None,
     compute: Callable[[], Awaitable[Any]],
 ) -> Any:

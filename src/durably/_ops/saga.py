@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._replay import Turn, error_info
-from ..model import CheckpointStatus, ErrorInfo
+from ..model import CheckpointKind, CheckpointStatus, ErrorInfo
 from ..retry import RetryPolicy
 from .env import Services, TurnEnv
 
@@ -73,7 +73,7 @@ class Saga:
             running = env.checkpoint(
                 seq,
                 name,
-                "compensation",
+                CheckpointKind.COMPENSATION,
                 CheckpointStatus.RUNNING,
                 started_at=started,
                 attempts=1,
@@ -94,7 +94,7 @@ class Saga:
             settled = env.checkpoint(
                 seq,
                 name,
-                "compensation",
+                CheckpointKind.COMPENSATION,
                 status,
                 error=error,
                 started_at=started,

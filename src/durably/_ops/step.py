@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import StepFailed
-from ..model import Checkpoint, CheckpointStatus, ErrorInfo
+from ..model import Checkpoint, CheckpointKind, CheckpointStatus, ErrorInfo
 from ..retry import RetryPolicy
 from ..steps._dispatcher import LiveStep
 from ..stores.base import Admission
@@ -175,7 +175,7 @@ class StepRunner:
         return self._env.checkpoint(
             seq,
             call.name,
-            "step",
+            CheckpointKind.STEP,
             status,
             input=call.input,
             output=output,
@@ -191,7 +191,8 @@ class StepRunner:
 
     async def _admit(self, seq: int, call: StepCall) -> int | None:
         assert call.queue is not None
-        flow = self._env.services.steps.queues[call.queue]
+        flow = self._env.services.steps.queue(call.queue)
+        assert flow is not None  # ctx.step refused an undeclared queue
         request = Admission(
             queue=call.queue,
             step_id=f"{self._env.run_id}:{seq}",

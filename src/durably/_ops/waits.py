@@ -20,7 +20,7 @@ from typing import Any, Protocol
 from .. import _codec as codec
 from .._replay import error_info
 from ..errors import EventTimeout, SignalTimeout
-from ..model import Checkpoint, CheckpointStatus, ErrorInfo
+from ..model import Checkpoint, CheckpointKind, CheckpointStatus, ErrorInfo
 from ..stores._match import canonical
 from ..stores.base import SignalWait
 from .env import TurnEnv
@@ -62,7 +62,7 @@ async def timer(
     checkpoint = env.checkpoint(
         seq,
         "sleep",
-        "sleep",
+        CheckpointKind.SLEEP,
         CheckpointStatus.PENDING,
         wake_at=wake_at,
         started_at=recorded.started_at if recorded else now,
@@ -147,7 +147,7 @@ def wait_for_signal(
     recorded: Checkpoint | None,
 ) -> Awaitable[Any]:
     """The body of ``ctx.wait_for_signal`` once its position is taken (an awaitable)."""
-    return _wait(env, seq, name, "signal", None, timeout_ms, recorded, _Signal(token))
+    return _wait(env, seq, name, CheckpointKind.SIGNAL, None, timeout_ms, recorded, _Signal(token))
 
 
 def wait_for_event(
@@ -162,14 +162,14 @@ def wait_for_event(
     """The body of ``ctx.wait_for_event`` once its position is taken (an awaitable)."""
     stored_input = {"match": match} if match else None
     mailbox = _Event(event, match)
-    return _wait(env, seq, name, "event", stored_input, timeout_ms, recorded, mailbox)
+    return _wait(env, seq, name, CheckpointKind.EVENT, stored_input, timeout_ms, recorded, mailbox)
 
 
 async def _wait(
     env: TurnEnv,
     seq: int,
     name: str,
-    kind: str,
+    kind: CheckpointKind,
     stored_input: Any,
     timeout_ms: int | None,
     recorded: Checkpoint | None,

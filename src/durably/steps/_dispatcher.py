@@ -16,12 +16,13 @@ import logging
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from ..clock import Clock
-from ..model import CheckpointStatus
-from ..stores.base import Resolution, StateStore
+from ..model import TERMINAL_STATUSES, CheckpointKind, CheckpointStatus, Run
+from ..stores.base import CheckpointStore, FlowStore, Resolution
 from ..transports.base import Transport
-from ..wire import Heartbeat, StepResult, StepTask
+from ..wire import Heartbeat, StepResult, StepTask, routing_token
 from ._flow import FlowQueue
 from .definition import StepDefinition
 
@@ -41,30 +42,62 @@ class LiveStep:
     changed: asyncio.Event = field(default_factory=asyncio.Event)
 
 
+class _Store(CheckpointStore, FlowStore, Protocol):
+    """The slice of the store a dispatcher uses: settling steps and recording beats."""
+
+
 class StepDispatcher:
     """Sends tasks and settles results; see the module docstring."""
 
     def __init__(
         self,
-        store: StateStore,
+        store: _Store,
         transport: Transport,
         clock: Clock,
         wake: Callable[[str], Awaitable[None]],
         heartbeat_throttle_ms: int,
+        step: Callable[[str], StepDefinition | None],
+        queue: Callable[[str], FlowQueue | None],
     ) -> None:
         self.store = store
         self.transport = transport
         self.clock = clock
         self._wake = wake
         self.heartbeat_throttle_ms = heartbeat_throttle_ms
-        self.definitions: dict[str, StepDefinition] = {}
-        self.queues: dict[str, FlowQueue] = {}
+        self._step = step
+        self._queue = queue
         self._live: dict[str, LiveStep] = {}
         self._persisted: OrderedDict[str, int] = OrderedDict()
 
     async def dispatch(self, tasks: list[StepTask]) -> None:
         """Send tasks; raises :class:`~durably.transports.TransportError` if not sent."""
         await self.transport.dispatch(tasks)
+
+    async def redispatch(self, run: Run) -> int:
+        """Send again the task of every dispatched step of ``run`` still awaiting
+        a result; return how many (none for a terminal run)."""
+        if run.status in TERMINAL_STATUSES:
+            return 0
+        tasks = [
+            StepTask(
+                run_id=run.run_id,
+                seq=cp.seq,
+                name=cp.name,
+                group=routing_token(cp.name, run.namespace),
+                input=cp.input,
+                attempt=max(1, cp.attempts),
+                priority=definition.priority
+                if (definition := self._step(cp.name)) is not None
+                else None,
+            )
+            for cp in (await self.store.load_checkpoints(run.run_id)).values()
+            if cp.kind == CheckpointKind.STEP
+            and cp.status is CheckpointStatus.PENDING
+            and cp.dispatched_at is not None
+        ]
+        if tasks:
+            await self.dispatch(tasks)
+        return len(tasks)
 
     @contextlib.contextmanager
     def live(self, step_id: str) -> Iterator[LiveStep]:
@@ -137,5 +170,9 @@ class StepDispatcher:
             _log.warning("could not persist a heartbeat of %s", beat.step_id, exc_info=True)
 
     def definition(self, name: str) -> StepDefinition | None:
-        """The step registered here under ``name``, if any."""
-        return self.definitions.get(name)
+        """The step registered on this engine under ``name``, if any."""
+        return self._step(name)
+
+    def queue(self, name: str) -> FlowQueue | None:
+        """The flow-control queue declared on this engine as ``name``, if any."""
+        return self._queue(name)

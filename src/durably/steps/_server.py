@@ -13,24 +13,41 @@ import asyncio
 import inspect
 import logging
 import time
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Collection, Iterable
 from typing import Any
 
 from .._aio import wait_event
 from .._threads import StepThreads
 from ..clock import wall_ms
 from ..transports.base import Transport
-from ..wire import Heartbeat, StepResult, StepTask
-from .definition import StepDefinition, StepLogger, failure_of
+from ..wire import Heartbeat, StepResult, StepTask, routing_token
+from .definition import BEAT_INTERVAL_S, StepDefinition, StepLogger, failure_of
 
-__all__ = ["StepServer"]
+__all__ = ["StepServer", "served_tokens"]
 
 _log = logging.getLogger("durably.worker")
-_BEAT_EVERY_S = 5.0
 _CANCEL_POLL_S = 1.0
 
 CancelCheck = Callable[[list[str]], Awaitable[set[str]]]
 """Given run ids, return those that were cancelled or ended (read from the store)."""
+
+
+def served_tokens(
+    definitions: Iterable[StepDefinition],
+    namespace: str,
+    serve_steps: Collection[str] | None,
+    serve_groups: Collection[str] | None,
+) -> dict[str, StepDefinition]:
+    """The steps a worker serves (after ``serve_steps`` / ``serve_groups``),
+    by the routing token their tasks arrive under in ``namespace``."""
+    served: dict[str, StepDefinition] = {}
+    for definition in definitions:
+        if serve_steps is not None and definition.name not in serve_steps:
+            continue
+        if serve_groups is not None and definition.group not in serve_groups:
+            continue
+        served[routing_token(definition.name, namespace)] = definition
+    return served
 
 
 class StepServer:
@@ -139,8 +156,8 @@ class StepServer:
         # Without this a long handler that never calls log.heartbeat() would
         # look dead to a dispatcher with a timeout.
         while True:
-            await asyncio.sleep(_BEAT_EVERY_S)
-            if time.monotonic() - log._last_beat >= _BEAT_EVERY_S:
+            await asyncio.sleep(BEAT_INTERVAL_S)
+            if time.monotonic() - log._last_beat >= BEAT_INTERVAL_S:
                 await self._send_beat_now(Heartbeat(task.run_id, task.seq, task.group, wall_ms()))
 
     def _send_beat(self, beat: Heartbeat) -> None:

@@ -12,21 +12,64 @@ import asyncio
 import inspect
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypedDict, TypeVar
 
 from .. import _codec as codec
 from ..clock import wall_ms
+from ..durations import Duration, to_ms
 from ..errors import FatalError, SchemaValidationError
 from ..retry import RetryPolicy
 from ..wire import StepEvent
 
-__all__ = ["StepDefinition", "StepLogger", "StepRef"]
+__all__ = ["StepDefinition", "StepLogger", "StepPolicy", "StepRef"]
 
 T = TypeVar("T")
 
-_BEAT_INTERVAL_S = 5.0
+BEAT_INTERVAL_S = 5.0
+"""Seconds between a running handler's heartbeats (the logger's and the server's)."""
+
+
+class StepPolicy(TypedDict, total=False):
+    """The step-policy keywords shared by ``@engine.step``,
+    ``engine.register_step`` and ``ctx.step``.
+
+    Each defaults to ``None``, meaning "not set here": a registration then
+    takes the engine's default, and a ``ctx.step`` call the step's registered
+    policy (or the engine's default for a step registered elsewhere).
+    """
+
+    retries: int | None
+    """Attempts after the first (``RetryPolicy`` default: 3)."""
+    backoff: str | None
+    """``"exp"``, ``"linear"`` or ``"fixed"``: how the delay between attempts grows."""
+    backoff_base: Duration | None
+    """The first retry's delay."""
+    backoff_max: Duration | None
+    """The longest delay between attempts."""
+    jitter: bool | None
+    """Randomise each delay, so retries of many runs do not arrive together."""
+    timeout: Duration | None
+    """Await the result in memory and fail the attempt after this much silence
+    (no heartbeat); without it the run suspends durably while the task is out."""
+    pickup_timeout: Duration | None
+    """With ``timeout``: how long the task may wait for the worker's first beat."""
+    queue: str | None
+    """The flow-control queue (``engine.register_queue``) each call goes through."""
+    priority: int | None
+    """The task's priority on the transport, and in its flow-control queue."""
+
+
+_POLICY_KEYS = StepPolicy.__required_keys__ | StepPolicy.__optional_keys__
+
+
+def check_policy(where: str, policy: Mapping[str, object]) -> None:
+    """Refuse a keyword that is not a step-policy one, as a signature listing
+    them would have (``where`` names the callee in the message)."""
+    for key in policy:
+        if key not in _POLICY_KEYS:
+            raise TypeError(f"{where}() got an unexpected keyword argument {key!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +133,48 @@ class StepRef(Generic[T]):
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Call the handler directly (tests, scripts) — nothing is dispatched."""
         return self.definition.fn(*args, **kwargs)
+
+
+def define_step(
+    name: str,
+    fn: Callable[..., Any],
+    *,
+    taken: Callable[[str], bool],
+    group: str | None,
+    input: Any,
+    output: Any,
+    policy: StepPolicy,
+) -> StepDefinition:
+    """Validate a registration (``engine.register_step``) and build its definition;
+    ``taken(name)`` tells whether the name is registered already."""
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError("a step needs a non-empty name")
+    if not callable(fn):
+        raise TypeError(f"step {name!r}: {fn!r} is not callable")
+    if taken(name):
+        raise ValueError(f"step {name!r} is already registered")
+    timeout, pickup_timeout = policy.get("timeout"), policy.get("pickup_timeout")
+    return StepDefinition(
+        name=name,
+        fn=fn,
+        retry=RetryPolicy.build(
+            policy.get("retries"),
+            policy.get("backoff"),
+            policy.get("backoff_base"),
+            policy.get("backoff_max"),
+            policy.get("jitter"),
+        ),
+        timeout_ms=None if timeout is None else to_ms(timeout, name="step timeout"),
+        pickup_timeout_ms=(
+            None if pickup_timeout is None else to_ms(pickup_timeout, name="pickup timeout")
+        ),
+        group=group,
+        queue=policy.get("queue"),
+        priority=policy.get("priority"),
+        input_model=input,
+        output_model=output,
+        takes_logger=takes_logger(fn),
+    )
 
 
 def takes_logger(fn: Callable[..., Any]) -> bool:
@@ -176,7 +261,7 @@ class StepLogger:
         that a beat carrying ``progress`` always goes out."""
         now = time.monotonic()
         with self._lock:
-            if progress is None and now - self._last_beat < _BEAT_INTERVAL_S:
+            if progress is None and now - self._last_beat < BEAT_INTERVAL_S:
                 return
             self._last_beat = now
         if self._beat is not None:

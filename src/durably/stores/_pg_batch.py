@@ -22,6 +22,7 @@ from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
+from .._notices import StoreNotice
 from ..model import TERMINAL_STATUSES, RunStatus
 from ._pg_sql import CP_PARAMS, CP_UPSERT_TAIL
 from ._rows import CP_COLUMNS
@@ -72,7 +73,7 @@ _BATCH = f"""
     )
     SELECT run_id AS id, seq, NULL::boolean AS notified FROM held
     UNION ALL
-    SELECT id, NULL, (SELECT pg_notify($28, 'settled:' || id)) IS NULL FROM settled
+    SELECT id, NULL, (SELECT pg_notify($28, '{StoreNotice.SETTLED}:' || id)) IS NULL FROM settled
 """
 
 # The latency path: a lone run's last result and its terminal settle. Plain
@@ -96,7 +97,7 @@ _FINAL = f"""
     ), cleared_events AS (
         DELETE FROM durably_event_waiters WHERE run_id IN (SELECT id FROM settled)
     )
-    SELECT (SELECT pg_notify($25, 'settled:' || id)) IS NULL FROM settled
+    SELECT (SELECT pg_notify($25, '{StoreNotice.SETTLED}:' || id)) IS NULL FROM settled
 """
 
 _STILL_HELD = """

@@ -1,10 +1,10 @@
-"""The message queue (:mod:`._messages`) in PostgreSQL.
+"""The message queue (:mod:`durably._queue`) in PostgreSQL.
 
 Claims are one ``UPDATE … WHERE id IN (SELECT … FOR UPDATE SKIP LOCKED)``:
 concurrent consumers skip each other's rows instead of queueing behind them,
 and a row whose claim was taken while we waited is re-checked, never taken
 twice. A push inserts with ``unnest`` (one statement per
-:data:`~._messages.PUSH_CHUNK` rows) and ``NOTIFY``-s ``message:<topic>`` on the
+:data:`~durably._queue.PUSH_CHUNK` rows) and ``NOTIFY``-s ``message:<topic>`` on the
 store's channel once per topic in the same transaction, so a consumer in any
 process wakes when the messages are visible, not before.
 """
@@ -16,6 +16,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from .._notices import StoreNotice
 from .._queue import PUSH_CHUNK, Listener, Message, OutMessage, Unlisten
 
 __all__ = ["PgMessageQueue"]
@@ -40,12 +41,12 @@ _CREATE = (
 )
 # The notify part runs once the insert has (a data-modifying CTE always runs);
 # NOTIFY is delivered at commit.
-_PUSH = """
+_PUSH = f"""
     WITH ins AS (
         INSERT INTO durably_messages (topic, body, priority, available_at, created_at)
         SELECT * FROM unnest($1::text[], $2::text[], $3::integer[], $4::bigint[], $5::bigint[])
     )
-    SELECT pg_notify($6::text, 'message:' || t) FROM unnest($7::text[]) AS t
+    SELECT pg_notify($6::text, '{StoreNotice.MESSAGE}:' || t) FROM unnest($7::text[]) AS t
 """
 _CLAIM = """
     UPDATE durably_messages m
@@ -75,7 +76,7 @@ _NOTIFY = "SELECT pg_notify($1::text, $2::text || ':' || a) FROM unnest($3::text
 
 
 class PgMessageQueue:
-    """A :class:`~._messages.MessageQueue` on a :class:`PostgresStore`'s pool."""
+    """A :class:`~durably._queue.MessageQueue` on a :class:`PostgresStore`'s pool."""
 
     poll_interval = 1.0
 
@@ -154,7 +155,7 @@ class PgMessageQueue:
             rows = await conn.fetch(_RELEASE, ids, owner, available_at)
             topics = list(dict.fromkeys(row["topic"] for row in rows))
             if topics and available_at is None:
-                await conn.execute(_NOTIFY, self._channel, "message", topics)
+                await conn.execute(_NOTIFY, self._channel, StoreNotice.MESSAGE, topics)
 
     async def extend(self, ids: list[int], owner: str, lease_ms: int, now: int) -> list[int]:
         """Push the lease of the messages ``owner`` still holds to ``now + lease_ms``."""

@@ -1,4 +1,4 @@
-"""The message queue (:mod:`._messages`) in a SQLite file.
+"""The message queue (:mod:`durably._queue`) in a SQLite file.
 
 Every operation is one function run by the store's writer thread inside its
 ``BEGIN IMMEDIATE`` transaction, so a claim's select-and-mark is atomic
@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
+from .._notices import StoreNotice
 from .._queue import PUSH_CHUNK, Listener, Message, OutMessage, Unlisten
 
 if TYPE_CHECKING:
@@ -66,7 +67,7 @@ _LISTENERS: dict[str, list[tuple[asyncio.AbstractEventLoop, Listener]]] = {}
 
 
 class SqliteMessageQueue:
-    """A :class:`~._messages.MessageQueue` on a :class:`SqliteStore`'s writer thread."""
+    """A :class:`~durably._queue.MessageQueue` on a :class:`SqliteStore`'s writer thread."""
 
     poll_interval = 0.05
 
@@ -105,7 +106,7 @@ class SqliteMessageQueue:
                 )
 
         await self._run(op)
-        self._tell("message", list(dict.fromkeys(m.topic for m in messages)))
+        self._tell(StoreNotice.MESSAGE, list(dict.fromkeys(m.topic for m in messages)))
 
     async def claim(
         self, topics: list[str], owner: str, limit: int, lease_ms: int, now: int
@@ -150,7 +151,7 @@ class SqliteMessageQueue:
 
         topics = await self._run(op)
         if available_at is None:
-            self._tell("message", list(dict.fromkeys(topics)))
+            self._tell(StoreNotice.MESSAGE, list(dict.fromkeys(topics)))
 
     async def extend(self, ids: list[int], owner: str, lease_ms: int, now: int) -> list[int]:
         """Push the lease of the messages ``owner`` still holds to ``now + lease_ms``."""

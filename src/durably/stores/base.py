@@ -190,8 +190,9 @@ class StoreConnection(Protocol):
 
     async def subscribe(self, on_event: Callable[[str, str], None]) -> bool:
         """Deliver other processes' changes as they happen: ``on_event(kind,
-        run_id)`` with kind ``"settled"``, ``"pending"`` (a new run, or ``""``:
-        new runs exist), ``"wake"`` or ``"cancelled"``. ``False`` when the store
+        run_id)`` with kind a :class:`~durably._notices.StoreNotice` value:
+        ``"settled"``, ``"pending"`` (a new run, or ``""``: new runs exist),
+        ``"wake"`` or ``"ended"``. ``False`` when the store
         has no such channel (the engine then relies on polling alone)."""
 
 

@@ -12,7 +12,15 @@ from collections import defaultdict, deque
 from collections.abc import Callable
 from typing import Any
 
-from ..model import TERMINAL_STATUSES, Checkpoint, CheckpointStatus, ErrorInfo, Run, RunStatus
+from ..model import (
+    TERMINAL_STATUSES,
+    Checkpoint,
+    CheckpointKind,
+    CheckpointStatus,
+    ErrorInfo,
+    Run,
+    RunStatus,
+)
 from ._match import match_index, project
 from ._rows import (
     check_run_changes,
@@ -125,13 +133,11 @@ class MemoryStore:
 
     # -- leases and turns ------------------------------------------------------------
 
-    async def acquire_run(
+    async def _acquire_run(
         self, run_id: str, owner: str, now: int, lease_until: int, statuses: frozenset[RunStatus]
     ) -> Run | None:
-        """Lease the run if its status allows and nobody else holds it, without
-        loading its history. Not part of :class:`~.base.StateStore` (the
-        engine starts turns with :meth:`start_turns`): tests use it to make a
-        run look leased by an owner that then crashed."""
+        # One run's lease for start_turns: leased if its status allows and
+        # nobody else holds it.
         run = self._runs.get(run_id)
         if run is None or run.status not in statuses or _leased(run, now):
             return None
@@ -153,7 +159,7 @@ class MemoryStore:
         """Lease each run that is free and load its history (no await yields)."""
         leased: dict[str, tuple[Run, dict[int, Checkpoint]]] = {}
         for run_id in run_ids:
-            run = await self.acquire_run(run_id, owner, now, lease_until, statuses)
+            run = await self._acquire_run(run_id, owner, now, lease_until, statuses)
             if run is not None:
                 leased[run_id] = run, await self.load_checkpoints(run_id)
         return leased
@@ -493,7 +499,7 @@ class MemoryStore:
         run_id, seq = waiter
         current = self._checkpoints[run_id].get(seq)
         base = current or Checkpoint(
-            run_id, seq, f"signal:{token}", "signal", CheckpointStatus.PENDING
+            run_id, seq, f"signal:{token}", CheckpointKind.SIGNAL, CheckpointStatus.PENDING
         )
         self._put(_completed(base, copy.deepcopy(payload), now))
         return run_id

@@ -27,7 +27,16 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import _codec as codec
-from ..model import TERMINAL_STATUSES, Checkpoint, CheckpointStatus, ErrorInfo, Run, RunStatus
+from .._notices import StoreNotice
+from ..model import (
+    TERMINAL_STATUSES,
+    Checkpoint,
+    CheckpointKind,
+    CheckpointStatus,
+    ErrorInfo,
+    Run,
+    RunStatus,
+)
 from ._match import match_index, project
 from ._pg_batch import PgWriteBatcher, settle_params
 from ._pg_connection import PgConnection
@@ -81,7 +90,7 @@ _INSERT_RUN = (
 # A pending run is announced, so an idle instance polls for it at once.
 _INSERT_PENDING_RUN = (
     f"WITH ins AS ({_INSERT_RUN.removesuffix('RETURNING true')}RETURNING id) "
-    "SELECT (SELECT pg_notify($22, 'pending:' || id)) IS NULL FROM ins"
+    f"SELECT (SELECT pg_notify($22, '{StoreNotice.PENDING}:' || id)) IS NULL FROM ins"
 )
 _HISTORY = (
     "(SELECT coalesce(json_agg(json_build_array(c.seq, c.name, c.kind, "
@@ -236,7 +245,7 @@ class PostgresStore:
                 )
                 created.extend(row["id"] for row in rows)
             if created:
-                await conn.execute("SELECT pg_notify($1, 'pending:')", self.channel)
+                await conn.execute(f"SELECT pg_notify($1, '{StoreNotice.PENDING}:')", self.channel)
         return created
 
     async def get_run(self, run_id: str) -> Run | None:
@@ -447,7 +456,7 @@ class PostgresStore:
             "UPDATE durably_runs SET status = 'pending', locked_by = NULL, "
             "locked_until = NULL, updated_at = $1 "
             "WHERE id = $2 AND status = 'running' AND locked_by = $3 "
-            "RETURNING (SELECT pg_notify($4, 'pending:')) IS NULL",
+            f"RETURNING (SELECT pg_notify($4, '{StoreNotice.PENDING}:')) IS NULL",
             now,
             run_id,
             owner,
@@ -460,7 +469,7 @@ class PostgresStore:
         done = await self._db.pool().fetchval(
             "UPDATE durably_runs SET wake_requested_at = $1 "
             "WHERE id = $2 AND status <> ALL($3::text[]) "
-            "RETURNING (SELECT pg_notify($4, 'wake:' || id)) IS NULL",
+            f"RETURNING (SELECT pg_notify($4, '{StoreNotice.WAKE}:' || id)) IS NULL",
             now,
             run_id,
             _TERMINAL,
@@ -497,7 +506,9 @@ class PostgresStore:
             if not await conn.fetchval(sql, *params):
                 return False
             await conn.execute(_DELETE_WAITERS, run_id)
-            await conn.execute("SELECT pg_notify($1, 'ended:' || $2::text)", self.channel, run_id)
+            await conn.execute(
+                f"SELECT pg_notify($1, '{StoreNotice.ENDED}:' || $2::text)", self.channel, run_id
+            )
             return True
 
     # -- the worker loop ---------------------------------------------------------------
@@ -570,7 +581,8 @@ class PostgresStore:
                     ids,
                 )
                 await conn.execute(
-                    "SELECT pg_notify($1, 'ended:' || id) FROM unnest($2::text[]) AS id",
+                    f"SELECT pg_notify($1, '{StoreNotice.ENDED}:' || id) "
+                    "FROM unnest($2::text[]) AS id",
                     self.channel,
                     ids,
                 )
@@ -934,7 +946,7 @@ class PostgresStore:
             )
             if _row_count(status) == 0:
                 base = Checkpoint(
-                    run_id, seq, f"signal:{token}", "signal", CheckpointStatus.PENDING
+                    run_id, seq, f"signal:{token}", CheckpointKind.SIGNAL, CheckpointStatus.PENDING
                 )
                 await conn.execute(_UPSERT_CHECKPOINT, *completed_params(base, text, now))
             return run_id
@@ -1239,7 +1251,7 @@ def _history(run_id: str, text: str) -> dict[int, Checkpoint]:
 _WAKE_RUN = (
     "UPDATE durably_runs SET wake_requested_at = $1 "
     "WHERE id = $2 AND status <> ALL($3::text[]) "
-    "RETURNING (SELECT pg_notify($4, 'wake:' || id)) IS NULL"
+    f"RETURNING (SELECT pg_notify($4, '{StoreNotice.WAKE}:' || id)) IS NULL"
 )
 
 # The waiters of a queue in admission order: priority, then the fairness key

@@ -18,7 +18,15 @@ from urllib.parse import unquote, urlsplit
 
 from .. import _codec as codec
 from .._urls import redact_url
-from ..model import TERMINAL_STATUSES, Checkpoint, CheckpointStatus, ErrorInfo, Run, RunStatus
+from ..model import (
+    TERMINAL_STATUSES,
+    Checkpoint,
+    CheckpointKind,
+    CheckpointStatus,
+    ErrorInfo,
+    Run,
+    RunStatus,
+)
 from ._match import match_index, project
 from ._rows import (
     CP_COLUMNS,
@@ -238,22 +246,6 @@ class SqliteStore:
         return await self._db.run(op)
 
     # -- leases and turns ------------------------------------------------------------
-
-    async def acquire_run(
-        self, run_id: str, owner: str, now: int, lease_until: int, statuses: frozenset[RunStatus]
-    ) -> Run | None:
-        """Lease the run if its status allows and nobody else holds it, without
-        loading its history. Not part of :class:`~.base.StateStore` (the
-        engine starts turns with :meth:`start_turns`): tests use it to make a
-        run look leased by an owner that then crashed."""
-        sql = _lease_statement(len(statuses))
-        params = [owner, lease_until, now, run_id, *(s.value for s in statuses), now]
-
-        def op(conn: sqlite3.Connection) -> Run | None:
-            row = conn.execute(sql, params).fetchone()
-            return run_from_row(row) if row else None
-
-        return await self._db.run(op)
 
     async def start_turns(
         self,
@@ -694,7 +686,7 @@ class SqliteStore:
             )
             if cur.rowcount == 0:
                 base = Checkpoint(
-                    run_id, seq, f"signal:{token}", "signal", CheckpointStatus.PENDING
+                    run_id, seq, f"signal:{token}", CheckpointKind.SIGNAL, CheckpointStatus.PENDING
                 )
                 conn.execute(_UPSERT_CHECKPOINT, completed_params(base, text, now))
             return str(run_id)

@@ -3,7 +3,7 @@
 For a fleet with PostgreSQL (or processes sharing a SQLite file) and no broker.
 Tasks go to topic ``tasks:<group>``, results to ``results`` and heartbeats to
 ``beats``, as the upstream wire's JSON (:mod:`durably.wire`), through the
-store's :class:`~durably.stores._messages.MessageQueue`:
+store's :class:`~durably._queue.MessageQueue`:
 
 - A server claims at most as many tasks as it has free handler slots, each
   with a lease (30 s) that it keeps extending while the handler runs. It acks
@@ -28,12 +28,12 @@ import os
 import socket
 import uuid
 from collections.abc import Collection
-from typing import Any
 
 from .. import _codec as codec
 from .._aio import wait_event
 from .._batch import BatchCall
-from .._queue import Message, MessageQueue, OutMessage, Unlisten
+from .._notices import StoreNotice
+from .._queue import Message, MessageQueue, MessageStore, OutMessage, Unlisten
 from ..clock import wall_ms
 from ..wire import Heartbeat, StepResult, StepTask, WireError
 from .base import CancelHandler, HeartbeatHandler, ResultHandler, TaskHandler, TransportError
@@ -66,19 +66,19 @@ class DbTransport:
 
     def __init__(
         self,
-        store: Any,
+        store: object,
         *,
         lease_ms: int = 30_000,
         redeliver_delay_ms: int = 1_000,
         poll_interval: float | None = None,
         owner: str | None = None,
     ) -> None:
-        if not callable(getattr(store, "messages", None)):
+        if not isinstance(store, MessageStore) or not callable(store.messages):
             kind = type(store).__name__
             raise ValueError(f"the db:// transport needs a SQLite or PostgreSQL store, not {kind}")
         if lease_ms < 1:
             raise ValueError("lease_ms must be positive")
-        self.store = store
+        self.store: MessageStore = store
         self.lease_ms = lease_ms
         self.redeliver_delay_ms = redeliver_delay_ms
         self.owner = owner or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -157,12 +157,12 @@ class DbTransport:
         return self._queue
 
     def _heard(self, kind: str, argument: str) -> None:
-        if kind == "message":
+        if kind == StoreNotice.MESSAGE:
             if argument in (RESULTS_TOPIC, BEATS_TOPIC):
                 self._results_wake.set()
             elif argument in self._topics:
                 self._task_wake.set()
-        elif kind == "cancel" and argument:
+        elif kind == StoreNotice.CANCEL and argument:
             for handler in list(self._cancel_handlers):
                 try:
                     handler([argument])
@@ -216,7 +216,7 @@ class DbTransport:
         if not run_ids:
             return
         try:
-            await self._q().broadcast("cancel", run_ids)
+            await self._q().broadcast(StoreNotice.CANCEL, run_ids)
         except Exception as exc:
             _log.warning("could not publish the cancellation of %d run(s): %s", len(run_ids), exc)
 

@@ -1,0 +1,194 @@
+"""An engine's life: open (connect, migrate, subscribe, wire the run queue),
+start the worker, drain, close.
+
+The engine's ``open``/``start_worker``/``drain``/``close``/``join`` delegate
+here; :class:`Lifecycle` is handed the collaborators it starts and stops,
+never the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+from ._executor import RunExecutor
+from ._replay import CloseReason
+from ._run_queue import RunQueue
+from .transports.base import RunCarrier
+
+if TYPE_CHECKING:
+    from ._options import EngineOptions
+    from ._routing import RunRouter
+    from ._threads import StepThreads
+    from ._turns import TurnDriver
+    from ._watch import RunWatcher
+    from ._worker import Worker
+    from .clock import Clock
+    from .steps._dispatcher import StepDispatcher
+    from .steps._server import StepServer
+    from .steps.definition import StepDefinition
+    from .stores import StateStore
+    from .transports import Transport
+
+__all__ = ["Lifecycle"]
+
+
+class Lifecycle:
+    """Opens, starts, drains and closes what the engine wired."""
+
+    def __init__(
+        self,
+        store: StateStore,
+        transport: Transport,
+        clock: Clock,
+        *,
+        router: RunRouter,
+        turns: TurnDriver,
+        worker: Worker,
+        steps: StepDispatcher,
+        step_server: StepServer,
+        watcher: RunWatcher,
+        threads: StepThreads,
+        sync_schedules: Callable[[], Awaitable[None]],
+        served: Callable[[], dict[str, StepDefinition]],
+        options: Callable[[], EngineOptions],
+        owner: Callable[[], str],
+    ) -> None:
+        """``sync_schedules()`` upserts the schedules declared in code once the
+        store is open; ``served()`` names the step handlers to serve;
+        ``options()`` and ``owner()`` are read at each use, so settings
+        changed before a start (``durably worker`` flags) take effect."""
+        self._store = store
+        self._transport = transport
+        self._clock = clock
+        self._router = router
+        self._turns = turns
+        self._worker = worker
+        self._steps = steps
+        self._step_server = step_server
+        self._watcher = watcher
+        self._threads = threads
+        self._sync_schedules = sync_schedules
+        self._served = served
+        self._options = options
+        self._owner = owner
+        self._opened = False
+        self.listening = False
+        """Whether the store pushes other processes' changes (PostgreSQL)."""
+        self._consuming = False
+        self._open_lock: asyncio.Lock | None = None
+
+    @property
+    def opened(self) -> bool:
+        """Whether the store is connected."""
+        return self._opened
+
+    async def open(self) -> None:
+        """Connect the store, migrate, subscribe and open the transport. Idempotent."""
+        if self._opened:
+            return
+        if self._open_lock is None:
+            self._open_lock = asyncio.Lock()
+        async with self._open_lock:
+            if self.opened:  # another task opened it while we waited for the lock
+                return
+            options = self._options()
+            await self._store.open()
+            try:
+                await self._sync_schedules()  # upsert the schedules declared in code
+            except BaseException:
+                await self._store.close()
+                raise
+            router = self._router
+            router.executor = RunExecutor(
+                self._turns.execute,
+                options.max_concurrent_runs,
+                on_room=self._worker.executor_has_room,
+            )
+            self._opened = True
+            self.listening = await self._store.subscribe(self._worker.on_store_event)
+            transport = self._transport
+            await transport.open()
+            carrier = transport.run_queue() if isinstance(transport, RunCarrier) else None
+            if carrier is not None:
+                router.run_queue = RunQueue(
+                    carrier,
+                    self._owner(),
+                    options.lease_ms,
+                    router.run_from_queue,
+                    router.enqueue_failed,
+                    router.namespaces_of,
+                    capacity=options.max_concurrent_runs,
+                )
+            if options.consumers == "always":
+                await self.start_consumers()
+            if options.instance_id is not None:
+                # Our previous incarnation's turns died with it; no one else can
+                # hold our id, so reclaim its runs now rather than after the lease.
+                await self._worker.expire_own_leases()
+
+    async def start_worker(self) -> None:
+        """Open, then start the worker loop and (unless ``consumers="never"``)
+        the step consumers."""
+        await self.open()
+        options = self._options()
+        if options.consumers != "never":
+            await self.start_consumers()
+        router = self._router
+        router.draining = False
+        if router.executor is not None:
+            router.executor.reopen()
+        if router.run_queue is not None and options.drives and not router.run_queue.consuming:
+            pools = None if options.namespace is None else [options.namespace]
+            await router.run_queue.start(pools)
+        if options.drives:
+            self._worker.start()
+
+    async def start_consumers(self) -> None:
+        """Settle step results here and serve this engine's step handlers. Idempotent."""
+        if self._consuming:
+            return
+        self._consuming = True
+        await self._transport.consume_results(self._steps.on_results, self._steps.on_heartbeat)
+        await self._step_server.start(self._served(), self._options().step_concurrency)
+
+    async def drain(self, timeout: float) -> None:
+        """Stop taking work, let running turns finish for up to ``timeout``
+        seconds, then hand the runs still executing back as ``pending``."""
+        router = self._router
+        if router.run_queue is not None:
+            await router.run_queue.stop_claiming()
+        await self._step_server.stop(timeout)
+        router.draining = True
+        await self._worker.stop()
+        if router.executor is None:
+            return
+        still_running = await router.executor.close(timeout)
+        for turn in list(router.active.values()):
+            turn.close(CloseReason.DRAIN)
+        for run_id in list(router.preleased):
+            # Inserted leased to us but dropped before their first turn.
+            router.preleased.pop(run_id, None)
+            with contextlib.suppress(Exception):
+                await self._store.release_run(run_id, self._owner(), self._clock.now_ms())
+        if still_running:
+            await asyncio.wait(still_running, timeout=5.0)
+        if router.run_queue is not None:
+            await router.run_queue.hand_back()
+
+    async def close(self, drain_timeout: float) -> None:
+        """Drain, stop the worker loop, close the transport and the store."""
+        if not self.opened:
+            return
+        await self.drain(drain_timeout)
+        await self._watcher.close()
+        if self._router.run_queue is not None:
+            await self._router.run_queue.flush()
+            self._router.run_queue = None
+        await self._transport.close()
+        self._consuming = False
+        self._opened = False
+        await self._store.close()
+        self._threads.shutdown()
