@@ -190,7 +190,7 @@ async def test_the_python_worker_takes_higher_priorities_first(
                 assert time.monotonic() < deadline, worker.errors()
                 await asyncio.sleep(0.05)
         assert all(r.ok and r.started_at for r in results)
-        taken = [r.run_id for r in sorted(results, key=lambda r: (r.started_at or 0))]
+        taken = [r.run_id for r in sorted(results, key=lambda r: r.started_at or 0)]
         assert taken == ["high", "mid", "low", "none", "neg"]
     finally:
         await transport.close()
