@@ -160,3 +160,42 @@ async def test_each_result_is_settled_by_exactly_one_instance(prefix: str) -> No
     finally:
         for transport in instances:
             await transport.close()
+
+
+async def test_a_task_job_failing_in_bullmq_is_answered_as_a_retryable_failure(
+    prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Something outside the handler throws (here: parsing): BullMQ fails the
+    # job, and the serving transport answers it instead of leaving it unanswered.
+    from durably.transports import redis as redis_transport
+
+    def broken(data: object) -> StepTask:
+        raise RuntimeError("parser exploded")
+
+    transport = RedisTransport(REDIS_TEST_URL, prefix=prefix)
+    await transport.open()
+    got: list[StepResult] = []
+
+    async def on_results(batch: list[StepResult]) -> None:
+        got.extend(batch)
+
+    async def on_beat(beat: Heartbeat) -> None:
+        return None
+
+    async def never(task: StepTask) -> None:
+        raise AssertionError("the handler must not run")
+
+    try:
+        monkeypatch.setattr(redis_transport.StepTask, "from_wire", broken)
+        await transport.consume_results(on_results, on_beat)
+        await transport.serve(["g"], never, concurrency=1)
+        await transport.dispatch([StepTask("r1", 4, "g", "g")])
+        await wait_until(lambda: len(got) == 1, what="the bridged failure")
+        [result] = got
+        assert (result.step_id, result.ok, result.retryable) == ("r1:4", False, True)
+        assert result.error == {
+            "message": "remote step worker failed: parser exploded",
+            "retryable": True,
+        }
+    finally:
+        await transport.close()

@@ -256,6 +256,7 @@ class RedisTransport:
         self._on_task: TaskHandler | None = None
         self._handlers: set[asyncio.Task[None]] = set()
         self._closing_workers: set[asyncio.Task[None]] = set()
+        self._bridging: set[asyncio.Future[None]] = set()
         # results
         self._results_worker: _Consumer | None = None
         self._on_results: ResultHandler | None = None
@@ -320,6 +321,8 @@ class RedisTransport:
         await asyncio.gather(*handlers, return_exceptions=True)
         if self._closing_workers:
             await asyncio.gather(*self._closing_workers, return_exceptions=True)
+        if self._bridging:
+            await asyncio.gather(*self._bridging, return_exceptions=True)
         worker, self._results_worker = self._results_worker, None
         if worker is not None:
             await worker.close()
@@ -491,9 +494,9 @@ class RedisTransport:
         }
         for group in sorted(set(groups)):
             name = self.names.tasks(group)
-            self._workers.append(
-                _Consumer(name, self._processor(generation), self._connect_url, options)
-            )
+            consumer = _Consumer(name, self._processor(generation), self._connect_url, options)
+            consumer.worker.on("failed", self._bridge_failure)
+            self._workers.append(consumer)
 
     async def stop_serving(self) -> None:
         """Stop taking tasks; jobs taken but not started are handed back at once.
@@ -552,6 +555,42 @@ class RedisTransport:
         with contextlib.suppress(Exception):  # if not, it comes back after its lock
             await asyncio.shield(job.moveToDelayed(_now_ms() + delay_ms, token))
         raise _delayed()
+
+    def _bridge_failure(self, job: Any = None, error: Any = None, *_: Any) -> None:
+        """Answer a task job that reached BullMQ's terminal ``failed`` state.
+
+        The handler wrapper never lets a step's failure escape, so a failed
+        job is an infrastructure failure: the job stalled more often than
+        allowed (its holders died; bullmq 3 fails it at the next pickup) or
+        something outside the handler threw. Nothing else would ever answer
+        it, so, as the upstream workers do, send a retryable failure: the
+        engine's retry policy decides what happens next.
+        """
+        data = getattr(job, "data", None)
+        if not isinstance(data, dict) or isinstance(data.get("history"), list):
+            return  # not a step task (a workflow turn is re-driven by its engine)
+        run_id, seq, step_id = data.get("runId"), data.get("seq"), data.get("stepId")
+        if not isinstance(run_id, str) or not isinstance(step_id, str):
+            return
+        if isinstance(seq, bool) or not isinstance(seq, int | float):
+            return
+        reason = getattr(job, "failedReason", None) or str(error or "") or "unknown"
+        _log.warning("task %s failed in BullMQ (%s); answering it as failed", step_id, reason)
+        result = StepResult(
+            run_id,
+            int(seq),
+            ok=False,
+            error={"message": f"remote step worker failed: {reason}", "retryable": True},
+        )
+        sending = asyncio.ensure_future(self._send_bridged(result))
+        self._bridging.add(sending)
+        sending.add_done_callback(self._bridging.discard)
+
+    async def _send_bridged(self, result: StepResult) -> None:
+        try:
+            await self.send_result(result)
+        except Exception as exc:
+            _log.warning("could not answer the failed task %s: %s", result.step_id, exc)
 
     # -- results -----------------------------------------------------------------------
 
