@@ -146,15 +146,26 @@ class _Job(Protocol):
     id: str
     data: Any
 
-    async def moveToDelayed(self, timestamp: int, token: str) -> None: ...
+
+class _QueueBackend(Protocol):
+    async def moveToDelayed(
+        self, job_id: str, timestamp: int, delay: int, token: str, opts: dict[str, Any]
+    ) -> Any: ...
 
 
 class _Queue(Protocol):
+    backend: _QueueBackend
+
     async def addBulk(self, jobs: list[dict[str, Any]]) -> list[Any]: ...
+
+
+class _Backend(Protocol):
+    async def close(self, force: bool = False) -> None: ...
 
 
 class _Worker(Protocol):
     running: bool
+    backend: _Backend
 
     async def run(self) -> None: ...
 
@@ -200,6 +211,10 @@ class _Consumer:
         except Exception as exc:
             _log.warning("could not close a BullMQ worker cleanly: %s", exc)
         await asyncio.gather(self._loop, return_exceptions=True)
+        # Once more after its loop ended: a command the loop sent after
+        # close() (a racing fetch) reopens bullmq's single-connection client.
+        with contextlib.suppress(Exception):
+            await self.worker.backend.close(force=True)
 
 
 def _delayed() -> BaseException:
@@ -248,6 +263,7 @@ class RedisTransport:
         """Who publishes (the ``from`` of control notices)."""
         self._client: aioredis.Redis | None = None
         self._opening = asyncio.Lock()
+        self._closing = False
         self._queues: dict[str, _Queue] = {}
         # serving
         self._workers: list[_Consumer] = []
@@ -301,7 +317,7 @@ class RedisTransport:
             pool = aioredis.BlockingConnectionPool.from_url(
                 self._connect_url, decode_responses=True, max_connections=32, timeout=30
             )
-            client = aioredis.Redis(connection_pool=pool)
+            client = aioredis.Redis.from_pool(pool)  # aclose() closes the pool too
             try:
                 await client.ping()
             except Exception as exc:
@@ -310,10 +326,12 @@ class RedisTransport:
                     f"cannot reach Redis at {self.url}: {type(exc).__name__}"
                 ) from None
             self._client = client
+            self._closing = False
             await self._subscribe(self.names.control, self._heard_control)
 
     async def close(self) -> None:
         """Stop every consumer; hand back tasks whose handlers were still running."""
+        self._closing = True
         await self.stop_serving()
         handlers = list(self._handlers)
         for handler in handlers:
@@ -494,7 +512,8 @@ class RedisTransport:
         }
         for group in sorted(set(groups)):
             name = self.names.tasks(group)
-            consumer = _Consumer(name, self._processor(generation), self._connect_url, options)
+            process = self._processor(generation, name)
+            consumer = _Consumer(name, process, self._connect_url, options)
             consumer.worker.on("failed", self._bridge_failure)
             self._workers.append(consumer)
 
@@ -515,10 +534,10 @@ class RedisTransport:
             self._closing_workers.add(closing)
             closing.add_done_callback(self._closing_workers.discard)
 
-    def _processor(self, generation: int) -> _Processor:
+    def _processor(self, generation: int, queue: str) -> _Processor:
         async def process(job: _Job, token: str) -> None:
             if generation != self._generation:
-                await self._hand_back(job, token, 0)
+                await self._hand_back(queue, job, token, 0)
             try:
                 task = StepTask.from_wire(job.data)
             except (WireError, ValueError, TypeError) as exc:
@@ -529,7 +548,7 @@ class RedisTransport:
             try:
                 handler = self._on_task
                 if generation != self._generation or handler is None:
-                    await self._hand_back(job, token, 0)
+                    await self._hand_back(queue, job, token, 0)
                 runner = asyncio.create_task(_run_handler(handler, task))
                 self._handlers.add(runner)
                 runner.add_done_callback(self._handlers.discard)
@@ -538,22 +557,29 @@ class RedisTransport:
                 except asyncio.CancelledError:
                     # close(): this process stops; the task goes to another one.
                     runner.cancel()
-                    await self._hand_back(job, token, 0)
+                    await self._hand_back(queue, job, token, 0)
                 except Exception:
                     _log.exception(
                         "task %s failed in its handler wrapper; delivering it again",
                         task.step_id,
                     )
-                    await self._hand_back(job, token, self.redeliver_delay_ms)
+                    await self._hand_back(queue, job, token, self.redeliver_delay_ms)
             finally:
                 slots.release()
 
         return process
 
-    async def _hand_back(self, job: _Job, token: str, delay_ms: int) -> NoReturn:
+    async def _hand_back(self, queue: str, job: _Job, token: str, delay_ms: int) -> NoReturn:
         """Put a held job back (visible again after ``delay_ms``) and stop processing it."""
+        # Through the transport's own connection, not the job's worker: a
+        # worker that is closing may fetch one more job after its connection
+        # closed, and that job must go back now, not after its lock expires.
         with contextlib.suppress(Exception):  # if not, it comes back after its lock
-            await asyncio.shield(job.moveToDelayed(_now_ms() + delay_ms, token))
+            now = _now_ms()
+            moving = self._queue(queue).backend.moveToDelayed(
+                job.id, now, delay_ms, token, {"skipAttempt": True}
+            )
+            await asyncio.shield(moving)
         raise _delayed()
 
     def _bridge_failure(self, job: Any = None, error: Any = None, *_: Any) -> None:
@@ -642,6 +668,9 @@ class RedisTransport:
         await handler(beat)
 
     async def _take_result(self, job: _Job, token: str) -> None:
+        if self._closing:
+            # Fetched while closing: another instance settles it now.
+            await self._hand_back(self.names.results, job, token, 0)
         try:
             result = StepResult.from_wire(job.data)
         except (WireError, ValueError, TypeError) as exc:
@@ -654,7 +683,7 @@ class RedisTransport:
         if self._flush is None or self._flush.done():
             self._flush = asyncio.create_task(self._flush_soon())
         if not await asyncio.shield(done):
-            await self._hand_back(job, token, self.redeliver_delay_ms)
+            await self._hand_back(self.names.results, job, token, self.redeliver_delay_ms)
 
     async def _flush_soon(self) -> None:
         while self._batch:
