@@ -199,3 +199,8 @@ async def test_a_task_job_failing_in_bullmq_is_answered_as_a_retryable_failure(
         }
     finally:
         await transport.close()
+
+
+def test_a_password_in_the_query_is_not_shown_either() -> None:
+    shown = redact_url("redis://h:6379/0?password=s3cret&prefix=p")
+    assert shown == "redis://h:6379/0?prefix=p"

@@ -13,8 +13,9 @@ the TypeScript runtimes) speak, so any of them can serve a ``ctx.step``:
 - BullMQ's competing consumers give each task to one server and each result
   to one engine instance (whichever takes it first): a result is settled
   once. A server that dies holding a task has it redelivered by BullMQ's
-  stalled-job check (once; a second stall fails it, and the engine's
-  redispatch net takes over).
+  stalled-job check; a task that stalls again, or fails in BullMQ for any
+  other reason, is answered with a retryable failure (as the upstream workers'
+  "failure bridge" does), so the engine's retry policy decides what follows.
 - Heartbeats are published on ``{P}-heartbeat``: every instance hears every
   beat (the engine throttles what it persists). A durably worker also keeps
   its step's latest beat in ``{P}-step-beat:{stepId}`` for 30 s, so an engine
@@ -50,6 +51,7 @@ import redis.asyncio as aioredis
 from bullmq import DelayedError
 from bullmq import Queue as _BullQueue
 from bullmq import Worker as _BullWorker
+from redis.asyncio.client import PubSub
 
 from .._aio import wait_event
 from ..wire import Heartbeat, StepResult, StepTask, WireError
@@ -89,7 +91,7 @@ def bullmq_priority(priority: int | float | None) -> int:
 
 
 def redact_url(url: str) -> str:
-    """``url`` without its password (and user), safe for logs and errors."""
+    """``url`` without its user, password or query options, safe for logs and errors."""
     try:
         parts = urlsplit(url)
         host = parts.hostname or ""
@@ -98,7 +100,9 @@ def redact_url(url: str) -> str:
         netloc = f"{host}:{parts.port}" if parts.port else host
     except ValueError:
         return "<unparseable redis URL>"
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, ""))
+    # Only our naming options are kept: redis-py also takes a password in the query.
+    kept = [(k, v) for k, v in parse_qsl(parts.query) if k in ("prefix", "namespace")]
+    return urlunsplit((parts.scheme, netloc, parts.path, urlencode(kept), ""))
 
 
 @dataclass(frozen=True, slots=True)
@@ -284,7 +288,7 @@ class RedisTransport:
         # pub/sub
         self._cancel_handlers: list[CancelHandler] = []
         self._readers: list[asyncio.Task[None]] = []
-        self._pubsubs: list[Any] = []
+        self._pubsubs: list[PubSub] = []
         # sends, batched while the previous batch is written
         self._results_out: _Batcher[dict[str, Any]] = _Batcher(self._write_results)
 
@@ -352,7 +356,7 @@ class RedisTransport:
         self._readers.clear()
         for pubsub in self._pubsubs:
             with contextlib.suppress(Exception):
-                await pubsub.aclose()
+                await pubsub.aclose()  # type: ignore[no-untyped-call]  # untyped in redis-py
         self._pubsubs.clear()
         await self._results_out.drain()
         client, self._client = self._client, None
@@ -392,7 +396,7 @@ class RedisTransport:
         )
 
     async def _read(
-        self, pubsub: Any, channel: str, on_message: Callable[[Any], Awaitable[None]]
+        self, pubsub: PubSub, channel: str, on_message: Callable[[Any], Awaitable[None]]
     ) -> None:
         while True:
             try:
