@@ -170,6 +170,7 @@ class _Backend(Protocol):
 class _Worker(Protocol):
     running: bool
     backend: _Backend
+    processing: set[asyncio.Future[Any]]
 
     async def run(self) -> None: ...
 
@@ -189,13 +190,22 @@ def _new_queue(name: str, client: aioredis.Redis) -> _Queue:
 class _Consumer:
     """One BullMQ worker and the task running its loop."""
 
-    def __init__(self, queue: str, processor: _Processor, url: str, options: dict[str, Any]):
+    def __init__(
+        self,
+        queue: str,
+        processor: _Processor,
+        url: str,
+        options: dict[str, Any],
+        give_back: Callable[[str, _Job, str], Awaitable[None]],
+    ):
         # autorun off: bullmq's own ensure_future(run()) is untracked, and a
         # run() that starts after close() reconnects and leaks a connection.
+        self.queue = queue
         self.worker: _Worker = _BullWorker(
             queue, processor, {"connection": url, **options, "autorun": False}
         )
         self.worker.on("error", _worker_error(queue))
+        self._give_back = give_back
         self._loop = asyncio.create_task(self._run(queue), name=f"durably-{queue}")
 
     async def _run(self, queue: str) -> None:
@@ -205,7 +215,7 @@ class _Consumer:
             _log.warning("the BullMQ worker on %s stopped: %s", queue, exc)
 
     async def close(self) -> None:
-        """Stop taking jobs; return once the jobs it holds are finished."""
+        """Stop taking jobs; return once the jobs it holds are finished or handed back."""
         # Close only once run() is inside its loop (or gone), so close() is
         # never undone by a loop starting after it.
         while not self.worker.running and not self._loop.done():  # noqa: ASYNC110
@@ -215,6 +225,20 @@ class _Consumer:
         except Exception as exc:
             _log.warning("could not close a BullMQ worker cleanly: %s", exc)
         await asyncio.gather(self._loop, return_exceptions=True)
+        # bullmq's loop ends as soon as one fetch comes back empty while
+        # closing, even if another fetch is still out: a job that fetch
+        # returns (now active, locked by us) is processed by nobody. Wait
+        # for what is left (holding the tasks: asyncio keeps them weakly),
+        # and hand such jobs back at once instead of after their lock.
+        left = list(self.worker.processing)
+        await asyncio.gather(*left, return_exceptions=True)
+        for done in left:
+            if done.cancelled() or done.exception() is not None:
+                continue
+            job = done.result()
+            token = getattr(job, "token", None)
+            if job is not None and isinstance(token, str):
+                await self._give_back(self.queue, job, token)
         # Once more after its loop ended: a command the loop sent after
         # close() (a racing fetch) reopens bullmq's single-connection client.
         with contextlib.suppress(Exception):
@@ -517,7 +541,7 @@ class RedisTransport:
         for group in sorted(set(groups)):
             name = self.names.tasks(group)
             process = self._processor(generation, name)
-            consumer = _Consumer(name, process, self._connect_url, options)
+            consumer = _Consumer(name, process, self._connect_url, options, self._give_back)
             consumer.worker.on("failed", self._bridge_failure)
             self._workers.append(consumer)
 
@@ -575,16 +599,22 @@ class RedisTransport:
 
     async def _hand_back(self, queue: str, job: _Job, token: str, delay_ms: int) -> NoReturn:
         """Put a held job back (visible again after ``delay_ms``) and stop processing it."""
+        await self._give_back(queue, job, token, delay_ms)
+        raise _delayed()
+
+    async def _give_back(self, queue: str, job: _Job, token: str, delay_ms: int = 0) -> None:
+        """Move a job we hold back to the queue, visible again after ``delay_ms``."""
         # Through the transport's own connection, not the job's worker: a
-        # worker that is closing may fetch one more job after its connection
-        # closed, and that job must go back now, not after its lock expires.
-        with contextlib.suppress(Exception):  # if not, it comes back after its lock
+        # worker that is closing may hold a job after its connection closed,
+        # and that job must go back now, not after its lock expires.
+        try:
             now = _now_ms()
             moving = self._queue(queue).backend.moveToDelayed(
                 job.id, now, delay_ms, token, {"skipAttempt": True}
             )
             await asyncio.shield(moving)
-        raise _delayed()
+        except Exception as exc:  # it comes back after its lock expires
+            _log.warning("could not hand job %s of %s back: %s", job.id, queue, exc)
 
     def _bridge_failure(self, job: Any = None, error: Any = None, *_: Any) -> None:
         """Answer a task job that reached BullMQ's terminal ``failed`` state.
@@ -645,6 +675,7 @@ class RedisTransport:
                 "stalledInterval": self.lock_ms,
                 "drainDelay": _DRAIN_DELAY_S,
             },
+            self._give_back,
         )
 
     async def _replay_latest_beats(self) -> None:
