@@ -679,12 +679,14 @@ class RedisTransport:
         )
 
     async def _replay_latest_beats(self) -> None:
-        pattern = self.names.step_beat("*")
+        """Hear the latest beat of every step still beating (sent before we listened)."""
+        client = self._redis()
         try:
-            async for key in self._redis().scan_iter(match=pattern, count=500):
-                body = await self._redis().get(key)
-                if body is not None:
-                    await self._heard_beat(json.loads(body))
+            keys = [key async for key in client.scan_iter(match=self.names.step_beat("*"))]
+            for start in range(0, len(keys), 500):
+                for body in await client.mget(keys[start : start + 500]):
+                    if body is not None:
+                        await self._heard_beat(json.loads(body))
         except Exception as exc:
             _log.warning("could not read the latest step beats: %s", exc)
 
