@@ -32,8 +32,7 @@ import asyncpg.connection
 import asyncpg.pool
 
 import durably
-from durably import _watch
-from durably import engine as engine_mod
+from durably import _turns, _watch
 from durably.stores import _pg_batch, postgres
 
 BASE = "postgresql://postgres@127.0.0.1:5432/test"
@@ -147,10 +146,10 @@ def instrument() -> None:
         lambda self, conn, cps, settles: f" cps={len(cps)} settles={len(settles)}",
     )
 
-    E = engine_mod.Engine
-    wrap_async(E, "_execute", "engine._execute")
-    wrap_async(E, "_turn", "engine._turn")
-    wrap_async(E, "_settle", "engine._settle")
+    T = _turns.TurnDriver
+    wrap_async(T, "execute", "turns.execute")
+    wrap_async(T, "_turn", "turns._turn")
+    wrap_async(T, "_settle", "turns._settle")
 
     w = _watch.RunWatcher
     orig_settled, orig_changed = w.settled, w.changed

@@ -100,9 +100,9 @@ async def wait_until(
 
 
 class Worker:
-    """A ``durably worker --app cli_app:engine`` subprocess."""
+    """A ``durably worker --app APP`` subprocess (``cli_app:engine`` by default)."""
 
-    def __init__(self, url: str, log: Path, *extra: str) -> None:
+    def __init__(self, url: str, log: Path, *extra: str, app: str = "cli_app:engine") -> None:
         self.log = log
         self._out = log.open("w")
         self.process = subprocess.Popen(
@@ -112,7 +112,7 @@ class Worker:
                 "durably",
                 "worker",
                 "--app",
-                "cli_app:engine",
+                app,
                 "--store",
                 url,
                 "--interval",
@@ -139,6 +139,14 @@ class Worker:
             await asyncio.sleep(0.05)
         return self.process.returncode
 
+    async def ready(self, timeout: float = 30.0) -> None:
+        """Wait until the worker logged that it serves; fail if it exits first."""
+        deadline = time.monotonic() + timeout
+        while "serving" not in self.output():
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"the worker is not serving:\n{self.output()}")
+            await asyncio.sleep(0.05)
+
     def output(self) -> str:
         """What the worker logged."""
         self._out.flush()
@@ -157,8 +165,8 @@ def workers(tmp_path: Path) -> Iterator[Callable[..., Worker]]:
     """Start ``durably worker`` subprocesses; any left running are killed afterwards."""
     started: list[Worker] = []
 
-    def start(url: str, *extra: str) -> Worker:
-        worker = Worker(url, tmp_path / f"worker-{len(started)}.log", *extra)
+    def start(url: str, *extra: str, app: str = "cli_app:engine") -> Worker:
+        worker = Worker(url, tmp_path / f"worker-{len(started)}.log", *extra, app=app)
         started.append(worker)
         return worker
 
@@ -323,6 +331,86 @@ async def test_worker_serves_the_steps_it_is_told_to(
         assert run.output == "hello ada"
         assert await worker.stop() == 0, worker.output()
     assert "steps greet" in worker.output()
+
+
+def _steps_app() -> ModuleType:
+    if str(APPS) not in sys.path:
+        sys.path.insert(0, str(APPS))
+    return importlib.import_module("steps_app")
+
+
+@asynccontextmanager
+async def step_driver(url: str) -> AsyncIterator[durably.Engine]:
+    """An engine that drives runs of ``shouting`` on ``url`` and serves no step,
+    so each ``shout`` it dispatches must be served by another process (db://)."""
+    engine = durably.Engine(url, transport="db://", poll_interval=0.05, serve_steps=[])
+    engine.workflow("shouting")(_steps_app().shouting)
+    await engine.start_worker()
+    try:
+        yield engine
+    finally:
+        await engine.close()
+
+
+async def test_worker_serves_the_steps_of_a_drive_false_app(
+    db: str, workers: Callable[..., Worker]
+) -> None:
+    worker = workers(db, app="steps_app:engine")
+    await worker.ready()
+    async with step_driver(db) as engine:
+        await engine.start("shouting", "hi", run_id="shout-1")
+        run = await wait_until(
+            engine, "shout-1", lambda run, _: run.status.is_terminal, worker=worker
+        )
+    assert run.status is RunStatus.COMPLETED, (run, worker.output())
+    assert run.output == {"text": "HI!", "pid": worker.process.pid}  # served by the worker
+    assert await worker.stop() == 0, worker.output()
+    assert "steps shout" in worker.output()
+
+
+async def test_worker_no_drive_serves_steps_and_executes_no_run(
+    db: str, workers: Callable[..., Worker]
+) -> None:
+    worker = workers(db, "--no-drive", app="steps_app:full_engine")
+    await worker.ready()
+    creator = durably.Engine(db, drive=False)
+    creator.workflow("shouting")(_steps_app().shouting)
+    await creator.open()  # only opened: it consumes nothing
+    try:
+        await creator.start("shouting", "ho", run_id="shout-2")
+        await asyncio.sleep(1.5)  # 15 of the worker's ticks
+        run = await creator.get_run("shout-2")
+        assert run is not None
+        assert run.status is RunStatus.PENDING, (run, worker.output())  # not driven by it
+    finally:
+        await creator.close()
+    async with step_driver(db) as engine:
+        run = await wait_until(
+            engine, "shout-2", lambda run, _: run.status.is_terminal, worker=worker
+        )
+    assert run.status is RunStatus.COMPLETED, (run, worker.output())
+    assert run.output == {"text": "HO!", "pid": worker.process.pid}
+    assert await worker.stop() == 0, worker.output()
+    assert "steps shout" in worker.output()
+
+
+def test_worker_refuses_an_app_with_nothing_to_serve(tmp_path: Path) -> None:
+    (tmp_path / "idle_app.py").write_text(
+        "import durably\n"
+        "producer = durably.Engine(consumers='never')\n"
+        "no_steps = durably.Engine(drive=False)\n"
+    )
+    db = f"sqlite:///{tmp_path / 'idle.db'}"
+    for app, extra in (
+        ("idle_app:producer", ()),
+        ("idle_app:no_steps", ()),
+        ("cli_app:engine", ("--no-drive", "--steps", "")),
+    ):
+        cwd = APPS if app.startswith("cli_app") else tmp_path
+        result = run_cli("worker", "--app", app, "--store", db, *extra, cwd=cwd)
+        context = f"{app} {extra}: rc={result.returncode} stderr={result.stderr!r}"
+        assert result.returncode == 2, context
+        assert "nothing to serve" in result.stderr, context
 
 
 def test_worker_refuses_steps_the_app_does_not_register(db: str, tmp_path: Path) -> None:

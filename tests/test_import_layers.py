@@ -11,8 +11,6 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import pytest
-
 import durably
 
 PACKAGE_ROOT = Path(durably.__file__).parent
@@ -102,9 +100,6 @@ def _edges_inside(graph: dict[str, set[str]], component: list[str]) -> list[str]
     return [f"{a} -> {b}" for a in component for b in sorted(graph[a] & members)]
 
 
-@pytest.mark.xfail(
-    strict=True, reason="issue 11: cycles through engine/context/events/schedules and the CLI"
-)
 def test_the_import_graph_has_no_cycle() -> None:
     graph = import_graph()
     found = cycles(graph)

@@ -21,10 +21,12 @@ class BatchCall(Generic[T, R]):
     then cost about N / (calls per round trip) writes instead of N. ``call``
     must answer one result per item, in order. If it raises, every caller of
     that batch gets the error (and decides itself whether to retry).
+    ``max_batch=None`` sends whatever has queued up as one batch (for a
+    ``call`` that chunks by itself).
     """
 
-    def __init__(self, call: Callable[[list[T]], Awaitable[list[R]]], max_batch: int = 500):
-        if max_batch < 1:
+    def __init__(self, call: Callable[[list[T]], Awaitable[list[R]]], max_batch: int | None = 500):
+        if max_batch is not None and max_batch < 1:
             raise ValueError("max_batch must be >= 1")
         self._call = call
         self._max_batch = max_batch
@@ -34,14 +36,33 @@ class BatchCall(Generic[T, R]):
     async def __call__(self, item: T) -> R:
         future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
         self._queued.append((item, future))
-        if self._task is None or self._task.done():
-            self._task = asyncio.create_task(self._run())
+        self._start()
         return await future
 
+    async def many(self, items: list[T]) -> list[R]:
+        """Queue ``items`` together (they go out in the same batch when
+        ``max_batch`` allows) and return their answers, in order."""
+        loop = asyncio.get_running_loop()
+        futures: list[asyncio.Future[R]] = [loop.create_future() for _ in items]
+        self._queued.extend(zip(items, futures, strict=True))
+        self._start()
+        return list(await asyncio.gather(*futures))
+
+    async def drain(self) -> None:
+        """Wait until every batch queued so far has gone out (its callers,
+        not this, hear how it went)."""
+        if self._task is not None:
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    def _start(self) -> None:
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._run())
+
     async def _run(self) -> None:
+        size = self._max_batch
         while self._queued:
-            batch = self._queued[: self._max_batch]
-            del self._queued[: self._max_batch]
+            batch = self._queued[:size] if size is not None else self._queued[:]
+            del self._queued[: len(batch)]
             try:
                 answers = await self._call([item for item, _ in batch])
                 if len(answers) != len(batch):

@@ -2,6 +2,11 @@
 
 Everything here is pure: it turns runs and checkpoints into rich renderables
 (or JSON-ready dicts) and never touches a store.
+
+Every value an application wrote (ids, names, tags, inputs, outputs, errors)
+goes into a renderable as :class:`rich.text.Text`, which rich never parses
+for markup, after :func:`visible` has turned its control characters into
+escapes: a run id holding ``[link=…]`` or an ANSI sequence is shown, not obeyed.
 """
 
 from __future__ import annotations
@@ -9,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import time
 from collections.abc import Iterable
 from datetime import datetime
@@ -26,14 +32,24 @@ __all__ = [
     "checkpoint_to_dict",
     "format_duration",
     "format_time",
+    "json_text",
     "make_console",
+    "plain",
     "render_run",
     "run_details",
     "run_to_dict",
     "runs_table",
     "status_text",
     "timeline_table",
+    "visible",
 ]
+
+# C0 and C1 controls and DEL (ANSI/OSC sequences start with ESC or the 8-bit
+# CSI/OSC), the bidirectional overrides and isolates (they reorder what the
+# operator reads) and the Unicode line separators.
+_CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]")
+# The same, less C0: json.dumps already escapes those.
+_JSON_UNSAFE = re.compile("[\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]")
 
 _RUN_STYLES: dict[str, str] = {
     RunStatus.PENDING: "white",
@@ -51,6 +67,37 @@ _CHECKPOINT_STYLES: dict[str, str] = {
     CheckpointStatus.COMPLETED: "green",
     CheckpointStatus.FAILED: "red",
 }
+
+
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def visible(text: str, *, keep: str = "") -> str:
+    """``text`` with every control character shown as an escape (ESC as ``\\x1b``).
+
+    Characters in ``keep`` (e.g. ``"\\n"`` for a traceback) are left as they are.
+    """
+    if not keep:
+        return _CONTROLS.sub(_escape, text)
+    return _CONTROLS.sub(lambda m: m.group() if m.group() in keep else _escape(m), text)
+
+
+def plain(value: object, style: str = "") -> Text:
+    """A user value as text that is displayed literally: no markup, no control codes."""
+    return Text(visible(str(value)), style=style)
+
+
+def json_text(data: Any) -> str:
+    """``data`` as indented JSON that is safe to print on a terminal.
+
+    ``json.dumps`` escapes C0 controls itself; C1 controls, DEL and the
+    bidirectional overrides are escaped here too (``\\u009b``), so the
+    JSON still parses to the same data.
+    """
+    text = json.dumps(data, indent=2, ensure_ascii=False, default=str)
+    return _JSON_UNSAFE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
 def make_console(*, stderr: bool = False) -> Console:
@@ -111,7 +158,7 @@ def abbreviate(value: Any, limit: int = 60) -> str:
         text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str)
     except (TypeError, ValueError):
         text = repr(value)
-    text = " ".join(text.split())
+    text = visible(" ".join(text.split()))
     return text if len(text) <= limit else text[: max(limit - 1, 1)] + "…"
 
 
@@ -121,7 +168,7 @@ def _error_line(error: dict[str, Any] | None, limit: int) -> str:
     message = str(error.get("message", "failed"))
     kind = error.get("type") or error.get("code")
     text = f"{kind}: {message}" if kind else message
-    text = " ".join(text.split())
+    text = visible(" ".join(text.split()))
     return text if len(text) <= limit else text[: max(limit - 1, 1)] + "…"
 
 
@@ -137,11 +184,11 @@ def runs_table(runs: Iterable[Run], *, title: str | None = None) -> Table:
     table.add_column("UPDATED", no_wrap=True)
     for run in runs:
         table.add_row(
-            run.run_id,
-            run.workflow,
-            run.workflow_version,
+            plain(run.run_id),
+            plain(run.workflow),
+            plain(run.workflow_version),
             status_text(run.status),
-            ", ".join(run.tags),
+            plain(", ".join(run.tags)),
             format_time(run.created_at),
             format_time(run.updated_at),
         )
@@ -154,15 +201,15 @@ def run_details(run: Run, *, now_ms: int | None = None) -> Table:
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold", no_wrap=True)
     grid.add_column()
-    grid.add_row("Run", run.run_id)
-    grid.add_row("Workflow", f"{run.workflow} (version {run.workflow_version})")
+    grid.add_row("Run", plain(run.run_id))
+    grid.add_row("Workflow", plain(f"{run.workflow} (version {run.workflow_version})"))
     grid.add_row("Status", status_text(run.status))
     if run.namespace != "default":
-        grid.add_row("Namespace", run.namespace)
+        grid.add_row("Namespace", plain(run.namespace))
     if run.parent_id:
-        grid.add_row("Parent", run.parent_id)
+        grid.add_row("Parent", plain(run.parent_id))
     if run.tags:
-        grid.add_row("Tags", ", ".join(run.tags))
+        grid.add_row("Tags", plain(", ".join(run.tags)))
     if run.priority:
         grid.add_row("Priority", str(run.priority))
     grid.add_row("Created", format_time(run.created_at))
@@ -173,13 +220,14 @@ def run_details(run: Run, *, now_ms: int | None = None) -> Table:
         grid.add_row("Wakes at", f"{format_time(run.wake_at)} ({_relative(run.wake_at, now)})")
     if run.locked_by:
         grid.add_row(
-            "Lease", f"{run.locked_by} until {format_time(run.locked_until, with_date=False)}"
+            "Lease",
+            plain(f"{run.locked_by} until {format_time(run.locked_until, with_date=False)}"),
         )
     if run.recovery_attempts:
         grid.add_row("Recoveries", str(run.recovery_attempts))
     if run.deadline_at is not None:
         grid.add_row("Deadline", format_time(run.deadline_at))
-    grid.add_row("Input", abbreviate(run.input, 200))
+    grid.add_row("Input", Text(abbreviate(run.input, 200)))
     if run.status is RunStatus.COMPLETED:
         grid.add_row("Output", Text(abbreviate(run.output, 200), style="green"))
     if run.error:
@@ -244,8 +292,8 @@ def timeline_table(
         )
         table.add_row(
             str(cp.seq),
-            cp.name,
-            cp.kind,
+            plain(cp.name),
+            plain(cp.kind),
             status_text(cp.status),
             str(cp.attempts) if cp.attempts else "",
             format_time(cp.started_at, with_date=with_date),

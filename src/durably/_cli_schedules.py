@@ -16,42 +16,28 @@ run at its next firing pass, since only it has the workflow registered.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 import click
 from rich import box
 from rich.table import Table
+from rich.text import Text
 
-from ._cli_render import abbreviate, format_time, make_console
+from ._cli_common import CliError, open_client, store_option
+from ._cli_render import abbreviate, format_time, json_text, make_console, plain, visible
 from .engine import Engine
+from .errors import DurablyError
 from .schedules import Schedule, ScheduleNotFound
 
 __all__ = ["schedules", "schedules_table"]
 
 T = TypeVar("T")
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def _store_option(fn: F) -> F:
-    option = click.option(
-        "--store",
-        "store_url",
-        envvar="DURABLY_DATABASE_URL",
-        default="sqlite:///durably.db",
-        show_default=True,
-        show_envvar=True,
-        metavar="URL",
-        help="Store URL: sqlite:///path.db, postgresql://…, memory://, or a SQLite file path.",
-    )
-    return option(fn)
 
 
 def _with_engine(store_url: str, action: Callable[[Engine], Awaitable[T]]) -> T:
     """Run ``action`` on a client engine opened on ``store_url``; an unknown
     schedule becomes a one-line CLI error."""
-    from .cli import CliError, open_client  # imported late: cli imports this module
 
     async def go() -> T:
         async with open_client(store_url) as engine:
@@ -102,14 +88,14 @@ def schedules_table(found: list[Schedule]) -> Table:
             state += ", catch-up"
         name = s.name if namespaces == {"default"} else f"{s.namespace}/{s.name}"
         table.add_row(
-            name,
-            s.workflow,
-            _when(s),
-            f"[yellow]{state}[/yellow]" if s.paused else state,
+            plain(name),
+            plain(s.workflow),
+            plain(_when(s)),
+            plain(state, style="yellow" if s.paused else ""),
             "-" if s.paused else format_time(s.next_fire_at),
             format_time(s.last_fired_at),
-            s.last_run_id or "-",
-            abbreviate(s.input, 40) if s.input is not None else "",
+            plain(s.last_run_id or "-"),
+            Text(abbreviate(s.input, 40)) if s.input is not None else "",
         )
     return table
 
@@ -120,7 +106,7 @@ def schedules() -> None:
 
 
 @schedules.command("list")
-@_store_option
+@store_option
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def schedules_list(store_url: str, as_json: bool) -> None:
     """List every schedule (all namespaces) with its state and next window."""
@@ -130,9 +116,7 @@ def schedules_list(store_url: str, as_json: bool) -> None:
 
     found = _with_engine(store_url, load)
     if as_json:
-        click.echo(
-            json.dumps([s.to_dict() for s in found], indent=2, ensure_ascii=False, default=str)
-        )
+        click.echo(json_text([s.to_dict() for s in found]))
         return
     console = make_console()
     if not found:
@@ -142,25 +126,25 @@ def schedules_list(store_url: str, as_json: bool) -> None:
 
 
 @schedules.command("pause")
-@_store_option
+@store_option
 @click.argument("name")
 def schedules_pause(store_url: str, name: str) -> None:
     """Stop firing NAME until it is resumed (for every instance, across restarts)."""
     _with_engine(store_url, lambda engine: engine.pause_schedule(name))
-    click.echo(f"paused schedule {name}")
+    click.echo(f"paused schedule {visible(name)}")
 
 
 @schedules.command("resume")
-@_store_option
+@store_option
 @click.argument("name")
 def schedules_resume(store_url: str, name: str) -> None:
     """Fire NAME again from its next window (windows missed while paused are skipped)."""
     resumed = _with_engine(store_url, lambda engine: engine.resume_schedule(name))
-    click.echo(f"resumed schedule {name}; next window {format_time(resumed.next_fire_at)}")
+    click.echo(f"resumed schedule {visible(name)}; next window {format_time(resumed.next_fire_at)}")
 
 
 @schedules.command("trigger")
-@_store_option
+@store_option
 @click.argument("name")
 def schedules_trigger(store_url: str, name: str) -> None:
     """Start a run of NAME now, outside its windows (even while paused).
@@ -168,8 +152,6 @@ def schedules_trigger(store_url: str, name: str) -> None:
     The run is queued on the schedule; the next worker pass of the
     application (which has the workflow registered) starts it.
     """
-    from .cli import CliError
-    from .errors import DurablyError
 
     async def trigger(engine: Engine) -> str:
         try:
@@ -180,17 +162,18 @@ def schedules_trigger(store_url: str, name: str) -> None:
             raise CliError(str(exc)) from None
 
     run_id = _with_engine(store_url, trigger)
-    click.echo(f"queued run {run_id} of schedule {name}; a worker starts it on its next pass")
+    click.echo(
+        f"queued run {visible(run_id)} of schedule {visible(name)}; "
+        "a worker starts it on its next pass"
+    )
 
 
 @schedules.command("remove")
-@_store_option
+@store_option
 @click.argument("name")
 def schedules_remove(store_url: str, name: str) -> None:
     """Delete schedule NAME (runs it started are kept). A schedule declared in
     the application's code comes back when the application starts again."""
     if not _with_engine(store_url, lambda engine: engine.remove_schedule(name)):
-        from .cli import CliError
-
         raise CliError(f"no schedule named {name!r}")
-    click.echo(f"removed schedule {name}")
+    click.echo(f"removed schedule {visible(name)}")

@@ -31,8 +31,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from ._aio import wait_event
+from ._queue import Message, MessageQueue, OutMessage
 from .clock import wall_ms
-from .stores._messages import Message, MessageQueue, OutMessage
 
 __all__ = ["MAX_HELD", "RunQueue", "run_topic"]
 

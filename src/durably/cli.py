@@ -28,37 +28,45 @@ import signal as signals
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine
-from contextlib import asynccontextmanager
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
-from urllib.parse import urlsplit, urlunsplit
 
 import click
+from rich.text import Text
 
 from ._cli_app import AppLoadError, load_engine
+from ._cli_common import (
+    DEFAULT_STORE,
+    EXIT_FAILURE,
+    EXIT_USAGE,
+    CliError,
+    check_store_url,
+    describe,
+    one_line,
+    open_client,
+    remember_url,
+    scrub_urls,
+    store_option,
+)
 from ._cli_render import (
     checkpoint_to_dict,
+    json_text,
     make_console,
     render_run,
     run_to_dict,
     runs_table,
+    visible,
 )
+from ._cli_schedules import schedules
+from ._urls import redact_url
 from .engine import Engine, RunNotFound
 from .errors import DurablyError
 from .model import RunStatus
-from .stores.sqlite import sqlite_path_from_url
 
 __all__ = ["DEFAULT_STORE", "CliError", "cli", "main"]
 
-DEFAULT_STORE = "sqlite:///durably.db"
-"""The store used when neither ``--store`` nor ``DURABLY_DATABASE_URL`` is given."""
-
-EXIT_FAILURE = 1
-EXIT_USAGE = 2
-
 T = TypeVar("T")
-F = TypeVar("F", bound=Callable[..., Any])
 
 _log = logging.getLogger("durably.cli")
 
@@ -67,105 +75,34 @@ class _StoppedEarly(Exception):
     """A second SIGTERM/SIGINT cut the worker's drain short."""
 
 
-class CliError(click.ClickException):
-    """A failure reported as one line on stderr with ``exit_code``."""
-
-    def __init__(self, message: str, exit_code: int = EXIT_FAILURE) -> None:
-        super().__init__(message)
-        self.status = exit_code
-        """The process exit code (``exit_code`` is a class attribute in click)."""
-
-
 # -- helpers ------------------------------------------------------------------------------
 
 
-def _one_line(text: str) -> str:
-    return " ".join(text.split())
+class _LogFormatter(logging.Formatter):
+    """Worker log lines whose user values (run ids, names, error messages) cannot
+    drive the terminal: control characters are shown as escapes, and a message
+    cannot start a forged log line (only a traceback keeps its newlines). The
+    credentials of the store URLs are hidden too, even in a driver's message."""
 
+    def format(self, record: logging.LogRecord) -> str:
+        return scrub_urls(super().format(record))
 
-def _describe(exc: BaseException) -> str:
-    message = _one_line(str(exc))
-    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return visible(super().formatMessage(record))
 
+    def formatException(self, ei: Any) -> str:
+        return visible(super().formatException(ei), keep="\n")
 
-def redact_url(url: str) -> str:
-    """``url`` with any password replaced by ``***`` (safe to print or log)."""
-    if "://" not in url:
-        return url
-    try:
-        parts = urlsplit(url)
-        if parts.password is None:
-            return url
-        host = parts.hostname or ""
-        if parts.port is not None:
-            host = f"{host}:{parts.port}"
-        user = parts.username or ""
-        return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
-    except ValueError:
-        return url
+    def formatStack(self, stack_info: str) -> str:
+        return visible(super().formatStack(stack_info), keep="\n")
 
 
 def _run(coro: Coroutine[Any, Any, T]) -> T:
     return asyncio.run(coro)
 
 
-def store_option(fn: F) -> F:
-    """The ``--store URL`` option (``DURABLY_DATABASE_URL``, default ``sqlite:///durably.db``)."""
-    option = click.option(
-        "--store",
-        "store_url",
-        envvar="DURABLY_DATABASE_URL",
-        default=DEFAULT_STORE,
-        show_default=True,
-        show_envvar=True,
-        metavar="URL",
-        help="Store URL: sqlite:///path.db, postgresql://…, memory://, or a SQLite file path.",
-    )
-    return option(fn)
-
-
-def _sqlite_file(url: str) -> str | None:
-    """The file of a SQLite store URL (``None`` for other stores and ``:memory:``)."""
-    if "://" in url and not url.startswith("sqlite:"):
-        return None
-    try:
-        path = sqlite_path_from_url(url)
-    except ValueError as exc:
-        raise CliError(f"invalid store URL {url!r}: {exc}", EXIT_USAGE) from None
-    return None if path == ":memory:" else path
-
-
-@asynccontextmanager
-async def open_client(store_url: str) -> AsyncIterator[Engine]:
-    """An opened ``Engine(store=store_url, drive=False)`` for client commands.
-
-    It never executes runs. A SQLite file that does not exist is an error here
-    (rather than silently creating an empty database from a mistyped path).
-    """
-    path = _sqlite_file(store_url)
-    if path is not None and not Path(path).exists():  # noqa: ASYNC240 - one stat, before any I/O
-        raise CliError(
-            f"no SQLite database at {path!r} (pass --store URL or set DURABLY_DATABASE_URL)"
-        )
-    try:
-        engine = Engine(store=store_url, drive=False)
-    except ValueError as exc:
-        raise CliError(_one_line(str(exc)), EXIT_USAGE) from None
-    try:
-        await engine.open()
-    except Exception as exc:
-        raise CliError(f"cannot open the store {redact_url(store_url)}: {_describe(exc)}") from None
-    try:
-        yield engine
-    finally:
-        try:
-            await engine.close()
-        except Exception as exc:  # closing must not mask the command's own outcome
-            _log.debug("closing the store failed: %s", exc)
-
-
 def _print_json(data: Any) -> None:
-    click.echo(json.dumps(data, indent=2, ensure_ascii=False, default=str))
+    click.echo(json_text(data))
 
 
 # -- the command group --------------------------------------------------------------------
@@ -221,7 +158,7 @@ def runs_list(
                     status=status, workflow=workflow, tag=tag, limit=limit, cursor=cursor
                 )
             except ValueError as exc:
-                raise CliError(_one_line(str(exc)), EXIT_USAGE) from None
+                raise CliError(one_line(str(exc)), EXIT_USAGE) from None
             return page.runs, page.next_cursor
 
     found, next_cursor = _run(go())
@@ -234,8 +171,9 @@ def runs_list(
         return
     console.print(runs_table(found))
     if next_cursor:
-        console.print(f"next cursor: {next_cursor}")
-        console.print(f"[dim](more runs: add --cursor {next_cursor})[/dim]")
+        cursor_text = visible(next_cursor)
+        console.print(Text(f"next cursor: {cursor_text}"))
+        console.print(Text(f"(more runs: add --cursor {cursor_text})", style="dim"))
     else:
         console.print(f"[dim]{len(found)} run(s); end of list[/dim]")
 
@@ -273,9 +211,9 @@ def _cancel(store_url: str, run_id: str) -> None:
 
     before = _run(go())
     if before.is_terminal:
-        click.echo(f"run {run_id} was already {before.value}; left unchanged")
+        click.echo(f"run {visible(run_id)} was already {before.value}; left unchanged")
     else:
-        click.echo(f"cancelled run {run_id} (it was {before.value})")
+        click.echo(f"cancelled run {visible(run_id)} (it was {before.value})")
 
 
 @runs.command("cancel")
@@ -321,15 +259,16 @@ def signal_cmd(store_url: str, token: str, payload: str | None) -> None:
             try:
                 return await engine.signal(token, value)
             except (ValueError, DurablyError) as exc:
-                raise CliError(_one_line(str(exc)), EXIT_USAGE) from None
+                raise CliError(one_line(str(exc)), EXIT_USAGE) from None
 
     receiver = _run(go())
     if receiver is None:
         click.echo(
-            f"no run waits on {token!r} yet; the signal is buffered for the first one that does"
+            f"no run waits on {visible(repr(token))} yet; "
+            "the signal is buffered for the first one that does"
         )
     else:
-        click.echo(f"delivered {token!r} to run {receiver}")
+        click.echo(f"delivered {visible(repr(token))} to run {visible(receiver)}")
 
 
 # -- worker -------------------------------------------------------------------------------
@@ -349,6 +288,7 @@ def signal_cmd(store_url: str, token: str, payload: str | None) -> None:
     envvar="DURABLY_DATABASE_URL",
     default=None,
     metavar="URL",
+    callback=check_store_url,
     help="Exported as DURABLY_DATABASE_URL before the app is imported, so an "
     "Engine() built with the default store uses it.",
 )
@@ -392,6 +332,12 @@ def signal_cmd(store_url: str, token: str, payload: str | None) -> None:
     help="Step handlers executing at once (default: the engine's step_concurrency).",
 )
 @click.option(
+    "--no-drive",
+    is_flag=True,
+    help="Serve step handlers only and execute no run, as an engine built with "
+    "drive=False does (a step-worker pool beside the processes that drive runs).",
+)
+@click.option(
     "--log-level",
     type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
     default="INFO",
@@ -406,37 +352,40 @@ def worker(
     groups: tuple[str, ...],
     step_names: str | None,
     concurrency: int | None,
+    no_drive: bool,
     log_level: str,
 ) -> None:
     """Run the worker loop of an app's Engine until SIGTERM or SIGINT, and
     serve its step handlers (all of them, or those picked by --group/--steps).
 
+    An engine built with drive=False (or any engine, with --no-drive) only
+    serves its step handlers: it executes no run.
+
     On the first signal it drains: stops taking tasks and work, lets running turns
     finish for up to --drain-timeout seconds, hands the rest back as pending,
     closes the store and exits 0. A second signal stops without waiting.
     """
-    logging.basicConfig(
-        level=getattr(logging, log_level.upper()),
-        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_LogFormatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
+    logging.basicConfig(level=getattr(logging, log_level.upper()), handlers=[handler])
     if store_url:
         os.environ["DURABLY_DATABASE_URL"] = store_url
     try:
         engine = load_engine(app_spec)
     except AppLoadError as exc:
-        raise CliError(_one_line(str(exc)), EXIT_USAGE) from None
-    if not engine.drive:
-        raise CliError(
-            f"{app_spec} was built with drive=False, so it cannot execute runs", EXIT_USAGE
-        )
+        raise CliError(one_line(str(exc)), EXIT_USAGE) from None
+    remember_url(engine.store.url)
     if store_url and engine.store.url != store_url:
         _log.warning(
             "the app's engine uses its own store %s; --store/DURABLY_DATABASE_URL is ignored",
             redact_url(engine.store.url),
         )
     configure_worker(
-        engine, interval=interval, drain_timeout=drain_timeout, instance_id=instance_id
+        engine,
+        interval=interval,
+        drain_timeout=drain_timeout,
+        instance_id=instance_id,
+        drive=False if no_drive else None,
     )
     if groups:
         engine.serve_groups = frozenset(groups)
@@ -451,6 +400,14 @@ def worker(
         engine.serve_steps = names
     if concurrency is not None:
         engine.step_concurrency = concurrency
+    if not engine.drive and not engine.served_steps:
+        why = "--no-drive" if no_drive else "drive=False"
+        raise CliError(
+            f"{app_spec} has nothing to serve: it executes no run ({why}) and serves "
+            "no step handler (none registered, consumers='never', or none left by "
+            "--group/--steps)",
+            EXIT_USAGE,
+        )
     try:
         _run(serve(engine))
     except _StoppedEarly:
@@ -483,7 +440,7 @@ def _exit_now_if_steps_linger(code: int, error: str | None = None) -> None:
     )
     logging.shutdown()
     if error is not None:
-        click.echo(f"durably: error: {error}", err=True)
+        click.echo(f"durably: error: {visible(scrub_urls(error))}", err=True)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
@@ -495,8 +452,13 @@ def configure_worker(
     interval: float | None = None,
     drain_timeout: float | None = None,
     instance_id: str | None = None,
+    drive: bool | None = None,
 ) -> None:
-    """Apply the ``durably worker`` options to an engine that is not open yet."""
+    """Apply the ``durably worker`` options to an engine that is not open yet.
+
+    ``drive=False`` makes it a step worker: it serves its step handlers and
+    executes no run (what ``Engine(drive=False)`` does from the start).
+    """
     if interval is not None:
         engine.poll_interval = interval
     if drain_timeout is not None:
@@ -504,11 +466,14 @@ def configure_worker(
     if instance_id is not None:
         if engine.is_open:
             raise CliError("--instance-id needs an engine that is not open yet", EXIT_USAGE)
+        # Counts as stable, like an id given to Engine(): opening reclaims its leases.
         engine.instance_id = instance_id
-        # Engine() treats only an id given to its constructor as stable (and
-        # reclaims that id's leases on open); an id given here is just as stable.
-        if hasattr(engine, "_stable_instance_id"):
-            engine._stable_instance_id = True
+    if drive is not None:
+        # Read when the worker starts (whether to run the worker loop and claim
+        # queued runs) and on each store event, so it must be set before then.
+        if engine.is_open and drive != engine.drive:
+            raise CliError("--no-drive needs an engine that is not open yet", EXIT_USAGE)
+        engine.drive = drive
 
 
 async def serve(engine: Engine) -> None:
@@ -543,12 +508,14 @@ async def serve(engine: Engine) -> None:
             await engine.start_worker()
         except Exception as exc:
             raise CliError(
-                f"cannot open the store {redact_url(engine.store.url)}: {_describe(exc)}"
+                f"cannot open the store {redact_url(engine.store.url)}: {describe(exc)}"
             ) from None
         _log.info(
             "worker %s serving %s and steps %s on %s (tick every %gs)",
             engine.instance_id,
-            ", ".join(engine.workflows) or "no workflows",
+            (", ".join(engine.workflows) or "no workflows")
+            if engine.drive
+            else "no runs (steps only)",
             ", ".join(engine.served_steps) or "none",
             redact_url(engine.store.url),
             engine.poll_interval,
@@ -607,17 +574,11 @@ _NO_ARGS_IS_HELP: type[click.UsageError] = getattr(
 
 
 def _fail(message: str, code: int) -> NoReturn:
-    click.echo(f"durably: error: {_one_line(message)}", err=True)
+    click.echo(f"durably: error: {visible(scrub_urls(one_line(message)))}", err=True)
     sys.exit(code)
 
 
-def _attach_subcommands() -> None:
-    from ._cli_schedules import schedules
-
-    cli.add_command(schedules)
-
-
-_attach_subcommands()
+cli.add_command(schedules)
 
 
 def main(argv: list[str] | None = None) -> NoReturn:
@@ -639,5 +600,5 @@ def main(argv: list[str] | None = None) -> NoReturn:
     except Exception as exc:
         if os.environ.get("DURABLY_TRACEBACK"):
             raise
-        _fail(f"unexpected {_describe(exc)} (set DURABLY_TRACEBACK=1 for details)", EXIT_FAILURE)
+        _fail(f"unexpected {describe(exc)} (set DURABLY_TRACEBACK=1 for details)", EXIT_FAILURE)
     sys.exit(result if isinstance(result, int) else 0)

@@ -1,114 +1,38 @@
 """``WorkflowContext``: the operations a workflow body uses for everything
 that is not pure computation.
 
-Each public method is a plain (non-async) function that takes the operation's
-position at call time and returns an awaitable; see :mod:`durably.replay` for
-why. An operation whose checkpoint is completed returns the recorded value
-without executing anything.
+Each public method is a plain (non-async) function that checks its
+arguments, takes the operation's position at call time and returns an
+awaitable; see :mod:`durably._replay` for why. An operation whose checkpoint
+is completed returns the recorded value without executing anything. The
+operations themselves live in :mod:`durably._ops`, one module per family.
 """
 
 from __future__ import annotations
 
-import asyncio
-import inspect
-import logging
 import random as _random
 import uuid as _uuid
-from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-from . import codec
-from ._dispatch import StepDispatcher
-from ._step_call import StepCall, StepRunner
-from ._threads import StepThreads
-from .clock import Clock
+from . import _codec as codec
+from ._ops.env import Services, TurnEnv
+from ._ops.fan import ChildCall, Settled, gather
+from ._ops.local_step import local_step, recorded_value
+from ._ops.saga import Saga
+from ._ops.step import StepCall, StepRunner
+from ._ops.waits import check_match, check_name, timer, wait_for_event, wait_for_signal
+from ._replay import Turn
 from .durations import Duration, to_ms
-from .errors import (
-    ChildFailed,
-    FatalError,
-    GatherFailed,
-    NondeterminismError,
-    RunCancelled,
-    SignalTimeout,
-    StepFailed,
-    _ContinueAsNew,
-    _TurnClosed,
-    is_control_flow,
-)
-from .model import Checkpoint, CheckpointStatus, ErrorInfo, Run
-from .replay import Turn, error_info
+from .errors import NondeterminismError, _ContinueAsNew
+from .model import CheckpointStatus
 from .retry import RetryPolicy
 from .steps import StepDefinition, StepRef
-from .stores.base import StateStore
 
 __all__ = ["ChildCall", "Settled", "WorkflowContext"]
 
 T = TypeVar("T")
-
-
-@dataclass(frozen=True, slots=True)
-class _Services:
-    """What the operations need from the engine, passed in explicitly."""
-
-    store: StateStore
-    clock: Clock
-    threads: StepThreads
-    track_start: bool
-    default_retry: RetryPolicy
-    logger: logging.Logger
-    spawn_children: Callable[[Run, list[ChildCall]], Awaitable[list[ErrorInfo | None]]]
-    cancel_runs: Callable[[list[str]], Awaitable[None]]
-    steps: StepDispatcher
-    redispatch_ms: int | None
-    redispatch_max: int
-
-
-@dataclass(frozen=True, slots=True)
-class Settled:
-    """One outcome of ``ctx.all_settled``: a value, or the error that ended it."""
-
-    ok: bool
-    value: Any = None
-    error: BaseException | None = None
-
-
-class ChildCall:
-    """A child run, created by :meth:`WorkflowContext.child`.
-
-    Await it alone, or pass many to :meth:`WorkflowContext.all` so they are
-    created together (one bulk insert) and awaited with one suspension.
-    """
-
-    __slots__ = ("_ctx", "input", "recorded", "run_id", "seq", "workflow")
-
-    def __init__(
-        self,
-        ctx: WorkflowContext,
-        seq: int,
-        run_id: str,
-        workflow: str,
-        input: Any,
-        recorded: Checkpoint | None,
-    ) -> None:
-        self._ctx = ctx
-        self.seq = seq
-        self.run_id = run_id
-        self.workflow = workflow
-        self.input = input
-        self.recorded = recorded
-
-    def __await__(self) -> Generator[Any, None, Any]:
-        return self._ctx._await_child(self).__await__()
-
-
-@dataclass(slots=True)
-class _Compensation:
-    seq: int
-    name: str
-    fn: Callable[..., Any]
-    output: Any
 
 
 class WorkflowContext:
@@ -118,13 +42,11 @@ class WorkflowContext:
     returns is recorded, so a replay after a crash sees the same values.
     """
 
-    def __init__(self, turn: Turn, services: _Services) -> None:
+    def __init__(self, turn: Turn, services: Services, saga: Saga | None = None) -> None:
         self._turn = turn
-        self._services = services
-        self._compensations: list[_Compensation] = []
-        self.log: logging.LoggerAdapter[logging.Logger] = logging.LoggerAdapter(
-            services.logger, {"run_id": turn.run.run_id, "workflow": turn.run.workflow}
-        )
+        self._env = TurnEnv(turn, services)
+        self._saga = Saga() if saga is None else saga
+        self.log = self._env.log
         """A logger that tags every record with the run id and workflow."""
 
     # -- identity ------------------------------------------------------------------------
@@ -199,125 +121,16 @@ class WorkflowContext:
             backoff_base,
             backoff_max,
             jitter,
-            default=self._services.default_retry,
+            default=self._env.services.default_retry,
         )
         if compensate is not None and not callable(compensate):
             raise TypeError(f"local step {name!r}: compensate must be callable")
-        track = self._services.track_start if track_start is None else track_start
+        track = self._env.services.track_start if track_start is None else track_start
         seq, recorded = self._turn.allocate(name, "local")
-        step = self._local_step(seq, name, fn, args, policy, track, recorded)
+        step = local_step(self._env, seq, name, fn, args, policy, track, recorded)
         if compensate is None:
             return step
-        return self._with_compensation(seq, name, compensate, step)
-
-    async def _with_compensation(
-        self, seq: int, name: str, compensate: Callable[..., Any], step: Awaitable[Any]
-    ) -> Any:
-        output = await step
-        self._compensations.append(_Compensation(seq, name, compensate, output))
-        return output
-
-    async def _local_step(
-        self,
-        seq: int,
-        name: str,
-        fn: Callable[..., Any],
-        args: tuple[Any, ...],
-        policy: RetryPolicy,
-        track: bool,
-        recorded: Checkpoint | None,
-    ) -> Any:
-        if recorded is not None:
-            if recorded.status is CheckpointStatus.COMPLETED:
-                return recorded.output
-            if recorded.status is CheckpointStatus.FAILED:
-                raise StepFailed.from_error(name, recorded.error, recorded.attempts)
-        turn, services = self._turn, self._services
-        if turn.unwinding:
-            return await turn.park(seq, None, reconcile=False)
-        run_id = turn.run.run_id
-        attempts = recorded.attempts if recorded is not None else 0
-        started = services.clock.now_ms()
-        with turn.in_flight():
-            for retry_number in range(policy.retries + 1):
-                attempts += 1
-                if track:
-                    running = Checkpoint(
-                        run_id,
-                        seq,
-                        name,
-                        "local",
-                        CheckpointStatus.RUNNING,
-                        attempts=attempts,
-                        started_at=started,
-                    )
-                    if turn.needs_fence():
-                        # Awaited: it also makes every earlier result durable
-                        # and proves the lease before the side effect happens.
-                        await self._save(running)
-                    else:
-                        # A quick step's result supersedes it in the same
-                        # commit (one write per step, not two).
-                        self._save_later(running)
-                else:
-                    await turn.flush()
-                try:
-                    result = await self._call(fn, args)
-                    output = codec.to_jsonable(result)
-                except Exception as exc:
-                    turn.ensure_open()
-                    fatal = isinstance(exc, FatalError | codec.EncodeError)
-                    if fatal or retry_number == policy.retries:
-                        failure = error_info(exc)
-                        await self._save(
-                            Checkpoint(
-                                run_id,
-                                seq,
-                                name,
-                                "local",
-                                CheckpointStatus.FAILED,
-                                error=failure,
-                                attempts=attempts,
-                                started_at=started,
-                                finished_at=services.clock.now_ms(),
-                            )
-                        )
-                        raise StepFailed.from_error(name, failure, attempts) from exc
-                    delay = policy.delay_ms(retry_number + 1)
-                    self.log.info(
-                        "step %s attempt %d failed (%s); retrying in %d ms",
-                        name,
-                        attempts,
-                        exc,
-                        delay,
-                    )
-                    await services.clock.sleep(delay / 1000)
-                    turn.ensure_open()
-                    continue
-                turn.ensure_open()
-                self._save_later(
-                    Checkpoint(
-                        run_id,
-                        seq,
-                        name,
-                        "local",
-                        CheckpointStatus.COMPLETED,
-                        output=output,
-                        attempts=attempts,
-                        started_at=started,
-                        finished_at=services.clock.now_ms(),
-                    )
-                )
-                return output
-        raise AssertionError("unreachable")  # pragma: no cover
-
-    async def _call(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
-        if inspect.iscoroutinefunction(fn):
-            return await fn(*args)
-        result = await self._services.threads.call(fn, args)
-        if inspect.isawaitable(result):
-            return await result
-        return result
+        return self._saga.with_undo(seq, name, compensate, step)
 
     def side_effect(self, fn: Callable[..., T | Awaitable[T]], *args: Any) -> Awaitable[T]:
         """Run ``fn(*args)`` once and record its value (no retries, no running checkpoint).
@@ -329,11 +142,13 @@ class WorkflowContext:
             raise TypeError(f"side_effect: {fn!r} is not callable")
         seq, recorded = self._turn.allocate("side_effect", "side_effect")
 
-        async def compute() -> Any:
-            await self._turn.flush()  # earlier results are durable before the effect
-            return await self._call(fn, args)
+        env = self._env
 
-        return self._recorded(seq, "side_effect", "side_effect", recorded, compute)
+        async def compute() -> Any:
+            await env.turn.flush()  # earlier results are durable before the effect
+            return await env.call(fn, args)
+
+        return recorded_value(env, seq, "side_effect", "side_effect", recorded, compute)
 
     def step(
         self,
@@ -378,10 +193,10 @@ class WorkflowContext:
         if isinstance(step, StepRef):
             name, definition = step.name, step.definition
         elif isinstance(step, str) and step:
-            name, definition = step, self._services.steps.definition(step)
+            name, definition = step, self._env.services.steps.definition(step)
         else:
             raise TypeError("ctx.step takes a step reference or a non-empty step name")
-        base = definition.retry if definition is not None else self._services.default_retry
+        base = definition.retry if definition is not None else self._env.services.default_retry
         policy = RetryPolicy.build(
             retries, backoff, backoff_base, backoff_max, jitter, default=base
         )
@@ -396,7 +211,7 @@ class WorkflowContext:
             else (definition.pickup_timeout_ms if definition else None)
         )
         queue_name = queue if queue is not None else (definition.queue if definition else None)
-        if queue_name is not None and queue_name not in self._services.steps.queues:
+        if queue_name is not None and queue_name not in self._env.services.steps.queues:
             raise ValueError(f"ctx.step: queue {queue_name!r} is not registered on this engine")
         try:
             payload = codec.to_jsonable(input)
@@ -416,7 +231,7 @@ class WorkflowContext:
             context=context,
         )
         seq, recorded = self._turn.allocate(name, "step")
-        return StepRunner(self).run(seq, call, recorded)
+        return StepRunner(self._env).run(seq, call, recorded)
 
     # -- deterministic sources -----------------------------------------------------------
 
@@ -424,11 +239,13 @@ class WorkflowContext:
         """The current time (UTC), recorded on first execution and replayed verbatim."""
         seq, recorded = self._turn.allocate("now", "now")
 
+        env = self._env
+
         async def read() -> int:
-            return self._services.clock.now_ms()
+            return env.clock.now_ms()
 
         async def as_datetime() -> datetime:
-            ms = await self._recorded(seq, "now", "now", recorded, read)
+            ms = await recorded_value(env, seq, "now", "now", recorded, read)
             return datetime.fromtimestamp(ms / 1000, tz=UTC)
 
         return as_datetime()
@@ -436,12 +253,13 @@ class WorkflowContext:
     def uuid(self) -> Awaitable[_uuid.UUID]:
         """A random UUID4, recorded so replay returns the same one."""
         seq, recorded = self._turn.allocate("uuid", "uuid")
+        env = self._env
 
         async def make() -> str:
             return str(_uuid.uuid4())
 
         async def as_uuid() -> _uuid.UUID:
-            return _uuid.UUID(await self._recorded(seq, "uuid", "uuid", recorded, make))
+            return _uuid.UUID(await recorded_value(env, seq, "uuid", "uuid", recorded, make))
 
         return as_uuid()
 
@@ -452,37 +270,7 @@ class WorkflowContext:
         async def make() -> float:
             return _random.random()
 
-        return self._recorded(seq, "random", "random", recorded, make)
-
-    async def _recorded(
-        self,
-        seq: int,
-        name: str,
-        kind: str,
-        recorded: Checkpoint | None,
-        compute: Callable[[], Awaitable[Any]],
-    ) -> Any:
-        if recorded is not None and recorded.status is CheckpointStatus.COMPLETED:
-            return recorded.output
-        if self._turn.unwinding:
-            return await self._turn.park(seq, None, reconcile=False)
-        with self._turn.in_flight():
-            value = codec.to_jsonable(await compute())
-            now = self._services.clock.now_ms()
-            self._save_later(
-                Checkpoint(
-                    self.run_id,
-                    seq,
-                    name,
-                    kind,
-                    CheckpointStatus.COMPLETED,
-                    output=value,
-                    attempts=1,
-                    started_at=now,
-                    finished_at=now,
-                )
-            )
-        return value
+        return recorded_value(self._env, seq, "random", "random", recorded, make)
 
     # -- waiting -------------------------------------------------------------------------
 
@@ -494,7 +282,7 @@ class WorkflowContext:
         """
         ms = to_ms(duration, name="sleep duration")
         seq, recorded = self._turn.allocate("sleep", "sleep")
-        return self._timer(seq, recorded, lambda now: now + ms)
+        return timer(self._env, seq, recorded, lambda now: now + ms)
 
     def sleep_until(self, when: datetime | int | float) -> Awaitable[None]:
         """Wait durably until ``when`` (an aware ``datetime`` or epoch seconds)."""
@@ -507,34 +295,7 @@ class WorkflowContext:
         else:
             raise TypeError("sleep_until takes an aware datetime or epoch seconds")
         seq, recorded = self._turn.allocate("sleep", "sleep")
-        return self._timer(seq, recorded, lambda _now: target)
-
-    async def _timer(
-        self, seq: int, recorded: Checkpoint | None, wake_time: Callable[[int], int]
-    ) -> None:
-        if recorded is not None and recorded.status is CheckpointStatus.COMPLETED:
-            return
-        if self._turn.unwinding:
-            await self._turn.park(seq, None, reconcile=False)
-        now = self._services.clock.now_ms()
-        wake_at = recorded.wake_at if recorded is not None and recorded.wake_at else wake_time(now)
-        checkpoint = Checkpoint(
-            self.run_id,
-            seq,
-            "sleep",
-            "sleep",
-            CheckpointStatus.PENDING,
-            wake_at=wake_at,
-            started_at=recorded.started_at if recorded else now,
-        )
-        if wake_at <= now:
-            checkpoint.status, checkpoint.finished_at = CheckpointStatus.COMPLETED, now
-            self._save_later(checkpoint)
-            return
-        if recorded is None:
-            with self._turn.in_flight():
-                await self._save(checkpoint)
-        await self._turn.park(seq, wake_at, reconcile=False)
+        return timer(self._env, seq, recorded, lambda _now: target)
 
     def wait_for_signal(self, token: str, *, timeout: Duration | None = None) -> Awaitable[Any]:
         """Wait for ``engine.signal(token, payload)`` and return the payload.
@@ -548,52 +309,7 @@ class WorkflowContext:
         timeout_ms = None if timeout is None else to_ms(timeout, name="signal timeout")
         name = f"signal:{token}"
         seq, recorded = self._turn.allocate(name, "signal")
-        return self._wait_signal(seq, name, token, timeout_ms, recorded)
-
-    async def _wait_signal(
-        self, seq: int, name: str, token: str, timeout_ms: int | None, recorded: Checkpoint | None
-    ) -> Any:
-        turn, services = self._turn, self._services
-        if recorded is not None:
-            if recorded.status is CheckpointStatus.COMPLETED:
-                return recorded.output
-            if recorded.status is CheckpointStatus.FAILED:
-                raise SignalTimeout(token)
-            if turn.unwinding:
-                return await turn.park(seq, None, reconcile=False)
-            deadline = recorded.wake_at
-            now = services.clock.now_ms()
-            if deadline is not None and deadline <= now:
-                with turn.in_flight():
-                    await turn.flush()
-                    won = await services.store.cancel_signal_wait(
-                        self.run_id, seq, token, error_info(SignalTimeout(token)), now
-                    )
-                if won is not None:
-                    return won.output
-                raise SignalTimeout(token)
-            return await turn.park(seq, deadline, reconcile=True)
-        now = services.clock.now_ms()
-        deadline = None if timeout_ms is None else now + timeout_ms
-        checkpoint = Checkpoint(
-            self.run_id,
-            seq,
-            name,
-            "signal",
-            CheckpointStatus.PENDING,
-            wake_at=deadline,
-            started_at=now,
-        )
-        with turn.in_flight():
-            await turn.flush()
-            result = await services.store.wait_signal(checkpoint, token, turn.owner, now)
-        if result is None:
-            turn.fenced = True
-            turn.close("fenced")
-            raise _TurnClosed("fenced")
-        if result.delivered:
-            return result.payload
-        return await turn.park(seq, deadline, reconcile=True)
+        return wait_for_signal(self._env, seq, name, token, timeout_ms, recorded)
 
     def wait_for_event(
         self,
@@ -610,13 +326,12 @@ class WorkflowContext:
         nobody waited is buffered and taken by the first matching wait. With
         ``timeout`` the await raises :class:`EventTimeout` once it passes.
         """
-        from .events import check_match, check_name, wait_for_event
-
         check_name(name)
         clean = check_match(match)
         timeout_ms = None if timeout is None else to_ms(timeout, name="event timeout")
-        seq, recorded = self._turn.allocate(f"event:{name}", "event")
-        return wait_for_event(self, seq, name, clean, timeout_ms, recorded)
+        label = f"event:{name}"
+        seq, recorded = self._turn.allocate(label, "event")
+        return wait_for_event(self._env, seq, label, name, clean, timeout_ms, recorded)
 
     # -- composition ---------------------------------------------------------------------
 
@@ -635,7 +350,7 @@ class WorkflowContext:
             child_id = str(recorded.input.get("run_id"))
         else:
             child_id = run_id or f"{self.run_id}.child.{seq}"
-        return ChildCall(self, seq, child_id, workflow, input, recorded)
+        return ChildCall(self._env, seq, child_id, workflow, input, recorded)
 
     def all(
         self, items: Iterable[Awaitable[Any]], *, fail_fast: bool = False
@@ -647,126 +362,12 @@ class WorkflowContext:
         every item has finished (``fail_fast=True``: at the first failure,
         cancelling the children still running); it lists every failure.
         """
-        return self._all(list(items), settled=False, fail_fast=fail_fast)
+        return gather(self._env, list(items), settled=False, fail_fast=fail_fast)
 
     def all_settled(self, items: Iterable[Awaitable[Any]]) -> Awaitable[list[Settled]]:
         """Like :meth:`all`, but never raises for a failed item: returns one
         :class:`Settled` per item, in input order."""
-        return self._all(list(items), settled=True, fail_fast=False)
-
-    async def _all(self, items: list[Awaitable[Any]], *, settled: bool, fail_fast: bool) -> Any:
-        children = [(i, item) for i, item in enumerate(items) if isinstance(item, ChildCall)]
-        others = [(i, item) for i, item in enumerate(items) if not isinstance(item, ChildCall)]
-        for _, item in others:
-            if not inspect.isawaitable(item):
-                raise TypeError(f"ctx.all takes awaitables from ctx calls, got {item!r}")
-        calls = [call for _, call in children]
-        group = f"all:{calls[0].seq}" if calls else None
-
-        async def run_children() -> list[tuple[bool, Any]]:
-            return await self._run_children(calls, group, fail_fast) if calls else []
-
-        async def run_others() -> list[Any]:
-            return await asyncio.gather(*(item for _, item in others), return_exceptions=True)
-
-        child_outcomes, other_results = await asyncio.gather(run_children(), run_others())
-        outcomes: list[tuple[bool, Any]] = [(True, None)] * len(items)
-        for (i, _), outcome in zip(children, child_outcomes, strict=True):
-            outcomes[i] = outcome
-        for (i, _), result in zip(others, other_results, strict=True):
-            if isinstance(result, BaseException):
-                if is_control_flow(result):
-                    raise result
-                outcomes[i] = (False, result)
-            else:
-                outcomes[i] = (True, result)
-        if settled:
-            return [
-                Settled(True, value) if ok else Settled(False, error=value)
-                for ok, value in outcomes
-            ]
-        failures = [(i, value) for i, (ok, value) in enumerate(outcomes) if not ok]
-        if failures:
-            raise GatherFailed(failures)
-        return [value for _, value in outcomes]
-
-    async def _await_child(self, call: ChildCall) -> Any:
-        [(ok, value)] = await self._run_children([call], None, False)
-        if not ok:
-            raise value
-        return value
-
-    async def _run_children(
-        self, calls: list[ChildCall], group: str | None, fail_fast: bool
-    ) -> list[tuple[bool, Any]]:
-        turn, services = self._turn, self._services
-        outcomes: list[tuple[bool, Any] | None] = [None] * len(calls)
-        fresh: list[int] = []
-        waiting: list[int] = []
-        for i, call in enumerate(calls):
-            recorded = call.recorded
-            if recorded is None:
-                fresh.append(i)
-            elif recorded.status is CheckpointStatus.COMPLETED:
-                outcomes[i] = (True, recorded.output)
-            elif recorded.status is CheckpointStatus.FAILED:
-                outcomes[i] = (False, _child_failed(call.run_id, recorded.error))
-            else:
-                waiting.append(i)
-        if fresh and turn.unwinding:
-            waiting.extend(fresh)
-            fresh = []
-        lost = [i for i in waiting if calls[i].run_id in turn.missing_children]
-        if lost and not turn.unwinding:
-            # An earlier turn stored these placeholders and died before it
-            # created the children: create them now.
-            with turn.in_flight():
-                errors = await services.spawn_children(turn.run, [calls[i] for i in lost])
-            for i, error in zip(lost, errors, strict=True):
-                turn.missing_children.discard(calls[i].run_id)
-                if error is not None:
-                    waiting.remove(i)
-                    outcomes[i] = (False, _child_failed(calls[i].run_id, error))
-        if fresh:
-            now = services.clock.now_ms()
-            # The placeholders a child settles exist before any child can finish.
-            placeholders = [
-                Checkpoint(
-                    self.run_id,
-                    calls[i].seq,
-                    f"child:{calls[i].workflow}",
-                    "child",
-                    CheckpointStatus.PENDING,
-                    input={"run_id": calls[i].run_id, "workflow": calls[i].workflow},
-                    started_at=now,
-                    group=group,
-                )
-                for i in fresh
-            ]
-            with turn.in_flight():
-                await turn.flush()
-                if not await services.store.save_checkpoints(placeholders, turn.owner):
-                    turn.fenced = True
-                    turn.close("fenced")
-                    raise _TurnClosed("fenced")
-                errors = await services.spawn_children(turn.run, [calls[i] for i in fresh])
-            for i, error in zip(fresh, errors, strict=True):
-                if error is None:
-                    waiting.append(i)
-                else:
-                    outcomes[i] = (False, _child_failed(calls[i].run_id, error))
-        failed = any(o is not None and not o[0] for o in outcomes)
-        if waiting and fail_fast and failed:
-            await services.cancel_runs([calls[i].run_id for i in waiting])
-            for i in waiting:
-                outcomes[i] = (
-                    False,
-                    RunCancelled(f"child {calls[i].run_id} was cancelled: a sibling failed"),
-                )
-            waiting = []
-        if waiting:
-            await turn.park(min(calls[i].seq for i in waiting), None, reconcile=True)
-        return [o if o is not None else (False, RuntimeError("unsettled")) for o in outcomes]
+        return gather(self._env, list(items), settled=True, fail_fast=False)
 
     def patched(self, patch_id: str) -> Awaitable[bool]:
         """Guard an in-place change to a workflow body.
@@ -791,10 +392,10 @@ class WorkflowContext:
             )
         seq, recorded = turn.allocate(name, "patch")
         if recorded is None:
-            now = self._services.clock.now_ms()
-            self._save_later(
-                Checkpoint(
-                    self.run_id,
+            env = self._env
+            now = env.clock.now_ms()
+            env.save_later(
+                env.checkpoint(
                     seq,
                     name,
                     "patch",
@@ -806,74 +407,6 @@ class WorkflowContext:
             )
         return _resolved(True)
 
-    # -- sagas ---------------------------------------------------------------------------
-
-    @property
-    def _has_compensations(self) -> bool:
-        return bool(self._compensations)
-
-    async def _compensate(self) -> list[ErrorInfo]:
-        """Run the registered undos in reverse order; return the failures.
-
-        Each undo is checkpointed at its reserved negative position
-        (``-2 - index``), so an unwind interrupted by a crash resumes without
-        undoing anything twice. Called by the engine after the body ended.
-        """
-        turn, services = self._turn, self._services
-        failures: list[ErrorInfo] = []
-        for index in reversed(range(len(self._compensations))):
-            entry = self._compensations[index]
-            seq = -2 - index
-            recorded = turn.checkpoints.get(seq)
-            if recorded is not None and recorded.status is CheckpointStatus.COMPLETED:
-                continue
-            started = services.clock.now_ms()
-            name = f"compensate:{entry.name}"
-            if not await services.store.save_checkpoint(
-                Checkpoint(
-                    self.run_id,
-                    seq,
-                    name,
-                    "compensation",
-                    CheckpointStatus.RUNNING,
-                    started_at=started,
-                    attempts=1,
-                ),
-                turn.owner,
-            ):
-                raise _TurnClosed("fenced")
-            policy = RetryPolicy(retries=2, base_ms=500)
-            error: ErrorInfo | None = None
-            for attempt in range(policy.retries + 1):
-                try:
-                    await self._call(entry.fn, (entry.output,))
-                    error = None
-                    break
-                except Exception as exc:
-                    error = error_info(exc)
-                    if attempt < policy.retries:
-                        await services.clock.sleep(policy.delay_ms(attempt + 1) / 1000)
-            status = CheckpointStatus.COMPLETED if error is None else CheckpointStatus.FAILED
-            if not await services.store.save_checkpoint(
-                Checkpoint(
-                    self.run_id,
-                    seq,
-                    name,
-                    "compensation",
-                    status,
-                    error=error,
-                    started_at=started,
-                    finished_at=services.clock.now_ms(),
-                    attempts=1,
-                ),
-                turn.owner,
-            ):
-                raise _TurnClosed("fenced")
-            if error is not None:
-                self.log.error("compensation %s failed: %s", name, error["message"])
-                failures.append(error)
-        return failures
-
     # -- control -------------------------------------------------------------------------
 
     def continue_as_new(self, input: Any) -> None:
@@ -883,44 +416,6 @@ class WorkflowContext:
         """
         raise _ContinueAsNew(codec.to_jsonable(input))
 
-    # -- plumbing ------------------------------------------------------------------------
-
-    async def _save(self, checkpoint: Checkpoint) -> None:
-        turn, store = self._turn, self._services.store
-        turn.ensure_open()
-        if store.ordered_writes:
-            # Queued behind every earlier write: once this one is done they
-            # are too, and the flush only collects their results.
-            held = await store.save_checkpoint(checkpoint, turn.owner)
-            await turn.flush()
-        else:
-            await turn.flush()
-            held = await store.save_checkpoint(checkpoint, turn.owner)
-        if not held:
-            turn.fenced = True
-            turn.close("fenced")
-            raise _TurnClosed("fenced")
-
-    def _save_later(self, checkpoint: Checkpoint) -> None:
-        self._turn.write_later(self._services.store.save_checkpoint(checkpoint, self._turn.owner))
-
 
 async def _resolved(value: bool) -> bool:
     return value
-
-
-def _child_failed(run_id: str, error: ErrorInfo | None) -> ChildFailed:
-    error = error or {}
-    details = error.get("details")
-    status = details.get("status", "failed") if isinstance(details, dict) else "failed"
-    return ChildFailed(
-        run_id,
-        str(status),
-        str(error.get("message", "failed")),
-        code=error.get("code"),
-        details=details,
-    )
-
-
-def _default_priority(definition: StepDefinition | None) -> int | None:
-    return None if definition is None else definition.priority

@@ -32,22 +32,24 @@ since the Unix epoch (UTC).
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import CroniterBadDateError, croniter
 
-from . import codec
+from . import _codec as codec
 from .durations import Duration, to_ms
 from .errors import DurablyError, SchemaValidationError, WorkflowNotRegistered
 from .model import RunStatus
 from .stores.base import ScheduleRecord
 
 if TYPE_CHECKING:
-    from .engine import Engine
+    from ._registry import Registry
+    from .clock import Clock
+    from .stores import StateStore
 
 __all__ = [
     "Overlap",
@@ -305,6 +307,19 @@ def manual_run_id(name: str, now_ms: int) -> str:
     return f"sched:{name}:manual:{now_ms}"
 
 
+class StartRun(Protocol):
+    """Starts a run idempotently by id (``Engine.start``)."""
+
+    def __call__(
+        self,
+        workflow: str,
+        input: Any = None,
+        *,
+        run_id: str | None = None,
+        tags: list[str] | None = None,
+    ) -> Awaitable[Any]: ...
+
+
 class Scheduler:
     """The engine's schedules: those declared in code, and the firing phase.
 
@@ -312,8 +327,26 @@ class Scheduler:
     methods delegate here.
     """
 
-    def __init__(self, engine: Engine) -> None:
-        self._engine = engine
+    def __init__(
+        self,
+        store: StateStore,
+        clock: Clock,
+        namespace: str,
+        registry: Registry,
+        *,
+        start: StartRun,
+        cancel: Callable[[str], Awaitable[Any]],
+    ) -> None:
+        """Schedules live in ``store`` under ``namespace``; a window's run is
+        started with ``start`` (idempotent by run id), and ``cancel`` ends the
+        previous run for ``overlap="cancel_previous"``. Only workflows in
+        ``registry`` are fired here."""
+        self._store = store
+        self._clock = clock
+        self._namespace = namespace
+        self._registry = registry
+        self._start_run = start
+        self._cancel = cancel
         self._declared: dict[str, tuple[ScheduleSpec, bool]] = {}
         self._dirty = False
 
@@ -359,21 +392,21 @@ class Scheduler:
 
     async def remove(self, name: str) -> bool:
         """Delete a schedule (a schedule declared in code comes back on the next start)."""
-        return await self._engine.store.delete_schedule(name)
+        return await self._store.delete_schedule(name)
 
     async def get(self, name: str) -> Schedule | None:
         """One schedule, or ``None``."""
-        record = await self._engine.store.get_schedule(name)
+        record = await self._store.get_schedule(name)
         return Schedule.from_record(record) if record is not None else None
 
     async def list_all(self) -> list[Schedule]:
         """The schedules of the engine's namespace, by name."""
-        records = await self._engine.store.list_schedules(self._engine.namespace)
+        records = await self._store.list_schedules(self._namespace)
         return [Schedule.from_record(r) for r in records]
 
     async def pause(self, name: str) -> Schedule:
         """Stop firing windows until resumed."""
-        store = self._engine.store
+        store = self._store
         record = await store.update_schedule(name, {"paused": True}, self._now())
         if record is None:
             raise ScheduleNotFound(f"no schedule named {name!r}")
@@ -381,7 +414,7 @@ class Scheduler:
 
     async def resume(self, name: str) -> Schedule:
         """Fire again from the next window after now (windows missed while paused are skipped)."""
-        store = self._engine.store
+        store = self._store
         while True:
             record = await self._require(name)
             if not record.paused:
@@ -403,13 +436,13 @@ class Scheduler:
         Started here when this engine has the workflow registered; otherwise
         queued on the schedule row for the next firing pass of an engine that has.
         """
-        engine, store = self._engine, self._engine.store
+        store = self._store
         while True:
             record = await self._require(name)
             spec = ScheduleSpec.from_json(record.spec)
             now = self._now()
             run_id = manual_run_id(name, now)
-            if spec.workflow in engine.workflows:
+            if spec.workflow in self._registry.names():
                 await self._start(name, spec, run_id, strict=True)
                 await store.update_schedule(name, {"last_run_id": run_id}, now)
                 return run_id
@@ -427,11 +460,10 @@ class Scheduler:
     async def fire(self) -> int:
         """Fire every due window of this namespace's schedules; return the runs started."""
         await self.sync()
-        engine = self._engine
         now = self._now()
         started = 0
-        due = await engine.store.list_due_schedules(
-            engine.namespace, now, _DUE_BATCH, engine.workflows
+        due = await self._store.list_due_schedules(
+            self._namespace, now, _DUE_BATCH, self._registry.names()
         )
         for record in due:
             try:
@@ -441,9 +473,9 @@ class Scheduler:
         return started
 
     async def _fire_one(self, record: ScheduleRecord, now: int) -> int:
-        engine, store, name = self._engine, self._engine.store, record.name
+        store, name = self._store, record.name
         spec = ScheduleSpec.from_json(record.spec)
-        if spec.workflow not in engine.workflows:
+        if spec.workflow not in self._registry.names():
             return 0  # an engine that has the workflow fires it
         started = 0
         if record.firing_run_id is not None:
@@ -484,7 +516,7 @@ class Scheduler:
                 )
                 continue
             if live and spec.overlap == "cancel_previous" and previous is not None:
-                await engine.cancel(previous)
+                await self._cancel(previous)
             if await self._start(name, spec, run_id):
                 started += 1
                 _log.info("schedule %s fired window %s: run %s", name, window, run_id)
@@ -500,7 +532,7 @@ class Scheduler:
         self, name: str, spec: ScheduleSpec, run_id: str, strict: bool = False
     ) -> bool:
         try:
-            await self._engine.start(
+            await self._start_run(
                 spec.workflow, spec.input, run_id=run_id, tags=[f"schedule:{name}"]
             )
         except (WorkflowNotRegistered, SchemaValidationError) as exc:
@@ -513,17 +545,17 @@ class Scheduler:
     # -- helpers -------------------------------------------------------------------------
 
     def _now(self) -> int:
-        return self._engine.clock.now_ms()
+        return self._clock.now_ms()
 
     def _validate(self, spec: ScheduleSpec) -> None:
-        definition = self._engine._registry.get(spec.workflow)
+        definition = self._registry.get(spec.workflow)
         if definition.takes_input:
             definition.validate_input(spec.input)
         elif spec.input is not None:
             raise SchemaValidationError(f"workflow {spec.workflow!r} takes no input")
 
     async def _require(self, name: str) -> ScheduleRecord:
-        record = await self._engine.store.get_schedule(name)
+        record = await self._store.get_schedule(name)
         if record is None:
             raise ScheduleNotFound(f"no schedule named {name!r}")
         return record
@@ -531,7 +563,7 @@ class Scheduler:
     async def _upsert(
         self, name: str, spec: ScheduleSpec, *, paused: bool | None, initial_paused: bool
     ) -> ScheduleRecord:
-        store, namespace = self._engine.store, self._engine.namespace
+        store, namespace = self._store, self._namespace
         data = spec.to_json()
         while True:
             now = self._now()

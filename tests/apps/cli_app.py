@@ -62,6 +62,14 @@ def register(engine: durably.Engine) -> durably.Engine:
     def greet(name: str) -> str:
         return f"hello {name}"
 
+    @engine.step("complain", retries=0)
+    def complain(text: str) -> str:
+        raise RuntimeError(f"complaint: {text}")
+
+    @engine.workflow("complaint")
+    async def complaint(ctx: durably.WorkflowContext, text: str) -> str:
+        return str(await ctx.step("complain", text))
+
     @engine.workflow("greeting")
     async def greeting(ctx: durably.WorkflowContext, name: str) -> str:
         return str(await ctx.step("greet", name))

@@ -1,8 +1,10 @@
-"""The stores every conformance test runs against.
+"""The stores this repository runs the conformance suite against.
 
-To prove a new store, add one backend to ``BACKENDS``: an async context manager
-that, given the test's fixture request, yields a function making a fresh store
-object on one shared, empty database.
+The suite itself ships in the package (:mod:`durably.testing.conformance`);
+its plugin (loaded by ``-p`` in pyproject.toml's pytest options) builds the ``store`` fixture on
+the ``store_factory`` defined here. To prove another store, add one backend to
+``BACKENDS``: an async context manager that, given the test's fixture request,
+yields a function making a fresh store object on one shared, empty database.
 """
 
 from __future__ import annotations
@@ -10,20 +12,14 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
-from typing import Protocol
 
 import pytest
 
 from durably.stores import MemoryStore, SqliteStore, StateStore
+from durably.testing.conformance import StoreFactory, store_factory_from
 
 Maker = Callable[[], StateStore]
 Backend = Callable[[pytest.FixtureRequest], AbstractAsyncContextManager[Maker]]
-
-
-class StoreFactory(Protocol):
-    """Makes another store object on the same database as the test's ``store``."""
-
-    async def __call__(self, *, opened: bool = True) -> StateStore: ...
 
 
 @asynccontextmanager
@@ -60,24 +56,5 @@ BACKENDS: dict[str, Backend] = {
 @pytest.fixture(params=list(BACKENDS))
 async def store_factory(request: pytest.FixtureRequest) -> AsyncIterator[StoreFactory]:
     """Make store objects sharing one empty database; all closed at teardown."""
-    made: list[StateStore] = []
-    async with BACKENDS[request.param](request) as make:
-
-        async def factory(*, opened: bool = True) -> StateStore:
-            store = make()
-            made.append(store)
-            if opened:
-                await store.open()
-            return store
-
-        try:
-            yield factory
-        finally:
-            for store in reversed(made):
-                await store.close()
-
-
-@pytest.fixture
-async def store(store_factory: StoreFactory) -> StateStore:
-    """An open store on an empty database."""
-    return await store_factory()
+    async with BACKENDS[request.param](request) as make, store_factory_from(make) as factory:
+        yield factory

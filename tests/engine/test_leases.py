@@ -8,8 +8,8 @@ import pytest
 
 import durably
 from durably import CheckpointStatus, RunStatus
+from durably._replay import Turn
 from durably.model import Run
-from durably.replay import Turn
 from durably.stores.memory import MemoryStore
 from durably.testing import VirtualClock
 

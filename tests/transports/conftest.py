@@ -1,25 +1,28 @@
-"""The transports every transport conformance test runs against.
+"""The transports this repository runs the transport conformance suite against.
 
-To prove a new transport, add one backend to ``TRANSPORTS``: an async context
-manager that, given the test's fixture request, yields a function making
-another (opened) transport object on the same medium. In-process transports
-have no medium beyond the object, so their "other" transport is the same one.
-Keyword options are for the ``db`` transport (``lease_ms``…); the others
-ignore them.
+The suite itself ships in the package
+(:mod:`durably.testing.conformance.transports`) and asks for the
+``transport_factory`` fixture defined here. To prove a new transport, add one
+backend to ``TRANSPORTS``: an async context manager that, given the test's
+fixture request, yields a function making another (opened) transport object
+on the same medium; name it in ``INLINE`` too if it runs tasks inside
+``dispatch``. In-process transports have no medium beyond the object, so their
+"other" transport is the same one. Keyword options are for the ``db``
+transport (``lease_ms``…); the others ignore them.
 """
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import pytest
 
 from durably.stores import SqliteStore
+from durably.testing.conformance import TransportFactory, transport_factory_from
+from durably.testing.conformance import wait_until as wait_until  # for test modules here
 from durably.transports.base import Transport
 from durably.transports.local import LocalTransport
 from durably.transports.memory import MemoryTransport
@@ -29,14 +32,6 @@ Backend = Callable[[pytest.FixtureRequest], AbstractAsyncContextManager[Maker]]
 
 DB_DEFAULTS: dict[str, Any] = {"redeliver_delay_ms": 50}
 """The db transport's options in tests: a handed-back task comes back soon."""
-
-
-class TransportFactory(Protocol):
-    """Makes another opened transport on the test's medium."""
-
-    kind: str
-
-    async def __call__(self, **options: Any) -> Transport: ...
 
 
 @asynccontextmanager
@@ -158,37 +153,19 @@ TRANSPORTS: dict[str, Backend] = {
     "redis": redis_backend,
 }
 DB_TRANSPORTS = ["db-sqlite", "db-postgresql"]
-
-
-class _Factory:
-    def __init__(self, kind: str, make: Maker) -> None:
-        self.kind = kind
-        self._make = make
-
-    async def __call__(self, **options: Any) -> Transport:
-        return await self._make(**options)
+INLINE = {"memory"}
+"""The transports of ``TRANSPORTS`` that run each task inside ``dispatch``."""
 
 
 @pytest.fixture(params=list(TRANSPORTS))
 async def transport_factory(request: pytest.FixtureRequest) -> AsyncIterator[TransportFactory]:
     """Make transports sharing one medium; all closed at teardown."""
     async with TRANSPORTS[request.param](request) as make:
-        yield _Factory(request.param, make)
+        yield transport_factory_from(make, inline=request.param in INLINE)
 
 
 @pytest.fixture(params=DB_TRANSPORTS)
 async def db_factory(request: pytest.FixtureRequest) -> AsyncIterator[TransportFactory]:
     """Like ``transport_factory``, for the ``db`` transport only."""
     async with TRANSPORTS[request.param](request) as make:
-        yield _Factory(request.param, make)
-
-
-async def wait_until(
-    predicate: Callable[[], bool], timeout: float = 5.0, what: str = "the condition"
-) -> None:
-    """Poll ``predicate`` until true; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.01)
+        yield transport_factory_from(make)

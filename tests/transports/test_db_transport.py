@@ -8,18 +8,29 @@ import time
 
 import pytest
 
+from durably._queue import MessageQueue
 from durably.stores import MemoryStore
+from durably.testing.conformance import TransportFactory, wait_until
+from durably.testing.conformance.transports.contract import Handler, Results, task
 from durably.transports.base import TransportError
 from durably.transports.db import DbTransport, task_topic
 from durably.wire import StepResult, StepTask
-
-from .conftest import TransportFactory, wait_until
-from .test_transport_contract import Handler, Results, task
 
 
 def _store(transport: object) -> object:
     assert isinstance(transport, DbTransport)
     return transport.store
+
+
+async def _until_acked(queue: MessageQueue, timeout: float = 5.0) -> None:
+    """Wait until the queue holds no message at all (each one acked): the
+    count the queue keeps, so the absence of a further delivery is proven,
+    not slept on."""
+    deadline = time.monotonic() + timeout
+    while (left := await queue.depth()) != {}:
+        if time.monotonic() > deadline:
+            pytest.fail(f"messages still queued after {timeout}s: {left}")
+        await asyncio.sleep(0.01)
 
 
 async def test_a_second_process_serves_what_the_first_dispatched(
@@ -71,9 +82,8 @@ async def test_a_task_claimed_by_a_vanished_process_comes_back_after_its_lease(
     await server.serve(["g"], handler, concurrency=1)
     await wait_until(lambda: len(arrived) == 1, what="the redelivery")
     assert arrived[0] >= claimed_at + 300
-    await asyncio.sleep(0.2)
+    await _until_acked(queue)  # gone from the queue: it can never come back
     assert len(arrived) == 1
-    assert await queue.depth() == {}
 
 
 async def test_a_running_handler_keeps_its_task_past_the_lease(
@@ -89,7 +99,8 @@ async def test_a_running_handler_keeps_its_task_past_the_lease(
     await wait_until(lambda: len(slow.seen) == 1, what="the slow handler to start")
     await other_server.serve(["g"], other, concurrency=1)
     await wait_until(lambda: slow.running == 0, what="the slow handler to finish")
-    await asyncio.sleep(0.4)
+    await _until_acked(_store(sender).messages())  # type: ignore[attr-defined]
+    # acked by the slow server: nobody else was given it meanwhile, nor can be
     assert other.seen == []
     assert slow.ids == ["r1:1"]
 
@@ -110,9 +121,9 @@ async def test_results_whose_handler_raised_are_delivered_again(
     worker = await db_factory()
     await worker.send_result(StepResult("r1", 1, ok=True))
     await wait_until(lambda: len(batches) == 2, what="the result delivered again")
+    await _until_acked(_store(worker).messages())  # type: ignore[attr-defined]
+    # acked after the second delivery returned: there will be no third
     assert batches == [["r1:1"], ["r1:1"]]
-    await asyncio.sleep(0.2)
-    assert len(batches) == 2
 
 
 async def test_close_hands_back_the_tasks_of_running_handlers(
@@ -150,7 +161,7 @@ async def test_dispatch_and_send_raise_transport_error_when_the_database_fails(
 async def test_a_malformed_message_is_dropped_not_redelivered(
     db_factory: TransportFactory,
 ) -> None:
-    from durably.stores._messages import OutMessage
+    from durably._queue import OutMessage
 
     transport = await db_factory()
     queue = _store(transport).messages()  # type: ignore[attr-defined]

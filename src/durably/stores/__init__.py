@@ -3,30 +3,49 @@
 
 from __future__ import annotations
 
+from .._urls import redact_url
 from .base import (
+    CheckpointStore,
     EventDelivery,
+    FlowStore,
     RunChanges,
     RunPage,
     RunQuery,
+    RunStore,
     ScheduleRecord,
+    ScheduleStore,
     SettleResult,
     SignalWait,
     StateStore,
+    StoreConnection,
+    StoreInspector,
+    SweepStore,
+    TurnStore,
+    WaitStore,
 )
 from .memory import MemoryStore
 from .sqlite import SqliteStore
 
 __all__ = [
+    "CheckpointStore",
     "EventDelivery",
+    "FlowStore",
     "MemoryStore",
     "RunChanges",
     "RunPage",
     "RunQuery",
+    "RunStore",
     "ScheduleRecord",
+    "ScheduleStore",
     "SettleResult",
     "SignalWait",
     "SqliteStore",
     "StateStore",
+    "StoreConnection",
+    "StoreInspector",
+    "SweepStore",
+    "TurnStore",
+    "WaitStore",
     "open_store",
 ]
 
@@ -49,5 +68,5 @@ def open_store(target: str | StateStore) -> StateStore:
     if target.startswith("sqlite:") or "://" not in target:
         return SqliteStore(target)
     raise ValueError(
-        f"unknown store URL {target!r}; use memory://, sqlite:///path.db or postgresql://…"
+        f"unknown store URL {redact_url(target)!r}; use memory://, sqlite:///path.db or postgresql://…"
     )

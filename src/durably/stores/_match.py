@@ -18,7 +18,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from .. import codec
+from .. import _codec as codec
 
 __all__ = ["canonical", "match_index", "matches", "project"]
 

@@ -1,105 +1,14 @@
-"""A durable message queue in the store's own database.
+"""The message queue contract under its older address.
 
-The ``db`` transport carries step tasks, results and heartbeats through it,
-and the fleet's run queue will too. Semantics, the same on SQLite and
-PostgreSQL:
-
-- **Topics.** A message belongs to one topic (``tasks:<group>``, ``results``…);
-  a consumer claims from the topics it names.
-- **Order.** Highest ``priority`` first, then oldest (insertion ``id``).
-- **At-least-once, by lease.** :meth:`MessageQueue.claim` marks messages as
-  held by ``owner`` until ``now + lease_ms`` and counts the delivery. The
-  holder :meth:`~MessageQueue.ack` s (deletes) them when done,
-  :meth:`~MessageQueue.release` s them to hand them back at once, or
-  :meth:`~MessageQueue.extend` s the lease while it still works. A holder that
-  dies does none of these: its messages become visible again once the lease
-  has passed, and another consumer gets them (``deliveries`` grows).
-- **Delay.** A message with ``available_at`` in the future is invisible until then.
-- **Wake-ups.** Every push notifies listeners of its topics (PostgreSQL
-  ``NOTIFY``; SQLite only within this process), so consumers need not wait
-  for their next poll; they still poll every :attr:`MessageQueue.poll_interval`
-  seconds, since a notification may be lost.
-
-The table ``durably_messages`` is created on first use, not by the stores'
-migrations: a deployment that never uses the queue never has it.
+The protocol and its message types live in the neutral :mod:`durably._queue`,
+shared by the stores that implement it and the transports and run queue that
+use it. This module only re-exports them, for code that still imports them
+from here (``tests/fleet/test_run_queue.py``); new code imports
+:mod:`durably._queue`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from .._queue import PUSH_CHUNK, Listener, Message, MessageQueue, OutMessage, Unlisten
 
-__all__ = ["Listener", "Message", "MessageQueue", "OutMessage", "Unlisten"]
-
-PUSH_CHUNK = 1000
-"""Messages per multi-row INSERT."""
-
-Listener = Callable[[str, str], None]
-"""``listener(kind, argument)``: ``("message", topic)`` after a push, or a
-broadcast's ``(kind, argument)`` (the ``db`` transport's ``("cancel", run_id)``)."""
-
-Unlisten = Callable[[], None]
-
-
-@dataclass(frozen=True, slots=True)
-class OutMessage:
-    """A message to push."""
-
-    topic: str
-    body: str
-    """JSON text (the queue does not look inside)."""
-    priority: int = 0
-    available_at: int | None = None
-    """Epoch ms before which no consumer sees it; ``None``: at once."""
-
-
-@dataclass(frozen=True, slots=True)
-class Message:
-    """A claimed message."""
-
-    id: int
-    topic: str
-    body: str
-    priority: int
-    deliveries: int
-    """How many times it has been claimed, this claim included."""
-
-
-@runtime_checkable
-class MessageQueue(Protocol):
-    """Topics of messages in a database, claimed with a lease."""
-
-    poll_interval: float
-    """Seconds between a consumer's polls when no notification arrives."""
-
-    async def push(self, messages: list[OutMessage]) -> None:
-        """Store the messages (one multi-row INSERT per :data:`PUSH_CHUNK`, one
-        transaction) and notify the listeners of their topics."""
-
-    async def claim(
-        self, topics: list[str], owner: str, limit: int, lease_ms: int, now: int
-    ) -> list[Message]:
-        """Claim up to ``limit`` visible messages of ``topics`` for ``owner``
-        until ``now + lease_ms``, highest priority then oldest first."""
-
-    async def ack(self, ids: list[int]) -> None:
-        """Delete the messages: done with."""
-
-    async def release(self, ids: list[int], owner: str, *, available_at: int | None = None) -> None:
-        """Hand back the messages ``owner`` still holds, visible again at once
-        (or from ``available_at``)."""
-
-    async def extend(self, ids: list[int], owner: str, lease_ms: int, now: int) -> list[int]:
-        """Hold the messages ``owner`` still holds until ``now + lease_ms``;
-        return the ids that were (the others were lost to another consumer or acked)."""
-
-    async def depth(self, topics: list[str] | None = None) -> dict[str, int]:
-        """How many messages each topic holds (claimed or not)."""
-
-    async def broadcast(self, kind: str, arguments: list[str]) -> None:
-        """Tell every listener ``(kind, argument)`` for each argument (best
-        effort: PostgreSQL ``NOTIFY`` reaches every process, SQLite only this one)."""
-
-    async def listen(self, listener: Listener) -> Unlisten:
-        """Call ``listener`` for pushes and broadcasts; returns its removal."""
+__all__ = ["PUSH_CHUNK", "Listener", "Message", "MessageQueue", "OutMessage", "Unlisten"]

@@ -23,7 +23,8 @@ from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 from ..model import TERMINAL_STATUSES, RunStatus
-from ._pg_sql import CP_COLUMNS, CP_PARAMS, CP_UPSERT_TAIL
+from ._pg_sql import CP_PARAMS, CP_UPSERT_TAIL
+from ._rows import CP_COLUMNS
 from .base import SettleResult
 
 __all__ = ["PgWriteBatcher"]

@@ -16,7 +16,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from ._messages import PUSH_CHUNK, Listener, Message, OutMessage, Unlisten
+from .._queue import PUSH_CHUNK, Listener, Message, OutMessage, Unlisten
 
 __all__ = ["PgMessageQueue"]
 

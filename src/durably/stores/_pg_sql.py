@@ -1,15 +1,11 @@
 """SQL fragments the PostgreSQL store and its write batcher share: one
-checkpoint row's columns, its parameters, and the upsert rule."""
+checkpoint row's typed parameters and the upsert rule (the column list itself
+is :data:`._rows.CP_COLUMNS`)."""
 
 from __future__ import annotations
 
-__all__ = ["CP_COLUMNS", "CP_PARAMS", "CP_UPSERT_TAIL"]
+__all__ = ["CP_PARAMS", "CP_UPSERT_TAIL"]
 
-CP_COLUMNS = (
-    "run_id, seq, name, kind, status, input, output, error, attempts, wake_at, "
-    "started_at, finished_at, parallel_group, dispatched_at, redispatches, queue, "
-    "last_heartbeat_at, progress"
-)
 CP_PARAMS = (
     "$1::text, $2::integer, $3::text, $4::text, $5::text, $6::text, $7::text, $8::text, "
     "$9::integer, $10::bigint, $11::bigint, $12::bigint, $13::text, $14::bigint, "

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
-from ._messages import PUSH_CHUNK, Listener, Message, OutMessage, Unlisten
+from .._queue import PUSH_CHUNK, Listener, Message, OutMessage, Unlisten
 
 if TYPE_CHECKING:
     from ._sqlite_thread import SqliteThread

@@ -4,7 +4,17 @@ A store keeps runs, checkpoints, signal waiters and buffered signals. The engine
 never composes multi-statement transactions itself; instead each method that
 must be atomic is one call here, and its docstring says what it guarantees.
 Implementations: :mod:`durably.stores.memory`, :mod:`durably.stores.sqlite` and
-:mod:`durably.stores.postgres`, all proven by the shared conformance suite in ``tests/conformance``.
+:mod:`durably.stores.postgres`, all proven by the conformance suite shipped as
+:mod:`durably.testing.conformance`.
+
+``StateStore`` is the union of small role protocols (``RunStore``,
+``TurnStore``, ``SweepStore``, ``CheckpointStore``, ``FlowStore``,
+``WaitStore``, ``ScheduleStore``, plus ``StoreConnection`` and
+``StoreInspector``), one per concern, so that a collaborator can declare the
+slice it uses (a scheduler needs ``ScheduleStore`` and ``RunStore``, not the
+worker loop's sweeps) and a reader meets at most nine methods at a time. A
+store implements all of them; the protocol holds only what the engine or an
+inspector calls.
 
 All times are integer epoch milliseconds supplied by the caller, so the engine's
 clock (real or virtual) is the only clock.
@@ -21,15 +31,24 @@ from ..model import Checkpoint, CheckpointStatus, ErrorInfo, Run, RunStatus
 
 __all__ = [
     "Admission",
+    "CheckpointStore",
     "EventDelivery",
+    "FlowStore",
     "Resolution",
     "RunChanges",
     "RunPage",
     "RunQuery",
+    "RunStore",
     "ScheduleRecord",
+    "ScheduleStore",
     "SettleResult",
     "SignalWait",
     "StateStore",
+    "StoreConnection",
+    "StoreInspector",
+    "SweepStore",
+    "TurnStore",
+    "WaitStore",
 ]
 
 
@@ -157,22 +176,11 @@ class Admission:
 
 
 @runtime_checkable
-class StateStore(Protocol):
-    """Persistence for runs and their history.
-
-    Every method is a coroutine and safe to call concurrently from many tasks.
-    Methods documented as *atomic* must behave as one indivisible step even
-    against other processes sharing the same database.
-    """
+class StoreConnection(Protocol):
+    """How a store is opened, closed and heard from."""
 
     url: str
     """The URL this store was opened from (``memory://``, ``sqlite:///path`` …)."""
-
-    ordered_writes: bool
-    """True when writes are applied in the order their calls were *made*
-    (one connection, FIFO). The engine then skips waiting for an earlier
-    write before issuing the next one, since the later completing implies
-    the earlier did."""
 
     async def open(self) -> None:
         """Connect and create or upgrade the schema. Idempotent."""
@@ -186,7 +194,11 @@ class StateStore(Protocol):
         new runs exist), ``"wake"`` or ``"cancelled"``. ``False`` when the store
         has no such channel (the engine then relies on polling alone)."""
 
-    # -- runs ----------------------------------------------------------------
+
+@runtime_checkable
+class RunStore(Protocol):
+    """Runs as rows: create, read, list, delete, and the guarded updates any
+    instance may make without holding the lease."""
 
     async def create_run(self, run: Run) -> tuple[Run, bool]:
         """Insert ``run`` unless its id exists. *Atomic*: of two racing creates
@@ -208,21 +220,21 @@ class StateStore(Protocol):
     async def delete_run(self, run_id: str) -> bool:
         """Delete a run with its checkpoints and waiters; ``False`` if absent."""
 
-    # -- leases and turns ------------------------------------------------------
+    async def update_run_if(
+        self, run_id: str, statuses: frozenset[RunStatus], changes: dict[str, Any], now: int
+    ) -> bool:
+        """*Atomic*: apply ``changes`` (column → value) only while the run's status
+        is in ``statuses``. Moving to a terminal status clears the lease and
+        deletes the run's signal waiters."""
 
-    async def acquire_run(
-        self, run_id: str, owner: str, now: int, lease_until: int, statuses: frozenset[RunStatus]
-    ) -> Run | None:
-        """*Atomic*: if the run's status is in ``statuses`` and it is unleased
-        (or its lease expired before ``now``), mark it ``running`` under
-        ``owner`` until ``lease_until``, clear ``wake_requested_at`` and
-        ``wake_at``, and return it. Otherwise ``None``."""
+    async def request_wake(self, run_id: str, now: int) -> bool:
+        """Stamp ``wake_requested_at`` on a non-terminal run so that the holder
+        of its lease runs one more turn; ``False`` if the run is terminal."""
 
-    async def start_turn(
-        self, run_id: str, owner: str, now: int, lease_until: int, statuses: frozenset[RunStatus]
-    ) -> tuple[Run, dict[int, Checkpoint]] | None:
-        """:meth:`acquire_run` and, if it succeeded, :meth:`load_checkpoints`,
-        in one round trip: the start of every turn."""
+
+@runtime_checkable
+class TurnStore(Protocol):
+    """Leases and turns: what an instance holding a run's lease writes."""
 
     async def start_turns(
         self,
@@ -232,11 +244,16 @@ class StateStore(Protocol):
         lease_until: int,
         statuses: frozenset[RunStatus],
     ) -> dict[str, tuple[Run, dict[int, Checkpoint]]]:
-        """:meth:`start_turn` for many runs in one round trip (when nothing
-        contends): each run is leased, or not, exactly as :meth:`start_turn`
-        alone would lease it. Returns the runs leased with their histories;
-        a run not leasable (another instance holds it, wrong status, missing)
-        is absent, and an id given twice is leased once."""
+        """Start the turns of many runs in one round trip. *Atomic* for each
+        run: if its status is in ``statuses`` and it is unleased (or its lease
+        expired before ``now``), mark it ``running`` under ``owner`` until
+        ``lease_until``, clear ``wake_requested_at`` and ``wake_at``, and load
+        every checkpoint it has (the one snapshot of its history per turn).
+
+        Returns the runs leased here with their histories; a run not leasable
+        (another instance holds it, wrong status, missing) is absent, and an id
+        given twice is leased once. When nothing contends this is one
+        statement or transaction for the whole batch."""
 
     async def continue_turn(self, run_id: str, owner: str, lease_until: int) -> Run | None:
         """*Atomic*: while ``owner`` holds the lease of a running run, clear its
@@ -263,18 +280,10 @@ class StateStore(Protocol):
     async def release_run(self, run_id: str, owner: str, now: int) -> bool:
         """Hand a running run back as ``pending`` (drain); fences ``owner``."""
 
-    async def request_wake(self, run_id: str, now: int) -> bool:
-        """Stamp ``wake_requested_at`` on a non-terminal run so that the holder
-        of its lease runs one more turn; ``False`` if the run is terminal."""
 
-    async def update_run_if(
-        self, run_id: str, statuses: frozenset[RunStatus], changes: dict[str, Any], now: int
-    ) -> bool:
-        """*Atomic*: apply ``changes`` (column → value) only while the run's status
-        is in ``statuses``. Moving to a terminal status clears the lease and
-        deletes the run's signal waiters."""
-
-    # -- the worker loop (``namespace=None``: every namespace) --------------------------
+@runtime_checkable
+class SweepStore(Protocol):
+    """The worker loop's queries and claims (``namespace=None``: every namespace)."""
 
     async def list_pending(
         self, now: int, limit: int, *, namespace: str | None = None
@@ -330,7 +339,16 @@ class StateStore(Protocol):
     ) -> list[str]:
         """Ids of non-terminal runs whose ``deadline_at`` passed."""
 
-    # -- checkpoints -------------------------------------------------------------
+
+@runtime_checkable
+class CheckpointStore(Protocol):
+    """A run's history: checkpoints saved by its turns and resolved from outside."""
+
+    ordered_writes: bool
+    """True when writes are applied in the order their calls were *made*
+    (one connection, FIFO). The engine then skips waiting for an earlier
+    write before issuing the next one, since the later completing implies
+    the earlier did."""
 
     async def load_checkpoints(self, run_id: str) -> dict[int, Checkpoint]:
         """Every checkpoint of a run, by seq (the one snapshot per turn)."""
@@ -352,40 +370,34 @@ class StateStore(Protocol):
     async def delete_checkpoints(self, run_id: str, seqs: list[int]) -> None:
         """Forget checkpoints (``retry`` clears failed ones so they run again)."""
 
-    async def resolve_checkpoint(
-        self,
-        run_id: str,
-        seq: int,
-        status: CheckpointStatus,
-        output: Any,
-        error: ErrorInfo | None,
-        now: int,
-    ) -> int | None:
-        """Settle a pending checkpoint from outside the run (a child reporting
-        to its parent). Not fenced: the run's own turn never settles it.
-
-        Returns ``None`` if there was nothing to settle (already settled, or
-        missing); otherwise how many checkpoints of the same parallel group are
-        still pending (``0`` when it has no group). When that is ``0``, or the
-        checkpoint failed, the run's ``wake_requested_at`` is stamped in the
-        same transaction, so the wake survives the caller dying right after:
-        the run is due for every instance's timer poll."""
+    async def get_checkpoint(self, run_id: str, seq: int) -> Checkpoint | None:
+        """One checkpoint, or ``None``."""
 
     async def resolve_checkpoints(
         self, resolutions: list[Resolution], now: int
     ) -> list[int | None]:
-        """:meth:`resolve_checkpoint` for many outcomes in one transaction
-        (results of a fan's steps arriving together); one answer per entry, in
-        order. Each settled checkpoint stores its entry's ``events`` with the
-        outcome (``None`` clears events an earlier attempt left). Both also
-        release the flow-control slot a settled checkpoint holds (its
-        ``queue``) and stamp ``wake_requested_at`` on the run of that queue's
+        """Settle pending checkpoints from outside their runs (step results,
+        a child reporting to its parent), in one transaction; one answer per
+        entry, in order. Not fenced: the run's own turn never settles them.
+
+        An answer is ``None`` if there was nothing to settle (already
+        settled, or missing); otherwise how many checkpoints of the same
+        parallel group are still pending (``0`` when it has no group). When
+        that is ``0``, or the checkpoint failed, the run's
+        ``wake_requested_at`` is stamped in the same transaction, so the wake
+        survives the caller dying right after: the run is due for every
+        instance's timer poll.
+
+        Each settled checkpoint stores its entry's ``events`` with the
+        outcome (``None`` clears events an earlier attempt left). A settled
+        checkpoint also releases the flow-control slot it holds (its
+        ``queue``) and stamps ``wake_requested_at`` on the run of that queue's
         first waiter, so a freed slot wakes the next step."""
 
-    # -- dispatched steps ----------------------------------------------------------
 
-    async def get_checkpoint(self, run_id: str, seq: int) -> Checkpoint | None:
-        """One checkpoint, or ``None``."""
+@runtime_checkable
+class FlowStore(Protocol):
+    """Dispatched steps while they run: heartbeats and flow-control slots."""
 
     async def record_heartbeat(self, run_id: str, seq: int, at: int, progress: Any) -> bool:
         """Persist a step's heartbeat: on a *pending* checkpoint set
@@ -411,7 +423,10 @@ class StateStore(Protocol):
         stamp the wake of each affected queue's first waiter. Returns how many
         slots were freed."""
 
-    # -- signals -----------------------------------------------------------------
+
+@runtime_checkable
+class WaitStore(Protocol):
+    """Signal and event waits, and their deliveries."""
 
     async def wait_signal(
         self, checkpoint: Checkpoint, token: str, owner: str, now: int
@@ -432,11 +447,6 @@ class StateStore(Protocol):
         """*Atomic*: a wait timed out. If a signal already completed the
         checkpoint, return it; otherwise remove exactly this waiter, mark the
         checkpoint failed with ``error`` and return ``None``."""
-
-    async def list_buffered_signals(self, token: str) -> list[Any]:
-        """Payloads buffered for ``token``, oldest first (for inspection)."""
-
-    # -- events ------------------------------------------------------------------
 
     async def wait_event(
         self,
@@ -480,10 +490,10 @@ class StateStore(Protocol):
         checkpoint, return it; otherwise remove exactly this waiter, mark the
         checkpoint failed with ``error`` and return ``None``."""
 
-    async def list_buffered_events(self, name: str) -> list[Any]:
-        """Payloads buffered on event ``name``, oldest first (for inspection)."""
 
-    # -- schedules ---------------------------------------------------------------
+@runtime_checkable
+class ScheduleStore(Protocol):
+    """The schedules table (see :mod:`durably.schedules`)."""
 
     async def create_schedule(self, record: ScheduleRecord) -> tuple[ScheduleRecord, bool]:
         """Insert ``record`` unless its name exists. *Atomic*: of racing creates
@@ -514,3 +524,41 @@ class StateStore(Protocol):
 
     async def delete_schedule(self, name: str) -> bool:
         """Delete a schedule; ``False`` if absent."""
+
+
+@runtime_checkable
+class StoreInspector(Protocol):
+    """Read-only views of what a store holds but no run is waiting for.
+
+    No engine path calls them: they exist so that tests, the CLI and a
+    dashboard can see buffered deliveries without knowing a store's tables.
+    They stay in :class:`StateStore` (every store answers them, and the
+    conformance suite checks that buffering really buffered), but apart, so a
+    collaborator of the engine never needs to type them."""
+
+    async def list_buffered_signals(self, token: str) -> list[Any]:
+        """Payloads buffered for ``token``, oldest first (for inspection)."""
+
+    async def list_buffered_events(self, name: str) -> list[Any]:
+        """Payloads buffered on event ``name``, oldest first (for inspection)."""
+
+
+@runtime_checkable
+class StateStore(
+    StoreConnection,
+    RunStore,
+    TurnStore,
+    SweepStore,
+    CheckpointStore,
+    FlowStore,
+    WaitStore,
+    ScheduleStore,
+    StoreInspector,
+    Protocol,
+):
+    """Persistence for runs and their history: every role protocol at once.
+
+    Every method is a coroutine and safe to call concurrently from many tasks.
+    Methods documented as *atomic* must behave as one indivisible step even
+    against other processes sharing the same database.
+    """

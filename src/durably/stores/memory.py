@@ -14,8 +14,13 @@ from typing import Any
 
 from ..model import TERMINAL_STATUSES, Checkpoint, CheckpointStatus, ErrorInfo, Run, RunStatus
 from ._match import match_index, project
-from ._schedule_rows import check_schedule_changes
-from ._shared import check_run_changes, dead_error, decode_cursor, encode_cursor
+from ._rows import (
+    check_run_changes,
+    check_schedule_changes,
+    dead_error,
+    decode_cursor,
+    encode_cursor,
+)
 from .base import (
     Admission,
     EventDelivery,
@@ -123,7 +128,10 @@ class MemoryStore:
     async def acquire_run(
         self, run_id: str, owner: str, now: int, lease_until: int, statuses: frozenset[RunStatus]
     ) -> Run | None:
-        """Lease the run if its status allows and nobody else holds it."""
+        """Lease the run if its status allows and nobody else holds it, without
+        loading its history. Not part of :class:`~.base.StateStore` (the
+        engine starts turns with :meth:`start_turns`): tests use it to make a
+        run look leased by an owner that then crashed."""
         run = self._runs.get(run_id)
         if run is None or run.status not in statuses or _leased(run, now):
             return None
@@ -133,15 +141,6 @@ class MemoryStore:
         run.wake_at = None
         run.updated_at = now
         return copy.deepcopy(run)
-
-    async def start_turn(
-        self, run_id: str, owner: str, now: int, lease_until: int, statuses: frozenset[RunStatus]
-    ) -> tuple[Run, dict[int, Checkpoint]] | None:
-        """Lease the run and load its history."""
-        run = await self.acquire_run(run_id, owner, now, lease_until, statuses)
-        if run is None:
-            return None
-        return run, await self.load_checkpoints(run_id)
 
     async def start_turns(
         self,
@@ -154,9 +153,9 @@ class MemoryStore:
         """Lease each run that is free and load its history (no await yields)."""
         leased: dict[str, tuple[Run, dict[int, Checkpoint]]] = {}
         for run_id in run_ids:
-            started = await self.start_turn(run_id, owner, now, lease_until, statuses)
-            if started is not None:
-                leased[run_id] = started
+            run = await self.acquire_run(run_id, owner, now, lease_until, statuses)
+            if run is not None:
+                leased[run_id] = run, await self.load_checkpoints(run_id)
         return leased
 
     async def continue_turn(self, run_id: str, owner: str, lease_until: int) -> Run | None:
@@ -353,23 +352,11 @@ class MemoryStore:
         for seq in seqs:
             history.pop(seq, None)
 
-    async def resolve_checkpoint(
-        self,
-        run_id: str,
-        seq: int,
-        status: CheckpointStatus,
-        output: Any,
-        error: ErrorInfo | None,
-        now: int,
-    ) -> int | None:
-        """Settle a pending checkpoint; count its group's pending siblings;
-        free the flow-control slot it holds."""
-        return self._resolve(Resolution(run_id, seq, status, output, error), now)
-
     async def resolve_checkpoints(
         self, resolutions: list[Resolution], now: int
     ) -> list[int | None]:
-        """:meth:`resolve_checkpoint` for each outcome, in order."""
+        """Settle each outcome in order (nothing awaits in between, so the
+        batch is one atomic step)."""
         return [self._resolve(r, now) for r in resolutions]
 
     def _resolve(self, resolution: Resolution, now: int) -> int | None:

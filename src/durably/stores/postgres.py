@@ -23,28 +23,24 @@ every table in that schema, creating it if needed; tests use it to isolate.
 from __future__ import annotations
 
 import asyncio
-import logging
-import re
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-import asyncpg
-
-from .. import codec
+from .. import _codec as codec
 from ..model import TERMINAL_STATUSES, Checkpoint, CheckpointStatus, ErrorInfo, Run, RunStatus
 from ._match import match_index, project
 from ._pg_batch import PgWriteBatcher, settle_params
+from ._pg_connection import PgConnection
 from ._pg_messages import PgMessageQueue
-from ._pg_sql import CP_COLUMNS as _CP_COLUMNS
 from ._pg_sql import CP_PARAMS as _CP_PARAMS
 from ._pg_sql import CP_UPSERT_TAIL as _CP_UPSERT_TAIL
-from ._postgres_schema import MIGRATIONS
-from ._schedule_rows import SCHEDULE_COLUMNS, check_schedule_changes
-from ._shared import (
-    JSON_RUN_COLUMNS,
+from ._rows import (
+    CP_COLUMNS,
+    CP_SELECT,
+    RUN_COLUMNS,
+    SCHEDULE_COLUMNS,
     check_run_changes,
+    check_schedule_changes,
     checkpoint_from_row,
     checkpoint_params,
     completed_params,
@@ -52,7 +48,12 @@ from ._shared import (
     decode_cursor,
     dump_json,
     encode_cursor,
+    run_column_value,
+    run_from_row,
     run_params,
+    schedule_column_value,
+    schedule_from_row,
+    schedule_params,
 )
 from .base import (
     Admission,
@@ -68,20 +69,12 @@ from .base import (
 
 __all__ = ["PostgresStore"]
 
-_log = logging.getLogger("durably.stores.postgres")
 
-_RUN_COLUMNS = (
-    "id, workflow, workflow_version, status, namespace, parent_id, input, output, error, tags, "
-    "priority, wake_at, wake_requested_at, locked_by, locked_until, recovery_attempts, "
-    "deadline_at, created_at, updated_at, parent_seq, cancel_requested"
-)
-_SELECT_RUN = (
-    "id, workflow, workflow_version, status, namespace, parent_id, input, output, error, "
-    "tags::text AS tags, priority, wake_at, wake_requested_at, locked_by, locked_until, "
-    "recovery_attempts, deadline_at, created_at, updated_at, parent_seq, cancel_requested"
-)
+# The run columns read as text: asyncpg would decode jsonb itself, and
+# run_from_row decodes every JSON column the same way on both dialects.
+_SELECT_RUN = RUN_COLUMNS.replace(" tags,", " tags::text AS tags,")
 _INSERT_RUN = (
-    f"INSERT INTO durably_runs ({_RUN_COLUMNS}) VALUES "
+    f"INSERT INTO durably_runs ({RUN_COLUMNS}) VALUES "
     "($1,$2,$3,$4,$5,$6,$7,$8,$9,$10::jsonb,$11,$12,$13,$14,$15,$16,$17,$18,$19,$20,$21) "
     "ON CONFLICT (id) DO NOTHING RETURNING true"
 )
@@ -107,11 +100,8 @@ _START_TURN = (
     f"RETURNING {_SELECT_RUN}) "
     f"SELECT r.*, {_HISTORY} AS history FROM r"
 )
-# Read with the checkpoint, written only by a resolve: never in a save's upsert,
-# so a save keeps the events a result stored.
-_CP_SELECT = f"{_CP_COLUMNS}, events"
 _UPSERT_CHECKPOINT = (
-    f"INSERT INTO durably_checkpoints ({_CP_COLUMNS}) VALUES ({_CP_PARAMS}) {_CP_UPSERT_TAIL}"
+    f"INSERT INTO durably_checkpoints ({CP_COLUMNS}) VALUES ({_CP_PARAMS}) {_CP_UPSERT_TAIL}"
 )
 # One statement: lock the run row against a concurrent takeover, check the
 # lease, and upsert only if it is held; the result says whether it was.
@@ -119,7 +109,7 @@ _SAVE_CHECKPOINT_FENCED = f"""
     WITH lease AS (
         SELECT id FROM durably_runs WHERE id = $1::text AND locked_by = $19::text FOR SHARE
     ), saved AS (
-        INSERT INTO durably_checkpoints ({_CP_COLUMNS})
+        INSERT INTO durably_checkpoints ({CP_COLUMNS})
         SELECT {_CP_PARAMS} FROM lease
         {_CP_UPSERT_TAIL}
         RETURNING 1
@@ -128,13 +118,11 @@ _SAVE_CHECKPOINT_FENCED = f"""
 """
 _HOLD_LEASE = "SELECT 1 FROM durably_runs WHERE id = $1 AND locked_by = $2 FOR SHARE"
 _LOCK_TOKEN = "SELECT pg_advisory_xact_lock(hashtextextended($1::text, 0))"
-_LOCK_MIGRATIONS = "SELECT pg_advisory_xact_lock(hashtextextended('durably:migrate', 0))"
 _DELETE_WAITERS = (
     "WITH events AS (DELETE FROM durably_event_waiters WHERE run_id = $1) "
     "DELETE FROM durably_signal_waiters WHERE run_id = $1"
 )
 _TERMINAL = [s.value for s in sorted(TERMINAL_STATUSES)]
-_SCHEMA_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 
 
 class PostgresStore:
@@ -159,199 +147,61 @@ class PostgresStore:
     ) -> None:
         self.url = url
         self.ordered_writes = True  # one batching writer commits writes in call order
-        dsn, url_schema = _split_schema(url)
-        self.schema = schema if schema is not None else url_schema
-        self.channel = f"durably_{self.schema or 'public'}"
+        self._db = PgConnection(
+            url,
+            schema=schema,
+            min_size=min_size,
+            max_size=max_size,
+            connect_kwargs=connect_kwargs,
+        )
+        self.schema = self._db.schema
+        """The schema holding this store's tables (``None``: the server's ``search_path``)."""
+        self.channel = self._db.channel
         """The LISTEN/NOTIFY channel of this store's schema."""
-        self._listener: Any = None
-        self._on_event: Callable[[str, str], None] | None = None
-        self._listeners: list[Callable[[str, str], None]] = []  # besides on_event
         self._messages: PgMessageQueue | None = None
-        if self.schema is not None and not _SCHEMA_NAME.match(self.schema):
-            raise ValueError(f"invalid schema name {self.schema!r}")
-        self._dsn = dsn
-        self._min_size = min_size
-        self._max_size = max_size
-        self._connect_kwargs = connect_kwargs
-        self._pool: Any = None
         self._batcher: PgWriteBatcher | None = None
-        self._releasing: set[asyncio.Future[None]] = set()
-        self._opening = asyncio.Lock()
 
     async def open(self) -> None:
         """Connect the pool and create or upgrade the schema."""
-        async with self._opening:
-            if self._pool is None:
-                self._pool = await self._connect()
-
-    async def _connect(self) -> Any:
-        kwargs = dict(self._connect_kwargs)
-        settings: dict[str, str] = dict(kwargs.pop("server_settings", None) or {})
-        settings.setdefault("application_name", "durably")
-        # Every statement here is index-driven by design and sent as a prepared
-        # statement; left to choose, PostgreSQL re-plans the multi-part write
-        # batch on every execution (its custom plan looks cheaper than the
-        # generic one), which cost more than executing it.
-        settings.setdefault("plan_cache_mode", "force_generic_plan")
-        if self.schema is not None:
-            settings["search_path"] = f'"{self.schema}"'
-        # The store keeps no session state on pooled connections (advisory
-        # locks are transaction-scoped, LISTEN has its own connection), so a
-        # released connection needs no reset query: asyncpg still rolls back a
-        # transaction left open, and the round trip it saves is on every call.
-        kwargs.setdefault("reset", _keep_session)
-        pool = await asyncpg.create_pool(
-            self._dsn,
-            min_size=self._min_size,
-            max_size=self._max_size,
-            server_settings=settings,
-            **kwargs,
-        )
-        try:
-            async with pool.acquire() as conn:
-                await self._migrate(conn)
-        except BaseException:
-            await pool.close()
-            raise
-        return pool
+        await self._db.open()
 
     async def subscribe(self, on_event: Callable[[str, str], None]) -> bool:
         """LISTEN on this schema's channel; ``on_event(kind, run_id)`` for each
         notification. The listening connection is re-opened if it drops."""
-        self._on_event = on_event
-        if self._listener is None:
-            await self._listen()
+        await self._db.subscribe(on_event)
         return True
 
     async def listen(self, listener: Callable[[str, str], None]) -> Callable[[], None]:
         """Also call ``listener(kind, argument)`` for each notification on the
         channel (LISTENing from now on); returns its removal."""
-        self._listeners.append(listener)
-        if self._listener is None:
-            await self._listen()
-
-        def unlisten() -> None:
-            if listener in self._listeners:
-                self._listeners.remove(listener)
-
-        return unlisten
+        return await self._db.listen(listener)
 
     def messages(self) -> PgMessageQueue:
         """The message queue in this schema (the ``db`` transport's), made on first use."""
         if self._messages is None:
-            self._messages = PgMessageQueue(self._ready, self.channel, self.listen)
+            self._messages = PgMessageQueue(self._db.pool, self.channel, self._db.listen)
         return self._messages
-
-    async def _listen(self) -> None:
-        kwargs = dict(self._connect_kwargs)
-        kwargs.pop("server_settings", None)
-        kwargs.pop("reset", None)  # a pool option
-        conn = await asyncpg.connect(self._dsn, **kwargs)
-        await conn.add_listener(self.channel, self._heard)
-        conn.add_termination_listener(self._listener_lost)
-        self._listener = conn
-
-    def _heard(self, _conn: Any, _pid: int, _channel: str, payload: str) -> None:
-        kind, _, run_id = payload.partition(":")
-        if self._on_event is not None:
-            self._on_event(kind, run_id)
-        for listener in list(self._listeners):
-            listener(kind, run_id)
-
-    def _listener_lost(self, _conn: Any) -> None:
-        if (self._on_event is None and not self._listeners) or self._pool is None:
-            return  # closing
-        _log.warning("lost the LISTEN connection of %s; reconnecting", self.channel)
-        asyncio.get_running_loop().create_task(self._relisten())
-
-    async def _relisten(self) -> None:
-        for delay in (0.5, 1, 2, 5, 10, 30):
-            try:
-                await self._listen()
-                return
-            except (OSError, asyncpg.PostgresError):
-                await asyncio.sleep(delay)
-        _log.error("could not LISTEN on %s; relying on polling", self.channel)
 
     async def close(self) -> None:
         """Commit queued writes and close the pool."""
-        self._on_event = None
-        self._listeners.clear()
-        listener, self._listener = self._listener, None
-        if listener is not None:
-            await listener.close()
+        await self._db.stop_listening()
         batcher, self._batcher = self._batcher, None
         if batcher is not None:
             await batcher.close()
-        if self._releasing:
-            await asyncio.gather(*self._releasing, return_exceptions=True)
-        pool, self._pool = self._pool, None
-        if pool is not None:
-            await pool.close()
-
-    async def _migrate(self, conn: Any) -> None:
-        async with conn.transaction():
-            await conn.execute(_LOCK_MIGRATIONS)
-            if self.schema is not None:
-                await conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{self.schema}"')
-            await conn.execute(
-                "CREATE TABLE IF NOT EXISTS durably_meta (key TEXT PRIMARY KEY, value TEXT)"
-            )
-            found = await conn.fetchval(
-                "SELECT value FROM durably_meta WHERE key = 'schema_version'"
-            )
-            version = int(found) if found is not None else 0
-            if version > len(MIGRATIONS):
-                raise RuntimeError(
-                    f"the database schema is version {version}, newer than this durably "
-                    f"({len(MIGRATIONS)}); upgrade durably"
-                )
-            for number, script in enumerate(MIGRATIONS[version:], start=version + 1):
-                await conn.execute(script)
-                await conn.execute(
-                    "INSERT INTO durably_meta (key, value) VALUES ('schema_version', $1) "
-                    "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                    str(number),
-                )
+        await self._db.close()
 
     def _writes(self) -> PgWriteBatcher:
-        self._ready()
+        pool = self._db.pool()
         if self._batcher is None:
-            self._batcher = PgWriteBatcher(self._ready().acquire, self.channel)
+            self._batcher = PgWriteBatcher(pool.acquire, self.channel)
         return self._batcher
-
-    def _ready(self) -> Any:
-        if self._pool is None:
-            raise RuntimeError("the PostgreSQL store is not open")
-        return self._pool
-
-    @asynccontextmanager
-    async def _connection(self) -> AsyncIterator[Any]:
-        """A pooled connection for one hot-path statement, given back to the
-        pool after the caller has its answer (a release costs the caller a few
-        loop turns it does not need to wait for)."""
-        pool = self._ready()
-        conn = await pool.acquire()
-        try:
-            yield conn
-        except BaseException:
-            await pool.release(conn)
-            raise
-        release = asyncio.ensure_future(pool.release(conn))
-        self._releasing.add(release)
-        release.add_done_callback(self._releasing.discard)
-
-    @asynccontextmanager
-    async def _transaction(self) -> AsyncIterator[Any]:
-        async with self._ready().acquire() as conn, conn.transaction():
-            yield conn
 
     # -- runs --------------------------------------------------------------------
 
     async def create_run(self, run: Run) -> tuple[Run, bool]:
         """Insert unless the id exists."""
         while True:
-            async with self._connection() as conn:
+            async with self._db.connection() as conn:
                 if run.status is RunStatus.PENDING:
                     inserted = await conn.fetchval(
                         _INSERT_PENDING_RUN, *run_params(run), self.channel
@@ -370,12 +220,12 @@ class PostgresStore:
     async def create_runs(self, runs: list[Run]) -> list[str]:
         """Insert the runs whose ids are new: one multi-row insert per 500."""
         created: list[str] = []
-        async with self._ready().acquire() as conn:
+        async with self._db.pool().acquire() as conn:
             for start in range(0, len(runs), 500):
                 chunk = runs[start : start + 500]
                 columns = list(zip(*(run_params(run) for run in chunk), strict=True))
                 rows = await conn.fetch(
-                    f"INSERT INTO durably_runs ({_RUN_COLUMNS}) "
+                    f"INSERT INTO durably_runs ({RUN_COLUMNS}) "
                     "SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], "
                     "$5::text[], $6::text[], $7::text[], $8::text[], $9::text[], $10::jsonb[], "
                     "$11::integer[], $12::bigint[], $13::bigint[], $14::text[], $15::bigint[], "
@@ -391,20 +241,20 @@ class PostgresStore:
 
     async def get_run(self, run_id: str) -> Run | None:
         """The run, or ``None``."""
-        row = await self._ready().fetchrow(
+        row = await self._db.pool().fetchrow(
             f"SELECT {_SELECT_RUN} FROM durably_runs WHERE id = $1", run_id
         )
-        return _row_to_run(row) if row is not None else None
+        return run_from_row(row) if row is not None else None
 
     async def get_runs(self, run_ids: list[str]) -> list[Run]:
         """The runs that exist among ``run_ids``."""
         ids = list(dict.fromkeys(run_ids))
         if not ids:
             return []
-        rows = await self._ready().fetch(
+        rows = await self._db.pool().fetch(
             f"SELECT {_SELECT_RUN} FROM durably_runs WHERE id = ANY($1::text[])", ids
         )
-        return [_row_to_run(row) for row in rows]
+        return [run_from_row(row) for row in rows]
 
     async def list_runs(self, query: RunQuery) -> RunPage:
         """Runs matching ``query``, newest first."""
@@ -433,7 +283,7 @@ class PostgresStore:
             f"SELECT {_SELECT_RUN} FROM durably_runs {where} "
             f"ORDER BY created_at DESC, id DESC LIMIT {param(query.limit + 1)}"
         )
-        runs = [_row_to_run(row) for row in await self._ready().fetch(sql, *params)]
+        runs = [run_from_row(row) for row in await self._db.pool().fetch(sql, *params)]
         if len(runs) <= query.limit:
             return RunPage(runs, None)
         runs = runs[: query.limit]
@@ -441,7 +291,7 @@ class PostgresStore:
 
     async def delete_run(self, run_id: str) -> bool:
         """Delete a run with its history."""
-        async with self._transaction() as conn:
+        async with self._db.transaction() as conn:
             found = await conn.fetchval(
                 "DELETE FROM durably_runs WHERE id = $1 RETURNING true", run_id
             )
@@ -457,35 +307,18 @@ class PostgresStore:
 
     # -- leases and turns ------------------------------------------------------------
 
-    async def acquire_run(
-        self, run_id: str, owner: str, now: int, lease_until: int, statuses: frozenset[RunStatus]
-    ) -> Run | None:
-        """Lease the run if its status allows and nobody else holds it."""
-        row = await self._ready().fetchrow(
-            "UPDATE durably_runs SET status = 'running', locked_by = $1, locked_until = $2, "
-            "wake_requested_at = NULL, wake_at = NULL, updated_at = $3 "
-            "WHERE id = $4 AND status = ANY($5::text[]) "
-            "AND (locked_by IS NULL OR locked_until IS NULL OR locked_until < $3) "
-            f"RETURNING {_SELECT_RUN}",
-            owner,
-            lease_until,
-            now,
-            run_id,
-            [s.value for s in statuses],
-        )
-        return _row_to_run(row) if row is not None else None
-
-    async def start_turn(
+    async def _start_turn(
         self, run_id: str, owner: str, now: int, lease_until: int, statuses: frozenset[RunStatus]
     ) -> tuple[Run, dict[int, Checkpoint]] | None:
-        """Lease the run and load its history, in one statement."""
-        async with self._connection() as conn:
+        """Lease one run and load its history, in one statement that waits
+        for the run's row lock (the batch passes locked rows over)."""
+        async with self._db.connection() as conn:
             row = await conn.fetchrow(
                 _START_TURN, owner, lease_until, now, run_id, [s.value for s in statuses]
             )
         if row is None:
             return None
-        return _row_to_run(row), _history(run_id, row["history"])
+        return run_from_row(row), _history(run_id, row["history"])
 
     async def start_turns(
         self,
@@ -502,7 +335,7 @@ class PostgresStore:
         values = [s.value for s in statuses]
         # SKIP LOCKED: the batch never waits on a row lock, so it cannot
         # deadlock with another multi-row write locking in another order.
-        rows = await self._ready().fetch(
+        rows = await self._db.pool().fetch(
             "WITH r AS (UPDATE durably_runs SET status = 'running', locked_by = $1, "
             "locked_until = $2, wake_requested_at = NULL, wake_at = NULL, updated_at = $3 "
             "WHERE id IN (SELECT id FROM durably_runs WHERE id = ANY($4::text[]) "
@@ -518,22 +351,22 @@ class PostgresStore:
             values,
         )
         leased = {
-            row["id"]: (_row_to_run(row), _history(row["id"], row["history"])) for row in rows
+            row["id"]: (run_from_row(row), _history(row["id"], row["history"])) for row in rows
         }
         # A run passed over (not leasable, or its row was being written) gets
         # the one-row statement, which waits for the lock and re-checks: the
-        # batch decides each run as start_turn would. Rare outside contention.
+        # batch decides each run as leasing it alone would. Rare outside contention.
         rest = [run_id for run_id in dict.fromkeys(run_ids) if run_id not in leased]
         if rest:
             again = await asyncio.gather(
-                *(self.start_turn(run_id, owner, now, lease_until, statuses) for run_id in rest)
+                *(self._start_turn(run_id, owner, now, lease_until, statuses) for run_id in rest)
             )
             leased.update((run_id, got) for run_id, got in zip(rest, again, strict=True) if got)
         return leased
 
     async def continue_turn(self, run_id: str, owner: str, lease_until: int) -> Run | None:
         """Keep the lease for one more turn."""
-        row = await self._ready().fetchrow(
+        row = await self._db.pool().fetchrow(
             "UPDATE durably_runs SET wake_requested_at = NULL, locked_until = $1 "
             "WHERE id = $2 AND status = 'running' AND locked_by = $3 "
             f"RETURNING {_SELECT_RUN}",
@@ -541,11 +374,11 @@ class PostgresStore:
             run_id,
             owner,
         )
-        return _row_to_run(row) if row is not None else None
+        return run_from_row(row) if row is not None else None
 
     async def renew_lease(self, run_id: str, owner: str, lease_until: int) -> bool:
         """Extend our lease."""
-        done = await self._ready().fetchval(
+        done = await self._db.pool().fetchval(
             "UPDATE durably_runs SET locked_until = $1 "
             "WHERE id = $2 AND status = 'running' AND locked_by = $3 RETURNING true",
             lease_until,
@@ -591,14 +424,14 @@ class PostgresStore:
             owner,
         )
         if terminal:
-            async with self._transaction() as conn:
+            async with self._db.transaction() as conn:
                 if await conn.fetchval(sql, *params):
                     # a separate statement, so it sees a waiter registered by a
                     # transaction our UPDATE waited for
                     await conn.execute(_DELETE_WAITERS, run_id)
                     return SettleResult.SETTLED
             return SettleResult.LOST
-        pool = self._ready()
+        pool = self._db.pool()
         if await pool.fetchval(sql, *params):
             return SettleResult.SETTLED
         held = await pool.fetchval(
@@ -610,7 +443,7 @@ class PostgresStore:
 
     async def release_run(self, run_id: str, owner: str, now: int) -> bool:
         """Hand the run back as pending."""
-        done = await self._ready().fetchval(
+        done = await self._db.pool().fetchval(
             "UPDATE durably_runs SET status = 'pending', locked_by = NULL, "
             "locked_until = NULL, updated_at = $1 "
             "WHERE id = $2 AND status = 'running' AND locked_by = $3 "
@@ -624,7 +457,7 @@ class PostgresStore:
 
     async def request_wake(self, run_id: str, now: int) -> bool:
         """Stamp a wake request on a live run."""
-        done = await self._ready().fetchval(
+        done = await self._db.pool().fetchval(
             "UPDATE durably_runs SET wake_requested_at = $1 "
             "WHERE id = $2 AND status <> ALL($3::text[]) "
             "RETURNING (SELECT pg_notify($4, 'wake:' || id)) IS NULL",
@@ -648,7 +481,7 @@ class PostgresStore:
         params: list[Any] = []
         sets: list[str] = []
         for column, value in changes.items():
-            params.append(_column_value(column, value))
+            params.append(run_column_value(column, value))
             cast = "::jsonb" if column == "tags" else ""
             sets.append(f"{column} = ${len(params)}{cast}")
         params.extend([now, run_id, [s.value for s in statuses]])
@@ -659,8 +492,8 @@ class PostgresStore:
             f"WHERE id = ${n - 1} AND status = ANY(${n}::text[]) RETURNING true"
         )
         if not terminal:
-            return bool(await self._ready().fetchval(sql, *params))
-        async with self._transaction() as conn:
+            return bool(await self._db.pool().fetchval(sql, *params))
+        async with self._db.transaction() as conn:
             if not await conn.fetchval(sql, *params):
                 return False
             await conn.execute(_DELETE_WAITERS, run_id)
@@ -702,7 +535,7 @@ class PostgresStore:
         past ``max_attempts``: one conditional UPDATE for the whole batch."""
         if not run_ids:
             return {}
-        async with self._transaction() as conn:
+        async with self._db.transaction() as conn:
             # The rows are locked by the inner SELECT with the orphan conditions
             # checked on their latest version, so two instances recovering the
             # same ids never both count a run. SKIP LOCKED: a row another
@@ -783,7 +616,7 @@ class PostgresStore:
         self, before: int, limit: int, *, namespace: str | None = None
     ) -> list[str]:
         """Terminal runs last updated before ``before``, oldest first."""
-        rows = await self._ready().fetch(
+        rows = await self._db.pool().fetch(
             "SELECT id FROM durably_runs WHERE status = ANY($1::text[]) AND updated_at < $2 "
             "AND ($4::text IS NULL OR namespace = $4) ORDER BY updated_at, id LIMIT $3",
             _TERMINAL,
@@ -797,7 +630,7 @@ class PostgresStore:
         self, before: int, limit: int, *, namespace: str | None = None
     ) -> list[str]:
         """Live runs with no progress since ``before``."""
-        rows = await self._ready().fetch(
+        rows = await self._db.pool().fetch(
             "SELECT id FROM durably_runs WHERE "
             "((status IN ('pending', 'running') AND updated_at < $1) "
             "OR (status = 'suspended' AND wake_at < $1)) "
@@ -826,8 +659,8 @@ class PostgresStore:
 
     async def load_checkpoints(self, run_id: str) -> dict[int, Checkpoint]:
         """Every checkpoint of the run."""
-        rows = await self._ready().fetch(
-            f"SELECT {_CP_SELECT} FROM durably_checkpoints WHERE run_id = $1 ORDER BY seq",
+        rows = await self._db.pool().fetch(
+            f"SELECT {CP_SELECT} FROM durably_checkpoints WHERE run_id = $1 ORDER BY seq",
             run_id,
         )
         return {row["seq"]: checkpoint_from_row(row) for row in rows}
@@ -839,14 +672,14 @@ class PostgresStore:
 
     async def _save_checkpoint_alone(self, checkpoint: Checkpoint, owner: str) -> bool:
         """Upsert under the lease, in a statement of its own."""
-        held = await self._ready().fetchval(
+        held = await self._db.pool().fetchval(
             _SAVE_CHECKPOINT_FENCED, *checkpoint_params(checkpoint), owner
         )
         return bool(held)
 
     async def save_checkpoints(self, checkpoints: list[Checkpoint], owner: str) -> bool:
         """Upsert many checkpoints under the lease, in one transaction."""
-        async with self._transaction() as conn:
+        async with self._db.transaction() as conn:
             for run_id in {cp.run_id for cp in checkpoints}:
                 if not await conn.fetchval(_HOLD_LEASE, run_id, owner):
                     return False
@@ -857,31 +690,17 @@ class PostgresStore:
 
     async def delete_checkpoints(self, run_id: str, seqs: list[int]) -> None:
         """Forget the given checkpoints."""
-        await self._ready().execute(
+        await self._db.pool().execute(
             "DELETE FROM durably_checkpoints WHERE run_id = $1 AND seq = ANY($2::integer[])",
             run_id,
             seqs,
         )
 
-    async def resolve_checkpoint(
-        self,
-        run_id: str,
-        seq: int,
-        status: CheckpointStatus,
-        output: Any,
-        error: ErrorInfo | None,
-        now: int,
-    ) -> int | None:
-        """Settle a pending checkpoint; count its group's pending siblings;
-        free the flow-control slot it holds."""
-        resolution = Resolution(run_id, seq, status, output, error)
-        return (await self.resolve_checkpoints([resolution], now))[0]
-
     async def resolve_checkpoints(
         self, resolutions: list[Resolution], now: int
     ) -> list[int | None]:
-        """:meth:`resolve_checkpoint` for many outcomes, in one transaction of a
-        few statements whatever their number."""
+        """Settle the outcomes in one transaction of a few statements,
+        whatever their number."""
         if not resolutions:
             return []
         # A position named twice is settled by its first entry; the second finds it settled.
@@ -890,7 +709,7 @@ class PostgresStore:
             firsts.setdefault((r.run_id, r.seq), index)
         entries = [resolutions[i] for i in firsts.values()]
         waiter_runs: list[str] = []
-        async with self._transaction() as conn:
+        async with self._db.transaction() as conn:
             # Serialise siblings settling at once: under READ COMMITTED each
             # would otherwise count the other as pending and none would wake
             # the parent. Locked in id order, so batches never deadlock.
@@ -975,8 +794,8 @@ class PostgresStore:
 
     async def get_checkpoint(self, run_id: str, seq: int) -> Checkpoint | None:
         """One checkpoint, or ``None``."""
-        row = await self._ready().fetchrow(
-            f"SELECT {_CP_SELECT} FROM durably_checkpoints WHERE run_id = $1 AND seq = $2",
+        row = await self._db.pool().fetchrow(
+            f"SELECT {CP_SELECT} FROM durably_checkpoints WHERE run_id = $1 AND seq = $2",
             run_id,
             seq,
         )
@@ -984,7 +803,7 @@ class PostgresStore:
 
     async def record_heartbeat(self, run_id: str, seq: int, at: int, progress: Any) -> bool:
         """Keep the later heartbeat (and its progress) on a pending checkpoint."""
-        done = await self._ready().fetchval(
+        done = await self._db.pool().fetchval(
             "UPDATE durably_checkpoints SET "
             "last_heartbeat_at = greatest(last_heartbeat_at, $1::bigint), "
             "progress = coalesce($2::text, progress) "
@@ -1002,7 +821,7 @@ class PostgresStore:
         queue, step_id = request.queue, request.step_id
         key = request.fairness_key if request.fairness_key is not None else request.run_id
         window = now - request.rate_period_ms
-        async with self._transaction() as conn:
+        async with self._db.transaction() as conn:
             await conn.execute(_LOCK_TOKEN, _flow_lock(queue))
             row = await conn.fetchrow(
                 _ASK_FOR_SLOT,
@@ -1034,7 +853,7 @@ class PostgresStore:
 
     async def release_slots(self, run_id: str, now: int) -> int:
         """Free the run's slots, drop its waiters, wake each queue's next waiter."""
-        async with self._transaction() as conn:
+        async with self._db.transaction() as conn:
             rows = await conn.fetch(
                 "WITH freed AS (UPDATE durably_flow_slots SET released_at = $2 "
                 "WHERE run_id = $1 AND released_at IS NULL RETURNING queue), "
@@ -1053,7 +872,7 @@ class PostgresStore:
         commit, one statement each: holding our runs' locks while taking others'
         could deadlock against a settle of those runs waking ours. A wake lost
         to a crash just here costs the waiter its ``retry_ms``."""
-        pool = self._ready()
+        pool = self._db.pool()
         for run_id in sorted(set(run_ids)):
             await pool.execute(_WAKE_RUN, now, run_id, _TERMINAL, self.channel)
 
@@ -1063,7 +882,7 @@ class PostgresStore:
         self, checkpoint: Checkpoint, token: str, owner: str, now: int
     ) -> SignalWait | None:
         """Consume a buffered signal or register the waiter."""
-        async with self._transaction() as conn:
+        async with self._db.transaction() as conn:
             await conn.execute(_LOCK_TOKEN, token)
             if not await conn.fetchval(_HOLD_LEASE, checkpoint.run_id, owner):
                 return None
@@ -1089,7 +908,7 @@ class PostgresStore:
     async def send_signal(self, token: str, payload: Any, now: int) -> str | None:
         """Deliver to the waiter, or buffer."""
         text = codec.dumps(payload)
-        async with self._transaction() as conn:
+        async with self._db.transaction() as conn:
             await conn.execute(_LOCK_TOKEN, token)
             waiter = await conn.fetchrow(
                 "DELETE FROM durably_signal_waiters WHERE token = $1 RETURNING run_id, seq",
@@ -1124,7 +943,7 @@ class PostgresStore:
         self, run_id: str, seq: int, token: str, error: ErrorInfo, now: int
     ) -> Checkpoint | None:
         """Time a wait out unless a signal won the race."""
-        async with self._transaction() as conn:
+        async with self._db.transaction() as conn:
             await conn.execute(_LOCK_TOKEN, token)
             return await _time_out_wait(
                 conn,
@@ -1138,7 +957,7 @@ class PostgresStore:
 
     async def list_buffered_signals(self, token: str) -> list[Any]:
         """Buffered payloads for ``token``."""
-        rows = await self._ready().fetch(
+        rows = await self._db.pool().fetch(
             "SELECT payload FROM durably_buffered_signals WHERE token = $1 ORDER BY id", token
         )
         return [codec.loads(row[0]) for row in rows]
@@ -1157,7 +976,7 @@ class PostgresStore:
     ) -> SignalWait | None:
         """Consume the oldest matching buffered event or register the waiter."""
         keys, text = match_index(match)
-        async with self._transaction() as conn:
+        async with self._db.transaction() as conn:
             await conn.execute(_LOCK_TOKEN, _event_lock(name))
             if not await conn.fetchval(_HOLD_LEASE, checkpoint.run_id, owner):
                 return None
@@ -1194,7 +1013,7 @@ class PostgresStore:
         """Deliver to every matching waiter, or buffer one copy."""
         text = codec.dumps(payload)
         value = codec.loads(text)
-        async with self._transaction() as conn:
+        async with self._db.transaction() as conn:
             await conn.execute(_LOCK_TOKEN, _event_lock(name))
             if event_id is not None:
                 # the row lock of a racing publish with this id (any name) decides
@@ -1248,7 +1067,7 @@ class PostgresStore:
         self, run_id: str, seq: int, name: str, error: ErrorInfo, now: int
     ) -> Checkpoint | None:
         """Time an event wait out unless an event won the race."""
-        async with self._transaction() as conn:
+        async with self._db.transaction() as conn:
             await conn.execute(_LOCK_TOKEN, _event_lock(name))
             return await _time_out_wait(
                 conn,
@@ -1262,7 +1081,7 @@ class PostgresStore:
 
     async def list_buffered_events(self, name: str) -> list[Any]:
         """Buffered payloads on event ``name``."""
-        rows = await self._ready().fetch(
+        rows = await self._db.pool().fetch(
             "SELECT payload FROM durably_buffered_events WHERE name = $1 ORDER BY id", name
         )
         return [codec.loads(row[0]) for row in rows]
@@ -1272,11 +1091,11 @@ class PostgresStore:
     async def create_schedule(self, record: ScheduleRecord) -> tuple[ScheduleRecord, bool]:
         """Insert unless the name exists."""
         while True:
-            inserted = await self._ready().fetchval(
+            inserted = await self._db.pool().fetchval(
                 f"INSERT INTO durably_schedules ({SCHEDULE_COLUMNS}) "
                 "VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11) "
                 "ON CONFLICT (name) DO NOTHING RETURNING true",
-                *_schedule_params(record),
+                *schedule_params(record),
             )
             if inserted:
                 return record, True
@@ -1287,25 +1106,25 @@ class PostgresStore:
 
     async def get_schedule(self, name: str) -> ScheduleRecord | None:
         """The schedule, or ``None``."""
-        row = await self._ready().fetchrow(
+        row = await self._db.pool().fetchrow(
             f"SELECT {SCHEDULE_COLUMNS} FROM durably_schedules WHERE name = $1", name
         )
-        return _row_to_schedule(row) if row is not None else None
+        return schedule_from_row(row) if row is not None else None
 
     async def list_schedules(self, namespace: str | None = None) -> list[ScheduleRecord]:
         """Schedules by name."""
-        rows = await self._ready().fetch(
+        rows = await self._db.pool().fetch(
             f"SELECT {SCHEDULE_COLUMNS} FROM durably_schedules "
             "WHERE $1::text IS NULL OR namespace = $1 ORDER BY name",
             namespace,
         )
-        return [_row_to_schedule(row) for row in rows]
+        return [schedule_from_row(row) for row in rows]
 
     async def list_due_schedules(
         self, namespace: str, now: int, limit: int, workflows: list[str] | None = None
     ) -> list[ScheduleRecord]:
         """Schedules with a window due or a start to confirm."""
-        rows = await self._ready().fetch(
+        rows = await self._db.pool().fetch(
             f"SELECT {SCHEDULE_COLUMNS} FROM durably_schedules WHERE namespace = $1 AND "
             "((NOT paused AND next_fire_at <= $2) OR firing_run_id IS NOT NULL) "
             "AND ($4::text[] IS NULL OR (spec::jsonb ->> 'workflow') = ANY($4::text[])) "
@@ -1315,7 +1134,7 @@ class PostgresStore:
             limit,
             workflows,
         )
-        return [_row_to_schedule(row) for row in rows]
+        return [schedule_from_row(row) for row in rows]
 
     async def update_schedule(
         self, name: str, changes: dict[str, Any], now: int, *, revision: int | None = None
@@ -1325,7 +1144,7 @@ class PostgresStore:
         params: list[Any] = []
         sets: list[str] = []
         for column, value in changes.items():
-            params.append(codec.dumps(value) if column == "spec" else value)
+            params.append(schedule_column_value(column, value))
             sets.append(f"{column} = ${len(params)}")
         params.extend([now, name])
         sets.append(f"revision = revision + 1, updated_at = ${len(params) - 1}")
@@ -1333,17 +1152,17 @@ class PostgresStore:
         if revision is not None:
             params.append(revision)
             guard = f" AND revision = ${len(params)}"
-        row = await self._ready().fetchrow(
+        row = await self._db.pool().fetchrow(
             f"UPDATE durably_schedules SET {', '.join(sets)} "
             f"WHERE name = ${len(params) - (1 if revision is not None else 0)}{guard} "
             f"RETURNING {SCHEDULE_COLUMNS}",
             *params,
         )
-        return _row_to_schedule(row) if row is not None else None
+        return schedule_from_row(row) if row is not None else None
 
     async def delete_schedule(self, name: str) -> bool:
         """Delete a schedule."""
-        done = await self._ready().fetchval(
+        done = await self._db.pool().fetchval(
             "DELETE FROM durably_schedules WHERE name = $1 RETURNING true", name
         )
         return bool(done)
@@ -1351,7 +1170,7 @@ class PostgresStore:
     # -- helpers ---------------------------------------------------------------------------
 
     async def _ids(self, sql: str, *params: Any) -> list[str]:
-        return [str(row[0]) for row in await self._ready().fetch(sql, *params)]
+        return [str(row[0]) for row in await self._db.pool().fetch(sql, *params)]
 
 
 async def _time_out_wait(
@@ -1367,7 +1186,7 @@ async def _time_out_wait(
     advisory lock): return the checkpoint if a delivery won the race, else
     forget exactly this waiter and fail the checkpoint."""
     row = await conn.fetchrow(
-        f"SELECT {_CP_SELECT} FROM durably_checkpoints WHERE run_id = $1 AND seq = $2 FOR UPDATE",
+        f"SELECT {CP_SELECT} FROM durably_checkpoints WHERE run_id = $1 AND seq = $2 FOR UPDATE",
         run_id,
         seq,
     )
@@ -1383,22 +1202,6 @@ async def _time_out_wait(
         seq,
     )
     return None
-
-
-async def _keep_session(_conn: Any) -> None:
-    """The pool's ``reset=``: nothing to undo on a released connection."""
-
-
-def _split_schema(url: str) -> tuple[str, str | None]:
-    """Take a ``schema`` query parameter out of ``url``: asyncpg would send it
-    to the server as a setting, which PostgreSQL rejects."""
-    parts = urlsplit(url)
-    query = parse_qsl(parts.query, keep_blank_values=True)
-    schema = next((value for key, value in query if key == "schema"), None)
-    if schema is None:
-        return url, None
-    rest = urlencode([(key, value) for key, value in query if key != "schema"])
-    return urlunsplit(parts._replace(query=rest)), schema
 
 
 _DELIVER_EVENT = """
@@ -1538,75 +1341,7 @@ async def _take_buffered_event(conn: Any, name: str, keys: str, match: str) -> s
         after = rows[-1]["id"]
 
 
-def _schedule_params(record: ScheduleRecord) -> tuple[Any, ...]:
-    return (
-        record.name,
-        record.namespace,
-        codec.dumps(record.spec),
-        record.paused,
-        record.next_fire_at,
-        record.last_fired_at,
-        record.last_run_id,
-        record.firing_run_id,
-        record.revision,
-        record.created_at,
-        record.updated_at,
-    )
-
-
-def _row_to_schedule(row: Any) -> ScheduleRecord:
-    return ScheduleRecord(
-        name=row["name"],
-        namespace=row["namespace"],
-        spec=codec.loads(row["spec"]),
-        paused=bool(row["paused"]),
-        next_fire_at=row["next_fire_at"],
-        last_fired_at=row["last_fired_at"],
-        last_run_id=row["last_run_id"],
-        firing_run_id=row["firing_run_id"],
-        revision=int(row["revision"]),
-        created_at=row["created_at"],
-        updated_at=row["updated_at"],
-    )
-
-
 def _row_count(status: str) -> int:
     """The row count of an asyncpg command tag (``UPDATE 3`` → 3)."""
     tail = status.rsplit(" ", 1)[-1]
     return int(tail) if tail.isdigit() else 0
-
-
-def _column_value(column: str, value: Any) -> Any:
-    if column == "status":
-        return RunStatus(value).value
-    if column == "tags":
-        return codec.dumps(value if value is not None else [])
-    if column in JSON_RUN_COLUMNS:
-        return dump_json(value)
-    return value
-
-
-def _row_to_run(row: Any) -> Run:
-    return Run(
-        run_id=row["id"],
-        workflow=row["workflow"],
-        workflow_version=row["workflow_version"],
-        status=RunStatus(row["status"]),
-        namespace=row["namespace"],
-        parent_id=row["parent_id"],
-        input=codec.loads(row["input"]),
-        output=codec.loads(row["output"]),
-        error=codec.loads(row["error"]),
-        tags=codec.loads(row["tags"]) or [],
-        priority=row["priority"],
-        wake_at=row["wake_at"],
-        wake_requested_at=row["wake_requested_at"],
-        locked_by=row["locked_by"],
-        locked_until=row["locked_until"],
-        recovery_attempts=row["recovery_attempts"],
-        deadline_at=row["deadline_at"],
-        created_at=row["created_at"],
-        updated_at=row["updated_at"],
-        parent_seq=row["parent_seq"],
-        cancel_requested=row["cancel_requested"],
-    )

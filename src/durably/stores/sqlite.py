@@ -16,13 +16,17 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from .. import codec
+from .. import _codec as codec
+from .._urls import redact_url
 from ..model import TERMINAL_STATUSES, Checkpoint, CheckpointStatus, ErrorInfo, Run, RunStatus
 from ._match import match_index, project
-from ._schedule_rows import SCHEDULE_COLUMNS, check_schedule_changes
-from ._shared import (
-    JSON_RUN_COLUMNS,
+from ._rows import (
+    CP_COLUMNS,
+    CP_SELECT,
+    RUN_COLUMNS,
+    SCHEDULE_COLUMNS,
     check_run_changes,
+    check_schedule_changes,
     checkpoint_from_row,
     checkpoint_params,
     completed_params,
@@ -30,7 +34,12 @@ from ._shared import (
     decode_cursor,
     dump_json,
     encode_cursor,
+    run_column_value,
+    run_from_row,
     run_params,
+    schedule_column_value,
+    schedule_from_row,
+    schedule_params,
 )
 from ._sqlite_messages import SqliteMessageQueue
 from ._sqlite_schema import MIGRATIONS
@@ -49,22 +58,9 @@ from .base import (
 
 __all__ = ["SqliteStore", "sqlite_path_from_url"]
 
-_RUN_COLUMNS = (
-    "id, workflow, workflow_version, status, namespace, parent_id, input, output, error, tags, "
-    "priority, wake_at, wake_requested_at, locked_by, locked_until, recovery_attempts, "
-    "deadline_at, created_at, updated_at, parent_seq, cancel_requested"
-)
-_CP_COLUMNS = (
-    "run_id, seq, name, kind, status, input, output, error, attempts, wake_at, "
-    "started_at, finished_at, parallel_group, dispatched_at, redispatches, queue, "
-    "last_heartbeat_at, progress"
-)
-# Read with the checkpoint, written only by a resolve: never in a save's upsert,
-# so a save keeps the events a result stored.
-_CP_SELECT = f"{_CP_COLUMNS}, events"
 _TERMINAL_SQL = ", ".join(f"'{s.value}'" for s in sorted(TERMINAL_STATUSES))
 _UPSERT_CHECKPOINT = f"""
-    INSERT INTO durably_checkpoints ({_CP_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)
+    INSERT INTO durably_checkpoints ({CP_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)
     ON CONFLICT (run_id, seq) DO UPDATE SET
         name = excluded.name, kind = excluded.kind, status = excluded.status,
         input = excluded.input, output = excluded.output, error = excluded.error,
@@ -88,13 +84,13 @@ def sqlite_path_from_url(url: str) -> str:
         return url
     parts = urlsplit(url)
     if parts.scheme != "sqlite":
-        raise ValueError(f"not a sqlite URL: {url!r}")
+        raise ValueError(f"not a sqlite URL: {redact_url(url)!r}")
     if parts.netloc == ":memory:" or url == "sqlite://":
         return ":memory:"
     path = unquote(parts.path)
     path = path[1:] if path.startswith("/") else path
     if not path:
-        raise ValueError(f"the sqlite URL {url!r} names no file")
+        raise ValueError(f"the sqlite URL {redact_url(url)!r} names no file")
     return path
 
 
@@ -142,7 +138,7 @@ class SqliteStore:
 
         def op(conn: sqlite3.Connection) -> tuple[Run, bool]:
             cur = conn.execute(
-                f"INSERT INTO durably_runs ({_RUN_COLUMNS}) "
+                f"INSERT INTO durably_runs ({RUN_COLUMNS}) "
                 "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT (id) DO NOTHING",
                 run_params(run),
             )
@@ -162,7 +158,7 @@ class SqliteStore:
             created: list[str] = []
             for row in params:
                 cur = conn.execute(
-                    f"INSERT INTO durably_runs ({_RUN_COLUMNS}) "
+                    f"INSERT INTO durably_runs ({RUN_COLUMNS}) "
                     "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?) "
                     "ON CONFLICT (id) DO NOTHING",
                     row,
@@ -187,9 +183,9 @@ class SqliteStore:
                 chunk = ids[start : start + 500]
                 marks = ",".join("?" * len(chunk))
                 rows = conn.execute(
-                    f"SELECT {_RUN_COLUMNS} FROM durably_runs WHERE id IN ({marks})", chunk
+                    f"SELECT {RUN_COLUMNS} FROM durably_runs WHERE id IN ({marks})", chunk
                 )
-                found.extend(_row_to_run(row) for row in rows)
+                found.extend(run_from_row(row) for row in rows)
             return found
 
         return await self._db.run(op)
@@ -216,13 +212,13 @@ class SqliteStore:
             params.extend([after[0], after[0], after[1]])
         where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
         sql = (
-            f"SELECT {_RUN_COLUMNS} FROM durably_runs {where} "
+            f"SELECT {RUN_COLUMNS} FROM durably_runs {where} "
             "ORDER BY created_at DESC, id DESC LIMIT ?"
         )
         params.append(query.limit + 1)
 
         def op(conn: sqlite3.Connection) -> RunPage:
-            runs = [_row_to_run(row) for row in conn.execute(sql, params)]
+            runs = [run_from_row(row) for row in conn.execute(sql, params)]
             if len(runs) <= query.limit:
                 return RunPage(runs, None)
             runs = runs[: query.limit]
@@ -246,22 +242,18 @@ class SqliteStore:
     async def acquire_run(
         self, run_id: str, owner: str, now: int, lease_until: int, statuses: frozenset[RunStatus]
     ) -> Run | None:
-        """Lease the run if its status allows and nobody else holds it."""
+        """Lease the run if its status allows and nobody else holds it, without
+        loading its history. Not part of :class:`~.base.StateStore` (the
+        engine starts turns with :meth:`start_turns`): tests use it to make a
+        run look leased by an owner that then crashed."""
         sql = _lease_statement(len(statuses))
         params = [owner, lease_until, now, run_id, *(s.value for s in statuses), now]
 
         def op(conn: sqlite3.Connection) -> Run | None:
             row = conn.execute(sql, params).fetchone()
-            return _row_to_run(row) if row else None
+            return run_from_row(row) if row else None
 
         return await self._db.run(op)
-
-    async def start_turn(
-        self, run_id: str, owner: str, now: int, lease_until: int, statuses: frozenset[RunStatus]
-    ) -> tuple[Run, dict[int, Checkpoint]] | None:
-        """Lease the run and load its history in one batch."""
-        leased = await self.start_turns([run_id], owner, now, lease_until, statuses)
-        return leased.get(run_id)
 
     async def start_turns(
         self,
@@ -285,10 +277,10 @@ class SqliteStore:
                 if row is None:
                     continue
                 rows = conn.execute(
-                    f"SELECT {_CP_SELECT} FROM durably_checkpoints WHERE run_id = ? ORDER BY seq",
+                    f"SELECT {CP_SELECT} FROM durably_checkpoints WHERE run_id = ? ORDER BY seq",
                     (run_id,),
                 )
-                leased[run_id] = _row_to_run(row), {r[1]: checkpoint_from_row(r) for r in rows}
+                leased[run_id] = run_from_row(row), {r[1]: checkpoint_from_row(r) for r in rows}
             return leased
 
         return await self._db.run(op)
@@ -300,10 +292,10 @@ class SqliteStore:
             row = conn.execute(
                 "UPDATE durably_runs SET wake_requested_at = NULL, locked_until = ? "
                 "WHERE id = ? AND status = 'running' AND locked_by = ? "
-                f"RETURNING {_RUN_COLUMNS}",
+                f"RETURNING {RUN_COLUMNS}",
                 (lease_until, run_id, owner),
             ).fetchone()
-            return _row_to_run(row) if row else None
+            return run_from_row(row) if row else None
 
         return await self._db.run(op)
 
@@ -398,7 +390,7 @@ class SqliteStore:
         if terminal:
             changes.update(locked_by=None, locked_until=None)
         sets = "".join(f"{column} = ?, " for column in changes)  # may be empty: a touch
-        values = [_column_value(column, value) for column, value in changes.items()]
+        values = [run_column_value(column, value) for column, value in changes.items()]
         marks = ",".join("?" * len(statuses))
         sql = f"UPDATE durably_runs SET {sets}updated_at = ? WHERE id = ? AND status IN ({marks})"
         params = [*values, now, run_id, *(s.value for s in statuses)]
@@ -539,7 +531,7 @@ class SqliteStore:
 
         def op(conn: sqlite3.Connection) -> dict[int, Checkpoint]:
             rows = conn.execute(
-                f"SELECT {_CP_SELECT} FROM durably_checkpoints WHERE run_id = ? ORDER BY seq",
+                f"SELECT {CP_SELECT} FROM durably_checkpoints WHERE run_id = ? ORDER BY seq",
                 (run_id,),
             )
             return {row[1]: checkpoint_from_row(row) for row in rows}
@@ -585,24 +577,10 @@ class SqliteStore:
 
         await self._db.run(op)
 
-    async def resolve_checkpoint(
-        self,
-        run_id: str,
-        seq: int,
-        status: CheckpointStatus,
-        output: Any,
-        error: ErrorInfo | None,
-        now: int,
-    ) -> int | None:
-        """Settle a pending checkpoint; count its group's pending siblings;
-        free the flow-control slot it holds."""
-        resolution = Resolution(run_id, seq, status, output, error)
-        return (await self.resolve_checkpoints([resolution], now))[0]
-
     async def resolve_checkpoints(
         self, resolutions: list[Resolution], now: int
     ) -> list[int | None]:
-        """:meth:`resolve_checkpoint` for many outcomes, in one transaction."""
+        """Settle the outcomes in one transaction."""
         values = [
             (
                 r.status,
@@ -623,7 +601,7 @@ class SqliteStore:
 
         def op(conn: sqlite3.Connection) -> Checkpoint | None:
             row = conn.execute(
-                f"SELECT {_CP_SELECT} FROM durably_checkpoints WHERE run_id = ? AND seq = ?",
+                f"SELECT {CP_SELECT} FROM durably_checkpoints WHERE run_id = ? AND seq = ?",
                 (run_id, seq),
             ).fetchone()
             return checkpoint_from_row(row) if row else None
@@ -888,7 +866,7 @@ class SqliteStore:
             cur = conn.execute(
                 f"INSERT INTO durably_schedules ({SCHEDULE_COLUMNS}) "
                 "VALUES (?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT (name) DO NOTHING",
-                _schedule_params(record),
+                schedule_params(record),
             )
             if cur.rowcount == 1:
                 return record, True
@@ -910,7 +888,7 @@ class SqliteStore:
             rows = conn.execute(
                 f"SELECT {SCHEDULE_COLUMNS} FROM durably_schedules {where} ORDER BY name", params
             )
-            return [_row_to_schedule(row) for row in rows]
+            return [schedule_from_row(row) for row in rows]
 
         return await self._db.run(op)
 
@@ -930,7 +908,7 @@ class SqliteStore:
                 "ORDER BY coalesce(next_fire_at, -1), name LIMIT ?",
                 params,
             )
-            return [_row_to_schedule(row) for row in rows]
+            return [schedule_from_row(row) for row in rows]
 
         return await self._db.run(op)
 
@@ -940,7 +918,7 @@ class SqliteStore:
         """Apply ``changes`` (compare-and-set on ``revision`` when given)."""
         check_schedule_changes(changes)
         sets = "".join(f"{column} = ?, " for column in changes)
-        values = [_schedule_value(column, value) for column, value in changes.items()]
+        values = [schedule_column_value(column, value) for column, value in changes.items()]
         guard = "" if revision is None else " AND revision = ?"
         sql = (
             f"UPDATE durably_schedules SET {sets}revision = revision + 1, updated_at = ? "
@@ -950,7 +928,7 @@ class SqliteStore:
 
         def op(conn: sqlite3.Connection) -> ScheduleRecord | None:
             row = conn.execute(sql, params).fetchone()
-            return _row_to_schedule(row) if row else None
+            return schedule_from_row(row) if row else None
 
         return await self._db.run(op)
 
@@ -981,7 +959,7 @@ def _time_out_wait(
     """A signal or event wait timed out: return the checkpoint if a delivery
     won the race, else forget exactly this waiter and fail the checkpoint."""
     row = conn.execute(
-        f"SELECT {_CP_SELECT} FROM durably_checkpoints WHERE run_id = ? AND seq = ?",
+        f"SELECT {CP_SELECT} FROM durably_checkpoints WHERE run_id = ? AND seq = ?",
         (run_id, seq),
     ).fetchone()
     if row is not None and row[4] == CheckpointStatus.COMPLETED.value:
@@ -1214,85 +1192,11 @@ def _take_buffered_event(conn: sqlite3.Connection, name: str, keys: str, match: 
     return None
 
 
-def _schedule_value(column: str, value: Any) -> Any:
-    if column == "spec":
-        return codec.dumps(value)
-    if column == "paused":
-        return 1 if value else 0
-    return value
-
-
-def _schedule_params(record: ScheduleRecord) -> tuple[Any, ...]:
-    return (
-        record.name,
-        record.namespace,
-        codec.dumps(record.spec),
-        1 if record.paused else 0,
-        record.next_fire_at,
-        record.last_fired_at,
-        record.last_run_id,
-        record.firing_run_id,
-        record.revision,
-        record.created_at,
-        record.updated_at,
-    )
-
-
-def _row_to_schedule(row: tuple[Any, ...]) -> ScheduleRecord:
-    return ScheduleRecord(
-        name=row[0],
-        namespace=row[1],
-        spec=codec.loads(row[2]),
-        paused=bool(row[3]),
-        next_fire_at=row[4],
-        last_fired_at=row[5],
-        last_run_id=row[6],
-        firing_run_id=row[7],
-        revision=row[8],
-        created_at=row[9],
-        updated_at=row[10],
-    )
-
-
 def _fetch_schedule(conn: sqlite3.Connection, name: str) -> ScheduleRecord | None:
     row = conn.execute(
         f"SELECT {SCHEDULE_COLUMNS} FROM durably_schedules WHERE name = ?", (name,)
     ).fetchone()
-    return _row_to_schedule(row) if row else None
-
-
-def _column_value(column: str, value: Any) -> Any:
-    if column == "status":
-        return RunStatus(value).value
-    if column in JSON_RUN_COLUMNS:
-        return dump_json(value)
-    return value
-
-
-def _row_to_run(row: tuple[Any, ...]) -> Run:
-    return Run(
-        run_id=row[0],
-        workflow=row[1],
-        workflow_version=row[2],
-        status=RunStatus(row[3]),
-        namespace=row[4],
-        parent_id=row[5],
-        input=codec.loads(row[6]),
-        output=codec.loads(row[7]),
-        error=codec.loads(row[8]),
-        tags=codec.loads(row[9]) or [],
-        priority=row[10],
-        wake_at=row[11],
-        wake_requested_at=row[12],
-        locked_by=row[13],
-        locked_until=row[14],
-        recovery_attempts=row[15],
-        deadline_at=row[16],
-        created_at=row[17],
-        updated_at=row[18],
-        parent_seq=row[19],
-        cancel_requested=row[20],
-    )
+    return schedule_from_row(row) if row else None
 
 
 def _lease_statement(statuses: int) -> str:
@@ -1304,12 +1208,10 @@ def _lease_statement(statuses: int) -> str:
         "wake_requested_at = NULL, wake_at = NULL, updated_at = ? "
         f"WHERE id = ? AND status IN ({marks}) "
         "AND (locked_by IS NULL OR locked_until IS NULL OR locked_until < ?) "
-        f"RETURNING {_RUN_COLUMNS}"
+        f"RETURNING {RUN_COLUMNS}"
     )
 
 
 def _fetch_run(conn: sqlite3.Connection, run_id: str) -> Run | None:
-    row = conn.execute(
-        f"SELECT {_RUN_COLUMNS} FROM durably_runs WHERE id = ?", (run_id,)
-    ).fetchone()
-    return _row_to_run(row) if row else None
+    row = conn.execute(f"SELECT {RUN_COLUMNS} FROM durably_runs WHERE id = ?", (run_id,)).fetchone()
+    return run_from_row(row) if row else None

@@ -7,6 +7,7 @@ Chosen by URL: ``local://`` (the default, in-process queues), ``memory://``
 
 from __future__ import annotations
 
+from .._urls import redact_url
 from ..stores.base import StateStore
 from .base import Transport, TransportError
 from .local import LocalTransport
@@ -37,5 +38,6 @@ def open_transport(target: str | Transport | None, store: StateStore) -> Transpo
 
         return RedisTransport.from_url(target)
     raise ValueError(
-        f"unknown transport URL {target!r}: expected local://, memory://, db:// or redis://"
+        f"unknown transport URL {redact_url(target)!r}: "
+        "expected local://, memory://, db:// or redis://"
     )

@@ -7,7 +7,8 @@ worker that dies holding a task has it redelivered where the medium allows),
 so the engine settles only a *pending* checkpoint and drops the rest.
 Implementations: :mod:`.memory` (inline, for tests), :mod:`.local` (in-process
 queues, the default) and :mod:`.db` (a message table in the store's database,
-for fleets without a broker), all proven by ``tests/transports``.
+for fleets without a broker), all proven by the conformance suite shipped as
+:mod:`durably.testing.conformance.transports`.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Collection
 from typing import Protocol, runtime_checkable
 
+from .._queue import MessageQueue
 from ..errors import DurablyError
-from ..stores._messages import MessageQueue
 from ..wire import Heartbeat, StepResult, StepTask
 
 __all__ = [
@@ -50,7 +51,32 @@ class TransportError(DurablyError):
 
 @runtime_checkable
 class Transport(Protocol):
-    """Carries tasks to workers and results, heartbeats and cancel notices back."""
+    """Carries tasks to workers and results, heartbeats and cancel notices back.
+
+    **Inline transports.** A transport may run each task's handler inside
+    :meth:`dispatch` and hold nothing (``memory://``, made for deterministic
+    tests: when ``dispatch`` returns, the handler has run and its result is
+    with the consumer). Having no queue, it answers three cases differently,
+    and the conformance suite checks these answers instead:
+
+    - *A task for a group nobody serves* (including after
+      :meth:`stop_serving`) gets a failure result at once, not retryable:
+      ``{"message": "no handler for <name>", "retryable": False}``
+      (``StepResult.no_handler``), so a test missing a handler fails fast
+      instead of waiting forever. A queueing transport keeps the task until a
+      server of its group takes it.
+    - *A handler that raises* is logged and its task is not delivered again:
+      an inline retry could loop forever inside ``dispatch``, and the engine's
+      redispatch of stale steps owns such a task. A queueing transport
+      delivers it again.
+    - *Nothing is held*, so there is nothing to hand back, to order by
+      priority (tasks run in dispatch order, one at a time) or to deliver
+      again when a results consumer raises (the error reaches the sender of
+      the result).
+
+    These are kept rather than brought in line because each queueing answer
+    needs a queue, and the memory transport exists to have none.
+    """
 
     url: str
     """The URL the transport was chosen by (``memory://``, ``local://``, ``db://``)."""

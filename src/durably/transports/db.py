@@ -27,13 +27,14 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import Awaitable, Callable, Collection
-from typing import Any, Generic, TypeVar
+from collections.abc import Collection
+from typing import Any
 
-from .. import codec
+from .. import _codec as codec
 from .._aio import wait_event
+from .._batch import BatchCall
+from .._queue import Message, MessageQueue, OutMessage, Unlisten
 from ..clock import wall_ms
-from ..stores._messages import Message, MessageQueue, OutMessage, Unlisten
 from ..wire import Heartbeat, StepResult, StepTask, WireError
 from .base import CancelHandler, HeartbeatHandler, ResultHandler, TaskHandler, TransportError
 
@@ -44,7 +45,6 @@ _log = logging.getLogger("durably.transport")
 RESULTS_TOPIC = "results"
 BEATS_TOPIC = "beats"
 _RESULT_BATCH = 256
-_T = TypeVar("_T")
 
 
 def task_topic(group: str) -> str:
@@ -102,8 +102,10 @@ class DbTransport:
         self._results_wake = asyncio.Event()
         self._cancel_handlers: list[CancelHandler] = []
         # writes, batched while the previous batch commits
-        self._pushes: _Batcher[OutMessage] = _Batcher(self._push_now)
-        self._acks: _Batcher[int] = _Batcher(self._ack_now)
+        # One write per batch, of whatever queued meanwhile: the queue chunks
+        # its INSERTs itself, so the batches need no size limit.
+        self._pushes: BatchCall[OutMessage, None] = BatchCall(self._push_now, max_batch=None)
+        self._acks: BatchCall[int, None] = BatchCall(self._ack_now, max_batch=None)
 
     @property
     def poll_interval(self) -> float:
@@ -180,7 +182,7 @@ class DbTransport:
             ]
             # Through the batcher: a fan's tasks (and concurrent turns' ones)
             # go out in one transaction rather than one each.
-            await self._pushes.add_many(messages)
+            await self._pushes.many(messages)
         except TransportError:
             raise
         except Exception as exc:
@@ -197,15 +199,17 @@ class DbTransport:
     async def _send(self, message: OutMessage, what: str) -> None:
         self._q()
         try:
-            await self._pushes.add(message)
+            await self._pushes(message)
         except Exception as exc:
             raise TransportError(f"could not send a {what}: {exc}") from exc
 
-    async def _push_now(self, messages: list[OutMessage]) -> None:
+    async def _push_now(self, messages: list[OutMessage]) -> list[None]:
         await self._q().push(messages)
+        return [None] * len(messages)
 
-    async def _ack_now(self, ids: list[int]) -> None:
+    async def _ack_now(self, ids: list[int]) -> list[None]:
         await self._q().ack(ids)
+        return [None] * len(ids)
 
     async def publish_cancel(self, run_ids: list[str]) -> None:
         """Notify every listener of the store's channel (best effort)."""
@@ -283,7 +287,7 @@ class DbTransport:
                 _log.error("dropping a malformed task message %d: %s", message.id, exc)
                 self._finished(message.id)
                 with contextlib.suppress(Exception):  # if not, it comes back: dropped then
-                    await self._acks.add(message.id)
+                    await self._acks(message.id)
                 return
             try:
                 await handler(task)
@@ -300,7 +304,7 @@ class DbTransport:
                 return
             self._finished(message.id)
             try:
-                await self._acks.add(message.id)
+                await self._acks(message.id)
             except Exception as exc:  # it comes back after its lease: at least once
                 _log.warning("could not ack task %s: %s", task.step_id, exc)
         finally:
@@ -421,52 +425,3 @@ class DbTransport:
                 await self._q().ack(done)
             except Exception as exc:  # delivered again after the lease: at least once
                 _log.warning("could not ack %d result message(s): %s", len(done), exc)
-
-
-class _Batcher(Generic[_T]):
-    """Collects items while the previous batch is written; one write per batch.
-
-    A lone item goes out at once; ``add`` returns once its batch committed
-    (and raises what the write raised).
-    """
-
-    def __init__(self, write: Callable[[list[_T]], Awaitable[None]]) -> None:
-        self._write = write
-        self._items: list[tuple[_T, asyncio.Future[None]]] = []
-        self._task: asyncio.Task[None] | None = None
-
-    async def add(self, item: _T) -> None:
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._items.append((item, future))
-        if self._task is None or self._task.done():
-            self._task = asyncio.create_task(self._run())
-        await future
-
-    async def add_many(self, items: list[_T]) -> None:
-        loop = asyncio.get_running_loop()
-        futures: list[asyncio.Future[None]] = []
-        for item in items:
-            future: asyncio.Future[None] = loop.create_future()
-            self._items.append((item, future))
-            futures.append(future)
-        if self._task is None or self._task.done():
-            self._task = asyncio.create_task(self._run())
-        await asyncio.gather(*futures)
-
-    async def drain(self) -> None:
-        if self._task is not None:
-            await asyncio.gather(self._task, return_exceptions=True)
-
-    async def _run(self) -> None:
-        while self._items:
-            batch, self._items = self._items, []
-            try:
-                await self._write([item for item, _ in batch])
-            except Exception as exc:
-                for _, future in batch:
-                    if not future.done():
-                        future.set_exception(exc)
-            else:
-                for _, future in batch:
-                    if not future.done():
-                        future.set_result(None)

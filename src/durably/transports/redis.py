@@ -27,7 +27,7 @@ the TypeScript runtimes) speak, so any of them can serve a ``ctx.step``:
   unprioritised, because BullMQ serves unprioritised jobs before every
   prioritised one (the task JSON itself still omits ``priority``).
 
-Credentials in the URL are used to connect and never appear in
+A password in the URL is used to connect and never appears in
 :attr:`RedisTransport.url`, a log line or an error message.
 """
 
@@ -54,10 +54,11 @@ from bullmq import Worker as _BullWorker
 from redis.asyncio.client import PubSub
 
 from .._aio import wait_event
+from .._urls import redact_url
 from ..wire import Heartbeat, StepResult, StepTask, WireError
 from .base import CancelHandler, HeartbeatHandler, ResultHandler, TaskHandler, TransportError
 
-__all__ = ["RedisNames", "RedisTransport", "bullmq_priority", "redact_url"]
+__all__ = ["RedisNames", "RedisTransport", "bullmq_priority"]
 
 _log = logging.getLogger("durably.transport")
 
@@ -88,21 +89,6 @@ def bullmq_priority(priority: int | float | None) -> int:
     """
     p = 0 if priority is None else priority
     return min(_MAX_PRIORITY, max(1, round(_NEUTRAL_PRIORITY - p)))
-
-
-def redact_url(url: str) -> str:
-    """``url`` without its user, password or query options, safe for logs and errors."""
-    try:
-        parts = urlsplit(url)
-        host = parts.hostname or ""
-        if ":" in host:
-            host = f"[{host}]"
-        netloc = f"{host}:{parts.port}" if parts.port else host
-    except ValueError:
-        return "<unparseable redis URL>"
-    # Only our naming options are kept: redis-py also takes a password in the query.
-    kept = [(k, v) for k, v in parse_qsl(parts.query) if k in ("prefix", "namespace")]
-    return urlunsplit((parts.scheme, netloc, parts.path, urlencode(kept), ""))
 
 
 @dataclass(frozen=True, slots=True)

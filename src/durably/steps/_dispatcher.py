@@ -17,49 +17,18 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 
-from .clock import Clock
-from .durations import Duration, to_ms
-from .model import CheckpointStatus
-from .steps import StepDefinition
-from .stores.base import Resolution, StateStore
-from .transports.base import Transport
-from .wire import Heartbeat, StepResult, StepTask
+from ..clock import Clock
+from ..model import CheckpointStatus
+from ..stores.base import Resolution, StateStore
+from ..transports.base import Transport
+from ..wire import Heartbeat, StepResult, StepTask
+from ._flow import FlowQueue
+from .definition import StepDefinition
 
-__all__ = ["FlowQueue", "LiveStep", "StepDispatcher"]
+__all__ = ["LiveStep", "StepDispatcher"]
 
 _log = logging.getLogger("durably.dispatch")
 _MAX_THROTTLE_ENTRIES = 50_000
-
-
-@dataclass(frozen=True, slots=True)
-class FlowQueue:
-    """A flow-control queue registered with ``engine.register_queue``."""
-
-    name: str
-    concurrency: int | None
-    rate_limit: int | None
-    rate_period_ms: int
-    retry_ms: int
-
-    @classmethod
-    def build(
-        cls,
-        name: str,
-        concurrency: int | None,
-        rate: tuple[int, Duration] | None,
-        retry: Duration,
-    ) -> FlowQueue:
-        """Validate ``engine.register_queue``'s arguments."""
-        if not isinstance(name, str) or not name:
-            raise ValueError("a queue needs a non-empty name")
-        if concurrency is not None and (not isinstance(concurrency, int) or concurrency < 1):
-            raise ValueError(f"queue {name!r}: concurrency must be an int >= 1")
-        limit, period = (None, 1000) if rate is None else (rate[0], to_ms(rate[1], name="rate"))
-        if limit is not None and (not isinstance(limit, int) or limit < 1 or period < 1):
-            raise ValueError(f"queue {name!r}: rate must be (count >= 1, period > 0)")
-        if concurrency is None and limit is None:
-            raise ValueError(f"queue {name!r}: give concurrency=, rate= or both")
-        return cls(name, concurrency, limit, period, to_ms(retry, name="retry"))
 
 
 @dataclass(eq=False)

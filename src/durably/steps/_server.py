@@ -16,12 +16,12 @@ import time
 from collections.abc import Awaitable, Callable, Collection
 from typing import Any
 
-from ._aio import wait_event
-from ._threads import StepThreads
-from .clock import wall_ms
-from .steps import StepDefinition, StepLogger, failure_of
-from .transports.base import Transport
-from .wire import Heartbeat, StepResult, StepTask
+from .._aio import wait_event
+from .._threads import StepThreads
+from ..clock import wall_ms
+from ..transports.base import Transport
+from ..wire import Heartbeat, StepResult, StepTask
+from .definition import StepDefinition, StepLogger, failure_of
 
 __all__ = ["StepServer"]
 

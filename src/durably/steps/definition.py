@@ -16,11 +16,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from . import codec
-from .clock import wall_ms
-from .errors import FatalError, SchemaValidationError
-from .retry import RetryPolicy
-from .wire import StepEvent
+from .. import _codec as codec
+from ..clock import wall_ms
+from ..errors import FatalError, SchemaValidationError
+from ..retry import RetryPolicy
+from ..wire import StepEvent
 
 __all__ = ["StepDefinition", "StepLogger", "StepRef"]
 

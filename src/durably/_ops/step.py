@@ -1,7 +1,7 @@
 """How ``ctx.step`` executes: dispatch, durable waiting, liveness, retries, nets.
 
-Kept apart from :mod:`durably.context` (which only resolves a call's options
-and takes its position) because a dispatched step is a small state machine
+The context only resolves a call's options and takes its position; this
+module does the rest, because a dispatched step is a small state machine
 over its checkpoint:
 
 - no checkpoint, or one not out (``dispatched_at`` unset): ask for admission
@@ -20,18 +20,16 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ._dispatch import LiveStep
-from .errors import StepFailed
-from .model import Checkpoint, CheckpointStatus, ErrorInfo
-from .retry import RetryPolicy
-from .stores.base import Admission
-from .transports.base import TransportError
-from .wire import StepTask, routing_token
-
-if TYPE_CHECKING:
-    from .context import WorkflowContext
+from ..errors import StepFailed
+from ..model import Checkpoint, CheckpointStatus, ErrorInfo
+from ..retry import RetryPolicy
+from ..steps._dispatcher import LiveStep
+from ..stores.base import Admission
+from ..transports.base import TransportError
+from ..wire import StepTask, routing_token
+from .env import TurnEnv
 
 __all__ = ["StepCall", "StepRunner"]
 
@@ -55,13 +53,16 @@ class StepCall:
 
 
 class StepRunner:
-    """Executes one ``ctx.step`` call for a workflow context."""
+    """Executes ``ctx.step`` calls for one turn."""
 
-    def __init__(self, ctx: WorkflowContext) -> None:
-        self._ctx = ctx
+    __slots__ = ("_env",)
+
+    def __init__(self, env: TurnEnv) -> None:
+        self._env = env
 
     async def run(self, seq: int, call: StepCall, recorded: Checkpoint | None) -> Any:
-        turn, services = self._ctx._turn, self._ctx._services
+        """Drive the step at ``seq`` from its ``recorded`` checkpoint to a result or a park."""
+        turn, services = self._env.turn, self._env.services
         cp = recorded
         while True:
             if cp is not None and cp.status is CheckpointStatus.COMPLETED:
@@ -85,7 +86,7 @@ class StepRunner:
                     started_at=cp.started_at,
                 )
                 with turn.in_flight():
-                    await self._ctx._save(cp)
+                    await self._env.save(cp)
             if turn.unwinding:
                 return await turn.park(seq, None, reconcile=False)
             now = services.clock.now_ms()
@@ -101,7 +102,7 @@ class StepRunner:
                             seq, call, attempts=attempts, wake_at=retry_at, started_at=started
                         )
                         with turn.in_flight():
-                            await self._ctx._save(cp)
+                            await self._env.save(cp)
                         return await turn.park(seq, retry_at, reconcile=False)
                 cp = self._step_checkpoint(
                     seq,
@@ -128,7 +129,7 @@ class StepRunner:
                         queue=cp.queue,
                     )
                     with turn.in_flight():
-                        await self._ctx._save(lost)
+                        await self._env.save(lost)
                     raise StepFailed.from_error(call.name, lost.error, lost.attempts)
                 cp = self._step_checkpoint(
                     seq,
@@ -152,7 +153,7 @@ class StepRunner:
             cp = await self._await_live(seq, call, cp, send=True)
 
     def _redispatch_at(self, now: int) -> int | None:
-        ms = self._ctx._services.redispatch_ms
+        ms = self._env.services.redispatch_ms
         return None if not ms else now + ms
 
     def _step_checkpoint(
@@ -170,9 +171,8 @@ class StepRunner:
         queue: str | None = None,
         redispatches: int = 0,
     ) -> Checkpoint:
-        now = self._ctx._services.clock.now_ms()
-        return Checkpoint(
-            self._ctx.run_id,
+        now = self._env.clock.now_ms()
+        return self._env.checkpoint(
             seq,
             call.name,
             "step",
@@ -191,11 +191,11 @@ class StepRunner:
 
     async def _admit(self, seq: int, call: StepCall) -> int | None:
         assert call.queue is not None
-        flow = self._ctx._services.steps.queues[call.queue]
+        flow = self._env.services.steps.queues[call.queue]
         request = Admission(
             queue=call.queue,
-            step_id=f"{self._ctx.run_id}:{seq}",
-            run_id=self._ctx.run_id,
+            step_id=f"{self._env.run_id}:{seq}",
+            run_id=self._env.run_id,
             concurrency=flow.concurrency,
             rate_limit=flow.rate_limit,
             rate_period_ms=flow.rate_period_ms,
@@ -203,18 +203,16 @@ class StepRunner:
             fairness_key=call.fairness_key,
             retry_ms=flow.retry_ms,
         )
-        with self._ctx._turn.in_flight():
-            await self._ctx._turn.flush()
-            return await self._ctx._services.store.try_admit(
-                request, self._ctx._services.clock.now_ms()
-            )
+        with self._env.turn.in_flight():
+            await self._env.turn.flush()
+            return await self._env.store.try_admit(request, self._env.clock.now_ms())
 
     def _task(self, seq: int, call: StepCall, cp: Checkpoint) -> StepTask:
         return StepTask(
-            run_id=self._ctx.run_id,
+            run_id=self._env.run_id,
             seq=seq,
             name=call.name,
-            group=routing_token(call.name, self._ctx._turn.run.namespace),
+            group=routing_token(call.name, self._env.turn.run.namespace),
             input=call.input,
             attempt=cp.attempts,
             priority=call.priority,
@@ -228,17 +226,17 @@ class StepRunner:
         second, so a later turn sends the same attempt again (with or without
         the redispatch net); returns whether it was sent.
         """
-        turn = self._ctx._turn
+        turn = self._env.turn
         with turn.in_flight():
-            await self._ctx._save(cp)
+            await self._env.save(cp)
             try:
-                await self._ctx._services.steps.dispatch([self._task(seq, call, cp)])
+                await self._env.services.steps.dispatch([self._task(seq, call, cp)])
             except TransportError as exc:
-                self._ctx.log.warning("step %s could not be dispatched: %s", call.name, exc)
+                self._env.log.warning("step %s could not be dispatched: %s", call.name, exc)
                 cp.dispatched_at = None
                 cp.attempts -= 1
-                cp.wake_at = self._ctx._services.clock.now_ms() + _SEND_RETRY_MS
-                await self._ctx._save(cp)
+                cp.wake_at = self._env.clock.now_ms() + _SEND_RETRY_MS
+                await self._env.save(cp)
                 return False
         return True
 
@@ -246,9 +244,9 @@ class StepRunner:
         self, seq: int, call: StepCall, cp: Checkpoint, *, send: bool
     ) -> Checkpoint:
         """Await a step with a ``timeout`` in memory; return its settled checkpoint."""
-        turn, services = self._ctx._turn, self._ctx._services
+        turn, services = self._env.turn, self._env.services
         assert call.timeout_ms is not None
-        step_id = f"{self._ctx.run_id}:{seq}"
+        step_id = f"{self._env.run_id}:{seq}"
         with services.steps.live(step_id) as waiter:
             if send and not await self._send(seq, call, cp):
                 return cp  # not out: the caller parks until it is due again
@@ -276,7 +274,7 @@ class StepRunner:
                         continue
                     # The window ran out here: the store may know better (a
                     # result or beat another instance consumed).
-                    fresh = await services.store.get_checkpoint(self._ctx.run_id, seq)
+                    fresh = await services.store.get_checkpoint(self._env.run_id, seq)
                     turn.ensure_open()
                     if fresh is not None and fresh.status in (
                         CheckpointStatus.COMPLETED,
@@ -302,13 +300,13 @@ class StepRunner:
                         started_at=cp.started_at,
                         queue=cp.queue,
                     )
-                    await self._ctx._save(failed)
+                    await self._env.save(failed)
                     return failed
 
     async def _wait_change(self, waiter: LiveStep, seconds: float) -> None:
         waiter.changed.clear()
         changed = asyncio.ensure_future(waiter.changed.wait())
-        timer = asyncio.ensure_future(self._ctx._services.clock.sleep(seconds))
+        timer = asyncio.ensure_future(self._env.clock.sleep(seconds))
         try:
             await asyncio.wait({changed, timer}, return_when=asyncio.FIRST_COMPLETED)
         finally:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from . import codec
+from . import _codec as codec
 from .errors import NondeterminismError, _ContinueAsNew, _TurnClosed
 from .model import Checkpoint, ErrorInfo, Run
 

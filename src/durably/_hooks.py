@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
-from .model import Checkpoint, Run
+from .model import Checkpoint, Run, RunStatus
 
-__all__ = ["EvictHook", "Handler", "Hooks", "StalledHook"]
+__all__ = ["EvictHook", "Handler", "Hooks", "StalledHook", "StartRun"]
 
 Handler = str | Callable[[Run], Awaitable[Any]]
 """A workflow name, or ``async def handler(run)``."""
@@ -24,7 +24,15 @@ EvictHook = Callable[[Run, list[Checkpoint]], Awaitable[Any]]
 StalledHook = Callable[[Run], Awaitable[Any]]
 """``async def alert(run)``, called once per stalled episode."""
 
-_log = logging.getLogger("durably.hooks")
+_log = logging.getLogger("durably._hooks")
+
+
+class StartRun(Protocol):
+    """Starts a run idempotently by id (``Engine.start``)."""
+
+    def __call__(
+        self, workflow: str, input: Any = None, *, run_id: str | None = None
+    ) -> Awaitable[Any]: ...
 
 
 class Hooks:
@@ -40,6 +48,32 @@ class Hooks:
     def error_handlers(self, code: str | None) -> list[Handler]:
         """Handlers for a failure with ``code``, then the catch-all ``"*"`` ones."""
         return [*self.errors.get(code or "error", []), *self.errors.get("*", [])]
+
+    async def after_failure(self, run: Run, start: StartRun) -> None:
+        """Route a run that just became failed or dead to its handlers.
+
+        A workflow-name handler is started through ``start`` with an id
+        derived from the run (``dlq:<run_id>``, ``onerror:<code>:<run_id>``),
+        so it fires once per run however often this is called; a callable
+        handler is awaited here, its exception logged.
+        """
+        if run.status is RunStatus.DEAD:
+            handlers = self.dead
+            handler_id = f"dlq:{run.run_id}"
+        elif run.status is RunStatus.FAILED:
+            code = (run.error or {}).get("code")
+            handlers = self.error_handlers(code)
+            handler_id = f"onerror:{code}:{run.run_id}"
+        else:
+            return
+        for handler in handlers:
+            if isinstance(handler, str):
+                try:
+                    await start(handler, handler_input(run), run_id=handler_id)
+                except Exception:
+                    _log.exception("could not start handler %s for run %s", handler, run.run_id)
+            else:
+                await call_safely(handler, run)
 
 
 def handler_input(run: Run) -> dict[str, Any]:

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from . import codec
+from . import _codec as codec
 from .errors import SchemaValidationError, WorkflowNotRegistered
 
 __all__ = ["Registry", "WorkflowDef"]
@@ -25,6 +25,13 @@ class WorkflowDef:
     input_type: Any = None
     execution_timeout_ms: int | None = None
     takes_input: bool = True
+
+    def deadline_from(self, now_ms: int) -> int | None:
+        """When a run of this version started at ``now_ms`` exceeds its
+        ``execution_timeout`` (epoch ms), or ``None`` without one."""
+        if self.execution_timeout_ms is None:
+            return None
+        return now_ms + self.execution_timeout_ms
 
     def validate_input(self, value: Any) -> Any:
         """Check ``value`` against the declared input and return it as JSON data.

@@ -1,0 +1,343 @@
+"""ChildRuns: runs that start runs, and how an ending reaches the runs around it.
+
+A parent creates its children in bulk and suspends on their placeholders; a
+child that ends reports to its parent (settling the placeholder and waking
+the parent in one write); a parent's turn reconciles children whose report a
+crash lost. Cancelling a run cancels its live children, recursively. Every
+terminal write outside a turn (a cancel, an execution timeout) goes through
+:meth:`ChildRuns.set_terminal`, so the parent always hears of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+from ._batch import BatchCall
+from ._replay import error_info
+from .errors import DurablyError, SchemaValidationError, WorkflowNotRegistered
+from .model import TERMINAL_STATUSES, CheckpointStatus, ErrorInfo, Run, RunStatus
+from .stores import RunQuery
+from .stores.base import Resolution
+
+if TYPE_CHECKING:
+    from ._registry import Registry
+    from ._routing import RunRouter
+    from .clock import Clock
+    from .model import Checkpoint
+    from .stores import StateStore
+    from .transports import Transport
+
+__all__ = ["LIVE", "ChildRuns", "ChildStart", "RunNotFound", "child_error"]
+
+_log = logging.getLogger("durably")
+
+LIVE = frozenset({RunStatus.PENDING, RunStatus.RUNNING, RunStatus.SUSPENDED, RunStatus.BLOCKED})
+"""The statuses a run can still leave."""
+_RETRYABLE = frozenset({RunStatus.FAILED, RunStatus.DEAD})
+
+
+class RunNotFound(DurablyError, LookupError):
+    """No run has the given id."""
+
+    code = "run_not_found"
+
+
+class ChildStart(Protocol):
+    """What creating a child needs from ``ctx.child``'s call (typed by shape,
+    so this module stays below the workflow context)."""
+
+    @property
+    def run_id(self) -> str: ...
+    @property
+    def workflow(self) -> str: ...
+    @property
+    def input(self) -> Any: ...
+    @property
+    def seq(self) -> int: ...
+
+
+class ChildRuns:
+    """Spawns children, reports endings to parents, and cascades cancels."""
+
+    def __init__(
+        self,
+        store: StateStore,
+        clock: Clock,
+        registry: Registry,
+        router: RunRouter,
+        transport: Transport,
+        has_flow_queues: Callable[[], bool],
+    ) -> None:
+        self._store = store
+        self._clock = clock
+        self._registry = registry
+        self._router = router
+        self._transport = transport
+        self._has_flow_queues = has_flow_queues
+        # Children ending together tell their parents in shared transactions:
+        # on PostgreSQL each report locks the parent's row, and one report at
+        # a time queues every child of a large fan behind that lock.
+        self._parent_reports: BatchCall[Resolution, int | None] = BatchCall(
+            lambda batch: self._store.resolve_checkpoints(batch, self._clock.now_ms())
+        )
+
+    async def require(self, run_id: str) -> Run:
+        """The run, or :class:`RunNotFound`."""
+        run = await self._store.get_run(run_id)
+        if run is None:
+            raise RunNotFound(f"no run with id {run_id!r}")
+        return run
+
+    async def spawn(self, parent: Run, calls: Sequence[ChildStart]) -> list[ErrorInfo | None]:
+        """Create child runs in bulk; return a start error per child (or ``None``)."""
+        now = self._clock.now_ms()
+        errors: list[ErrorInfo | None] = [None] * len(calls)
+        runs: list[Run] = []
+        for i, call in enumerate(calls):
+            try:
+                definition = self._registry.get(call.workflow)
+                stored_input = definition.validate_input(call.input)
+            except (WorkflowNotRegistered, SchemaValidationError) as exc:
+                errors[i] = child_error(call.run_id, "failed", error_info(exc))
+                continue
+            runs.append(
+                Run(
+                    run_id=call.run_id,
+                    workflow=definition.name,
+                    workflow_version=definition.version,
+                    status=RunStatus.PENDING,
+                    input=stored_input,
+                    namespace=parent.namespace,
+                    parent_id=parent.run_id,
+                    parent_seq=call.seq,
+                    priority=parent.priority,
+                    deadline_at=definition.deadline_from(now),
+                    created_at=now,
+                    updated_at=now,
+                )
+            )
+        # A child that cannot start reaches its parent as a failed child.
+        unstartable = [
+            Resolution(parent.run_id, calls[i].seq, CheckpointStatus.FAILED, error=error)
+            for i, error in enumerate(errors)
+            if error is not None
+        ]
+        if unstartable:
+            await self._store.resolve_checkpoints(unstartable, now)
+        created = set(await self._store.create_runs(runs)) if runs else set()
+        existing = [run.run_id for run in runs if run.run_id not in created]
+        for run in runs:
+            if run.run_id in created:
+                self._router.route(run.run_id, namespace=run.namespace, priority=run.priority)
+        if existing:
+            # Started by an earlier turn that crashed before suspending: any
+            # that already finished settle their placeholder now.
+            for child in await self._store.get_runs(existing):
+                if child.status in TERMINAL_STATUSES:
+                    await self.report_to_parent(child)
+                elif child.status is RunStatus.PENDING:
+                    self._router.route(child.run_id, namespace=child.namespace)
+        return errors
+
+    async def report_to_parent(self, child: Run) -> None:
+        """Tell a waiting parent that ``child`` ended, however it ended.
+
+        The child's own terminal state is written first; this delivery is
+        retried on store errors (0.25 s, 1 s, 4 s). Should it still be lost,
+        the parent's next turn reads its children and settles them.
+        """
+        if child.parent_id is None or child.parent_seq is None:
+            return
+        if child.status is RunStatus.COMPLETED:
+            status, output, error = CheckpointStatus.COMPLETED, child.output, None
+        else:
+            status, output = CheckpointStatus.FAILED, None
+            error = child_error(child.run_id, child.status.value, child.error)
+        report = Resolution(child.parent_id, child.parent_seq, status, output, error)
+        for delay in (0.25, 1.0, 4.0, None):
+            try:
+                left = await self._parent_reports(report)
+                break
+            except Exception:
+                if delay is None:
+                    _log.exception(
+                        "could not tell run %s that child %s ended", child.parent_id, child.run_id
+                    )
+                    return
+                await asyncio.sleep(delay)
+        # Wake the parent when its fan-out is complete, or on a failure
+        # (fail_fast must hear of it); a fan of thousands costs one parent turn.
+        if left is not None and (left == 0 or status is CheckpointStatus.FAILED):
+            await self._router.wake(child.parent_id)
+
+    async def reconcile(self, run: Run, checkpoints: dict[int, Checkpoint]) -> set[str]:
+        """Settle the children this run waits on that already ended (their
+        notification may have been lost to a crash), in batches of 500.
+        Returns the ids of waited-on children that do not exist: an earlier
+        turn stored their placeholders and died before creating them."""
+        waiting = {
+            str(cp.input["run_id"]): cp
+            for cp in checkpoints.values()
+            if cp.kind == "child"
+            and cp.status is CheckpointStatus.PENDING
+            and isinstance(cp.input, dict)
+        }
+        if not waiting:
+            return set()
+        ids = list(waiting)
+        missing = set(ids)
+        now = self._clock.now_ms()
+        for start in range(0, len(ids), 500):
+            settled: list[Resolution] = []
+            for child in await self._store.get_runs(ids[start : start + 500]):
+                missing.discard(child.run_id)
+                if child.status not in TERMINAL_STATUSES:
+                    continue
+                cp = waiting[child.run_id]
+                if child.status is RunStatus.COMPLETED:
+                    cp.status, cp.output = CheckpointStatus.COMPLETED, child.output
+                else:
+                    cp.status = CheckpointStatus.FAILED
+                    cp.error = child_error(child.run_id, child.status.value, child.error)
+                cp.finished_at = now
+                settled.append(Resolution(run.run_id, cp.seq, cp.status, cp.output, cp.error))
+            if settled:  # one transaction per page, not one per finished child
+                await self._store.resolve_checkpoints(settled, now)
+        return missing
+
+    async def cancel(self, run_id: str, *, compensate: bool = False) -> RunStatus:
+        """Cancel a run and its live children; return its status from before
+        (see :meth:`durably.Engine.cancel`)."""
+        run = await self.require(run_id)
+        if compensate:
+            if run.status in TERMINAL_STATUSES:
+                return run.status
+            if await self._store.update_run_if(
+                run_id, LIVE, {"cancel_requested": "compensate"}, self._clock.now_ms()
+            ):
+                turn = self._router.active.get(run_id)
+                if turn is not None:
+                    turn.close("unwind")
+                else:
+                    await self._router.wake(run_id)
+            return run.status
+        while run.status not in TERMINAL_STATUSES:
+            error = {"message": "cancelled", "code": "cancelled", "type": "RunCancelled"}
+            if await self.set_terminal(run, RunStatus.CANCELLED, error):
+                await self.cancel_children(run_id)
+                await self.after_end(run_id, cancelled=True)
+                return run.status
+            run = await self.require(run_id)
+        return run.status
+
+    async def retry(self, run_id: str) -> Run:
+        """Run a failed or dead run again from where it failed, its failed or
+        dead children too (see :meth:`durably.Engine.retry`)."""
+        run = await self.require(run_id)
+        if run.status not in _RETRYABLE:
+            raise DurablyError(f"run {run_id!r} is {run.status}; only failed or dead runs retry")
+        history = await self._store.load_checkpoints(run_id)
+        stale = [
+            cp.seq
+            for cp in history.values()
+            if cp.status is not CheckpointStatus.COMPLETED or cp.seq < 0
+        ]
+        for cp in history.values():
+            if cp.kind == "child" and cp.status is CheckpointStatus.FAILED:
+                child_id = cp.input.get("run_id") if isinstance(cp.input, dict) else None
+                child = await self._store.get_run(str(child_id)) if child_id else None
+                if child is not None and child.status in _RETRYABLE:
+                    await self.retry(child.run_id)
+        await self._store.delete_checkpoints(run_id, stale)
+        if not await self._store.update_run_if(
+            run_id,
+            _RETRYABLE,
+            {
+                "status": RunStatus.PENDING.value,
+                "error": None,
+                "output": None,
+                "wake_at": None,
+                "recovery_attempts": 0,
+                "cancel_requested": None,
+            },
+            self._clock.now_ms(),
+        ):
+            raise DurablyError(f"run {run_id!r} changed while being retried; try again")
+        self._router.route(run_id, namespace=run.namespace, priority=run.priority)
+        return await self.require(run_id)
+
+    async def cancel_runs(self, run_ids: list[str]) -> None:
+        """Cancel each of ``run_ids`` (and its children); a missing run is skipped."""
+        for run_id in run_ids:
+            try:
+                await self.cancel(run_id)
+            except RunNotFound:
+                continue
+
+    async def cancel_children(self, run_id: str) -> None:
+        """Cancel the live children of ``run_id``, a page of 500 at a time."""
+        cursor: str | None = None
+        while True:
+            page = await self._store.list_runs(RunQuery(parent_id=run_id, limit=500, cursor=cursor))
+            await self.cancel_runs(
+                [r.run_id for r in page.runs if r.status not in TERMINAL_STATUSES]
+            )
+            cursor = page.next_cursor
+            if cursor is None:
+                return
+
+    async def set_terminal(self, run: Run, status: RunStatus, error: dict[str, Any]) -> bool:
+        """End ``run`` from outside a turn if it is still as read; ``False`` if it moved.
+
+        A turn of it running here is closed, waiters are woken, and the
+        parent hears of the ending.
+        """
+        changed = await self._store.update_run_if(
+            run.run_id,
+            frozenset({run.status}),
+            {"status": status.value, "error": error, "wake_at": None},
+            self._clock.now_ms(),
+        )
+        if changed:
+            turn = self._router.active.get(run.run_id)
+            if turn is not None:
+                turn.close(status.value)
+            self._router.notify(run.run_id)
+            await self.report_to_parent(run.replace(status=status, error=error, output=None))
+        return changed
+
+    async def after_end(self, run_id: str, *, cancelled: bool) -> None:
+        """A run ended: free its flow-control slots and stop its step handlers."""
+        if self._has_flow_queues():
+            try:
+                await self._store.release_slots(run_id, self._clock.now_ms())
+            except Exception:
+                _log.exception("could not release the flow-control slots of run %s", run_id)
+        if cancelled:
+            try:
+                await self._transport.publish_cancel([run_id])
+            except Exception:
+                _log.warning("could not publish the cancel of run %s", run_id, exc_info=True)
+
+    async def ended_runs(self, run_ids: list[str]) -> set[str]:
+        """Of ``run_ids``, those that ended or are being cancelled (for step handlers)."""
+        runs = await self._store.get_runs(run_ids)
+        return {
+            run.run_id
+            for run in runs
+            if run.status in TERMINAL_STATUSES or run.cancel_requested is not None
+        }
+
+
+def child_error(run_id: str, status: str, error: ErrorInfo | None) -> ErrorInfo:
+    """How a child's failure is recorded on its parent's checkpoint."""
+    message = (error or {}).get("message", status)
+    return {
+        "message": f"child run {run_id} {status}: {message}",
+        "code": (error or {}).get("code") or f"child_{status}",
+        "type": "ChildFailed",
+        "details": {"run_id": run_id, "status": status},
+    }

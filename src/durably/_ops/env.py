@@ -1,0 +1,147 @@
+"""``TurnEnv``: what every ``ctx`` operation works against during one turn.
+
+The operations in :mod:`durably._ops` receive it explicitly rather than
+reaching into ``WorkflowContext``: the turn (positions, parking, deferred
+writes), the engine's services, and the few routines they all need — build a
+checkpoint, save it now or with the next flush, and leave the turn when the
+store's lease fence refuses a write.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+from .._replay import Turn
+from .._threads import StepThreads
+from ..clock import Clock
+from ..errors import _TurnClosed
+from ..model import Checkpoint, CheckpointStatus, ErrorInfo, Run
+from ..retry import RetryPolicy
+from ..steps._dispatcher import StepDispatcher
+from ..stores.base import StateStore
+
+__all__ = ["Services", "SpawnChildren", "TurnEnv"]
+
+SpawnChildren = Callable[[Run, list[Any]], Awaitable[list[ErrorInfo | None]]]
+"""Create child runs for a parent; return a start error per child (or ``None``).
+
+Each item has ``run_id``, ``seq``, ``workflow`` and ``input`` (a
+:class:`durably._ops.fan.ChildCall`). Typed by shape, not by that class, so
+this module stays below :mod:`durably._ops.fan`.
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Services:
+    """What the operations need from the engine, passed in explicitly (one per engine)."""
+
+    store: StateStore
+    clock: Clock
+    threads: StepThreads
+    track_start: bool
+    default_retry: RetryPolicy
+    logger: logging.Logger
+    spawn_children: SpawnChildren
+    cancel_runs: Callable[[list[str]], Awaitable[None]]
+    steps: StepDispatcher
+    redispatch_ms: int | None
+    redispatch_max: int
+
+
+class TurnEnv:
+    """One turn of one run as the operations see it: the turn plus the engine's services."""
+
+    __slots__ = ("clock", "log", "run_id", "services", "store", "turn")
+
+    def __init__(self, turn: Turn, services: Services) -> None:
+        self.turn = turn
+        self.services = services
+        # Copied out of ``services``: they are read on every operation.
+        self.store = services.store
+        self.clock = services.clock
+        self.run_id = turn.run.run_id
+        self.log: logging.LoggerAdapter[logging.Logger] = logging.LoggerAdapter(
+            services.logger, {"run_id": self.run_id, "workflow": turn.run.workflow}
+        )
+        """A logger that tags every record with the run id and workflow."""
+
+    def checkpoint(
+        self,
+        seq: int,
+        name: str,
+        kind: str,
+        status: CheckpointStatus,
+        *,
+        input: Any = None,
+        output: Any = None,
+        error: ErrorInfo | None = None,
+        attempts: int = 0,
+        wake_at: int | None = None,
+        started_at: int | None = None,
+        finished_at: int | None = None,
+        group: str | None = None,
+        dispatched_at: int | None = None,
+        redispatches: int = 0,
+        queue: str | None = None,
+    ) -> Checkpoint:
+        """A checkpoint of this run at ``seq`` (the fields a ``ctx`` operation writes)."""
+        return Checkpoint(
+            self.run_id,
+            seq,
+            name,
+            kind,
+            status,
+            input,
+            output,
+            error,
+            attempts,
+            wake_at,
+            started_at,
+            finished_at,
+            group,
+            dispatched_at,
+            redispatches,
+            queue,
+        )
+
+    async def save(self, checkpoint: Checkpoint) -> None:
+        """Write ``checkpoint`` after every deferred write, fenced by the lease."""
+        turn, store = self.turn, self.store
+        turn.ensure_open()
+        if store.ordered_writes:
+            # Queued behind every earlier write: once this one is done they
+            # are too, and the flush only collects their results.
+            held = await store.save_checkpoint(checkpoint, turn.owner)
+            await turn.flush()
+        else:
+            await turn.flush()
+            held = await store.save_checkpoint(checkpoint, turn.owner)
+        if not held:
+            self.fence_lost()
+
+    def save_later(self, checkpoint: Checkpoint) -> None:
+        """Start writing ``checkpoint``; the turn's next flush waits for it."""
+        self.turn.write_later(self.store.save_checkpoint(checkpoint, self.turn.owner))
+
+    def fence_lost(self) -> NoReturn:
+        """Leave the turn: the store refused a write, so another instance holds the lease.
+
+        Marked ``fenced`` so the engine writes no outcome over the new owner's.
+        """
+        self.turn.fenced = True
+        self.turn.close("fenced")
+        raise _TurnClosed("fenced")
+
+    async def call(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+        """Run user code: a coroutine function on the loop, anything else in a step thread
+        (so a blocking function cannot stall every other run)."""
+        if inspect.iscoroutinefunction(fn):
+            return await fn(*args)
+        result = await self.services.threads.call(fn, args)
+        if inspect.isawaitable(result):
+            return await result
+        return result

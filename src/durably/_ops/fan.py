@@ -1,0 +1,189 @@
+"""Child runs and fan-out: ``ctx.child``, ``ctx.all`` and ``ctx.all_settled``.
+
+Children awaited together are created together: their ``pending``
+placeholders are saved in one write *before* any child exists (a child
+that finishes fast must find its parent's placeholder), then the runs are
+created in bulk, and the parent parks once for all of them. Each child
+settles its placeholder and wakes the parent when it ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Awaitable, Generator
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import ChildFailed, GatherFailed, RunCancelled, is_control_flow
+from ..model import Checkpoint, CheckpointStatus, ErrorInfo
+from .env import TurnEnv
+
+__all__ = ["ChildCall", "Settled", "gather"]
+
+
+@dataclass(frozen=True, slots=True)
+class Settled:
+    """One outcome of ``ctx.all_settled``: a value, or the error that ended it."""
+
+    ok: bool
+    value: Any = None
+    error: BaseException | None = None
+
+
+class ChildCall:
+    """A child run, created by :meth:`WorkflowContext.child`.
+
+    Await it alone, or pass many to :meth:`WorkflowContext.all` so they are
+    created together (one bulk insert) and awaited with one suspension.
+    """
+
+    __slots__ = ("_env", "input", "recorded", "run_id", "seq", "workflow")
+
+    def __init__(
+        self,
+        env: TurnEnv,
+        seq: int,
+        run_id: str,
+        workflow: str,
+        input: Any,
+        recorded: Checkpoint | None,
+    ) -> None:
+        self._env = env
+        self.seq = seq
+        self.run_id = run_id
+        self.workflow = workflow
+        self.input = input
+        self.recorded = recorded
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        return _await_child(self._env, self).__await__()
+
+
+async def gather(
+    env: TurnEnv, items: list[Awaitable[Any]], *, settled: bool, fail_fast: bool
+) -> Any:
+    """The body of ``ctx.all`` (``settled=False``) and ``ctx.all_settled``."""
+    children = [(i, item) for i, item in enumerate(items) if isinstance(item, ChildCall)]
+    others = [(i, item) for i, item in enumerate(items) if not isinstance(item, ChildCall)]
+    for _, item in others:
+        if not inspect.isawaitable(item):
+            raise TypeError(f"ctx.all takes awaitables from ctx calls, got {item!r}")
+    calls = [call for _, call in children]
+    group = f"all:{calls[0].seq}" if calls else None
+
+    async def run_children() -> list[tuple[bool, Any]]:
+        return await _run_children(env, calls, group, fail_fast) if calls else []
+
+    async def run_others() -> list[Any]:
+        return await asyncio.gather(*(item for _, item in others), return_exceptions=True)
+
+    child_outcomes, other_results = await asyncio.gather(run_children(), run_others())
+    outcomes: list[tuple[bool, Any]] = [(True, None)] * len(items)
+    for (i, _), outcome in zip(children, child_outcomes, strict=True):
+        outcomes[i] = outcome
+    for (i, _), result in zip(others, other_results, strict=True):
+        if isinstance(result, BaseException):
+            if is_control_flow(result):
+                raise result
+            outcomes[i] = (False, result)
+        else:
+            outcomes[i] = (True, result)
+    if settled:
+        return [
+            Settled(True, value) if ok else Settled(False, error=value) for ok, value in outcomes
+        ]
+    failures = [(i, value) for i, (ok, value) in enumerate(outcomes) if not ok]
+    if failures:
+        raise GatherFailed(failures)
+    return [value for _, value in outcomes]
+
+
+async def _await_child(env: TurnEnv, call: ChildCall) -> Any:
+    [(ok, value)] = await _run_children(env, [call], None, False)
+    if not ok:
+        raise value
+    return value
+
+
+async def _run_children(
+    env: TurnEnv, calls: list[ChildCall], group: str | None, fail_fast: bool
+) -> list[tuple[bool, Any]]:
+    turn, services = env.turn, env.services
+    outcomes: list[tuple[bool, Any] | None] = [None] * len(calls)
+    fresh: list[int] = []
+    waiting: list[int] = []
+    for i, call in enumerate(calls):
+        recorded = call.recorded
+        if recorded is None:
+            fresh.append(i)
+        elif recorded.status is CheckpointStatus.COMPLETED:
+            outcomes[i] = (True, recorded.output)
+        elif recorded.status is CheckpointStatus.FAILED:
+            outcomes[i] = (False, _child_failed(call.run_id, recorded.error))
+        else:
+            waiting.append(i)
+    if fresh and turn.unwinding:
+        waiting.extend(fresh)
+        fresh = []
+    lost = [i for i in waiting if calls[i].run_id in turn.missing_children]
+    if lost and not turn.unwinding:
+        # An earlier turn stored these placeholders and died before it
+        # created the children: create them now.
+        with turn.in_flight():
+            errors = await services.spawn_children(turn.run, [calls[i] for i in lost])
+        for i, error in zip(lost, errors, strict=True):
+            turn.missing_children.discard(calls[i].run_id)
+            if error is not None:
+                waiting.remove(i)
+                outcomes[i] = (False, _child_failed(calls[i].run_id, error))
+    if fresh:
+        now = env.clock.now_ms()
+        # The placeholders a child settles exist before any child can finish.
+        placeholders = [
+            env.checkpoint(
+                calls[i].seq,
+                f"child:{calls[i].workflow}",
+                "child",
+                CheckpointStatus.PENDING,
+                input={"run_id": calls[i].run_id, "workflow": calls[i].workflow},
+                started_at=now,
+                group=group,
+            )
+            for i in fresh
+        ]
+        with turn.in_flight():
+            await turn.flush()
+            if not await env.store.save_checkpoints(placeholders, turn.owner):
+                env.fence_lost()
+            errors = await services.spawn_children(turn.run, [calls[i] for i in fresh])
+        for i, error in zip(fresh, errors, strict=True):
+            if error is None:
+                waiting.append(i)
+            else:
+                outcomes[i] = (False, _child_failed(calls[i].run_id, error))
+    failed = any(o is not None and not o[0] for o in outcomes)
+    if waiting and fail_fast and failed:
+        await services.cancel_runs([calls[i].run_id for i in waiting])
+        for i in waiting:
+            outcomes[i] = (
+                False,
+                RunCancelled(f"child {calls[i].run_id} was cancelled: a sibling failed"),
+            )
+        waiting = []
+    if waiting:
+        await turn.park(min(calls[i].seq for i in waiting), None, reconcile=True)
+    return [o if o is not None else (False, RuntimeError("unsettled")) for o in outcomes]
+
+
+def _child_failed(run_id: str, error: ErrorInfo | None) -> ChildFailed:
+    error = error or {}
+    details = error.get("details")
+    status = details.get("status", "failed") if isinstance(details, dict) else "failed"
+    return ChildFailed(
+        run_id,
+        str(status),
+        str(error.get("message", "failed")),
+        code=error.get("code"),
+        details=details,
+    )

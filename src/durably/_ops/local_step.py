@@ -1,0 +1,146 @@
+"""Work done in this process and recorded: ``local_step``, ``side_effect``, ``now``,
+``uuid``, ``random``.
+
+A local step is a retry loop around user code with an optional ``running``
+checkpoint per attempt; a recorded value is computed once and replayed
+verbatim. Both write their result with the next flush rather than awaiting
+it, so a sequential workflow pays one store round trip per step, not two.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from .. import _codec as codec
+from .._replay import error_info
+from ..errors import FatalError, StepFailed
+from ..model import Checkpoint, CheckpointStatus
+from ..retry import RetryPolicy
+from .env import TurnEnv
+
+__all__ = ["local_step", "recorded_value"]
+
+
+async def local_step(
+    env: TurnEnv,
+    seq: int,
+    name: str,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    policy: RetryPolicy,
+    track: bool,
+    recorded: Checkpoint | None,
+) -> Any:
+    """Run ``fn(*args)`` with ``policy``'s retries and checkpoint its result at ``seq``."""
+    if recorded is not None:
+        if recorded.status is CheckpointStatus.COMPLETED:
+            return recorded.output
+        if recorded.status is CheckpointStatus.FAILED:
+            raise StepFailed.from_error(name, recorded.error, recorded.attempts)
+    turn, clock = env.turn, env.clock
+    if turn.unwinding:
+        return await turn.park(seq, None, reconcile=False)
+    attempts = recorded.attempts if recorded is not None else 0
+    started = clock.now_ms()
+    with turn.in_flight():
+        for retry_number in range(policy.retries + 1):
+            attempts += 1
+            if track:
+                running = env.checkpoint(
+                    seq,
+                    name,
+                    "local",
+                    CheckpointStatus.RUNNING,
+                    attempts=attempts,
+                    started_at=started,
+                )
+                if turn.needs_fence():
+                    # Awaited: it also makes every earlier result durable
+                    # and proves the lease before the side effect happens.
+                    await env.save(running)
+                else:
+                    # A quick step's result supersedes it in the same
+                    # commit (one write per step, not two).
+                    env.save_later(running)
+            else:
+                await turn.flush()
+            try:
+                result = await env.call(fn, args)
+                output = codec.to_jsonable(result)
+            except Exception as exc:
+                turn.ensure_open()
+                fatal = isinstance(exc, FatalError | codec.EncodeError)
+                if fatal or retry_number == policy.retries:
+                    failure = error_info(exc)
+                    await env.save(
+                        env.checkpoint(
+                            seq,
+                            name,
+                            "local",
+                            CheckpointStatus.FAILED,
+                            error=failure,
+                            attempts=attempts,
+                            started_at=started,
+                            finished_at=clock.now_ms(),
+                        )
+                    )
+                    raise StepFailed.from_error(name, failure, attempts) from exc
+                delay = policy.delay_ms(retry_number + 1)
+                env.log.info(
+                    "step %s attempt %d failed (%s); retrying in %d ms",
+                    name,
+                    attempts,
+                    exc,
+                    delay,
+                )
+                await clock.sleep(delay / 1000)
+                turn.ensure_open()
+                continue
+            turn.ensure_open()
+            env.save_later(
+                env.checkpoint(
+                    seq,
+                    name,
+                    "local",
+                    CheckpointStatus.COMPLETED,
+                    output=output,
+                    attempts=attempts,
+                    started_at=started,
+                    finished_at=clock.now_ms(),
+                )
+            )
+            return output
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+async def recorded_value(
+    env: TurnEnv,
+    seq: int,
+    name: str,
+    kind: str,
+    recorded: Checkpoint | None,
+    compute: Callable[[], Awaitable[Any]],
+) -> Any:
+    """Return the value recorded at ``seq``, or compute, record and return it."""
+    if recorded is not None and recorded.status is CheckpointStatus.COMPLETED:
+        return recorded.output
+    turn = env.turn
+    if turn.unwinding:
+        return await turn.park(seq, None, reconcile=False)
+    with turn.in_flight():
+        value = codec.to_jsonable(await compute())
+        now = env.clock.now_ms()
+        env.save_later(
+            env.checkpoint(
+                seq,
+                name,
+                kind,
+                CheckpointStatus.COMPLETED,
+                output=value,
+                attempts=1,
+                started_at=now,
+                finished_at=now,
+            )
+        )
+    return value

@@ -1,0 +1,215 @@
+"""Durable waits: timers, and waits for a signal or an event with an optional timeout.
+
+A signal wait and an event wait are one routine over a :class:`_Mailbox`
+(which store calls register and cancel the waiter, and which error a
+timeout raises): the wait registers atomically with the store (taking a
+buffered message if one is there), parks with its deadline as the wake
+time, and on a later turn past the deadline cancels atomically — a message
+that won the race is still returned.
+
+While a compensating cancel unwinds, a wait reached for the first time
+parks without registering: registering would take a buffered message meant
+for a live run, and record a pending wait on a run that is ending.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Protocol
+
+from .. import _codec as codec
+from .._replay import error_info
+from ..errors import EventTimeout, SignalTimeout
+from ..model import Checkpoint, CheckpointStatus, ErrorInfo
+from ..stores._match import canonical
+from ..stores.base import SignalWait
+from .env import TurnEnv
+
+__all__ = ["check_match", "check_name", "timer", "wait_for_event", "wait_for_signal"]
+
+
+def check_name(name: str) -> None:
+    """Raise ``ValueError`` unless ``name`` is a usable event name."""
+    if not isinstance(name, str) or not name:
+        raise ValueError("an event name must be a non-empty string")
+
+
+def check_match(match: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """Validate a ``wait_for_event`` match and return it as JSON data (``None`` if empty)."""
+    if match is None:
+        return None
+    if not isinstance(match, Mapping) or not all(isinstance(k, str) for k in match):
+        raise TypeError("match must be a mapping of top-level keys (str) to values")
+    try:
+        value = codec.to_jsonable(dict(match))
+        canonical(value)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"match cannot be stored as JSON: {exc}") from exc
+    return value if value else None
+
+
+async def timer(
+    env: TurnEnv, seq: int, recorded: Checkpoint | None, wake_time: Callable[[int], int]
+) -> None:
+    """Suspend until ``wake_time(now)``, fixed when the timer first executes."""
+    if recorded is not None and recorded.status is CheckpointStatus.COMPLETED:
+        return
+    turn = env.turn
+    if turn.unwinding:
+        await turn.park(seq, None, reconcile=False)
+    now = env.clock.now_ms()
+    wake_at = recorded.wake_at if recorded is not None and recorded.wake_at else wake_time(now)
+    checkpoint = env.checkpoint(
+        seq,
+        "sleep",
+        "sleep",
+        CheckpointStatus.PENDING,
+        wake_at=wake_at,
+        started_at=recorded.started_at if recorded else now,
+    )
+    if wake_at <= now:
+        checkpoint.status, checkpoint.finished_at = CheckpointStatus.COMPLETED, now
+        env.save_later(checkpoint)
+        return
+    if recorded is None:
+        with turn.in_flight():
+            await env.save(checkpoint)
+    await turn.park(seq, wake_at, reconcile=False)
+
+
+class _Mailbox(Protocol):
+    """Where a wait's message comes from: the store calls and error of one wait kind."""
+
+    def timed_out(self) -> SignalTimeout:
+        """The error a wait past its deadline raises."""
+        ...
+
+    def register(
+        self, env: TurnEnv, checkpoint: Checkpoint, now: int
+    ) -> Awaitable[SignalWait | None]:
+        """Take a buffered message or register the waiter (``None``: fenced)."""
+        ...
+
+    def cancel(
+        self, env: TurnEnv, seq: int, error: ErrorInfo, now: int
+    ) -> Awaitable[Checkpoint | None]:
+        """Remove the timed-out waiter, or return the checkpoint a message completed."""
+        ...
+
+
+class _Signal:
+    __slots__ = ("token",)
+
+    def __init__(self, token: str) -> None:
+        self.token = token
+
+    def timed_out(self) -> SignalTimeout:
+        return SignalTimeout(self.token)
+
+    def register(
+        self, env: TurnEnv, checkpoint: Checkpoint, now: int
+    ) -> Awaitable[SignalWait | None]:
+        return env.store.wait_signal(checkpoint, self.token, env.turn.owner, now)
+
+    def cancel(
+        self, env: TurnEnv, seq: int, error: ErrorInfo, now: int
+    ) -> Awaitable[Checkpoint | None]:
+        return env.store.cancel_signal_wait(env.run_id, seq, self.token, error, now)
+
+
+class _Event:
+    __slots__ = ("match", "name")
+
+    def __init__(self, name: str, match: dict[str, Any] | None) -> None:
+        self.name = name
+        self.match = match
+
+    def timed_out(self) -> SignalTimeout:
+        return EventTimeout(self.name)
+
+    def register(
+        self, env: TurnEnv, checkpoint: Checkpoint, now: int
+    ) -> Awaitable[SignalWait | None]:
+        return env.store.wait_event(checkpoint, self.name, self.match, env.turn.owner, now)
+
+    def cancel(
+        self, env: TurnEnv, seq: int, error: ErrorInfo, now: int
+    ) -> Awaitable[Checkpoint | None]:
+        return env.store.cancel_event_wait(env.run_id, seq, self.name, error, now)
+
+
+def wait_for_signal(
+    env: TurnEnv,
+    seq: int,
+    name: str,
+    token: str,
+    timeout_ms: int | None,
+    recorded: Checkpoint | None,
+) -> Awaitable[Any]:
+    """The body of ``ctx.wait_for_signal`` once its position is taken (an awaitable)."""
+    return _wait(env, seq, name, "signal", None, timeout_ms, recorded, _Signal(token))
+
+
+def wait_for_event(
+    env: TurnEnv,
+    seq: int,
+    name: str,
+    event: str,
+    match: dict[str, Any] | None,
+    timeout_ms: int | None,
+    recorded: Checkpoint | None,
+) -> Awaitable[Any]:
+    """The body of ``ctx.wait_for_event`` once its position is taken (an awaitable)."""
+    stored_input = {"match": match} if match else None
+    mailbox = _Event(event, match)
+    return _wait(env, seq, name, "event", stored_input, timeout_ms, recorded, mailbox)
+
+
+async def _wait(
+    env: TurnEnv,
+    seq: int,
+    name: str,
+    kind: str,
+    stored_input: Any,
+    timeout_ms: int | None,
+    recorded: Checkpoint | None,
+    mailbox: _Mailbox,
+) -> Any:
+    turn = env.turn
+    if recorded is not None:
+        if recorded.status is CheckpointStatus.COMPLETED:
+            return recorded.output
+        if recorded.status is CheckpointStatus.FAILED:
+            raise mailbox.timed_out()
+    if turn.unwinding:
+        # A compensating cancel replays history only: nothing new is waited on.
+        return await turn.park(seq, None, reconcile=False)
+    now = env.clock.now_ms()
+    if recorded is not None:
+        deadline = recorded.wake_at
+        if deadline is not None and deadline <= now:
+            with turn.in_flight():
+                await turn.flush()
+                won = await mailbox.cancel(env, seq, error_info(mailbox.timed_out()), now)
+            if won is not None:
+                return won.output
+            raise mailbox.timed_out()
+        return await turn.park(seq, deadline, reconcile=True)
+    deadline = None if timeout_ms is None else now + timeout_ms
+    checkpoint = env.checkpoint(
+        seq,
+        name,
+        kind,
+        CheckpointStatus.PENDING,
+        input=stored_input,
+        wake_at=deadline,
+        started_at=now,
+    )
+    with turn.in_flight():
+        await turn.flush()
+        result = await mailbox.register(env, checkpoint, now)
+    if result is None:
+        env.fence_lost()
+    if result.delivered:
+        return result.payload
+    return await turn.park(seq, deadline, reconcile=True)

@@ -1,0 +1,209 @@
+"""RunRouter: where a run's next turn happens.
+
+A run that must take a turn goes to one of three places: the run queue, when
+the transport carries one (any driving instance of its pool takes it); this
+process's executor; or, when nobody here will run it, a wake stamp on the
+run's row that the next poll (here or elsewhere) finds. Every path that gives
+a run a turn (a start, a wake, a recovered orphan, a due timer, a child)
+asks the router, so that choice is made in one place.
+
+The router also holds what that choice depends on: the executor and run
+queue (created when the engine opens), whether the engine is draining, and
+the turns executing in this process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from .model import RunStatus
+
+if TYPE_CHECKING:
+    from ._executor import RunExecutor
+    from ._options import EngineOptions
+    from ._replay import Turn
+    from ._run_queue import RunQueue
+    from ._watch import RunWatcher
+    from .clock import Clock
+    from .model import Run, RunResult
+    from .stores import StateStore
+
+__all__ = ["RunRouter"]
+
+
+class RunRouter:
+    """Hands runs to the run queue, the executor here, or a wake stamp."""
+
+    def __init__(
+        self,
+        store: StateStore,
+        clock: Clock,
+        watcher: RunWatcher,
+        options: Callable[[], EngineOptions],
+    ) -> None:
+        self._store = store
+        self._clock = clock
+        self._watcher = watcher
+        self._options = options
+        self.executor: RunExecutor | None = None
+        """Executes turns here; created when the engine opens."""
+        self.run_queue: RunQueue | None = None
+        """The fleet's run queue, when the transport carries one (set while open)."""
+        self.draining = False
+        """The engine stopped taking work (``drain``/``close``)."""
+        self.active: dict[str, Turn] = {}
+        """The turns executing in this process, by run id."""
+        self.preleased: dict[str, Run] = {}
+        """Runs a start inserted already leased to us, awaiting their first turn."""
+        self.starting: set[str] = set()
+        """Runs a start here is inserting (their own notice must not cost a poll)."""
+        self.promised_slots = 0
+        """Starts inserting a run leased to us whose insert has not returned yet."""
+
+    @property
+    def accepting(self) -> bool:
+        """Whether this process takes turns now (it drives runs and is not draining)."""
+        return self._options().drives and not self.draining
+
+    def runs_here(self, run_id: str) -> bool:
+        """Whether ``run_id`` is executing or waiting in this process's executor."""
+        return self.executor is not None and self.executor.knows(run_id)
+
+    def forget(self, run_id: str) -> None:
+        """Drop what ``run_id`` settled before: a new turn makes it stale."""
+        self._watcher.forget(run_id)
+
+    def route(self, run_id: str, *, namespace: str | None = None, priority: int = 0) -> None:
+        """Give ``run_id`` a turn: through the run queue when the transport
+        carries one (any driving instance takes it), else here."""
+        self._watcher.forget(run_id)  # what it settled before is no longer current
+        if self.run_queue is not None:
+            # Even while draining: a drain stops consuming, not producing (a
+            # child created by a turn finishing now must reach some instance).
+            pool = namespace or self._options().namespace
+            self.run_queue.submit(run_id, wake=False, namespace=pool, priority=priority)
+            return
+        self.submit_here(run_id)
+
+    def submit_here(self, run_id: str, *, wake: bool = False) -> None:
+        """Queue a turn of ``run_id`` on this process's executor, if it takes turns."""
+        self._watcher.forget(run_id)
+        if self.accepting and self.executor is not None:
+            self.executor.submit(run_id, wake=wake)
+
+    async def insert(self, run: Run, owner: str, lease_ms: int) -> Run:
+        """Store a new run and give it its first turn; return it as seen from outside.
+
+        An id that exists already returns that run (routed again if still
+        pending). With a free slot here, the run is inserted already leased to
+        ``owner`` and its first turn starts without taking the lease (one round
+        trip less on the latency path). A crash before that turn is recovered
+        like any other (after the lease, or at once by a restart with the same
+        instance_id).
+        """
+        now = run.created_at
+        lease_here = run.status is RunStatus.PENDING and self.has_free_slot()
+        if lease_here:
+            run.status = RunStatus.RUNNING
+            run.locked_by, run.locked_until = owner, now + lease_ms
+        # Our own "new run" notification may arrive before create_run
+        # returns; it must not cost a pending-run poll.
+        self.starting.add(run.run_id)
+        try:
+            # The slot is promised until the insert returns and the run is
+            # submitted. Otherwise thousands of starts gathered at once all see
+            # an idle executor and all insert their run leased while only a few
+            # hundred can run: the rest wait here with their leases running
+            # out, and look like orphans to every instance.
+            if lease_here:
+                self.promised_slots += 1
+            try:
+                stored, created = await self._store.create_run(run)
+            finally:
+                if lease_here:
+                    self.promised_slots -= 1
+            if created and lease_here:
+                self.preleased[run.run_id] = stored
+                self.submit_here(run.run_id)
+                if run.run_id in self.preleased and not self.runs_here(run.run_id):
+                    # Not taken after all (closing): hand it to whoever polls.
+                    self.preleased.pop(run.run_id, None)
+                    await self._store.release_run(run.run_id, owner, now)
+                # Seen from outside it is a new run waiting for its first turn.
+                return stored.replace(status=RunStatus.PENDING, locked_by=None, locked_until=None)
+            if stored.status is RunStatus.PENDING:
+                self.route(stored.run_id, namespace=stored.namespace, priority=stored.priority)
+        finally:
+            self.starting.discard(run.run_id)
+        return stored
+
+    async def wake(self, run_id: str, *, namespace: str | None = None) -> None:
+        """Make sure ``run_id`` takes a turn that sees what the caller just wrote."""
+        if run_id in self.active:
+            # Our own turn holds it: the stamp makes it run once more.
+            await self._store.request_wake(run_id, self._clock.now_ms())
+            return
+        if self.run_queue is not None:
+            # A wake can cross pools (a signal from another namespace's
+            # process): unless the caller knows the run's pool, look it up.
+            self.run_queue.submit(run_id, wake=True, namespace=namespace)
+            return
+        if not self.accepting:
+            # Nobody here will run it: the stamp makes it due for whoever polls.
+            await self._store.request_wake(run_id, self._clock.now_ms())
+            return
+        self.submit_here(run_id, wake=True)
+
+    async def run_from_queue(self, run_id: str, wake: bool) -> bool:
+        """Execute a queued run here; ``False`` asks the queue to hand its
+        message back (this instance is draining) instead of acking it."""
+        if self.executor is None or self.draining:
+            return False
+        done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+
+        def finished(ok: bool) -> None:
+            if not done.done():
+                done.set_result(ok)
+
+        self.executor.submit(run_id, wake=wake, on_done=finished)
+        executed: bool = await done
+        if not executed and not self.draining:
+            # The execution raised (a store error, say): hand the message back
+            # for a later delivery rather than ack a run that took no turn.
+            raise RuntimeError(f"run {run_id} could not be executed")
+        return executed and not self.draining
+
+    async def namespaces_of(self, run_ids: list[str]) -> dict[str, str]:
+        """The pools of ``run_ids`` (for the run queue's topics)."""
+        return {run.run_id: run.namespace for run in await self._store.get_runs(run_ids)}
+
+    async def enqueue_failed(self, run_id: str, wake: bool) -> None:
+        """A run could not be queued: a start stays pending for the poll; a
+        wake runs here, or is stamped on the run for the timer poll."""
+        if not wake:
+            return
+        if self.accepting and self.executor is not None:
+            self.executor.submit(run_id, wake=True)
+        else:
+            await self._store.request_wake(run_id, self._clock.now_ms())
+
+    def has_free_slot(self) -> bool:
+        """Whether a new run's first turn could start here at once."""
+        executor = self.executor
+        return (
+            self.accepting
+            and self.run_queue is None
+            and executor is not None
+            and executor.waiting == 0
+            and executor.busy + self.promised_slots < self._options().max_concurrent_runs
+        )
+
+    def notify(self, run_id: str, result: RunResult | None = None) -> None:
+        """Wake ``wait_for_run`` callers: with the outcome of a turn settled
+        here, or (``None``) by having them look at the run now."""
+        if result is not None:
+            self._watcher.settled(result)
+        else:
+            self._watcher.changed(run_id)

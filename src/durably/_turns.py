@@ -1,0 +1,309 @@
+"""TurnDriver: one turn of a run, from lease to settled outcome.
+
+A turn leases the run (many turns starting together share one statement),
+replays the workflow body against its checkpoint snapshot
+(:mod:`durably._replay`) while a renewer keeps the lease, and settles the
+outcome and the lease in one compare-and-set. A wake that arrived during the
+turn makes the run take another turn at once; a run that ended tells its
+parent, its waiters and its failure handlers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from ._batch import BatchCall
+from ._ops.saga import Saga
+from ._replay import Turn, TurnEnd, TurnOutcome, error_info
+from .context import WorkflowContext
+from .errors import SchemaValidationError, WorkflowNotRegistered, _TurnClosed
+from .model import TERMINAL_STATUSES, Checkpoint, ErrorInfo, Run, RunResult, RunStatus
+from .stores import RunChanges, SettleResult
+
+if TYPE_CHECKING:
+    from ._children import ChildRuns
+    from ._ops.env import Services
+    from ._options import EngineOptions
+    from ._registry import Registry
+    from ._routing import RunRouter
+    from .clock import Clock
+    from .stores import StateStore
+
+__all__ = ["Leased", "TurnDriver"]
+
+_log = logging.getLogger("durably")
+
+Leased = tuple[Run, dict[int, Checkpoint]]
+"""A run leased for a turn, with the checkpoints that turn replays."""
+
+_WAKEABLE = frozenset({RunStatus.PENDING, RunStatus.SUSPENDED})
+_CONTINUATION = re.compile(r"^(.*)~(\d+)$")
+
+
+class TurnDriver:
+    """Leases runs, executes their turns and settles the outcomes."""
+
+    def __init__(
+        self,
+        store: StateStore,
+        clock: Clock,
+        registry: Registry,
+        router: RunRouter,
+        children: ChildRuns,
+        services: Services,
+        after_failure: Callable[[Run], Awaitable[None]],
+        options: Callable[[], EngineOptions],
+        owner: Callable[[], str],
+    ) -> None:
+        """``after_failure(run)`` routes a run that just failed to its handlers;
+        ``owner()`` is this process's lease owner id."""
+        self._store = store
+        self._clock = clock
+        self._registry = registry
+        self._router = router
+        self._children = children
+        self._services = services
+        self._after_failure = after_failure
+        self._options = options
+        self._owner = owner
+        # Turns starting together lease their runs in one statement, not one
+        # round trip each: waking thousands of sleepers, or a fan's children,
+        # would otherwise queue one start per run for the store's pool.
+        self._turn_starts: BatchCall[str, Leased | None] = BatchCall(self._start_turns, 256)
+
+    async def execute(self, run_id: str, wake: bool) -> None:
+        """The executor's handler: lease ``run_id`` (unless a start already
+        did) and drive its turns until it lets go."""
+        preleased = self._router.preleased.pop(run_id, None)
+        if preleased is not None:
+            await self.drive(preleased, {})
+            return
+        leased = await self.acquire(run_id, wake=wake)
+        if leased is not None:
+            await self.drive(*leased)
+
+    async def acquire(self, run_id: str, *, wake: bool = False) -> Leased | None:
+        """Lease ``run_id`` for a turn; ``None`` if it is not runnable now.
+
+        With ``wake``, a run leased elsewhere gets a wake stamp, so its holder
+        takes one more turn (or, if it let go meanwhile, the lease is ours).
+        """
+        leased = await self._turn_starts(run_id)
+        if leased is not None or not wake:
+            return leased
+        now = self._clock.now_ms()
+        current = await self._store.get_run(run_id)
+        if current is None or current.status in TERMINAL_STATUSES:
+            return None
+        # Someone holds the lease: leave a stamp so the holder runs one more
+        # turn instead of letting go. If it let go before the stamp landed,
+        # the run is free now and the retry below takes it.
+        if not await self._store.request_wake(run_id, now):
+            return None
+        return await self._turn_starts(run_id)
+
+    async def drive(self, run: Run, checkpoints: dict[int, Checkpoint]) -> None:
+        """Execute turns of a leased run until one settles without a wake."""
+        pool = self._options().namespace
+        if pool is not None and run.namespace != pool:
+            # Woken here by a signal or a child, but it belongs to another
+            # pool: hand it back as pending for that pool's instances.
+            await self._store.release_run(run.run_id, self._owner(), self._clock.now_ms())
+            if self._router.run_queue is not None:
+                self._router.route(run.run_id, namespace=run.namespace, priority=run.priority)
+            return
+        leased: Leased | None = (run, checkpoints)
+        while leased is not None:
+            outcome, turn = await self._turn(*leased)
+            leased = await self._settle(leased[0], outcome, turn)
+
+    async def _start_turns(self, run_ids: list[str]) -> list[Leased | None]:
+        now = self._clock.now_ms()
+        leased = await self._store.start_turns(
+            run_ids, self._owner(), now, now + self._options().lease_ms, _WAKEABLE
+        )
+        # An id asked twice in one batch gets its turn once: the second asker
+        # sees what a second start_turn would (the run is leased: None).
+        return [leased.pop(run_id, None) for run_id in run_ids]
+
+    async def _turn(
+        self, run: Run, checkpoints: dict[int, Checkpoint]
+    ) -> tuple[TurnOutcome, Turn | None]:
+        try:
+            definition = self._registry.get(run.workflow, run.workflow_version)
+            value = definition.parse_input(run.input)
+        except (WorkflowNotRegistered, SchemaValidationError) as exc:
+            return TurnOutcome(TurnEnd.FAILED, error=error_info(exc)), None
+        missing_children = await self._children.reconcile(run, checkpoints)
+        self._router.forget(run.run_id)
+        options = self._options()
+        turn = Turn(
+            run,
+            checkpoints,
+            self._owner(),
+            self._clock.now_ms,
+            options.reconcile_ms,
+            options.lease_ms,
+        )
+        turn.missing_children = missing_children
+        saga = Saga()
+        ctx = WorkflowContext(turn, self._services, saga)
+        active = self._router.active
+        active[run.run_id] = turn
+        renewer = asyncio.create_task(self._renew(turn))
+        try:
+            if definition.takes_input:
+                outcome = await turn.execute(lambda: definition.fn(ctx, value))
+            else:
+                outcome = await turn.execute(lambda: definition.fn(ctx))
+            if outcome.end is TurnEnd.CLOSED:
+                return outcome, turn
+            unwind = turn.unwinding or (outcome.end is TurnEnd.FAILED and bool(saga))
+            try:
+                if unwind or not self._store.ordered_writes:
+                    await turn.flush()  # every result is durable before the outcome
+                if unwind:
+                    outcome = after_unwind(
+                        outcome, await saga.compensate(turn, self._services), turn.unwinding
+                    )
+            except _TurnClosed:
+                outcome = TurnOutcome(TurnEnd.CLOSED)
+            return outcome, turn
+        finally:
+            renewer.cancel()
+            if active.get(run.run_id) is turn:
+                del active[run.run_id]
+
+    async def _renew(self, turn: Turn) -> None:
+        lease_ms = self._options().lease_ms
+        interval = lease_ms / 2000
+        while True:
+            await self._clock.sleep(interval)
+            if turn.closed:
+                return
+            until = self._clock.now_ms() + lease_ms
+            try:
+                held = await self._store.renew_lease(turn.run.run_id, self._owner(), until)
+            except Exception:
+                _log.exception("renewing the lease of run %s failed", turn.run.run_id)
+                continue
+            if not held:
+                _log.warning("lost the lease of run %s; fencing its turn", turn.run.run_id)
+                turn.close("fenced")
+                return
+            turn.lease_until = until
+
+    async def _settle(self, run: Run, outcome: TurnOutcome, turn: Turn | None) -> Leased | None:
+        """Write the turn's outcome; return the run if it must take another turn."""
+        run_id, now = run.run_id, self._clock.now_ms()
+        owner, lease_ms = self._owner(), self._options().lease_ms
+        if outcome.end is TurnEnd.CLOSED:
+            if turn is not None and turn.close_reason == "unwind":
+                # A compensating cancel arrived mid-turn: take one more turn,
+                # which reads the intent and unwinds.
+                again = await self._store.continue_turn(run_id, owner, now + lease_ms)
+                if again is not None:
+                    return again, await self._store.load_checkpoints(run_id)
+                return None
+            if self._router.draining:
+                await self._store.release_run(run_id, owner, now)
+            return None
+        if outcome.end is TurnEnd.CONTINUED:
+            next_run = await self._continue_as_new(run, outcome.output)
+            status, changes = RunStatus.COMPLETED, RunChanges(output={"continued_as": next_run})
+        elif outcome.end is TurnEnd.COMPLETED:
+            status, changes = RunStatus.COMPLETED, RunChanges(output=outcome.output)
+        elif outcome.end is TurnEnd.FAILED:
+            status, changes = RunStatus.FAILED, RunChanges(error=outcome.error)
+        elif outcome.end is TurnEnd.CANCELLED:
+            status, changes = RunStatus.CANCELLED, RunChanges(error=outcome.error)
+        else:
+            status, changes = RunStatus.SUSPENDED, RunChanges(wake_at=outcome.wake_at)
+        if status in TERMINAL_STATUSES and run.parent_id is not None:
+            # The parent hears first, so no crash can fall between a child
+            # ending and its parent knowing (the report stamps the parent's
+            # wake in the same write). A fenced or cancelled turn may report
+            # an outcome the store then refuses: a replay computes the same
+            # one, and a parent's checkpoint is settled once.
+            await self._children.report_to_parent(
+                run.replace(status=status, output=changes.output, error=changes.error)
+            )
+        result = await self._store.settle_run(run_id, owner, status, changes, now)
+        if turn is not None and self._store.ordered_writes:
+            # The outcome was queued behind the turn's results, so they are
+            # settled too; collect them (a write that failed is only logged:
+            # the run's own row already holds its outcome).
+            try:
+                await turn.flush()
+            except _TurnClosed:
+                pass
+            except Exception:
+                _log.exception("a checkpoint write of run %s failed", run_id)
+        if result is SettleResult.WAKE_REQUESTED:
+            again = await self._store.continue_turn(run_id, owner, now + lease_ms)
+            if again is None:
+                return None
+            return again, await self._store.load_checkpoints(run_id)
+        if result is SettleResult.SETTLED:
+            if status is RunStatus.FAILED and outcome.error:
+                _log.warning(
+                    "run %s (%s) failed: %s", run_id, run.workflow, outcome.error.get("message")
+                )
+            self._router.notify(run_id, RunResult(run_id, status, changes.output, changes.error))
+            if status in TERMINAL_STATUSES:
+                await self._children.after_end(run_id, cancelled=status is RunStatus.CANCELLED)
+                ended = run.replace(status=status, output=changes.output, error=changes.error)
+                if status is RunStatus.FAILED:
+                    await self._after_failure(ended)
+                if status is RunStatus.CANCELLED:
+                    await self._children.cancel_children(run_id)
+        return None
+
+    async def _continue_as_new(self, run: Run, new_input: Any) -> str:
+        match = _CONTINUATION.match(run.run_id)
+        base, number = (match.group(1), int(match.group(2))) if match else (run.run_id, 0)
+        next_id = f"{base}~{number + 1}"
+        definition = self._registry.get(run.workflow)
+        now = self._clock.now_ms()
+        # Persisted before this run completes, so a crash in between never
+        # loses the chain: the next link already exists and is pending.
+        await self._store.create_run(
+            run.replace(
+                run_id=next_id,
+                workflow_version=definition.version,
+                status=RunStatus.PENDING,
+                input=new_input,
+                output=None,
+                error=None,
+                wake_at=None,
+                wake_requested_at=None,
+                locked_by=None,
+                locked_until=None,
+                recovery_attempts=0,
+                created_at=now,
+                updated_at=now,
+                deadline_at=definition.deadline_from(now),
+            )
+        )
+        self._router.route(next_id, namespace=run.namespace, priority=run.priority)
+        return next_id
+
+
+def after_unwind(outcome: TurnOutcome, failures: list[ErrorInfo], cancelling: bool) -> TurnOutcome:
+    """The outcome of a turn whose saga compensations just ran."""
+    if cancelling:
+        error: ErrorInfo = {
+            "message": "cancelled; completed steps were compensated",
+            "code": "cancelled",
+            "type": "RunCancelled",
+            "details": {"compensation_failures": failures} if failures else None,
+        }
+        return TurnOutcome(TurnEnd.CANCELLED, error=error)
+    error = dict(outcome.error or {})
+    if failures:
+        error["details"] = {"original": error.get("details"), "compensation_failures": failures}
+    return TurnOutcome(TurnEnd.FAILED, error=error)

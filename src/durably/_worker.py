@@ -1,0 +1,366 @@
+"""Worker: the periodic phases that keep every run moving, and the loop that runs them.
+
+Each tick hands pending runs to the router, reclaims orphans (runs whose
+executor died), wakes due timers, cancels runs past their execution timeout,
+fires due schedules, and runs the housekeeping sweeps (retention, stalled
+runs). A phase failing never stops the others. Between ticks the loop waits
+for the poll interval, cut short by the store's notices (PostgreSQL) and by
+the executor asking for more work while a backlog drains.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING
+
+from ._aio import wait_event
+from ._hooks import call_safely
+from .model import TERMINAL_STATUSES, RunStatus
+from .stores import RunQuery
+
+if TYPE_CHECKING:
+    from ._children import ChildRuns
+    from ._hooks import Hooks
+    from ._options import EngineOptions
+    from ._routing import RunRouter
+    from .clock import Clock
+    from .model import Run
+    from .stores import StateStore
+
+__all__ = ["RECOVERY_BATCH", "Phase", "Worker"]
+
+_log = logging.getLogger("durably")
+
+Phase = tuple[Callable[[], Awaitable[int]], int]
+"""A worker phase and the batch one pass of it claims when full (``0``: it
+claims nothing, so one pass per tick)."""
+
+RECOVERY_BATCH = 500
+"""Orphans reclaimed per pass of ``recover_incomplete``."""
+# Extra passes of a phase that keeps finding full batches, while the
+# executor's waiting list stays under the limit (so a backlog drains at the
+# executor's pace without holding every id in memory).
+_MAX_EXTRA_PASSES = 20
+_BACKLOG_LIMIT = 10_000
+
+
+class Worker:
+    """The worker phases, the loop that ticks them, and the store's notices."""
+
+    def __init__(
+        self,
+        store: StateStore,
+        clock: Clock,
+        router: RunRouter,
+        children: ChildRuns,
+        hooks: Hooks,
+        *,
+        open: Callable[[], Awaitable[None]],
+        phases: Callable[[], Sequence[Phase]],
+        fire_schedules: Callable[[], Awaitable[int]],
+        after_failure: Callable[[Run], Awaitable[None]],
+        options: Callable[[], EngineOptions],
+        owner: Callable[[], str],
+    ) -> None:
+        """``open()`` connects the engine (each phase may be called before
+        it is); ``phases()`` lists what a tick runs, in order;
+        ``fire_schedules()`` starts due schedule windows; ``after_failure(run)``
+        routes a dead run to its handlers; ``owner()`` is this process's lease
+        owner id."""
+        self._store = store
+        self._clock = clock
+        self._router = router
+        self._children = children
+        self._hooks = hooks
+        self._open = open
+        self._phases = phases
+        self._fire_schedules = fire_schedules
+        self._after_failure = after_failure
+        self._options = options
+        self._owner = owner
+        self._last_sweep: dict[str, float] = {}
+        self._more_pending = False
+        """The last pending-run poll found a full page: more runs may wait."""
+        self._loop_task: asyncio.Task[None] | None = None
+        self._loop_wake: asyncio.Event | None = None
+        self._pending_poll: asyncio.Task[None] | None = None
+
+    # -- the phases -----------------------------------------------------------------------
+
+    async def tick(self) -> None:
+        """One pass of every worker phase; a failing phase never stops the others."""
+        for phase, batch in self._phases():
+            try:
+                done = await phase()
+                if batch:
+                    await self._drain_backlog(phase, done, batch)
+            except Exception:
+                _log.exception("worker phase %s failed", phase.__name__)
+
+    async def run_pending(self, limit: int = 1000) -> int:
+        """Hand pending runs to the router; return how many (see ``Engine.run_pending``)."""
+        await self._open()
+        run_queue = self._router.run_queue
+        if run_queue is not None:
+            now = asyncio.get_running_loop().time()
+            if now - self._last_sweep.get("pending", -1e9) < 1.0:
+                return 0
+            self._last_sweep["pending"] = now
+            if await run_queue.has_backlog():
+                return 0
+        ids = await self._store.list_pending(
+            self._clock.now_ms(), limit, namespace=self._options().namespace
+        )
+        self._more_pending = len(ids) >= limit and self._router.run_queue is None
+        for run_id in ids:
+            self._router.route(run_id)
+        return len(ids)
+
+    async def recover_incomplete(self, limit: int = RECOVERY_BATCH) -> int:
+        """Reclaim runs whose executor died; return how many (see ``Engine.recover_incomplete``)."""
+        await self._open()
+        now = self._clock.now_ms()
+        options = self._options()
+        orphans = await self._store.list_orphans(now, limit, namespace=options.namespace)
+        if not orphans:
+            return 0
+        # One conditional write for the page, not one round trip per orphan:
+        # a wave of thousands of orphans is then a few statements.
+        recovered = await self._store.recover_orphans(orphans, now, options.max_recovery_attempts)
+        for run_id, status in recovered.items():
+            if status is RunStatus.PENDING:
+                _log.info("recovered orphaned run %s", run_id)
+                self._router.route(run_id)
+            else:
+                _log.warning("run %s crashed too often; it is now %s", run_id, status)
+                self._router.notify(run_id)
+                await self._children.after_end(run_id, cancelled=False)
+                dead = await self._store.get_run(run_id)
+                if dead is not None:
+                    await self._children.report_to_parent(dead)
+                    await self._after_failure(dead)
+        return len(recovered)
+
+    async def resume_due_timers(self) -> int:
+        """Claim and wake suspended runs whose timer is due; return how many."""
+        await self._open()
+        now = self._clock.now_ms()
+        options = self._options()
+        ids = await self._store.list_due(now, options.timer_batch_size, namespace=options.namespace)
+        if not ids:
+            return 0
+        # Shuffled so instances that loaded the same page hand their wins to
+        # their executors in different orders; the claim of the whole page is
+        # one conditional write (each run still claimed once, by one instance).
+        random.shuffle(ids)
+        claimed = set(await self._store.claim_due_batch(ids, now, now + options.lease_ms))
+        for run_id in ids:
+            if run_id in claimed:
+                self._router.route(run_id)
+        return len(claimed)
+
+    async def sweep_timeouts(self, limit: int = 100) -> int:
+        """Cancel runs past their workflow's ``execution_timeout``; return how many."""
+        await self._open()
+        swept = 0
+        for run_id in await self._store.list_expired(
+            self._clock.now_ms(), limit, namespace=self._options().namespace
+        ):
+            run = await self._store.get_run(run_id)
+            if run is None or run.status in TERMINAL_STATUSES:
+                continue
+            error = {
+                "message": "the run exceeded its execution timeout",
+                "code": "execution_timeout",
+                "type": "ExecutionTimeout",
+            }
+            if await self._children.set_terminal(run, RunStatus.CANCELLED, error):
+                await self._children.cancel_children(run_id)
+                swept += 1
+        return swept
+
+    async def fire_schedules(self) -> int:
+        """Start the runs of due schedule windows; return how many."""
+        await self._open()
+        if self._router.draining:
+            return 0
+        return await self._fire_schedules()
+
+    async def sweep_retention(self, limit: int = 500, *, force: bool = False) -> int:
+        """Delete terminal runs past retention, after the evict hooks; return how many."""
+        retention_ms = self._options().retention_ms
+        if retention_ms is None or not self._due_sweep("retention", force):
+            return 0
+        await self._open()
+        cutoff = self._clock.now_ms() - retention_ms
+        deleted = 0
+        for run_id in await self._store.list_finished_before(
+            cutoff, limit, namespace=self._options().namespace
+        ):
+            run = await self._store.get_run(run_id)
+            if run is None or run.status not in TERMINAL_STATUSES:
+                continue
+            if self._hooks.evict:
+                history = list((await self._store.load_checkpoints(run_id)).values())
+                kept = False
+                for hook in self._hooks.evict:
+                    if not await call_safely(hook, run, history):
+                        kept = True
+                if kept:
+                    continue
+            if await self._store.delete_run(run_id):
+                deleted += 1
+        return deleted
+
+    async def sweep_stalled(self, limit: int = 500, *, force: bool = False) -> int:
+        """Report stalled runs to the ``on_stalled`` hooks; return how many."""
+        if not self._hooks.stalled or not self._due_sweep("stalled", force):
+            return 0
+        await self._open()
+        before = self._clock.now_ms() - self._options().stalled_after_ms
+        reported = 0
+        seen = self._hooks.stalled_seen
+        current: dict[str, int] = {}
+        for run_id in await self._store.list_stalled(
+            before, limit, namespace=self._options().namespace
+        ):
+            run = await self._store.get_run(run_id)
+            if run is None or run.status in TERMINAL_STATUSES:
+                continue
+            current[run_id] = run.updated_at
+            if seen.get(run_id) == run.updated_at:
+                continue  # this episode was reported already
+            reported += 1
+            for hook in self._hooks.stalled:
+                await call_safely(hook, run)
+        self._hooks.stalled_seen = current
+        return reported
+
+    def _due_sweep(self, name: str, force: bool) -> bool:
+        now = asyncio.get_running_loop().time()
+        if not force and now - self._last_sweep.get(name, -1e9) < 60:
+            return False
+        self._last_sweep[name] = now
+        return True
+
+    async def _drain_backlog(
+        self, phase: Callable[[], Awaitable[int]], done: int, full: int
+    ) -> None:
+        """Run more passes of a phase that claims rows (so each pass makes
+        progress) while it keeps finding full batches and the executor's
+        waiting list is short: a wave of 10,000 orphans or due timers then
+        drains in seconds instead of one batch per poll interval."""
+        for _ in range(_MAX_EXTRA_PASSES):
+            executor = self._router.executor
+            if done < full or executor is None or executor.waiting > _BACKLOG_LIMIT:
+                return
+            done = await phase()
+
+    async def expire_own_leases(self) -> None:
+        """Make the runs leased to this owner id reclaimable now: our previous
+        incarnation's turns died with it, and no one else can hold our id."""
+        now = self._clock.now_ms()
+        owner = self._owner()
+        page = await self._store.list_runs(RunQuery(status=RunStatus.RUNNING, limit=1000))
+        for run in page.runs:
+            if run.locked_by == owner:
+                await self._store.update_run_if(
+                    run.run_id, frozenset({RunStatus.RUNNING}), {"locked_until": 0}, now
+                )
+
+    # -- the loop -------------------------------------------------------------------------
+
+    @property
+    def looping(self) -> bool:
+        """Whether the worker loop runs."""
+        return self._loop_task is not None
+
+    def start(self) -> None:
+        """Start the worker loop (once)."""
+        if self._loop_task is None:
+            self._loop_wake = asyncio.Event()
+            self._loop_task = asyncio.create_task(self._worker_loop(), name="durably-worker")
+
+    async def stop(self) -> None:
+        """Stop the worker loop and any pending-run poll, and wait for the loop to end."""
+        poll, self._pending_poll = self._pending_poll, None
+        if poll is not None:
+            poll.cancel()
+        task, self._loop_task = self._loop_task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    async def _worker_loop(self) -> None:
+        wake = self._loop_wake
+        assert wake is not None
+        while True:
+            wake.clear()
+            await self.tick()
+            # A store that notifies (PostgreSQL) cuts the wait short when
+            # another process creates a run; polling remains the safety net.
+            await wait_event(wake, self._options().poll_interval)
+
+    def executor_has_room(self) -> None:
+        """A run ended and nothing waits for a slot here. If the last poll
+        found a full page, poll again now instead of at the next tick: a
+        backlog of 10,000 pending runs (the survivors of a crashed process)
+        then drains at the executor's pace, not 1,000 runs per poll interval.
+        Asked on every such end while the flag holds (one poll in flight at
+        a time): a page whose runs were all still starting here hands
+        nothing over, and the next end must ask again."""
+        if self._more_pending:
+            self._schedule_pending_poll()
+
+    def _schedule_pending_poll(self) -> None:
+        """One pending-run poll soon, however many ask for it meanwhile."""
+        if self._loop_task is None or self._router.draining or self._router.run_queue is not None:
+            return
+        if self._pending_poll is None or self._pending_poll.done():
+            self._pending_poll = asyncio.get_running_loop().create_task(self._poll_pending_soon())
+
+    async def _poll_pending_soon(self) -> None:
+        await asyncio.sleep(0.005)
+        try:
+            await self.run_pending()
+        except Exception:
+            _log.exception("polling pending runs failed")
+
+    def on_store_event(self, kind: str, run_id: str) -> None:
+        """React to another process's change, as the store reports it."""
+        router = self._router
+        if kind == "settled":
+            if router.runs_here(run_id):
+                # Most likely our own settle, heard before its batch answered:
+                # that answer hands the outcome over, and a read now would only
+                # delay the waiter (the poll stays the net should it not be ours).
+                return
+            router.notify(run_id)
+        elif kind == "ended":
+            turn = router.active.get(run_id)
+            if turn is not None:
+                turn.close("cancelled")
+            router.notify(run_id)
+        elif (
+            kind == "pending"
+            and self._loop_task is not None
+            and not router.draining
+            and router.run_queue is None  # the queue's own notices wake its consumers
+        ):
+            if run_id in router.starting or (run_id and router.runs_here(run_id)):
+                return  # our own start, dispatched here
+            # Only the pending-run poll, once for a burst of notifications
+            # (our own starts notify us too, and we dispatched those already).
+            self._schedule_pending_poll()
+        elif (
+            kind == "wake"
+            and router.executor is not None
+            and run_id not in router.active
+            and router.run_queue is None  # the waker queued the run itself
+        ):
+            # Poll semantics: if another process holds the run, the stamp that
+            # sent this is already on it; stamping again would ping-pong.
+            router.submit_here(run_id)

@@ -1,0 +1,251 @@
+"""The plumbing under one PostgreSQL store: its pool, its LISTEN connection
+and its schema migration.
+
+:class:`~durably.stores.postgres.PostgresStore` holds the SQL of every store
+method; this module holds what any of them needs first, and keeps it out of
+the way of reading that SQL (as :mod:`._sqlite_thread` does for SQLite):
+
+- **The pool.** asyncpg connections with generic plans, no reset query and
+  the store's schema on the ``search_path``. :meth:`PgConnection.connection`
+  gives a connection back to the pool *after* the caller has its answer.
+- **LISTEN.** One dedicated connection listens on the schema's channel and
+  fans each notification out to the store's subscriber and to any listeners
+  (the message queue's); it is re-opened if it drops.
+- **Migration.** Creating or upgrading the schema, serialised across
+  processes by an advisory lock, so a fleet starting together migrates once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import asyncpg
+
+from ._postgres_schema import MIGRATIONS
+
+__all__ = ["PgConnection", "split_schema"]
+
+_log = logging.getLogger("durably.stores.postgres")
+
+_LOCK_MIGRATIONS = "SELECT pg_advisory_xact_lock(hashtextextended('durably:migrate', 0))"
+_SCHEMA_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+
+
+class PgConnection:
+    """The pool, LISTEN connection and migrations of one store on one schema.
+
+    ``url`` may carry ``?schema=``; ``schema`` overrides it. ``connect_kwargs``
+    go to :func:`asyncpg.create_pool` (and, minus the pool options, to the
+    LISTEN connection).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        schema: str | None,
+        min_size: int,
+        max_size: int,
+        connect_kwargs: dict[str, Any],
+    ) -> None:
+        dsn, url_schema = split_schema(url)
+        self.schema = schema if schema is not None else url_schema
+        """The schema holding the tables (``None``: the server's ``search_path``)."""
+        if self.schema is not None and not _SCHEMA_NAME.match(self.schema):
+            raise ValueError(f"invalid schema name {self.schema!r}")
+        self.channel = f"durably_{self.schema or 'public'}"
+        """The LISTEN/NOTIFY channel of this schema."""
+        self._dsn = dsn
+        self._min_size = min_size
+        self._max_size = max_size
+        self._connect_kwargs = connect_kwargs
+        self._pool: Any = None
+        self._opening = asyncio.Lock()
+        self._releasing: set[asyncio.Future[None]] = set()
+        self._listener: Any = None
+        self._on_event: Callable[[str, str], None] | None = None
+        self._listeners: list[Callable[[str, str], None]] = []  # besides on_event
+
+    # -- the pool ----------------------------------------------------------------------
+
+    async def open(self) -> None:
+        """Connect the pool and create or upgrade the schema. Idempotent."""
+        async with self._opening:
+            if self._pool is None:
+                self._pool = await self._connect()
+
+    def pool(self) -> Any:
+        """The open pool; ``RuntimeError`` when the store is not open."""
+        if self._pool is None:
+            raise RuntimeError("the PostgreSQL store is not open")
+        return self._pool
+
+    @asynccontextmanager
+    async def connection(self) -> AsyncIterator[Any]:
+        """A pooled connection for one hot-path statement, given back to the
+        pool after the caller has its answer (a release costs the caller a few
+        loop turns it does not need to wait for)."""
+        pool = self.pool()
+        conn = await pool.acquire()
+        try:
+            yield conn
+        except BaseException:
+            await pool.release(conn)
+            raise
+        release = asyncio.ensure_future(pool.release(conn))
+        self._releasing.add(release)
+        release.add_done_callback(self._releasing.discard)
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[Any]:
+        """A pooled connection inside a transaction, committed on exit."""
+        async with self.pool().acquire() as conn, conn.transaction():
+            yield conn
+
+    async def close(self) -> None:
+        """Wait for connections still being given back, then close the pool.
+        Idempotent; call :meth:`stop_listening` first."""
+        if self._releasing:
+            await asyncio.gather(*self._releasing, return_exceptions=True)
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            await pool.close()
+
+    async def _connect(self) -> Any:
+        kwargs = dict(self._connect_kwargs)
+        settings: dict[str, str] = dict(kwargs.pop("server_settings", None) or {})
+        settings.setdefault("application_name", "durably")
+        # Every statement here is index-driven by design and sent as a prepared
+        # statement; left to choose, PostgreSQL re-plans the multi-part write
+        # batch on every execution (its custom plan looks cheaper than the
+        # generic one), which cost more than executing it.
+        settings.setdefault("plan_cache_mode", "force_generic_plan")
+        if self.schema is not None:
+            settings["search_path"] = f'"{self.schema}"'
+        # The store keeps no session state on pooled connections (advisory
+        # locks are transaction-scoped, LISTEN has its own connection), so a
+        # released connection needs no reset query: asyncpg still rolls back a
+        # transaction left open, and the round trip it saves is on every call.
+        kwargs.setdefault("reset", _keep_session)
+        pool = await asyncpg.create_pool(
+            self._dsn,
+            min_size=self._min_size,
+            max_size=self._max_size,
+            server_settings=settings,
+            **kwargs,
+        )
+        try:
+            async with pool.acquire() as conn:
+                await self._migrate(conn)
+        except BaseException:
+            await pool.close()
+            raise
+        return pool
+
+    async def _migrate(self, conn: Any) -> None:
+        async with conn.transaction():
+            await conn.execute(_LOCK_MIGRATIONS)
+            if self.schema is not None:
+                await conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{self.schema}"')
+            await conn.execute(
+                "CREATE TABLE IF NOT EXISTS durably_meta (key TEXT PRIMARY KEY, value TEXT)"
+            )
+            found = await conn.fetchval(
+                "SELECT value FROM durably_meta WHERE key = 'schema_version'"
+            )
+            version = int(found) if found is not None else 0
+            if version > len(MIGRATIONS):
+                raise RuntimeError(
+                    f"the database schema is version {version}, newer than this durably "
+                    f"({len(MIGRATIONS)}); upgrade durably"
+                )
+            for number, script in enumerate(MIGRATIONS[version:], start=version + 1):
+                await conn.execute(script)
+                await conn.execute(
+                    "INSERT INTO durably_meta (key, value) VALUES ('schema_version', $1) "
+                    "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                    str(number),
+                )
+
+    # -- LISTEN --------------------------------------------------------------------------
+
+    async def subscribe(self, on_event: Callable[[str, str], None]) -> None:
+        """LISTEN on the channel; ``on_event(kind, argument)`` for each
+        notification (one subscriber: a later call replaces it)."""
+        self._on_event = on_event
+        if self._listener is None:
+            await self._listen()
+
+    async def listen(self, listener: Callable[[str, str], None]) -> Callable[[], None]:
+        """Also call ``listener(kind, argument)`` for each notification on the
+        channel (LISTENing from now on); returns its removal."""
+        self._listeners.append(listener)
+        if self._listener is None:
+            await self._listen()
+
+        def unlisten() -> None:
+            if listener in self._listeners:
+                self._listeners.remove(listener)
+
+        return unlisten
+
+    async def stop_listening(self) -> None:
+        """Forget every listener and close the LISTEN connection. Idempotent."""
+        self._on_event = None
+        self._listeners.clear()
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            await listener.close()
+
+    async def _listen(self) -> None:
+        kwargs = dict(self._connect_kwargs)
+        kwargs.pop("server_settings", None)
+        kwargs.pop("reset", None)  # a pool option
+        conn = await asyncpg.connect(self._dsn, **kwargs)
+        await conn.add_listener(self.channel, self._heard)
+        conn.add_termination_listener(self._listener_lost)
+        self._listener = conn
+
+    def _heard(self, _conn: Any, _pid: int, _channel: str, payload: str) -> None:
+        kind, _, argument = payload.partition(":")
+        if self._on_event is not None:
+            self._on_event(kind, argument)
+        for listener in list(self._listeners):
+            listener(kind, argument)
+
+    def _listener_lost(self, _conn: Any) -> None:
+        if (self._on_event is None and not self._listeners) or self._pool is None:
+            return  # closing
+        _log.warning("lost the LISTEN connection of %s; reconnecting", self.channel)
+        asyncio.get_running_loop().create_task(self._relisten())
+
+    async def _relisten(self) -> None:
+        for delay in (0.5, 1, 2, 5, 10, 30):
+            try:
+                await self._listen()
+                return
+            except (OSError, asyncpg.PostgresError):
+                await asyncio.sleep(delay)
+        _log.error("could not LISTEN on %s; relying on polling", self.channel)
+
+
+async def _keep_session(_conn: Any) -> None:
+    """The pool's ``reset=``: nothing to undo on a released connection."""
+
+
+def split_schema(url: str) -> tuple[str, str | None]:
+    """Take a ``schema`` query parameter out of ``url``: asyncpg would send it
+    to the server as a setting, which PostgreSQL rejects."""
+    parts = urlsplit(url)
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    schema = next((value for key, value in query if key == "schema"), None)
+    if schema is None:
+        return url, None
+    rest = urlencode([(key, value) for key, value in query if key != "schema"])
+    return urlunsplit(parts._replace(query=rest)), schema

@@ -1,0 +1,570 @@
+"""The StateStore primitives of dispatched steps, proven against every store.
+
+Checkpoint fields of dispatched steps, heartbeats, batched resolution and the
+flow-control queues (``try_admit`` / ``release_slots``). Same fixtures as
+``stores.contract``: ``store`` is an empty store, ``store_factory`` opens
+more store objects on its database. Every time is an explicit integer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from durably.model import Checkpoint, CheckpointStatus, Run, RunStatus
+from durably.stores import StateStore
+from durably.stores.base import Admission, Resolution
+
+if TYPE_CHECKING:
+    from .. import StoreFactory
+
+NOW = 1_700_000_000_000  # past 2**31: times must be 64-bit everywhere
+LEASE = 30_000
+OWNER = "instance-a"
+PENDING = frozenset({RunStatus.PENDING})
+COMPLETED = CheckpointStatus.COMPLETED
+FAILED = CheckpointStatus.FAILED
+ERROR = {"message": "boom", "code": "E", "type": "ValueError"}
+PROGRESS: dict[str, Any] = {"done": 3, "of": 10, "note": "héllo 🎉", "deep": [{"a": None}]}
+EVENTS: list[dict[str, Any]] = [
+    {"at": NOW + 1, "level": "info", "message": "héllo 🎉", "data": {"n": 1, "deep": [None]}},
+    {"at": NOW + 2, "level": "info", "message": "fetch", "name": "fetch", "status": "ok"},
+    {"at": NOW + 3, "level": "error", "message": "retrying", "data": {"big": 2**53}},
+]
+
+
+def _make_run(run_id: str, status: RunStatus = RunStatus.PENDING, **fields: Any) -> Run:
+    fields.setdefault("created_at", NOW)
+    fields.setdefault("updated_at", fields["created_at"])
+    return Run(run_id=run_id, workflow="wf", workflow_version="1", status=status, **fields)
+
+
+def _make_cp(
+    run_id: str, seq: int, status: CheckpointStatus = CheckpointStatus.PENDING, **fields: Any
+) -> Checkpoint:
+    fields.setdefault("name", f"step-{seq}")
+    fields.setdefault("kind", "step")
+    return Checkpoint(run_id=run_id, seq=seq, status=status, **fields)
+
+
+async def _leased(store: StateStore, run_id: str, owner: str = OWNER) -> Run:
+    """Create a pending run and take its lease."""
+    await store.create_run(_make_run(run_id))
+    started = await store.start_turns([run_id], owner, NOW, NOW + LEASE, PENDING)
+    assert run_id in started
+    return started[run_id][0]
+
+
+async def suspended(store: StateStore, *run_ids: str) -> None:
+    """Create suspended, unleased runs (what a run parked on a dispatched step looks like)."""
+    for run_id in run_ids:
+        await store.create_run(_make_run(run_id, RunStatus.SUSPENDED))
+
+
+async def wake_of(store: StateStore, run_id: str) -> int | None:
+    run = await store.get_run(run_id)
+    assert run is not None
+    return run.wake_requested_at
+
+
+async def saved(store: StateStore, *checkpoints: Checkpoint) -> None:
+    """Lease the run of ``checkpoints`` (one run), save them, hand the run back."""
+    run_id = checkpoints[0].run_id
+    await _leased(store, run_id)
+    assert await store.save_checkpoints(list(checkpoints), OWNER)
+    assert await store.release_run(run_id, OWNER, NOW)
+
+
+def ask(
+    step_id: str,
+    *,
+    queue: str = "q",
+    concurrency: int | None = None,
+    rate_limit: int | None = None,
+    rate_period_ms: int = 1000,
+    priority: int = 0,
+    fairness_key: str | None = None,
+    retry_ms: int = 1000,
+) -> Admission:
+    """An admission request for ``step_id`` (``<run_id>:<seq>``)."""
+    return Admission(
+        queue=queue,
+        step_id=step_id,
+        run_id=step_id.rsplit(":", 1)[0],
+        concurrency=concurrency,
+        rate_limit=rate_limit,
+        rate_period_ms=rate_period_ms,
+        priority=priority,
+        fairness_key=fairness_key,
+        retry_ms=retry_ms,
+    )
+
+
+# -- the dispatched-step fields ----------------------------------------------------------
+
+
+def dispatched_cp(run_id: str, seq: int, **fields: Any) -> Checkpoint:
+    fields.setdefault("dispatched_at", NOW + 1)
+    fields.setdefault("redispatches", 2)
+    fields.setdefault("queue", "emails ✉")
+    fields.setdefault("last_heartbeat_at", NOW + 3)
+    fields.setdefault("progress", PROGRESS)
+    return _make_cp(run_id, seq, input={"to": "a@b"}, attempts=1, started_at=NOW, **fields)
+
+
+async def test_dispatch_fields_round_trip_through_every_write_and_read(store: StateStore) -> None:
+    await _leased(store, "r1")
+    one = dispatched_cp("r1", 0)
+    many = [dispatched_cp("r1", 1, queue=None, progress=[1, "two"]), dispatched_cp("r1", 2)]
+    bare = _make_cp("r1", 3)
+
+    assert await store.save_checkpoint(one, OWNER)
+    assert await store.save_checkpoints([*many, bare], OWNER)
+
+    history = await store.load_checkpoints("r1")
+    assert history == {0: one, 1: many[0], 2: many[1], 3: bare}
+    assert history[3].redispatches == 0
+    assert history[3].dispatched_at is None
+    assert history[3].queue is None
+    assert history[3].progress is None
+    assert await store.get_checkpoint("r1", 0) == one
+    assert await store.get_checkpoint("r1", 2) == many[1]
+    # the start of a turn reads them too
+    assert await store.release_run("r1", OWNER, NOW)
+    turns = await store.start_turns(["r1"], OWNER, NOW + 5, NOW + LEASE, PENDING)
+    assert turns["r1"][1] == history
+
+
+async def test_get_checkpoint_of_an_unknown_position_is_none(store: StateStore) -> None:
+    await saved(store, _make_cp("r1", 0))
+
+    assert await store.get_checkpoint("r1", 1) is None
+    assert await store.get_checkpoint("nope", 0) is None
+
+
+async def test_a_save_never_replaces_a_completed_dispatched_step(store: StateStore) -> None:
+    await _leased(store, "r1")
+    done = dispatched_cp("r1", 0, status=COMPLETED, output="sent", finished_at=NOW + 9)
+    assert await store.save_checkpoint(done, OWNER)
+
+    stale = dispatched_cp("r1", 0, dispatched_at=NOW + 50, redispatches=7, queue="other")
+    await store.save_checkpoint(stale, OWNER)
+    await store.save_checkpoints([stale], OWNER)
+
+    assert await store.get_checkpoint("r1", 0) == done
+
+
+async def test_a_save_keeps_a_heartbeat_recorded_meanwhile(store: StateStore) -> None:
+    await _leased(store, "r1")
+    assert await store.save_checkpoint(dispatched_cp("r1", 0, last_heartbeat_at=None), OWNER)
+    assert await store.record_heartbeat("r1", 0, NOW + 10, {"step": 1})
+
+    # the owner saves its copy from before the beat: the beat survives
+    again = dispatched_cp("r1", 0, redispatches=3, last_heartbeat_at=None, progress=None)
+    assert await store.save_checkpoint(again, OWNER)
+    found = await store.get_checkpoint("r1", 0)
+    assert found is not None
+    assert (found.redispatches, found.last_heartbeat_at, found.progress) == (
+        3,
+        NOW + 10,
+        {"step": 1},
+    )
+
+    # a newer heartbeat or progress in the save wins
+    newer = dispatched_cp("r1", 0, last_heartbeat_at=NOW + 20, progress={"step": 2})
+    assert await store.save_checkpoints([newer], OWNER)
+    assert await store.get_checkpoint("r1", 0) == newer
+
+
+# -- heartbeats ---------------------------------------------------------------------------
+
+
+async def test_record_heartbeat_keeps_the_latest_beat(store: StateStore) -> None:
+    await saved(store, _make_cp("r1", 0))
+
+    assert await store.record_heartbeat("r1", 0, NOW + 50, PROGRESS)
+    found = await store.get_checkpoint("r1", 0)
+    assert found is not None
+    assert (found.last_heartbeat_at, found.progress) == (NOW + 50, PROGRESS)
+
+    # an older beat arriving late does not move the time back
+    assert await store.record_heartbeat("r1", 0, NOW + 30, None)
+    found = await store.get_checkpoint("r1", 0)
+    assert found is not None
+    assert (found.last_heartbeat_at, found.progress) == (NOW + 50, PROGRESS)
+
+    # a beat without progress keeps the stored progress; one with replaces it
+    assert await store.record_heartbeat("r1", 0, NOW + 60, None)
+    assert await store.record_heartbeat("r1", 0, NOW + 70, [1, 2])
+    found = await store.get_checkpoint("r1", 0)
+    assert found is not None
+    assert (found.last_heartbeat_at, found.progress) == (NOW + 70, [1, 2])
+    assert found.status is CheckpointStatus.PENDING
+
+
+async def test_record_heartbeat_needs_a_pending_checkpoint(store: StateStore) -> None:
+    await saved(
+        store,
+        _make_cp("r1", 0, COMPLETED, output=1),
+        _make_cp("r1", 1, FAILED, error=ERROR),
+        _make_cp("r1", 2, CheckpointStatus.RUNNING),
+    )
+
+    for seq in (0, 1, 2, 3):
+        assert await store.record_heartbeat("r1", seq, NOW + 5, {"x": 1}) is False
+    assert await store.record_heartbeat("missing", 0, NOW + 5, None) is False
+    history = await store.load_checkpoints("r1")
+    assert all(cp.last_heartbeat_at is None and cp.progress is None for cp in history.values())
+
+
+# -- resolving in batches ------------------------------------------------------------------
+
+
+async def test_resolve_checkpoints_settles_a_batch_in_order(store: StateStore) -> None:
+    await saved(
+        store,
+        *(_make_cp("r1", seq, group="g") for seq in (1, 2, 3)),
+        _make_cp("r1", 4, COMPLETED, output="kept"),
+        _make_cp("r1", 5, FAILED, error=ERROR),
+        _make_cp("r1", 6),
+    )
+    await store.update_run_if("r1", PENDING, {"status": RunStatus.SUSPENDED}, NOW)
+
+    answers = await store.resolve_checkpoints(
+        [
+            Resolution("r1", 1, COMPLETED, output={"n": 1}),
+            Resolution("r1", 4, COMPLETED, output="replaced?"),
+            Resolution("r1", 9, COMPLETED, output="missing"),
+            Resolution("r1", 2, COMPLETED, output={"n": 2}),
+            Resolution("r1", 1, FAILED, error=ERROR),
+            Resolution("r1", 5, COMPLETED, output="replaced?"),
+            Resolution("nope", 0, COMPLETED),
+        ],
+        NOW + 10,
+    )
+
+    assert answers == [2, None, None, 1, None, None, None]
+    assert await wake_of(store, "r1") is None  # the group is not done, nothing failed
+    history = await store.load_checkpoints("r1")
+    assert (history[1].status, history[1].output, history[1].finished_at) == (
+        COMPLETED,
+        {"n": 1},
+        NOW + 10,
+    )
+    assert (history[2].status, history[2].output) == (COMPLETED, {"n": 2})
+    assert history[3].status is CheckpointStatus.PENDING
+    assert (history[4].output, history[5].status) == ("kept", FAILED)
+
+    assert await store.resolve_checkpoints([Resolution("r1", 3, COMPLETED, output=3)], NOW + 20)
+    assert await wake_of(store, "r1") == NOW + 20
+    assert await store.resolve_checkpoints([], NOW + 30) == []
+
+
+async def test_resolve_checkpoints_wakes_each_run_that_must_move_on(store: StateStore) -> None:
+    await saved(store, _make_cp("done", 1, group="g"), _make_cp("done", 2, group="g"))
+    await saved(store, _make_cp("failed", 1, group="g"), _make_cp("failed", 2, group="g"))
+    await saved(store, _make_cp("waiting", 1, group="g"), _make_cp("waiting", 2, group="g"))
+    await saved(store, _make_cp("single", 1))
+
+    answers = await store.resolve_checkpoints(
+        [
+            Resolution("done", 2, COMPLETED, output=2),
+            Resolution("failed", 1, FAILED, error=ERROR),
+            Resolution("waiting", 1, COMPLETED),
+            Resolution("done", 1, COMPLETED, output=1),
+            Resolution("single", 1, COMPLETED, output="s"),
+        ],
+        NOW + 7,
+    )
+
+    assert answers == [1, 1, 1, 0, 0]
+    assert await wake_of(store, "done") == NOW + 7
+    assert await wake_of(store, "failed") == NOW + 7
+    assert await wake_of(store, "waiting") is None
+    assert await wake_of(store, "single") == NOW + 7
+    failed = await store.get_checkpoint("failed", 1)
+    assert failed is not None
+    assert (failed.status, failed.error) == (FAILED, ERROR)
+
+
+# -- the events a result carries -----------------------------------------------------------
+
+
+async def test_resolve_checkpoints_stores_the_events_of_the_result(store: StateStore) -> None:
+    await saved(store, dispatched_cp("r1", 0), _make_cp("r1", 1), _make_cp("r1", 2))
+    await store.update_run_if("r1", PENDING, {"status": RunStatus.SUSPENDED}, NOW)
+
+    answers = await store.resolve_checkpoints(
+        [
+            Resolution("r1", 0, COMPLETED, output="sent", events=EVENTS),
+            Resolution("r1", 1, FAILED, error=ERROR, events=EVENTS[1:]),
+            Resolution("r1", 2, COMPLETED, output=2),
+            Resolution("r1", 0, COMPLETED, output="again", events=[]),  # already settled
+        ],
+        NOW + 10,
+    )
+
+    assert answers == [0, 0, 0, None]
+    history = await store.load_checkpoints("r1")
+    assert [history[seq].events for seq in (0, 1, 2)] == [EVENTS, EVENTS[1:], None]
+    assert (history[0].output, history[0].progress) == ("sent", PROGRESS)
+    assert await store.get_checkpoint("r1", 0) == history[0]
+    assert await store.get_checkpoint("r1", 1) == history[1]
+    turns = await store.start_turns(["r1"], OWNER, NOW + 20, NOW + LEASE, frozenset(RunStatus))
+    assert turns["r1"][1] == history
+
+
+async def test_a_save_never_writes_or_wipes_the_stored_events(store: StateStore) -> None:
+    """Only a resolve writes ``events``: the turn saving the step again (a
+    retry's new attempt) keeps those of the attempt that settled it."""
+    await saved(store, dispatched_cp("r1", 0), _make_cp("r1", 1))
+    assert await store.resolve_checkpoints(
+        [
+            Resolution("r1", 0, FAILED, error=ERROR, events=EVENTS),
+            Resolution("r1", 1, COMPLETED, output=1, events=EVENTS[:1]),
+        ],
+        NOW + 10,
+    ) == [0, 0]
+    await _leased(store, "r2")
+    assert await store.start_turns(["r1"], OWNER, NOW, NOW + LEASE, frozenset(RunStatus))
+
+    retry = dispatched_cp("r1", 0, dispatched_at=NOW + 20, redispatches=0)
+    assert await store.save_checkpoint(retry, OWNER)
+    found = await store.get_checkpoint("r1", 0)
+    assert found is not None
+    assert (found.status, found.redispatches, found.events) == (
+        CheckpointStatus.PENDING,
+        0,
+        EVENTS,
+    )
+    assert await store.save_checkpoints([retry], OWNER)
+    assert await store.save_checkpoint(_make_cp("r1", 1, COMPLETED, output="stale"), OWNER)
+    assert (await store.load_checkpoints("r1"))[0].events == EVENTS
+    assert (await store.get_checkpoint("r1", 1)) == _make_cp(
+        "r1", 1, COMPLETED, output=1, finished_at=NOW + 10, events=EVENTS[:1]
+    )
+
+    # events on a saved checkpoint are not written: a new row has none
+    assert await store.save_checkpoint(_make_cp("r2", 0, events=EVENTS), OWNER)
+    assert await store.save_checkpoints([_make_cp("r2", 1, events=EVENTS)], OWNER)
+    assert [cp.events for cp in (await store.load_checkpoints("r2")).values()] == [None, None]
+
+    # the next attempt's result replaces them, even with none
+    assert await store.resolve_checkpoints(
+        [Resolution("r1", 0, COMPLETED, output="ok", events=EVENTS[2:])], NOW + 30
+    ) == [0]
+    assert (await store.load_checkpoints("r1"))[0].events == EVENTS[2:]
+    assert await store.save_checkpoint(_make_cp("r2", 2), OWNER)
+    assert await store.resolve_checkpoints([Resolution("r2", 2, COMPLETED, "x")], NOW + 31) == [0]
+    found = await store.get_checkpoint("r2", 2)
+    assert found is not None and found.events is None
+
+
+# -- flow control -------------------------------------------------------------------------
+
+
+async def test_try_admit_caps_concurrency(store: StateStore) -> None:
+    assert await store.try_admit(ask("a:1", concurrency=2), NOW) is None
+    assert await store.try_admit(ask("b:1", concurrency=2), NOW + 1) is None
+
+    assert await store.try_admit(ask("c:1", concurrency=2, retry_ms=250), NOW + 2) == NOW + 252
+    assert await store.try_admit(ask("c:1", concurrency=2, retry_ms=250), NOW + 300) == NOW + 550
+    # another queue is counted apart
+    assert await store.try_admit(ask("c:1", queue="other", concurrency=2), NOW + 3) is None
+
+
+async def test_try_admit_is_idempotent_for_a_step_holding_a_slot(store: StateStore) -> None:
+    assert await store.try_admit(ask("a:1", concurrency=2), NOW) is None
+
+    for at in (NOW + 1, NOW + 2):
+        assert await store.try_admit(ask("a:1", concurrency=2), at) is None
+
+    # the re-asks took no further slot
+    assert await store.try_admit(ask("b:1", concurrency=2), NOW + 3) is None
+    assert await store.try_admit(ask("c:1", concurrency=2), NOW + 4) == NOW + 1004
+
+
+async def test_unlimited_queues_admit_everyone(store: StateStore) -> None:
+    for n in range(5):
+        assert await store.try_admit(ask(f"r{n}:1"), NOW) is None
+
+
+async def test_try_admit_takes_higher_priority_first(store: StateStore) -> None:
+    await suspended(store, "h", "low", "high")
+    assert await store.try_admit(ask("h:1", concurrency=1), NOW) is None
+    assert await store.try_admit(ask("low:1", concurrency=1, priority=0), NOW + 1) == NOW + 1001
+    assert await store.try_admit(ask("high:1", concurrency=1, priority=5), NOW + 2) == NOW + 1002
+
+    assert await store.release_slots("h", NOW + 3) == 1
+
+    assert await wake_of(store, "high") == NOW + 3  # the first in line is told
+    assert await wake_of(store, "low") is None
+    # the older but less urgent waiter asking first is still refused
+    assert await store.try_admit(ask("low:1", concurrency=1, priority=0), NOW + 4) == NOW + 1004
+    assert await store.try_admit(ask("high:1", concurrency=1, priority=5), NOW + 5) is None
+    assert await store.try_admit(ask("low:1", concurrency=1, priority=0), NOW + 6) == NOW + 1006
+
+
+@pytest.mark.parametrize("explicit", [True, False], ids=["fairness-key", "run-id"])
+async def test_try_admit_favours_the_key_holding_fewest_slots(
+    store: StateStore, explicit: bool
+) -> None:
+    """``a`` already holds a slot, so ``b``'s newer waiter goes before ``a``'s older one.
+    Without a fairness key, the run id is the key."""
+    await suspended(store, "a", "b", "x")
+
+    def key(name: str) -> str | None:
+        return f"key-{name}" if explicit else None
+
+    def request(step_id: str) -> Admission:
+        return ask(step_id, concurrency=2, fairness_key=key(step_id[0]))
+
+    assert await store.try_admit(request("a:1"), NOW) is None
+    assert await store.try_admit(request("x:1"), NOW + 1) is None
+    assert await store.try_admit(request("a:2"), NOW + 2) == NOW + 1002
+    assert await store.try_admit(request("b:1"), NOW + 3) == NOW + 1003
+
+    await store.release_slots("x", NOW + 4)
+
+    assert await wake_of(store, "b") == NOW + 4
+    assert await store.try_admit(request("a:2"), NOW + 5) == NOW + 1005
+    assert await store.try_admit(request("b:1"), NOW + 6) is None
+
+
+async def test_try_admit_limits_the_rate_over_the_period(store: StateStore) -> None:
+    def request(step_id: str) -> Admission:
+        return ask(step_id, rate_limit=2, rate_period_ms=1000, retry_ms=100)
+
+    assert await store.try_admit(request("a:1"), NOW) is None
+    assert await store.try_admit(request("b:1"), NOW + 10) is None
+    assert await store.try_admit(request("c:1"), NOW + 20) == NOW + 120
+    # released slots still count: the limit is on admissions, not on holders
+    await store.release_slots("a", NOW + 30)
+    await store.release_slots("b", NOW + 30)
+    assert await store.try_admit(request("c:1"), NOW + 40) == NOW + 140
+    assert await store.try_admit(request("c:1"), NOW + 999) == NOW + 1099
+
+    # a:1's admission left the window
+    assert await store.try_admit(request("c:1"), NOW + 1000) is None
+    assert await store.try_admit(request("d:1"), NOW + 1001) == NOW + 1101
+    assert await store.try_admit(request("d:1"), NOW + 1010) is None  # b:1's left too
+
+
+async def test_try_admit_takes_the_tighter_of_concurrency_and_rate(store: StateStore) -> None:
+    def request(step_id: str) -> Admission:
+        return ask(step_id, concurrency=1, rate_limit=5, rate_period_ms=1000)
+
+    assert await store.try_admit(request("a:1"), NOW) is None
+    assert await store.try_admit(request("b:1"), NOW + 1) == NOW + 1001
+    await store.release_slots("a", NOW + 2)
+    assert await store.try_admit(request("b:1"), NOW + 3) is None
+
+
+async def test_waiters_not_seen_for_three_retries_are_dropped(store: StateStore) -> None:
+    await suspended(store, "h", "gone", "fresh")
+    assert await store.try_admit(ask("h:1", concurrency=1), NOW) is None
+    stale = ask("gone:1", concurrency=1, priority=9, retry_ms=100)
+    fresh = ask("fresh:1", concurrency=1, retry_ms=100)
+    assert await store.try_admit(stale, NOW) == NOW + 100
+    await store.release_slots("h", NOW + 50)
+
+    # still within 3 * retry_ms: the urgent waiter keeps its place
+    assert await store.try_admit(fresh, NOW + 200) == NOW + 300
+    # past it, the waiter is gone and the next in line gets the slot
+    assert await store.try_admit(fresh, NOW + 301) is None
+    # coming back, the dropped step queues anew behind the slot holder
+    assert await store.try_admit(stale, NOW + 302) == NOW + 402
+
+
+async def test_settling_a_step_frees_its_slot_and_wakes_the_next(store: StateStore) -> None:
+    await saved(store, _make_cp("holder", 1, queue="q"), _make_cp("holder", 2, queue="q"))
+    await saved(store, _make_cp("urgent", 1, queue="q"))
+    await suspended(store, "early")
+    assert await store.try_admit(ask("holder:1", concurrency=1), NOW) is None
+    assert await store.try_admit(ask("early:1", concurrency=1), NOW + 1) == NOW + 1001
+    assert await store.try_admit(ask("urgent:1", concurrency=1, priority=1), NOW + 2) == NOW + 1002
+
+    answers = await store.resolve_checkpoints(
+        [Resolution("holder", 1, COMPLETED, output="ok")], NOW + 5
+    )
+
+    assert answers == [0]
+    assert await wake_of(store, "urgent") == NOW + 5
+    assert await wake_of(store, "early") is None
+    assert await store.try_admit(ask("urgent:1", concurrency=1, priority=1), NOW + 6) is None
+    assert await store.try_admit(ask("early:1", concurrency=1), NOW + 7) == NOW + 1007
+
+    # a failed step frees its slot too (holder:2 never held one: nothing to free)
+    await store.resolve_checkpoints([Resolution("holder", 2, FAILED, error=ERROR)], NOW + 8)
+    assert await store.try_admit(ask("early:1", concurrency=1), NOW + 9) == NOW + 1009
+    await store.resolve_checkpoints([Resolution("urgent", 1, FAILED, error=ERROR)], NOW + 11)
+    assert await wake_of(store, "early") == NOW + 11
+    assert await store.try_admit(ask("early:1", concurrency=1), NOW + 12) is None
+
+
+async def test_release_slots_frees_a_finished_runs_slots_and_waits(store: StateStore) -> None:
+    await suspended(store, "r", "z", "w1", "w3")
+    assert await store.try_admit(ask("r:1", queue="q1", concurrency=1), NOW) is None
+    assert await store.try_admit(ask("r:2", queue="q2", concurrency=1), NOW) is None
+    assert await store.try_admit(ask("w1:1", queue="q1", concurrency=1), NOW + 1) == NOW + 1001
+    assert await store.try_admit(ask("z:1", queue="q3", concurrency=1), NOW) is None
+    r_waits = ask("r:3", queue="q3", concurrency=1, priority=9)
+    assert await store.try_admit(r_waits, NOW + 1) == NOW + 1001
+    assert await store.try_admit(ask("w3:1", queue="q3", concurrency=1), NOW + 2) == NOW + 1002
+
+    assert await store.release_slots("r", NOW + 5) == 2
+
+    assert await wake_of(store, "w1") == NOW + 5
+    assert await store.try_admit(ask("w1:1", queue="q1", concurrency=1), NOW + 6) is None
+    assert await store.try_admit(ask("x:2", queue="q2", concurrency=1), NOW + 6) is None
+    # r's waiter in q3 is gone: once z is done, w3 is next
+    assert await store.release_slots("z", NOW + 7) == 1
+    assert await wake_of(store, "w3") == NOW + 7
+    assert await store.try_admit(ask("w3:1", queue="q3", concurrency=1), NOW + 8) is None
+    # nothing left to free
+    assert await store.release_slots("r", NOW + 9) == 0
+    assert await store.release_slots("unknown", NOW + 9) == 0
+
+
+async def test_wakes_spare_runs_that_ended(store: StateStore) -> None:
+    await suspended(store, "h")
+    await store.create_run(_make_run("ended", RunStatus.CANCELLED))
+    assert await store.try_admit(ask("h:1", concurrency=1), NOW) is None
+    assert await store.try_admit(ask("ended:1", concurrency=1), NOW + 1) == NOW + 1001
+
+    assert await store.release_slots("h", NOW + 2) == 1
+
+    assert await wake_of(store, "ended") is None
+
+
+async def test_deleting_a_run_frees_its_slots(store: StateStore) -> None:
+    await store.create_run(_make_run("h"))
+    assert await store.try_admit(ask("h:1", concurrency=1), NOW) is None
+    assert await store.try_admit(ask("h:2", concurrency=1), NOW) == NOW + 1000
+
+    assert await store.delete_run("h")
+
+    assert await store.try_admit(ask("w:1", concurrency=1), NOW + 1) is None
+
+
+@pytest.mark.parametrize("limit", ["concurrency", "rate_limit"])
+async def test_racing_admissions_across_store_objects_respect_the_limit(
+    store_factory: StoreFactory, limit: str
+) -> None:
+    stores = [await store_factory(), await store_factory()]
+
+    def request(n: int) -> Admission:
+        if limit == "concurrency":
+            return ask(f"run-{n}:1", concurrency=3)
+        return ask(f"run-{n}:1", rate_limit=3)
+
+    answers = await asyncio.gather(*(stores[n % 2].try_admit(request(n), NOW) for n in range(20)))
+
+    assert answers.count(None) == 3
+    assert all(a == NOW + 1000 for a in answers if a is not None)
+    admitted = [n for n, a in enumerate(answers) if a is None]
+    # whoever asks again agrees: the admitted keep their slots, the others wait
+    again = [await stores[0].try_admit(request(n), NOW + 1) for n in range(20)]
+    assert [n for n, a in enumerate(again) if a is None] == admitted

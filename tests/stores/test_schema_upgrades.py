@@ -1,0 +1,101 @@
+"""Schema upgrades, one test per dialect: an older schema's rows still read
+after the store migrates them (what is dialect-specific here is how the old
+schema is built, so these live apart from the conformance suite)."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
+from pathlib import Path
+
+import pytest
+
+from durably.model import Checkpoint, CheckpointStatus
+from durably.stores import StateStore
+from durably.stores.base import Resolution
+from durably.testing.conformance.stores.steps import EVENTS, NOW, ask
+
+COMPLETED = CheckpointStatus.COMPLETED
+
+
+def _old_checkpoint_sql() -> str:
+    return (
+        "INSERT INTO durably_checkpoints (run_id, seq, name, kind, status, attempts, "
+        "parallel_group) VALUES ('old', 0, 'step-0', 'step', 'pending', 1, NULL)"
+    )
+
+
+async def _read_upgraded(store: StateStore) -> None:
+    """An upgraded database reads the old row with the new columns empty, then writes them."""
+    old = Checkpoint(
+        run_id="old", seq=0, name="step-0", kind="step", status=CheckpointStatus.PENDING, attempts=1
+    )
+    assert await store.get_checkpoint("old", 0) == old
+    assert (await store.load_checkpoints("old"))[0].events is None
+    assert await store.try_admit(ask("old:0", concurrency=1), NOW) is None
+    assert await store.resolve_checkpoints(
+        [Resolution("old", 0, COMPLETED, output=1, events=EVENTS)], NOW
+    ) == [0]
+    found = await store.get_checkpoint("old", 0)
+    assert found is not None and found.events == EVENTS
+
+
+# from 3: before dispatched steps; from 4: before their events
+UPGRADED_FROM = pytest.mark.parametrize("version", [3, 4], ids=["from-v3", "from-v4"])
+
+
+@UPGRADED_FROM
+async def test_sqlite_upgrades_checkpoints_written_by_older_schemas(
+    tmp_path: Path, version: int
+) -> None:
+    from durably.stores import SqliteStore
+    from durably.stores._sqlite_schema import MIGRATIONS
+
+    path = tmp_path / f"v{version}.db"
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE durably_meta (key TEXT PRIMARY KEY, value TEXT)")
+    for script in MIGRATIONS[:version]:
+        conn.executescript(script)
+    conn.execute("INSERT INTO durably_meta VALUES ('schema_version', ?)", (str(version),))
+    conn.execute(_old_checkpoint_sql())
+    conn.commit()
+    conn.close()
+
+    store = SqliteStore(f"sqlite:///{path}")
+    await store.open()
+    try:
+        await _read_upgraded(store)
+    finally:
+        await store.close()
+
+
+@UPGRADED_FROM
+async def test_postgres_upgrades_checkpoints_written_by_older_schemas(
+    isolated_postgres: Callable[[], AbstractAsyncContextManager[str]], version: int
+) -> None:
+    import asyncpg
+
+    from durably.stores._postgres_schema import MIGRATIONS
+    from durably.stores.postgres import PostgresStore
+
+    async with isolated_postgres() as url:
+        store = PostgresStore(url)
+        conn = await asyncpg.connect(url.split("?")[0])
+        try:
+            await conn.execute(f'CREATE SCHEMA "{store.schema}"')
+            await conn.execute(f'SET search_path TO "{store.schema}"')
+            await conn.execute("CREATE TABLE durably_meta (key TEXT PRIMARY KEY, value TEXT)")
+            for script in MIGRATIONS[:version]:
+                await conn.execute(script)
+            await conn.execute(
+                "INSERT INTO durably_meta VALUES ('schema_version', $1)", str(version)
+            )
+            await conn.execute(_old_checkpoint_sql())
+        finally:
+            await conn.close()
+        await store.open()
+        try:
+            await _read_upgraded(store)
+        finally:
+            await store.close()
