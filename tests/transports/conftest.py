@@ -105,11 +105,52 @@ async def db_postgresql_backend(request: pytest.FixtureRequest) -> AsyncIterator
         yield make
 
 
+# -- redis:// (BullMQ on the real server at 127.0.0.1:6379; scripts/test.sh starts it) ----
+REDIS_TEST_URL = "redis://127.0.0.1:6379/0"
+"""Shared with other test runs: every test uses a prefix of its own and deletes its keys."""
+REDIS_DEFAULTS: dict[str, Any] = {"redeliver_delay_ms": 50}
+
+
+@asynccontextmanager
+async def redis_backend(request: pytest.FixtureRequest) -> AsyncIterator[Maker]:
+    """``redis://`` under a unique prefix; every transport is a separate object."""
+    import uuid
+
+    import redis.asyncio as aioredis
+
+    from durably.transports.redis import RedisTransport
+
+    prefix = f"durably-test-{uuid.uuid4().hex[:12]}"
+    made: list[RedisTransport] = []
+
+    async def make(**options: Any) -> Transport:
+        transport = RedisTransport(REDIS_TEST_URL, prefix=prefix, **{**REDIS_DEFAULTS, **options})
+        made.append(transport)
+        await transport.open()
+        return transport
+
+    try:
+        yield make
+    finally:
+        for transport in reversed(made):
+            await transport.close()
+        client = aioredis.Redis.from_url(REDIS_TEST_URL)
+        try:
+            # BullMQ keys are bull:<queue>:…; the transport's own are <prefix>-…
+            for pattern in (f"bull:{prefix}-*", f"{prefix}-*"):
+                keys = [key async for key in client.scan_iter(match=pattern, count=1000)]
+                if keys:
+                    await client.delete(*keys)
+        finally:
+            await client.aclose()
+
+
 TRANSPORTS: dict[str, Backend] = {
     "memory": memory_backend,
     "local": local_backend,
     "db-sqlite": db_sqlite_backend,
     "db-postgresql": db_postgresql_backend,
+    "redis": redis_backend,
 }
 DB_TRANSPORTS = ["db-sqlite", "db-postgresql"]
 INLINE = {"memory"}

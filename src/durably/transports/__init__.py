@@ -1,7 +1,8 @@
 """Transports: how dispatched-step tasks reach workers and results come back.
 
 Chosen by URL: ``local://`` (the default, in-process queues), ``memory://``
-(inline, for tests), ``db://`` (a message table in the store's database).
+(inline, for tests), ``db://`` (a message table in the store's database),
+``redis://`` / ``rediss://`` (BullMQ queues and pub/sub, the upstream wire).
 """
 
 from __future__ import annotations
@@ -32,6 +33,11 @@ def open_transport(target: str | Transport | None, store: StateStore) -> Transpo
         from .db import DbTransport
 
         return DbTransport(store)
+    if scheme in ("redis", "rediss"):
+        from .redis import RedisTransport
+
+        return RedisTransport.from_url(target)
     raise ValueError(
-        f"unknown transport URL {redact_url(target)!r}: expected local://, memory:// or db://"
+        f"unknown transport URL {redact_url(target)!r}: "
+        "expected local://, memory://, db:// or redis://"
     )

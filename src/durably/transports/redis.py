@@ -1,0 +1,790 @@
+"""The ``redis://`` transport: BullMQ queues and Redis pub/sub, on the upstream wire.
+
+Speaks what the upstream engines and their workers (``durable-worker`` on PyPI,
+the TypeScript runtimes) speak, so any of them can serve a ``ctx.step``:
+
+- Step tasks go to the BullMQ queue ``{P}-tasks-{group}`` (job name ``task``,
+  ``removeOnComplete``, failed jobs kept a day), results to ``{P}-results``
+  (job name ``result``), both with BullMQ's default key prefix ``bull``.
+  ``P`` is the prefix (``durable``), or ``{prefix}-{namespace}`` for an
+  upstream namespace other than ``default``. ``group`` is the routing token
+  (:func:`durably.wire.routing_token`): the engine's own ``namespace=`` is the
+  upstream *partition*, the ``@…`` suffix of the token.
+- BullMQ's competing consumers give each task to one server and each result
+  to one engine instance (whichever takes it first): a result is settled
+  once. A server that dies holding a task has it redelivered by BullMQ's
+  stalled-job check; a task that stalls again, or fails in BullMQ for any
+  other reason, is answered with a retryable failure (as the upstream workers'
+  "failure bridge" does), so the engine's retry policy decides what follows.
+- Heartbeats are published on ``{P}-heartbeat``: every instance hears every
+  beat (the engine throttles what it persists). A durably worker also keeps
+  its step's latest beat in ``{P}-step-beat:{stepId}`` for 30 s, so an engine
+  instance that starts listening later learns which steps are alive.
+  Run-scoped beats (no ``stepId``; remote workflow turns) are ignored here.
+- Cancel notices are ``{"from", "kind": "cancel", "runId"}`` on ``{P}-control``.
+- Priorities are inverted for BullMQ: ``min(2097151, max(1, round(1048576 - p)))``.
+  A task without one is queued at the neutral ``p = 0`` rather than
+  unprioritised, because BullMQ serves unprioritised jobs before every
+  prioritised one (the task JSON itself still omits ``priority``).
+
+A password in the URL is used to connect and never appears in
+:attr:`RedisTransport.url`, a log line or an error message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import socket
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Collection
+from dataclasses import dataclass
+from typing import Any, Generic, NoReturn, Protocol, TypeVar
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import redis.asyncio as aioredis
+from bullmq import DelayedError
+from bullmq import Queue as _BullQueue
+from bullmq import Worker as _BullWorker
+from redis.asyncio.client import PubSub
+
+from .._aio import wait_event
+from .._urls import redact_url
+from ..wire import Heartbeat, StepResult, StepTask, WireError
+from .base import CancelHandler, HeartbeatHandler, ResultHandler, TaskHandler, TransportError
+
+__all__ = ["RedisNames", "RedisTransport", "bullmq_priority"]
+
+_log = logging.getLogger("durably.transport")
+
+_RESULT_BATCH = 256
+_RESULT_WINDOW_S = 0.002
+"""How long a results batch stays open for one more result."""
+_RESULT_WINDOW_MAX_S = 0.05
+"""How long a growing results batch stays open at most."""
+_BEAT_TTL_MS = 30_000
+_SETTLED_MEMORY = 10_000
+"""Step ids of recently delivered results, so a late beat for one is dropped."""
+_DRAIN_DELAY_S = 1
+"""How long an idle BullMQ worker blocks waiting for a job (bullmq's default is 5 s).
+A worker closing while it blocks may swallow the queue's wake-up marker, and the
+others then sleep until their wait ends: this bounds that stall."""
+_TASK_JOB_OPTS: dict[str, Any] = {"removeOnComplete": True, "removeOnFail": {"age": 86_400}}
+_OTHER_JOB_OPTS: dict[str, Any] = {"removeOnComplete": True, "removeOnFail": True}
+_NEUTRAL_PRIORITY = 1_048_576
+_T = TypeVar("_T")
+_MAX_PRIORITY = 2_097_151
+
+
+def bullmq_priority(priority: int | float | None) -> int:
+    """The BullMQ priority for a durably/upstream priority (higher = more urgent).
+
+    BullMQ serves *lower* numbers first, so the upstream inverts around 2**20.
+    ``None`` maps to the neutral value (``p = 0``); see the module docstring.
+    """
+    p = 0 if priority is None else priority
+    return min(_MAX_PRIORITY, max(1, round(_NEUTRAL_PRIORITY - p)))
+
+
+@dataclass(frozen=True, slots=True)
+class RedisNames:
+    """The upstream's queue, channel and key names for one prefix and namespace."""
+
+    prefix: str = "durable"
+    namespace: str | None = None
+
+    @property
+    def base(self) -> str:
+        """``P``: the prefix, with a non-default namespace folded in."""
+        if self.namespace in (None, "", "default"):
+            return self.prefix
+        return f"{self.prefix}-{self.namespace}"
+
+    def tasks(self, group: str) -> str:
+        """The queue of step tasks routed to ``group`` (a routing token)."""
+        return f"{self.base}-tasks-{group}"
+
+    @property
+    def results(self) -> str:
+        """The queue step results travel on."""
+        return f"{self.base}-results"
+
+    @property
+    def heartbeat(self) -> str:
+        """The pub/sub channel of liveness beats."""
+        return f"{self.base}-heartbeat"
+
+    @property
+    def control(self) -> str:
+        """The pub/sub channel of control notices (cancel…)."""
+        return f"{self.base}-control"
+
+    def step_beat(self, step_id: str) -> str:
+        """The key holding a step's latest beat (durably workers only)."""
+        return f"{self.base}-step-beat:{step_id}"
+
+
+# -- a narrow typed view of the untyped bullmq package ------------------------------------
+
+
+class _Job(Protocol):
+    id: str
+    data: Any
+
+
+class _QueueBackend(Protocol):
+    async def moveToDelayed(
+        self, job_id: str, timestamp: int, delay: int, token: str, opts: dict[str, Any]
+    ) -> Any: ...
+
+
+class _Queue(Protocol):
+    backend: _QueueBackend
+
+    async def addBulk(self, jobs: list[dict[str, Any]]) -> list[Any]: ...
+
+
+class _Backend(Protocol):
+    async def close(self, force: bool = False) -> None: ...
+
+
+class _Worker(Protocol):
+    running: bool
+    backend: _Backend
+    processing: set[asyncio.Future[Any]]
+
+    async def run(self) -> None: ...
+
+    async def close(self, force: bool = False) -> None: ...
+
+    def on(self, event_name: str, function: Callable[..., Any]) -> Any: ...
+
+
+_Processor = Callable[[_Job, str], Awaitable[Any]]
+
+
+def _new_queue(name: str, client: aioredis.Redis) -> _Queue:
+    queue: _Queue = _BullQueue(name, {"connection": client})
+    return queue
+
+
+class _Consumer:
+    """One BullMQ worker and the task running its loop."""
+
+    def __init__(
+        self,
+        queue: str,
+        processor: _Processor,
+        url: str,
+        options: dict[str, Any],
+        give_back: Callable[[str, _Job, str], Awaitable[None]],
+    ):
+        # autorun off: bullmq's own ensure_future(run()) is untracked, and a
+        # run() that starts after close() reconnects and leaks a connection.
+        self.queue = queue
+        self.worker: _Worker = _BullWorker(
+            queue, processor, {"connection": url, **options, "autorun": False}
+        )
+        self.worker.on("error", _worker_error(queue))
+        self._give_back = give_back
+        self._loop = asyncio.create_task(self._run(queue), name=f"durably-{queue}")
+
+    async def _run(self, queue: str) -> None:
+        try:
+            await self.worker.run()
+        except Exception as exc:
+            _log.warning("the BullMQ worker on %s stopped: %s", queue, exc)
+
+    async def close(self) -> None:
+        """Stop taking jobs; return once the jobs it holds are finished or handed back."""
+        # Close only once run() is inside its loop (or gone), so close() is
+        # never undone by a loop starting after it.
+        while not self.worker.running and not self._loop.done():  # noqa: ASYNC110
+            await asyncio.sleep(0.005)
+        try:
+            await self.worker.close()
+        except Exception as exc:
+            _log.warning("could not close a BullMQ worker cleanly: %s", exc)
+        await asyncio.gather(self._loop, return_exceptions=True)
+        # bullmq's loop ends as soon as one fetch comes back empty while
+        # closing, even if another fetch is still out: a job that fetch
+        # returns (now active, locked by us) is processed by nobody. Wait
+        # for what is left (holding the tasks: asyncio keeps them weakly),
+        # and hand such jobs back at once instead of after their lock.
+        left = list(self.worker.processing)
+        await asyncio.gather(*left, return_exceptions=True)
+        for done in left:
+            if done.cancelled() or done.exception() is not None:
+                continue
+            job = done.result()
+            token = getattr(job, "token", None)
+            if job is not None and isinstance(token, str):
+                await self._give_back(self.queue, job, token)
+        # Once more after its loop ended: a command the loop sent after
+        # close() (a racing fetch) reopens bullmq's single-connection client.
+        with contextlib.suppress(Exception):
+            await self.worker.backend.close(force=True)
+
+
+def _delayed() -> BaseException:
+    # Raised after job.moveToDelayed: tells the bullmq worker the job was
+    # handed back and must be neither completed nor failed.
+    error: BaseException = DelayedError()
+    return error
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class RedisTransport:
+    """A :class:`~durably.transports.base.Transport` over BullMQ and Redis pub/sub.
+
+    ``url``: ``redis://`` or ``rediss://``, with an optional user and password,
+    port and database number. ``prefix``/``namespace``: the upstream's naming
+    (module docstring). ``redeliver_delay_ms``: how long a task whose handler
+    wrapper raised (or a results batch whose consumer raised) waits before it
+    is delivered again. ``lock_ms``: BullMQ's job lock (a dead holder's jobs
+    come back after it, via the stalled-job check).
+    """
+
+    def __init__(
+        self,
+        url: str = "redis://127.0.0.1:6379/0",
+        *,
+        prefix: str = "durable",
+        namespace: str | None = None,
+        redeliver_delay_ms: int = 1_000,
+        lock_ms: int = 30_000,
+    ) -> None:
+        scheme = url.partition("://")[0].lower()
+        if scheme not in ("redis", "rediss"):
+            raise ValueError(f"not a Redis URL: {redact_url(url)}")
+        if not prefix or ":" in prefix or (namespace and ":" in namespace):
+            raise ValueError("the Redis prefix and namespace must be non-empty and without ':'")
+        self._connect_url = url
+        self.url = redact_url(url)
+        """The URL without credentials."""
+        self.names = RedisNames(prefix, namespace)
+        self.redeliver_delay_ms = redeliver_delay_ms
+        self.lock_ms = lock_ms
+        self.instance_id = f"durably-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        """Who publishes (the ``from`` of control notices)."""
+        self._client: aioredis.Redis | None = None
+        self._opening = asyncio.Lock()
+        self._closing = False
+        self._queues: dict[str, _Queue] = {}
+        # serving
+        self._workers: list[_Consumer] = []
+        self._generation = 0
+        self._slots = asyncio.Semaphore(1)
+        self._on_task: TaskHandler | None = None
+        self._handlers: set[asyncio.Task[None]] = set()
+        self._closing_workers: set[asyncio.Task[None]] = set()
+        self._bridging: set[asyncio.Future[None]] = set()
+        # results
+        self._results_worker: _Consumer | None = None
+        self._on_results: ResultHandler | None = None
+        self._on_heartbeat: HeartbeatHandler | None = None
+        self._batch: list[tuple[StepResult, asyncio.Future[bool]]] = []
+        self._flush: asyncio.Task[None] | None = None
+        self._batch_full = asyncio.Event()
+        self._settled: OrderedDict[str, None] = OrderedDict()
+        # pub/sub
+        self._cancel_handlers: list[CancelHandler] = []
+        self._readers: list[asyncio.Task[None]] = []
+        self._pubsubs: list[PubSub] = []
+        # sends, batched while the previous batch is written
+        self._results_out: _Batcher[dict[str, Any]] = _Batcher(self._write_results)
+
+    @classmethod
+    def from_url(cls, url: str, **options: Any) -> RedisTransport:
+        """Build from a URL; ``?prefix=`` and ``?namespace=`` set the naming."""
+        parts = urlsplit(url)
+        query = parse_qsl(parts.query, keep_blank_values=True)
+        ours = {k: v for k, v in query if k in ("prefix", "namespace")}
+        rest = [(k, v) for k, v in query if k not in ("prefix", "namespace")]
+        path = parts.path.strip("/")
+        if path and not path.isdigit():
+            raise ValueError(f"the Redis database must be a number: {redact_url(url)}")
+        clean = urlunsplit(
+            (parts.scheme, parts.netloc, parts.path, urlencode(rest), parts.fragment)
+        )
+        if "prefix" in ours:
+            options.setdefault("prefix", ours["prefix"])
+        if "namespace" in ours:
+            options.setdefault("namespace", ours["namespace"] or None)
+        return cls(clean, **options)
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    async def open(self) -> None:
+        """Connect and start hearing control notices. Idempotent."""
+        async with self._opening:
+            if self._client is not None:
+                return
+            pool = aioredis.BlockingConnectionPool.from_url(
+                self._connect_url, decode_responses=True, max_connections=32, timeout=30
+            )
+            client = aioredis.Redis.from_pool(pool)  # aclose() closes the pool too
+            try:
+                await client.ping()
+            except Exception as exc:
+                await client.aclose()
+                raise TransportError(
+                    f"cannot reach Redis at {self.url}: {type(exc).__name__}"
+                ) from None
+            self._client = client
+            self._closing = False
+            await self._subscribe(self.names.control, self._heard_control)
+
+    async def close(self) -> None:
+        """Stop every consumer; hand back tasks whose handlers were still running."""
+        self._closing = True
+        await self.stop_serving()
+        handlers = list(self._handlers)
+        for handler in handlers:
+            handler.cancel()
+        await asyncio.gather(*handlers, return_exceptions=True)
+        if self._closing_workers:
+            await asyncio.gather(*self._closing_workers, return_exceptions=True)
+        if self._bridging:
+            await asyncio.gather(*self._bridging, return_exceptions=True)
+        worker, self._results_worker = self._results_worker, None
+        if worker is not None:
+            await worker.close()
+        if self._flush is not None:
+            await asyncio.gather(self._flush, return_exceptions=True)
+        for reader in self._readers:
+            reader.cancel()
+        await asyncio.gather(*self._readers, return_exceptions=True)
+        self._readers.clear()
+        for pubsub in self._pubsubs:
+            with contextlib.suppress(Exception):
+                await pubsub.aclose()  # type: ignore[no-untyped-call]  # untyped in redis-py
+        self._pubsubs.clear()
+        await self._results_out.drain()
+        client, self._client = self._client, None
+        self._queues.clear()
+        if client is not None:
+            await client.aclose()
+
+    def _redis(self) -> aioredis.Redis:
+        if self._client is None:
+            raise RuntimeError("the redis:// transport is not open")
+        return self._client
+
+    def _queue(self, name: str) -> _Queue:
+        queue = self._queues.get(name)
+        if queue is None:
+            # Queues share the transport's pool (a queue only adds jobs);
+            # workers get connections of their own (they block).
+            queue = self._queues[name] = _new_queue(name, self._redis())
+        return queue
+
+    # -- pub/sub -----------------------------------------------------------------------
+
+    async def _subscribe(self, channel: str, on_message: Callable[[Any], Awaitable[None]]) -> None:
+        pubsub = self._redis().pubsub()
+        await pubsub.subscribe(channel)
+        # Wait for the confirmation: a message published after this returns
+        # is heard (the subscription is live on the server).
+        while True:
+            message = await pubsub.get_message(timeout=5.0)
+            if message is None:
+                raise TransportError(f"no subscription confirmation for {channel} from Redis")
+            if message.get("type") == "subscribe":
+                break
+        self._pubsubs.append(pubsub)
+        self._readers.append(
+            asyncio.create_task(self._read(pubsub, channel, on_message), name=f"durably-{channel}")
+        )
+
+    async def _read(
+        self, pubsub: PubSub, channel: str, on_message: Callable[[Any], Awaitable[None]]
+    ) -> None:
+        while True:
+            try:
+                message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                # redis-py reconnects and re-subscribes on the next read.
+                _log.warning("lost the Redis subscription to %s (%s); retrying", channel, exc)
+                await asyncio.sleep(1.0)
+                continue
+            if message is None or message.get("type") != "message":
+                continue
+            try:
+                body = json.loads(message["data"])
+            except (TypeError, ValueError):
+                _log.error("dropping a malformed message on %s", channel)
+                continue
+            try:
+                await on_message(body)
+            except Exception:
+                _log.exception("a message on %s could not be handled", channel)
+
+    async def _heard_control(self, body: Any) -> None:
+        if not isinstance(body, dict) or body.get("kind") != "cancel":
+            return  # events and other notices are not a transport's business
+        run_id = body.get("runId")
+        if not isinstance(run_id, str):
+            return
+        for handler in list(self._cancel_handlers):
+            try:
+                handler([run_id])
+            except Exception:
+                _log.exception("a cancel handler failed")
+
+    async def publish_cancel(self, run_ids: list[str]) -> None:
+        """Publish one cancel notice per run on the control channel (best effort)."""
+        if not run_ids:
+            return
+        try:
+            async with self._redis().pipeline(transaction=False) as pipe:
+                for run_id in run_ids:
+                    notice = {"from": self.instance_id, "kind": "cancel", "runId": run_id}
+                    pipe.publish(self.names.control, json.dumps(notice))
+                await pipe.execute()
+        except Exception as exc:
+            _log.warning("could not publish the cancellation of %d run(s): %s", len(run_ids), exc)
+
+    def on_cancel(self, handler: CancelHandler) -> None:
+        """Register a cancel-notice handler."""
+        self._cancel_handlers.append(handler)
+
+    # -- sending -----------------------------------------------------------------------
+
+    async def dispatch(self, tasks: list[StepTask]) -> None:
+        """Add the tasks to their groups' queues (one pipeline per queue)."""
+        if not tasks:
+            return
+        by_queue: dict[str, list[dict[str, Any]]] = {}
+        for task in tasks:
+            opts = {**_TASK_JOB_OPTS, "priority": bullmq_priority(task.priority)}
+            job = {"name": "task", "data": task.to_wire(), "opts": opts}
+            by_queue.setdefault(self.names.tasks(task.group), []).append(job)
+        try:
+            self._redis()
+            await asyncio.gather(
+                *(self._queue(name).addBulk(jobs) for name, jobs in by_queue.items())
+            )
+        except Exception as exc:
+            raise TransportError(
+                f"could not dispatch {len(tasks)} task(s): {type(exc).__name__}: {exc}"
+            ) from exc
+
+    async def send_result(self, result: StepResult) -> None:
+        """Add the result to the results queue."""
+        self._redis()
+        job = {"name": "result", "data": result.to_wire(), "opts": dict(_OTHER_JOB_OPTS)}
+        try:
+            await self._results_out.add(job)
+        except Exception as exc:
+            raise TransportError(f"could not send a result: {type(exc).__name__}: {exc}") from exc
+
+    async def _write_results(self, jobs: list[dict[str, Any]]) -> None:
+        await self._queue(self.names.results).addBulk(jobs)
+
+    async def send_heartbeat(self, beat: Heartbeat) -> None:
+        """Publish the beat, and keep it as the step's latest for late listeners."""
+        body = json.dumps(beat.to_wire())
+        try:
+            async with self._redis().pipeline(transaction=False) as pipe:
+                pipe.publish(self.names.heartbeat, body)
+                pipe.set(self.names.step_beat(beat.step_id), body, px=_BEAT_TTL_MS)
+                await pipe.execute()
+        except Exception as exc:
+            raise TransportError(f"could not send a heartbeat: {type(exc).__name__}") from exc
+
+    # -- serving tasks -----------------------------------------------------------------
+
+    async def serve(
+        self, groups: Collection[str], on_task: TaskHandler, *, concurrency: int
+    ) -> None:
+        """Serve ``groups`` (one BullMQ worker each), ``concurrency`` handlers at once."""
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        self._redis()
+        self._retire_workers()
+        self._on_task = on_task
+        # One slot pool across every group: a worker may hold a job waiting
+        # for a slot; it hands it back if serving stops first.
+        self._slots = asyncio.Semaphore(concurrency)
+        generation = self._generation
+        options = {
+            "concurrency": concurrency,
+            "lockDuration": self.lock_ms,
+            "stalledInterval": self.lock_ms,
+            "drainDelay": _DRAIN_DELAY_S,
+        }
+        for group in sorted(set(groups)):
+            name = self.names.tasks(group)
+            process = self._processor(generation, name)
+            consumer = _Consumer(name, process, self._connect_url, options, self._give_back)
+            consumer.worker.on("failed", self._bridge_failure)
+            self._workers.append(consumer)
+
+    async def stop_serving(self) -> None:
+        """Stop taking tasks; jobs taken but not started are handed back at once.
+        Running handlers are left to finish (their workers close after them)."""
+        self._retire_workers()
+        self._on_task = None
+        # Let the retired workers' processors see the new generation and
+        # hand back what they hold.
+        await asyncio.sleep(0)
+
+    def _retire_workers(self) -> None:
+        self._generation += 1
+        workers, self._workers = self._workers, []
+        for worker in workers:
+            closing = asyncio.create_task(worker.close())
+            self._closing_workers.add(closing)
+            closing.add_done_callback(self._closing_workers.discard)
+
+    def _processor(self, generation: int, queue: str) -> _Processor:
+        async def process(job: _Job, token: str) -> None:
+            if generation != self._generation:
+                await self._hand_back(queue, job, token, 0)
+            try:
+                task = StepTask.from_wire(job.data)
+            except (WireError, ValueError, TypeError) as exc:
+                _log.error("dropping a malformed task (job %s): %s", job.id, exc)
+                return  # completed: removed, never delivered again
+            slots = self._slots
+            await slots.acquire()
+            try:
+                handler = self._on_task
+                if generation != self._generation or handler is None:
+                    await self._hand_back(queue, job, token, 0)
+                runner = asyncio.create_task(_run_handler(handler, task))
+                self._handlers.add(runner)
+                runner.add_done_callback(self._handlers.discard)
+                try:
+                    await asyncio.shield(runner)
+                except asyncio.CancelledError:
+                    # close(): this process stops; the task goes to another one.
+                    runner.cancel()
+                    await self._hand_back(queue, job, token, 0)
+                except Exception:
+                    _log.exception(
+                        "task %s failed in its handler wrapper; delivering it again",
+                        task.step_id,
+                    )
+                    await self._hand_back(queue, job, token, self.redeliver_delay_ms)
+            finally:
+                slots.release()
+
+        return process
+
+    async def _hand_back(self, queue: str, job: _Job, token: str, delay_ms: int) -> NoReturn:
+        """Put a held job back (visible again after ``delay_ms``) and stop processing it."""
+        await self._give_back(queue, job, token, delay_ms)
+        raise _delayed()
+
+    async def _give_back(self, queue: str, job: _Job, token: str, delay_ms: int = 0) -> None:
+        """Move a job we hold back to the queue, visible again after ``delay_ms``."""
+        # Through the transport's own connection, not the job's worker: a
+        # worker that is closing may hold a job after its connection closed,
+        # and that job must go back now, not after its lock expires.
+        try:
+            now = _now_ms()
+            moving = self._queue(queue).backend.moveToDelayed(
+                job.id, now, delay_ms, token, {"skipAttempt": True}
+            )
+            await asyncio.shield(moving)
+        except Exception as exc:  # it comes back after its lock expires
+            _log.warning("could not hand job %s of %s back: %s", job.id, queue, exc)
+
+    def _bridge_failure(self, job: Any = None, error: Any = None, *_: Any) -> None:
+        """Answer a task job that reached BullMQ's terminal ``failed`` state.
+
+        The handler wrapper never lets a step's failure escape, so a failed
+        job is an infrastructure failure: the job stalled more often than
+        allowed (its holders died; bullmq 3 fails it at the next pickup) or
+        something outside the handler threw. Nothing else would ever answer
+        it, so, as the upstream workers do, send a retryable failure: the
+        engine's retry policy decides what happens next.
+        """
+        data = getattr(job, "data", None)
+        if not isinstance(data, dict) or isinstance(data.get("history"), list):
+            return  # not a step task (a workflow turn is re-driven by its engine)
+        run_id, seq, step_id = data.get("runId"), data.get("seq"), data.get("stepId")
+        if not isinstance(run_id, str) or not isinstance(step_id, str):
+            return
+        if isinstance(seq, bool) or not isinstance(seq, int | float):
+            return
+        reason = getattr(job, "failedReason", None) or str(error or "") or "unknown"
+        _log.warning("task %s failed in BullMQ (%s); answering it as failed", step_id, reason)
+        result = StepResult(
+            run_id,
+            int(seq),
+            ok=False,
+            error={"message": f"remote step worker failed: {reason}", "retryable": True},
+        )
+        sending = asyncio.ensure_future(self._send_bridged(result))
+        self._bridging.add(sending)
+        sending.add_done_callback(self._bridging.discard)
+
+    async def _send_bridged(self, result: StepResult) -> None:
+        try:
+            await self.send_result(result)
+        except Exception as exc:
+            _log.warning("could not answer the failed task %s: %s", result.step_id, exc)
+
+    # -- results -----------------------------------------------------------------------
+
+    async def consume_results(
+        self, on_results: ResultHandler, on_heartbeat: HeartbeatHandler
+    ) -> None:
+        """Hear beats; take results (competing with other instances) in batches of up to 256."""
+        self._redis()
+        if self._on_results is not None:
+            raise RuntimeError("this transport already has a results consumer")
+        self._on_results, self._on_heartbeat = on_results, on_heartbeat
+        await self._subscribe(self.names.heartbeat, self._heard_beat)
+        await self._replay_latest_beats()
+        name = self.names.results
+        self._results_worker = _Consumer(
+            name,
+            self._take_result,
+            self._connect_url,
+            {
+                "concurrency": _RESULT_BATCH,
+                "lockDuration": self.lock_ms,
+                "stalledInterval": self.lock_ms,
+                "drainDelay": _DRAIN_DELAY_S,
+            },
+            self._give_back,
+        )
+
+    async def _replay_latest_beats(self) -> None:
+        """Hear the latest beat of every step still beating (sent before we listened)."""
+        client = self._redis()
+        try:
+            keys = [key async for key in client.scan_iter(match=self.names.step_beat("*"))]
+            for start in range(0, len(keys), 500):
+                for body in await client.mget(keys[start : start + 500]):
+                    if body is not None:
+                        await self._heard_beat(json.loads(body))
+        except Exception as exc:
+            _log.warning("could not read the latest step beats: %s", exc)
+
+    async def _heard_beat(self, body: Any) -> None:
+        handler = self._on_heartbeat
+        if handler is None or not isinstance(body, dict) or "stepId" not in body:
+            return  # a run-scoped beat (remote turns) is not a step's
+        try:
+            beat = Heartbeat.from_wire(body)
+        except WireError as exc:
+            _log.error("dropping a malformed heartbeat: %s", exc)
+            return
+        step_id = beat.step_id
+        if step_id in self._settled or any(r.step_id == step_id for r, _ in self._batch):
+            return  # its result is here already: the beat says nothing new
+        await handler(beat)
+
+    async def _take_result(self, job: _Job, token: str) -> None:
+        if self._closing:
+            # Fetched while closing: another instance settles it now.
+            await self._hand_back(self.names.results, job, token, 0)
+        try:
+            result = StepResult.from_wire(job.data)
+        except (WireError, ValueError, TypeError) as exc:
+            _log.error("dropping a malformed result (job %s): %s", job.id, exc)
+            return
+        done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._batch.append((result, done))
+        if len(self._batch) >= _RESULT_BATCH:
+            self._batch_full.set()
+        if self._flush is None or self._flush.done():
+            self._flush = asyncio.create_task(self._flush_soon())
+        if not await asyncio.shield(done):
+            await self._hand_back(self.names.results, job, token, self.redeliver_delay_ms)
+
+    async def _flush_soon(self) -> None:
+        while self._batch:
+            # Results fetched together arrive a fraction of a ms apart: keep
+            # the batch open while it grows (up to a cap), so a burst is
+            # settled in a few store writes rather than one each, and a lone
+            # result waits only one short window.
+            cap = time.monotonic() + _RESULT_WINDOW_MAX_S
+            size = -1
+            while (
+                len(self._batch) != size
+                and len(self._batch) < _RESULT_BATCH
+                and time.monotonic() < cap
+            ):
+                size = len(self._batch)
+                self._batch_full.clear()
+                await wait_event(self._batch_full, _RESULT_WINDOW_S)
+            batch, self._batch = self._batch[:_RESULT_BATCH], self._batch[_RESULT_BATCH:]
+            ok = True
+            handler = self._on_results
+            try:
+                if handler is not None:
+                    await handler([result for result, _ in batch])
+            except Exception:
+                _log.exception(
+                    "a batch of %d step results could not be settled; delivering it again",
+                    len(batch),
+                )
+                ok = False
+            for result, done in batch:
+                if ok:
+                    self._settled[result.step_id] = None
+                if not done.done():
+                    done.set_result(ok)
+            while len(self._settled) > _SETTLED_MEMORY:
+                self._settled.popitem(last=False)
+
+
+async def _run_handler(handler: TaskHandler, task: StepTask) -> None:
+    await handler(task)
+
+
+def _worker_error(queue: str) -> Callable[..., None]:
+    def report(error: BaseException, *_: Any) -> None:
+        _log.warning("BullMQ worker on %s: %s", queue, error)
+
+    return report
+
+
+class _Batcher(Generic[_T]):
+    """Collects items while the previous batch is written; one write per batch."""
+
+    def __init__(self, write: Callable[[list[_T]], Awaitable[None]]) -> None:
+        self._write = write
+        self._items: list[tuple[_T, asyncio.Future[None]]] = []
+        self._task: asyncio.Task[None] | None = None
+
+    async def add(self, item: _T) -> None:
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._items.append((item, future))
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._run())
+        await future
+
+    async def drain(self) -> None:
+        if self._task is not None:
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def _run(self) -> None:
+        while self._items:
+            batch, self._items = self._items[:500], self._items[500:]
+            try:
+                await self._write([item for item, _ in batch])
+            except Exception as exc:
+                for _, future in batch:
+                    if not future.done():
+                        future.set_exception(exc)
+            else:
+                for _, future in batch:
+                    if not future.done():
+                        future.set_result(None)

@@ -1,0 +1,207 @@
+"""The ``redis://`` transport's own rules: URLs, names, priorities and the jobs it
+writes (the upstream wire as BullMQ stores it). The shared contract is in
+``test_transport_contract.py``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+import redis.asyncio as aioredis
+
+from durably._urls import redact_url
+from durably.stores import SqliteStore
+from durably.transports import open_transport
+from durably.transports.redis import RedisNames, RedisTransport, bullmq_priority
+from durably.wire import Heartbeat, StepResult, StepTask
+
+from .conftest import REDIS_TEST_URL, wait_until
+
+
+def test_names_fold_the_namespace_into_the_prefix_as_upstream() -> None:
+    assert RedisNames().tasks("payments-charge") == "durable-tasks-payments-charge"
+    assert RedisNames().results == "durable-results"
+    assert RedisNames(namespace="default").heartbeat == "durable-heartbeat"
+    dev = RedisNames("durable", "dev")
+    assert dev.tasks("py-echo@acme") == "durable-dev-tasks-py-echo@acme"
+    assert dev.results == "durable-dev-results"
+    assert dev.control == "durable-dev-control"
+
+
+def test_priorities_are_inverted_and_clamped() -> None:
+    assert bullmq_priority(5) == 1_048_571  # the upstream's live example
+    assert bullmq_priority(None) == bullmq_priority(0) == 1_048_576
+    assert bullmq_priority(-2) == 1_048_578
+    assert bullmq_priority(10**9) == 1
+    assert bullmq_priority(-(10**9)) == 2_097_151
+
+
+def test_urls_are_parsed_and_credentials_never_shown() -> None:
+    transport = RedisTransport.from_url(
+        "redis://user:s3cret@127.0.0.1:6380/3?prefix=acme&namespace=dev"
+    )
+    assert transport.url == "redis://user:***@127.0.0.1:6380/3"
+    assert transport.names == RedisNames("acme", "dev")
+    assert "prefix" not in transport._connect_url  # ours, not for redis-py
+    assert redact_url("rediss://:pw@host:6379/0") == "rediss://:***@host:6379/0"
+    with pytest.raises(ValueError, match="database must be a number") as caught:
+        RedisTransport.from_url("redis://u:s3cret@host/zero")
+    assert "s3cret" not in str(caught.value)
+    store = SqliteStore("sqlite:///:memory:")
+    chosen = open_transport("rediss://u:pw@example.invalid:6390/1", store)
+    assert isinstance(chosen, RedisTransport)
+    assert chosen.url == "rediss://u:***@example.invalid:6390/1"
+
+
+async def test_redis_down_is_one_clear_error_without_credentials() -> None:
+    transport = RedisTransport("redis://user:s3cret@127.0.0.1:1/0")
+    with pytest.raises(Exception, match=r"cannot reach Redis at redis://user:\*\*\*@127") as e:
+        await transport.open()
+    assert "s3cret" not in str(e.value)
+
+
+@pytest.fixture
+async def prefix() -> AsyncIterator[str]:
+    name = f"durably-test-{uuid.uuid4().hex[:12]}"
+    yield name
+    client = aioredis.Redis.from_url(REDIS_TEST_URL)
+    try:
+        for pattern in (f"bull:{name}-*", f"{name}-*"):
+            keys = [key async for key in client.scan_iter(match=pattern, count=1000)]
+            if keys:
+                await client.delete(*keys)
+    finally:
+        await client.aclose()
+
+
+async def test_jobs_are_the_upstream_wire_as_bullmq_stores_it(prefix: str) -> None:
+    transport = RedisTransport(REDIS_TEST_URL, prefix=prefix)
+    await transport.open()
+    client = aioredis.Redis.from_url(REDIS_TEST_URL, decode_responses=True)
+    try:
+        task = StepTask("run-abc", 3, "payments:charge", "payments-charge", {"n": 1}, priority=5)
+        await transport.dispatch([task])
+        await transport.send_result(StepResult("run-abc", 3, ok=True, output=None))
+        queue = f"bull:{prefix}-tasks-payments-charge"
+        ids = await client.zrange(f"{queue}:prioritized", 0, -1)
+        assert len(ids) == 1
+        job = await client.hgetall(f"{queue}:{ids[0]}")
+        assert job["name"] == "task"
+        assert json.loads(job["data"]) == task.to_wire()
+        assert json.loads(job["data"])["stepId"] == "run-abc:3"
+        assert json.loads(job["opts"])["removeOnFail"] == {"age": 86_400}
+        assert int(job["priority"]) == 1_048_571
+        results = f"bull:{prefix}-results"
+        [result_id] = await client.lrange(f"{results}:wait", 0, -1)
+        stored = await client.hgetall(f"{results}:{result_id}")
+        assert stored["name"] == "result"
+        assert json.loads(stored["data"]) == {
+            "runId": "run-abc",
+            "seq": 3,
+            "stepId": "run-abc:3",
+            "status": "completed",
+            "output": None,
+        }
+    finally:
+        await client.aclose()
+        await transport.close()
+
+
+async def test_beats_reach_every_instance_and_run_scoped_beats_are_ignored(prefix: str) -> None:
+    instances = [RedisTransport(REDIS_TEST_URL, prefix=prefix) for _ in range(3)]
+    heard: list[list[Heartbeat]] = [[] for _ in instances]
+    try:
+        for transport, beats in zip(instances, heard, strict=True):
+            await transport.open()
+
+            async def on_results(batch: list[StepResult]) -> None:
+                return None
+
+            async def on_beat(beat: Heartbeat, beats: list[Heartbeat] = beats) -> None:
+                beats.append(beat)
+
+            await transport.consume_results(on_results, on_beat)
+        client = aioredis.Redis.from_url(REDIS_TEST_URL)
+        try:
+            # what durable-worker publishes while a turn runs: no stepId
+            run_beat = {"runId": "wrun-1", "seq": 0, "group": "py-workflows"}
+            await client.publish(f"{prefix}-heartbeat", json.dumps(run_beat))
+        finally:
+            await client.aclose()
+        await instances[0].send_heartbeat(Heartbeat("r1", 2, "g", at=1_700_000_000_000))
+        await wait_until(lambda: all(len(beats) == 1 for beats in heard), what="every instance")
+        assert all(beats[0].step_id == "r1:2" for beats in heard)
+    finally:
+        for transport in instances:
+            await transport.close()
+
+
+async def test_each_result_is_settled_by_exactly_one_instance(prefix: str) -> None:
+    instances = [RedisTransport(REDIS_TEST_URL, prefix=prefix) for _ in range(3)]
+    taken: list[str] = []
+    try:
+        for transport in instances:
+            await transport.open()
+
+            async def on_results(batch: list[StepResult]) -> None:
+                taken.extend(result.step_id for result in batch)
+
+            async def on_beat(beat: Heartbeat) -> None:
+                return None
+
+            await transport.consume_results(on_results, on_beat)
+        for i in range(90):
+            await instances[i % 3].send_result(StepResult(f"r{i}", 1, ok=True, output=i))
+        await wait_until(lambda: len(taken) >= 90, what="90 results")
+        await asyncio.sleep(0.3)  # a duplicate would show up by now
+        assert sorted(taken) == sorted(f"r{i}:1" for i in range(90))
+    finally:
+        for transport in instances:
+            await transport.close()
+
+
+async def test_a_task_job_failing_in_bullmq_is_answered_as_a_retryable_failure(
+    prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Something outside the handler throws (here: parsing): BullMQ fails the
+    # job, and the serving transport answers it instead of leaving it unanswered.
+    from durably.transports import redis as redis_transport
+
+    def broken(data: object) -> StepTask:
+        raise RuntimeError("parser exploded")
+
+    transport = RedisTransport(REDIS_TEST_URL, prefix=prefix)
+    await transport.open()
+    got: list[StepResult] = []
+
+    async def on_results(batch: list[StepResult]) -> None:
+        got.extend(batch)
+
+    async def on_beat(beat: Heartbeat) -> None:
+        return None
+
+    async def never(task: StepTask) -> None:
+        raise AssertionError("the handler must not run")
+
+    try:
+        monkeypatch.setattr(redis_transport.StepTask, "from_wire", broken)
+        await transport.consume_results(on_results, on_beat)
+        await transport.serve(["g"], never, concurrency=1)
+        await transport.dispatch([StepTask("r1", 4, "g", "g")])
+        await wait_until(lambda: len(got) == 1, what="the bridged failure")
+        [result] = got
+        assert (result.step_id, result.ok, result.retryable) == ("r1:4", False, True)
+        assert result.error == {
+            "message": "remote step worker failed: parser exploded",
+            "retryable": True,
+        }
+    finally:
+        await transport.close()
+
+
+def test_a_password_in_the_query_is_not_shown_either() -> None:
+    shown = redact_url("redis://h:6379/0?password=s3cret&prefix=p")
+    assert shown == "redis://h:6379/0?password=***&prefix=p"
