@@ -52,7 +52,8 @@ def channel_of(engine: durably.Engine) -> str:
 async def listeners(admin: Any, channel: str) -> set[int]:
     """The backends LISTENing on ``channel`` (their last statement is the LISTEN)."""
     rows = await admin.fetch(
-        "SELECT pid FROM pg_stat_activity WHERE query ILIKE 'LISTEN %' AND position($1 IN query) > 0",
+        "SELECT pid FROM pg_stat_activity "
+        "WHERE query ILIKE 'LISTEN %' AND position($1 IN query) > 0",
         channel,
     )
     return {row["pid"] for row in rows}
