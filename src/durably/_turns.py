@@ -213,6 +213,14 @@ class TurnDriver:
                 await self._store.release_run(run_id, owner, now)
             return None
         if outcome.end is TurnEnd.CONTINUED:
+            if turn is not None:
+                # The next link is built on this link's results and starts at
+                # once: they must be durable before it exists, or a crash before
+                # this link's settle re-runs steps whose results it consumed.
+                try:
+                    await turn.flush()
+                except _TurnClosed:
+                    return None  # fenced: the lease's new owner hands over
             next_run = await self._continue_as_new(run, outcome.output)
             status, changes = RunStatus.COMPLETED, RunChanges(output={"continued_as": next_run})
         elif outcome.end is TurnEnd.COMPLETED:

@@ -286,9 +286,14 @@ class StepRunner:
                     if persisted is not None and persisted > max(seen, heard):
                         seen = persisted
                         continue
+                    if heard or seen:
+                        what = f"sent no heartbeat for {call.timeout_ms} ms"
+                    else:
+                        # No beat ever: the task waited in the queue, and an
+                        # operator must look for a missing worker, not a hung one.
+                        what = f"was not picked up within {first_window} ms"
                     silent = {
-                        "message": f"step {call.name!r} sent no heartbeat for "
-                        f"{call.timeout_ms} ms (attempt {cp.attempts})",
+                        "message": f"step {call.name!r} {what} (attempt {cp.attempts})",
                         "code": "remote_step_timeout",
                         "retryable": True,
                     }
