@@ -226,9 +226,7 @@ class ChildRuns:
             return run.status
         while run.status not in TERMINAL_STATUSES:
             error = {"message": "cancelled", "code": "cancelled", "type": "RunCancelled"}
-            if await self.set_terminal(run, RunStatus.CANCELLED, error):
-                await self.cancel_children(run_id)
-                await self.after_end(run_id, cancelled=True)
+            if await self.end_from_outside(run, error):
                 return run.status
             run = await self.require(run_id)
         return run.status
@@ -288,6 +286,18 @@ class ChildRuns:
             cursor = page.next_cursor
             if cursor is None:
                 return
+
+    async def end_from_outside(self, run: Run, error: dict[str, Any]) -> bool:
+        """Cancel ``run`` if it is still as read (``False`` if it moved), and do
+        everything an ending from outside a turn owes: its live children are
+        cancelled, its flow-control slots freed, its step handlers told. A
+        cancel and an execution timeout both end a run here, so neither can
+        leave a queue slot held by a run that is gone."""
+        if not await self.set_terminal(run, RunStatus.CANCELLED, error):
+            return False
+        await self.cancel_children(run.run_id)
+        await self.after_end(run.run_id, cancelled=True)
+        return True
 
     async def set_terminal(self, run: Run, status: RunStatus, error: dict[str, Any]) -> bool:
         """End ``run`` from outside a turn if it is still as read; ``False`` if it moved.

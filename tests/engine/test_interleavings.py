@@ -77,7 +77,6 @@ async def test_several_waiters_on_one_token_are_each_served_oldest_first(
     assert (first.output, second.output) == ("one", "two")
 
 
-@pytest.mark.xfail(strict=True, reason="issue 12.3: a timed-out run keeps its queue slot")
 async def test_an_execution_timeout_releases_the_runs_queue_slot(
     make_engine: EngineFactory,
 ) -> None:
