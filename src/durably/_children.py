@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -30,13 +31,14 @@ if TYPE_CHECKING:
     from .stores import StateStore
     from .transports import Transport
 
-__all__ = ["LIVE", "ChildRuns", "ChildStart", "RunNotFound", "child_error"]
+__all__ = ["LIVE", "ChildRuns", "ChildStart", "RunNotFound", "child_error", "continued_to"]
 
 _log = logging.getLogger("durably")
 
 LIVE = frozenset({RunStatus.PENDING, RunStatus.RUNNING, RunStatus.SUSPENDED, RunStatus.BLOCKED})
 """The statuses a run can still leave."""
 _RETRYABLE = frozenset({RunStatus.FAILED, RunStatus.DEAD})
+_CONTINUATION = re.compile(r"^(.*)~(\d+)$")
 
 
 class RunNotFound(DurablyError, LookupError):
@@ -136,6 +138,8 @@ class ChildRuns:
             # Started by an earlier turn that crashed before suspending: any
             # that already finished settle their placeholder now.
             for child in await self._store.get_runs(existing):
+                if continued_to(child) is not None:
+                    continue  # a later link of its chain reports (or reconcile follows it)
                 if child.status in TERMINAL_STATUSES:
                     await self.report_to_parent(child)
                 elif child.status is RunStatus.PENDING:
@@ -190,10 +194,19 @@ class ChildRuns:
         ids = list(waiting)
         missing = set(ids)
         now = self._clock.now_ms()
-        for start in range(0, len(ids), 500):
+        while ids:
+            page, ids = ids[:500], ids[500:]
             settled: list[Resolution] = []
-            for child in await self._store.get_runs(ids[start : start + 500]):
+            for child in await self._store.get_runs(page):
                 missing.discard(child.run_id)
+                next_link = continued_to(child)
+                if next_link is not None:
+                    # A child that continued as new: the parent waits for the
+                    # last link of its chain, which carries the same placeholder.
+                    if next_link not in waiting:
+                        waiting[next_link] = waiting[child.run_id]
+                        ids.append(next_link)
+                    continue
                 if child.status not in TERMINAL_STATUSES:
                     continue
                 cp = waiting[child.run_id]
@@ -340,6 +353,27 @@ class ChildRuns:
             for run in runs
             if run.status in TERMINAL_STATUSES or run.cancel_requested is not None
         }
+
+
+def next_link_id(run_id: str) -> str:
+    """The id of the run that ``run_id`` continues as (``<base>~N+1``)."""
+    match = _CONTINUATION.match(run_id)
+    base, number = (match.group(1), int(match.group(2))) if match else (run_id, 0)
+    return f"{base}~{number + 1}"
+
+
+def continued_to(run: Run) -> str | None:
+    """The next link of ``run``'s chain if it ended by continuing as new, else
+    ``None`` (a run that merely returned a look-alike value names another id)."""
+    output = run.output
+    if (
+        run.status is RunStatus.COMPLETED
+        and isinstance(output, dict)
+        and len(output) == 1
+        and output.get("continued_as") == next_link_id(run.run_id)
+    ):
+        return next_link_id(run.run_id)
+    return None
 
 
 def child_error(run_id: str, status: str, error: ErrorInfo | None) -> ErrorInfo:

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from ._batch import BatchCall
+from ._children import next_link_id
 from ._ops.saga import Saga
 from ._replay import Turn, TurnEnd, TurnOutcome, error_info
 from .context import WorkflowContext
@@ -41,7 +41,6 @@ Leased = tuple[Run, dict[int, Checkpoint]]
 """A run leased for a turn, with the checkpoints that turn replays."""
 
 _WAKEABLE = frozenset({RunStatus.PENDING, RunStatus.SUSPENDED})
-_CONTINUATION = re.compile(r"^(.*)~(\d+)$")
 
 
 class TurnDriver:
@@ -223,7 +222,11 @@ class TurnDriver:
             status, changes = RunStatus.CANCELLED, RunChanges(error=outcome.error)
         else:
             status, changes = RunStatus.SUSPENDED, RunChanges(wake_at=outcome.wake_at)
-        if status in TERMINAL_STATUSES and run.parent_id is not None:
+        if (
+            status in TERMINAL_STATUSES
+            and run.parent_id is not None
+            and outcome.end is not TurnEnd.CONTINUED  # the chain's last link reports
+        ):
             # The parent hears first, so no crash can fall between a child
             # ending and its parent knowing (the report stamps the parent's
             # wake in the same write). A fenced or cancelled turn may report
@@ -243,6 +246,12 @@ class TurnDriver:
                 pass
             except Exception:
                 _log.exception("a checkpoint write of run %s failed", run_id)
+        if result is SettleResult.LOST and outcome.end is TurnEnd.CONTINUED:
+            current = await self._store.get_run(run_id)
+            if current is not None and current.status is RunStatus.CANCELLED:
+                # Cancelled as it continued: the next link, created already,
+                # must not live on as a chain nobody waits for.
+                await self._children.cancel_runs([next_link_id(run_id)])
         if result is SettleResult.WAKE_REQUESTED:
             again = await self._store.continue_turn(run_id, owner, now + lease_ms)
             if again is None:
@@ -264,9 +273,7 @@ class TurnDriver:
         return None
 
     async def _continue_as_new(self, run: Run, new_input: Any) -> str:
-        match = _CONTINUATION.match(run.run_id)
-        base, number = (match.group(1), int(match.group(2))) if match else (run.run_id, 0)
-        next_id = f"{base}~{number + 1}"
+        next_id = next_link_id(run.run_id)
         definition = self._registry.get(run.workflow)
         now = self._clock.now_ms()
         # Persisted before this run completes, so a crash in between never

@@ -26,11 +26,17 @@ __all__ = ["store_url"]
 pytestmark = pytest.mark.timeout(120)
 
 
+async def _exists(engine: durably.Engine, run_id: str) -> None:
+    """Until ``run_id`` was created (a chain's next link appears as its turn ends)."""
+    async with asyncio.timeout(30):
+        while await engine.get_run(run_id) is None:  # noqa: ASYNC110 (another task creates it)
+            await asyncio.sleep(0.01)
+
+
 async def _finish(engine: durably.Engine, run_id: str, timeout: float = 30) -> durably.RunResult:
     return await engine.wait_for_run(run_id, terminal=True, timeout=timeout)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 12.4: the parent gets {continued_as: ...}")
 async def test_a_child_that_continues_as_new_hands_its_parent_the_last_links_output(
     make_engine: EngineFactory,
 ) -> None:
@@ -50,6 +56,92 @@ async def test_a_child_that_continues_as_new_hands_its_parent_the_last_links_out
         await engine.start("parent", run_id="p")
         result = await _finish(engine, "p")
     assert result.status is RunStatus.COMPLETED
+    assert result.output == {"final": 2}
+
+
+async def test_a_fan_of_children_that_continue_as_new_hands_the_parent_each_chains_output(
+    make_engine: EngineFactory,
+) -> None:
+    engine = make_engine()
+
+    @engine.workflow("looper")
+    async def looper(ctx: durably.WorkflowContext, n: int) -> dict[str, int]:
+        if n % 10 < 2:
+            ctx.continue_as_new(n + 1)
+        return {"final": n}
+
+    @engine.workflow("parent")
+    async def parent(ctx: durably.WorkflowContext) -> Any:
+        return await ctx.all([ctx.child("looper", 10 * i, run_id=f"kid-{i}") for i in range(5)])
+
+    async with engine:
+        await engine.start("parent", run_id="p")
+        result = await _finish(engine, "p")
+    assert result.status is RunStatus.COMPLETED
+    assert result.output == [{"final": 10 * i + 2} for i in range(5)]
+
+
+async def test_cancelling_a_parent_mid_chain_cancels_the_live_link(
+    make_engine: EngineFactory,
+) -> None:
+    engine = make_engine()
+
+    @engine.workflow("looper")
+    async def looper(ctx: durably.WorkflowContext, n: int) -> Any:
+        if n < 1:
+            ctx.continue_as_new(n + 1)
+        return await ctx.wait_for_signal("never-sent")  # the second link waits forever
+
+    @engine.workflow("parent")
+    async def parent(ctx: durably.WorkflowContext) -> Any:
+        return await ctx.child("looper", 0, run_id="kid")
+
+    async with engine:
+        await engine.start("parent", run_id="p")
+        await _exists(engine, "kid~1")
+        await engine.wait_for_run("kid~1", timeout=10)  # the second link is suspended
+        await engine.cancel("p")
+        parent_run = await _finish(engine, "p")
+        link = await _finish(engine, "kid~1")
+        first = await engine.get_run("kid")
+    assert parent_run.status is RunStatus.CANCELLED
+    assert link.status is RunStatus.CANCELLED
+    assert first is not None and first.status is RunStatus.COMPLETED
+
+
+async def test_a_parent_whose_childs_report_was_lost_follows_the_chain_on_reconcile(
+    make_engine: EngineFactory,
+) -> None:
+    """The chain's last link ended but its report never reached the parent
+    (a crash): the parent's next turn reconciles through the chain."""
+    engine = make_engine(reconcile="200ms")  # the fallback wake of a waiting parent
+
+    @engine.workflow("looper")
+    async def looper(ctx: durably.WorkflowContext, n: int) -> dict[str, int]:
+        if n < 2:
+            ctx.continue_as_new(n + 1)
+        return {"final": n}
+
+    @engine.workflow("parent")
+    async def parent(ctx: durably.WorkflowContext) -> Any:
+        return await ctx.child("looper", 0, run_id="kid")
+
+    store: Any = engine.store
+    resolve = store.resolve_checkpoints
+
+    async def lose_child_reports(batch: list[Any], now: int) -> Any:
+        kept = [item for item in batch if item.run_id != "p"]
+        answers = await resolve(kept, now) if kept else []
+        by_item = dict(zip([id(item) for item in kept], answers, strict=True))
+        return [by_item.get(id(item)) for item in batch]
+
+    store.resolve_checkpoints = lose_child_reports
+    async with engine:
+        await engine.start("parent", run_id="p")
+        await _exists(engine, "kid~2")
+        await _finish(engine, "kid~2")
+        store.resolve_checkpoints = resolve
+        result = await _finish(engine, "p")
     assert result.output == {"final": 2}
 
 
