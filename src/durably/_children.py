@@ -1,10 +1,13 @@
 """ChildRuns: runs that start runs, and how an ending reaches the runs around it.
 
 A parent creates its children in bulk and suspends on their placeholders; a
-child that ends reports to its parent (settling the placeholder and waking
-the parent in one write); a parent's turn reconciles children whose report a
-crash lost. Cancelling a run cancels its live children, recursively. Every
-terminal write outside a turn (a cancel, an execution timeout) goes through
+child's ending and its report to its parent (settling the placeholder and
+stamping the parent's wake) are one write, so the parent hears exactly the
+outcome the child's row records, whoever ends it (its own turn, a cancel, a
+timeout); a parent's turn reconciles children whose report was lost
+otherwise (a chain that continued as new, a run recovered dead).
+Cancelling a run cancels its live children, recursively. Every terminal
+write outside a turn (a cancel, an execution timeout) goes through
 :meth:`ChildRuns.set_terminal`, so the parent always hears of it.
 """
 
@@ -20,7 +23,7 @@ from ._batch import BatchCall
 from ._replay import error_info
 from .errors import DurablyError, SchemaValidationError, WorkflowNotRegistered
 from .model import TERMINAL_STATUSES, CheckpointStatus, ErrorInfo, Run, RunStatus
-from .stores import RunQuery
+from .stores import ChildEnd, RunChanges, RunQuery
 from .stores.base import Resolution
 
 if TYPE_CHECKING:
@@ -85,6 +88,11 @@ class ChildRuns:
         self._parent_reports: BatchCall[Resolution, int | None] = BatchCall(
             lambda batch: self._store.resolve_checkpoints(batch, self._clock.now_ms())
         )
+        # A child's ending and its report share one write (see end_child), and
+        # children ending together share one transaction, for the same reason.
+        self._child_ends: BatchCall[ChildEnd, tuple[bool, int | None]] = BatchCall(
+            lambda batch: self._store.end_child_runs(batch, self._clock.now_ms())
+        )
 
     async def require(self, run_id: str) -> Run:
         """The run, or :class:`RunNotFound`."""
@@ -146,6 +154,35 @@ class ChildRuns:
                     self._router.route(child.run_id, namespace=child.namespace)
         return errors
 
+    async def end_child(
+        self,
+        child: Run,
+        *,
+        owner: str | None = None,
+        statuses: frozenset[RunStatus] = frozenset(),
+    ) -> bool:
+        """Write the ending of ``child`` (its terminal status, output and error
+        as given) and settle its parent's placeholder with it, in one write:
+        the parent hears exactly the outcome the child's row records, and no
+        crash falls between the two. Conditional like the store's
+        ``end_child_runs`` (``owner``: a turn's settle; else ``statuses``: an
+        ending from outside a turn); ``False`` if nothing was written."""
+        assert child.parent_id is not None and child.parent_seq is not None
+        report = _report(child)
+        ended, left = await self._child_ends(
+            ChildEnd(
+                child.run_id,
+                child.status,
+                RunChanges(output=child.output, error=child.error),
+                report,
+                owner=owner,
+                statuses=statuses,
+            )
+        )
+        if ended:
+            await self._wake_parent(child.parent_id, report, left)
+        return ended
+
     async def report_to_parent(self, child: Run) -> None:
         """Tell a waiting parent that ``child`` ended, however it ended.
 
@@ -155,12 +192,7 @@ class ChildRuns:
         """
         if child.parent_id is None or child.parent_seq is None:
             return
-        if child.status is RunStatus.COMPLETED:
-            status, output, error = CheckpointStatus.COMPLETED, child.output, None
-        else:
-            status, output = CheckpointStatus.FAILED, None
-            error = child_error(child.run_id, child.status.value, child.error)
-        report = Resolution(child.parent_id, child.parent_seq, status, output, error)
+        report = _report(child)
         for delay in (0.25, 1.0, 4.0, None):
             try:
                 left = await self._parent_reports(report)
@@ -172,10 +204,13 @@ class ChildRuns:
                     )
                     return
                 await asyncio.sleep(delay)
+        await self._wake_parent(child.parent_id, report, left)
+
+    async def _wake_parent(self, parent_id: str, report: Resolution, left: int | None) -> None:
         # Wake the parent when its fan-out is complete, or on a failure
         # (fail_fast must hear of it); a fan of thousands costs one parent turn.
-        if left is not None and (left == 0 or status is CheckpointStatus.FAILED):
-            await self._router.wake(child.parent_id)
+        if left is not None and (left == 0 or report.status is CheckpointStatus.FAILED):
+            await self._router.wake(parent_id)
 
     async def reconcile(self, run: Run, checkpoints: dict[int, Checkpoint]) -> set[str]:
         """Settle the children this run waits on that already ended (their
@@ -308,9 +343,15 @@ class ChildRuns:
         leave a queue slot held by a run that is gone."""
         if not await self.set_terminal(run, RunStatus.CANCELLED, error):
             return False
-        await self.cancel_children(run.run_id)
-        await self.after_end(run.run_id, cancelled=True)
+        # Shielded: a caller cancelled now (a run cancelling itself from its
+        # own step has its body cancelled as the ending closes its turn) must
+        # not leave the cascade half done.
+        await asyncio.shield(self._after_outside_end(run.run_id))
         return True
+
+    async def _after_outside_end(self, run_id: str) -> None:
+        await self.cancel_children(run_id)
+        await self.after_end(run_id, cancelled=True)
 
     async def set_terminal(self, run: Run, status: RunStatus, error: dict[str, Any]) -> bool:
         """End ``run`` from outside a turn if it is still as read; ``False`` if it moved.
@@ -318,18 +359,22 @@ class ChildRuns:
         A turn of it running here is closed, waiters are woken, and the
         parent hears of the ending.
         """
-        changed = await self._store.update_run_if(
-            run.run_id,
-            frozenset({run.status}),
-            {"status": status.value, "error": error, "wake_at": None},
-            self._clock.now_ms(),
-        )
+        expected = frozenset({run.status})
+        if run.parent_id is not None and run.parent_seq is not None:
+            ended = run.replace(status=status, error=error, output=None)
+            changed = await self.end_child(ended, statuses=expected)
+        else:
+            changed = await self._store.update_run_if(
+                run.run_id,
+                expected,
+                {"status": status.value, "error": error, "wake_at": None},
+                self._clock.now_ms(),
+            )
         if changed:
             turn = self._router.active.get(run.run_id)
             if turn is not None:
                 turn.close(status.value)
             self._router.notify(run.run_id)
-            await self.report_to_parent(run.replace(status=status, error=error, output=None))
         return changed
 
     async def after_end(self, run_id: str, *, cancelled: bool) -> None:
@@ -353,6 +398,17 @@ class ChildRuns:
             for run in runs
             if run.status in TERMINAL_STATUSES or run.cancel_requested is not None
         }
+
+
+def _report(child: Run) -> Resolution:
+    """How ``child``'s ending settles its parent's placeholder."""
+    assert child.parent_id is not None and child.parent_seq is not None
+    if child.status is RunStatus.COMPLETED:
+        return Resolution(
+            child.parent_id, child.parent_seq, CheckpointStatus.COMPLETED, child.output
+        )
+    error = child_error(child.run_id, child.status.value, child.error)
+    return Resolution(child.parent_id, child.parent_seq, CheckpointStatus.FAILED, error=error)
 
 
 def next_link_id(run_id: str) -> str:

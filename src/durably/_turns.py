@@ -222,30 +222,28 @@ class TurnDriver:
             status, changes = RunStatus.CANCELLED, RunChanges(error=outcome.error)
         else:
             status, changes = RunStatus.SUSPENDED, RunChanges(wake_at=outcome.wake_at)
+        ended = run.replace(status=status, output=changes.output, error=changes.error)
         if (
             status in TERMINAL_STATUSES
             and run.parent_id is not None
+            and run.parent_seq is not None
             and outcome.end is not TurnEnd.CONTINUED  # the chain's last link reports
         ):
-            # The parent hears first, so no crash can fall between a child
-            # ending and its parent knowing (the report stamps the parent's
-            # wake in the same write). A fenced or cancelled turn may report
-            # an outcome the store then refuses: a replay computes the same
-            # one, and a parent's checkpoint is settled once.
-            await self._children.report_to_parent(
-                run.replace(status=status, output=changes.output, error=changes.error)
-            )
-        result = await self._store.settle_run(run_id, owner, status, changes, now)
+            # The child's ending and its parent's placeholder are one write, so
+            # a cancel landing meanwhile either wins (and the parent hears
+            # "cancelled") or loses, and no crash falls between the two. That
+            # write is not queued behind the turn's results: collect them first.
+            if turn is not None and self._store.ordered_writes:
+                await self._collect(turn, run_id)
+            won = await self._children.end_child(ended, owner=owner)
+            result = SettleResult.SETTLED if won else SettleResult.LOST
+        else:
+            result = await self._store.settle_run(run_id, owner, status, changes, now)
         if turn is not None and self._store.ordered_writes:
             # The outcome was queued behind the turn's results, so they are
             # settled too; collect them (a write that failed is only logged:
             # the run's own row already holds its outcome).
-            try:
-                await turn.flush()
-            except _TurnClosed:
-                pass
-            except Exception:
-                _log.exception("a checkpoint write of run %s failed", run_id)
+            await self._collect(turn, run_id)
         if result is SettleResult.LOST and outcome.end is TurnEnd.CONTINUED:
             current = await self._store.get_run(run_id)
             if current is not None and current.status is RunStatus.CANCELLED:
@@ -265,12 +263,20 @@ class TurnDriver:
             self._router.notify(run_id, RunResult(run_id, status, changes.output, changes.error))
             if status in TERMINAL_STATUSES:
                 await self._children.after_end(run_id, cancelled=status is RunStatus.CANCELLED)
-                ended = run.replace(status=status, output=changes.output, error=changes.error)
                 if status is RunStatus.FAILED:
                     await self._after_failure(ended)
                 if status is RunStatus.CANCELLED:
                     await self._children.cancel_children(run_id)
         return None
+
+    async def _collect(self, turn: Turn, run_id: str) -> None:
+        """Wait for the turn's queued writes; a failed one is only logged."""
+        try:
+            await turn.flush()
+        except _TurnClosed:
+            pass
+        except Exception:
+            _log.exception("a checkpoint write of run %s failed", run_id)
 
     async def _continue_as_new(self, run: Run, new_input: Any) -> str:
         next_id = next_link_id(run.run_id)

@@ -237,9 +237,6 @@ async def test_an_execution_timeout_reaches_the_running_handler(
         await asyncio.wait_for(hog_cancelled.wait(), 10)
 
 
-@pytest.mark.xfail(
-    strict=False, reason="hangs on PostgreSQL: a cancel from inside the run's own step"
-)
 async def test_a_child_cancelled_while_its_turn_completes_is_reported_cancelled(
     make_engine: EngineFactory,
 ) -> None:
@@ -268,13 +265,12 @@ async def test_a_child_cancelled_while_its_turn_completes_is_reported_cancelled(
     assert told.output == kid_run.status.value
 
 
-@pytest.mark.xfail(strict=False, reason="issue 12.2: fails on memory and SQLite")
 async def test_a_cancel_landing_between_a_childs_report_and_its_settle_reaches_the_parent(
     make_engine: EngineFactory,
 ) -> None:
-    """Another process cancels the child right after the child told its parent
-    "completed" and before the child wrote its own status: the parent must
-    still see exactly what the child's record says."""
+    """Another process cancels the child after the child's turn decided it
+    completed and before that ending (with its report to the parent) is
+    written: the parent must still see exactly what the child's record says."""
     engine = make_engine()
     canceller = make_engine()
     for each in (engine, canceller):
@@ -291,18 +287,18 @@ async def test_a_cancel_landing_between_a_childs_report_and_its_settle_reaches_t
                 return exc.status
 
     store: Any = engine.store
-    resolve = store.resolve_checkpoints
+    end_child_runs = store.end_child_runs
     cancelled_once = False
 
-    async def resolve_then_cancel(batch: list[Any], now: int) -> Any:
+    async def cancel_then_end(batch: list[Any], now: int) -> Any:
+        # The kid's own turn (it holds a lease) is about to write its ending.
         nonlocal cancelled_once
-        answer = await resolve(batch, now)
-        if not cancelled_once and any(item.run_id == "p" for item in batch):
+        if not cancelled_once and any(e.run_id == "kid" and e.owner for e in batch):
             cancelled_once = True
             await canceller.cancel("kid")
-        return answer
+        return await end_child_runs(batch, now)
 
-    store.resolve_checkpoints = resolve_then_cancel
+    store.end_child_runs = cancel_then_end
     await canceller.open()
     async with engine:
         await engine.start("parent", run_id="p")
@@ -314,7 +310,6 @@ async def test_a_cancel_landing_between_a_childs_report_and_its_settle_reaches_t
     assert told.output == expected
 
 
-@pytest.mark.xfail(strict=False, reason="issue 12.2: a race, seen in some runs")
 async def test_a_parent_hears_exactly_the_final_outcome_of_each_child_cancelled_as_it_ends(
     make_engine: EngineFactory,
 ) -> None:
