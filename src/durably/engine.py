@@ -43,7 +43,7 @@ from ._watch import RunWatcher
 from ._worker import RECOVERY_BATCH, Phase, Worker
 from .clock import Clock, SystemClock
 from .durations import Duration, to_ms
-from .errors import DurablyError, SchemaValidationError
+from .errors import DurablyError, SchemaValidationError, WrongEventLoop
 from .model import TERMINAL_STATUSES, Checkpoint, CheckpointStatus, Run, RunResult, RunStatus
 from .retry import RetryPolicy
 from .schedules import Overlap, Schedule, Scheduler, ScheduleSpec
@@ -176,6 +176,7 @@ class Engine:
         self._consuming = False
         self._opened = False
         self._open_lock: asyncio.Lock | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._listening = False
         """Whether the store pushes other processes' changes (PostgreSQL)."""
         self._wire()
@@ -250,6 +251,7 @@ class Engine:
             options=settings,
             owner=owner,
         )
+        self._router.worker_looping = lambda: self._worker.looping
 
     # -- options --------------------------------------------------------------------------
 
@@ -559,6 +561,7 @@ class Engine:
     async def open(self) -> None:
         """Connect the store and migrate its schema (done lazily by every call)."""
         if self._opened:
+            self._check_loop()
             return
         if self._open_lock is None:
             self._open_lock = asyncio.Lock()
@@ -566,6 +569,7 @@ class Engine:
             if self.is_open:  # another task opened it while we waited for the lock
                 return
             await self.store.open()
+            self._loop = asyncio.get_running_loop()
             try:
                 await self._scheduler.sync()  # upsert the schedules declared in code
             except BaseException:
@@ -598,6 +602,17 @@ class Engine:
                 # hold our id, so reclaim its runs now rather than after the lease.
                 await self._worker.expire_own_leases()
 
+    def _check_loop(self) -> None:
+        # One identity check per call: an engine's connections and tasks
+        # belong to the loop it was opened on, and a call from another loop
+        # would fail deep in a driver ("Event loop is closed") or hang.
+        if asyncio.get_running_loop() is not self._loop:
+            raise WrongEventLoop(
+                "this Engine was opened on another event loop (its connections and "
+                "tasks belong to that loop); use one loop (e.g. `async with engine` in "
+                "your app's lifespan) or one Engine per loop"
+            )
+
     @property
     def listening(self) -> bool:
         """Whether the store pushes other processes' changes to this engine
@@ -613,6 +628,7 @@ class Engine:
         """Drain, stop the worker loop and close the store."""
         if not self._opened:
             return
+        self._check_loop()
         await self.drain(self.drain_timeout)
         await self._watcher.close()
         if self._router.run_queue is not None:
