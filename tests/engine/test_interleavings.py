@@ -394,7 +394,6 @@ asyncio.run(engine.start("job", run_id="job-1"))
 """
 
 
-@pytest.mark.xfail(strict=True, reason="issue 12.8: the producer leases the run to itself")
 async def test_a_producer_that_never_runs_a_worker_does_not_hold_its_runs(
     make_engine: EngineFactory, store_url: str
 ) -> None:
@@ -419,7 +418,28 @@ async def test_a_producer_that_never_runs_a_worker_does_not_hold_its_runs(
     assert run is not None and run.recovery_attempts == 0
 
 
-@pytest.mark.xfail(strict=True, reason="issue 12.9: RuntimeError: Event loop is closed")
+async def test_an_engine_that_forgot_async_with_warns_once_that_its_runs_wait(
+    make_engine: EngineFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    forgetful = make_engine()
+    producer = make_engine(drive=False)
+    for each in (forgetful, producer):
+
+        @each.workflow("job")
+        async def job(ctx: durably.WorkflowContext) -> str:
+            return "done"
+
+    with caplog.at_level("WARNING", logger="durably"):
+        await producer.start("job", run_id="quiet")
+        await forgetful.start("job", run_id="a")
+        await forgetful.start("job", run_id="b")
+    warnings = [r.getMessage() for r in caplog.records if "no worker loop" in r.getMessage()]
+    assert len(warnings) == 1 and "async with engine" in warnings[0] and "run a " in warnings[0]
+    async with forgetful:
+        for run_id in ("quiet", "a", "b"):
+            assert (await _finish(forgetful, run_id)).output == "done"
+
+
 def test_an_engine_used_from_a_second_event_loop_says_why_it_fails(postgres_url: str) -> None:
     engine = durably.Engine(postgres_url, consumers="never")
 
@@ -429,4 +449,20 @@ def test_an_engine_used_from_a_second_event_loop_says_why_it_fails(postgres_url:
 
     asyncio.run(engine.start("job", run_id="first"))
     with pytest.raises(durably.DurablyError, match="event loop"):
+        asyncio.run(engine.start("job", run_id="second"))
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+def test_an_embedded_store_engine_refuses_a_second_event_loop_the_same_way(
+    kind: str, tmp_path: Any
+) -> None:
+    url = "memory://" if kind == "memory" else f"sqlite:///{tmp_path / 'loops.db'}"
+    engine = durably.Engine(url, consumers="never")
+
+    @engine.workflow("job")
+    async def job(ctx: durably.WorkflowContext) -> str:
+        return "done"
+
+    asyncio.run(engine.start("job", run_id="first"))
+    with pytest.raises(durably.WrongEventLoop, match="event loop"):
         asyncio.run(engine.start("job", run_id="second"))

@@ -502,7 +502,7 @@ class PostgresStore:
             ended = {row["id"] for row in rows}
             reported = [i for i in firsts.values() if ends[i].run_id in ended]
             lefts, waiter_runs = await self._resolve_in(
-                conn, [ends[i].report for i in reported], now
+                conn, [ends[i].report for i in reported], now, locked=True
             )
         await self._wake_waiters(waiter_runs, now)
         answers: list[tuple[bool, int | None]] = [(False, None)] * len(ends)
@@ -778,10 +778,11 @@ class PostgresStore:
         return answers
 
     async def _resolve_in(
-        self, conn: Any, resolutions: list[Resolution], now: int
+        self, conn: Any, resolutions: list[Resolution], now: int, *, locked: bool = False
     ) -> tuple[list[int | None], list[str]]:
         """:meth:`resolve_checkpoints` inside the caller's transaction; also
-        returns the runs to wake once it committed (see :meth:`_wake_waiters`)."""
+        returns the runs to wake once it committed (see :meth:`_wake_waiters`).
+        ``locked``: the caller holds the rows of the resolutions' runs already."""
         if not resolutions:
             return [], []
         # A position named twice is settled by its first entry; the second finds it settled.
@@ -790,13 +791,14 @@ class PostgresStore:
             firsts.setdefault((r.run_id, r.seq), index)
         entries = [resolutions[i] for i in firsts.values()]
         waiter_runs: list[str] = []
-        # Serialise siblings settling at once: under READ COMMITTED each
-        # would otherwise count the other as pending and none would wake
-        # the parent. Locked in id order, so batches never deadlock.
-        await conn.execute(
-            "SELECT 1 FROM durably_runs WHERE id = ANY($1::text[]) ORDER BY id FOR UPDATE",
-            sorted({r.run_id for r in entries}),
-        )
+        if not locked:
+            # Serialise siblings settling at once: under READ COMMITTED each
+            # would otherwise count the other as pending and none would wake
+            # the parent. Locked in id order, so batches never deadlock.
+            await conn.execute(
+                "SELECT 1 FROM durably_runs WHERE id = ANY($1::text[]) ORDER BY id FOR UPDATE",
+                sorted({r.run_id for r in entries}),
+            )
         rows = await conn.fetch(
             "UPDATE durably_checkpoints c SET status = v.status, output = v.output, "
             "error = v.error, events = v.events, finished_at = $7 "
