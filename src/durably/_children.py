@@ -34,7 +34,15 @@ if TYPE_CHECKING:
     from .stores import StateStore
     from .transports import Transport
 
-__all__ = ["LIVE", "ChildRuns", "ChildStart", "RunNotFound", "child_error", "continued_to"]
+__all__ = [
+    "LIVE",
+    "ChildRuns",
+    "ChildStart",
+    "RunNotFound",
+    "child_error",
+    "continued_to",
+    "next_link_id",
+]
 
 _log = logging.getLogger("durably")
 

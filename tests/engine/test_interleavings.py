@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import sys
 from typing import Any
 
@@ -127,20 +128,22 @@ async def test_a_parent_whose_childs_report_was_lost_follows_the_chain_on_reconc
         return await ctx.child("looper", 0, run_id="kid")
 
     store: Any = engine.store
-    resolve = store.resolve_checkpoints
+    end_child_runs = store.end_child_runs
 
     async def lose_child_reports(batch: list[Any], now: int) -> Any:
-        kept = [item for item in batch if item.run_id != "p"]
-        answers = await resolve(kept, now) if kept else []
-        by_item = dict(zip([id(item) for item in kept], answers, strict=True))
-        return [by_item.get(id(item)) for item in batch]
+        # Each child ends, but its report names a placeholder that does not
+        # exist: the parent hears nothing and must find the outcome itself.
+        astray = [
+            dataclasses.replace(e, report=dataclasses.replace(e.report, seq=10_000)) for e in batch
+        ]
+        return await end_child_runs(astray, now)
 
-    store.resolve_checkpoints = lose_child_reports
+    store.end_child_runs = lose_child_reports
     async with engine:
         await engine.start("parent", run_id="p")
         await _exists(engine, "kid~2")
         await _finish(engine, "kid~2")
-        store.resolve_checkpoints = resolve
+        store.end_child_runs = end_child_runs
         result = await _finish(engine, "p")
     assert result.output == {"final": 2}
 
