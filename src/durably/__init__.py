@@ -22,6 +22,7 @@ from .errors import (
     SignalTimeout,
     StepFailed,
     WorkflowNotRegistered,
+    WrongEventLoop,
     is_control_flow,
 )
 from .model import Checkpoint, CheckpointStatus, Run, RunResult, RunStatus
@@ -62,6 +63,7 @@ __all__ = [
     "TransportError",
     "WorkflowContext",
     "WorkflowNotRegistered",
+    "WrongEventLoop",
     "is_control_flow",
 ]
 

@@ -1,10 +1,13 @@
 """ChildRuns: runs that start runs, and how an ending reaches the runs around it.
 
 A parent creates its children in bulk and suspends on their placeholders; a
-child that ends reports to its parent (settling the placeholder and waking
-the parent in one write); a parent's turn reconciles children whose report a
-crash lost. Cancelling a run cancels its live children, recursively. Every
-terminal write outside a turn (a cancel, an execution timeout) goes through
+child's ending and its report to its parent (settling the placeholder and
+stamping the parent's wake) are one write, so the parent hears exactly the
+outcome the child's row records, whoever ends it (its own turn, a cancel, a
+timeout); a parent's turn reconciles children whose report was lost
+otherwise (a chain that continued as new, a run recovered dead).
+Cancelling a run cancels its live children, recursively. Every terminal
+write outside a turn (a cancel, an execution timeout) goes through
 :meth:`ChildRuns.set_terminal`, so the parent always hears of it.
 """
 
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -27,7 +31,7 @@ from .model import (
     Run,
     RunStatus,
 )
-from .stores import RunQuery
+from .stores import ChildEnd, RunChanges, RunQuery
 from .stores.base import Resolution
 
 if TYPE_CHECKING:
@@ -38,13 +42,22 @@ if TYPE_CHECKING:
     from .stores import StateStore
     from .transports import Transport
 
-__all__ = ["LIVE", "ChildRuns", "ChildStart", "RunNotFound", "child_error"]
+__all__ = [
+    "LIVE",
+    "ChildRuns",
+    "ChildStart",
+    "RunNotFound",
+    "child_error",
+    "continued_to",
+    "next_link_id",
+]
 
 _log = logging.getLogger("durably")
 
 LIVE = frozenset({RunStatus.PENDING, RunStatus.RUNNING, RunStatus.SUSPENDED, RunStatus.BLOCKED})
 """The statuses a run can still leave."""
 _RETRYABLE = frozenset({RunStatus.FAILED, RunStatus.DEAD})
+_CONTINUATION = re.compile(r"^(.*)~(\d+)$")
 
 
 class RunNotFound(DurablyError, LookupError):
@@ -90,6 +103,11 @@ class ChildRuns:
         # a time queues every child of a large fan behind that lock.
         self._parent_reports: BatchCall[Resolution, int | None] = BatchCall(
             lambda batch: self._store.resolve_checkpoints(batch, self._clock.now_ms())
+        )
+        # A child's ending and its report share one write (see end_child), and
+        # children ending together share one transaction, for the same reason.
+        self._child_ends: BatchCall[ChildEnd, tuple[bool, int | None]] = BatchCall(
+            lambda batch: self._store.end_child_runs(batch, self._clock.now_ms())
         )
 
     async def require(self, run_id: str) -> Run:
@@ -144,11 +162,42 @@ class ChildRuns:
             # Started by an earlier turn that crashed before suspending: any
             # that already finished settle their placeholder now.
             for child in await self._store.get_runs(existing):
+                if continued_to(child) is not None:
+                    continue  # a later link of its chain reports (or reconcile follows it)
                 if child.status in TERMINAL_STATUSES:
                     await self.report_to_parent(child)
                 elif child.status is RunStatus.PENDING:
                     self._router.route(child.run_id, namespace=child.namespace)
         return errors
+
+    async def end_child(
+        self,
+        child: Run,
+        *,
+        owner: str | None = None,
+        statuses: frozenset[RunStatus] = frozenset(),
+    ) -> bool:
+        """Write the ending of ``child`` (its terminal status, output and error
+        as given) and settle its parent's placeholder with it, in one write:
+        the parent hears exactly the outcome the child's row records, and no
+        crash falls between the two. Conditional like the store's
+        ``end_child_runs`` (``owner``: a turn's settle; else ``statuses``: an
+        ending from outside a turn); ``False`` if nothing was written."""
+        assert child.parent_id is not None and child.parent_seq is not None
+        report = _report(child)
+        ended, left = await self._child_ends(
+            ChildEnd(
+                child.run_id,
+                child.status,
+                RunChanges(output=child.output, error=child.error),
+                report,
+                owner=owner,
+                statuses=statuses,
+            )
+        )
+        if ended:
+            await self._wake_parent(child.parent_id, report, left)
+        return ended
 
     async def report_to_parent(self, child: Run) -> None:
         """Tell a waiting parent that ``child`` ended, however it ended.
@@ -159,12 +208,7 @@ class ChildRuns:
         """
         if child.parent_id is None or child.parent_seq is None:
             return
-        if child.status is RunStatus.COMPLETED:
-            status, output, error = CheckpointStatus.COMPLETED, child.output, None
-        else:
-            status, output = CheckpointStatus.FAILED, None
-            error = child_error(child.run_id, child.status.value, child.error)
-        report = Resolution(child.parent_id, child.parent_seq, status, output, error)
+        report = _report(child)
         for delay in (0.25, 1.0, 4.0, None):
             try:
                 left = await self._parent_reports(report)
@@ -176,10 +220,13 @@ class ChildRuns:
                     )
                     return
                 await asyncio.sleep(delay)
+        await self._wake_parent(child.parent_id, report, left)
+
+    async def _wake_parent(self, parent_id: str, report: Resolution, left: int | None) -> None:
         # Wake the parent when its fan-out is complete, or on a failure
         # (fail_fast must hear of it); a fan of thousands costs one parent turn.
-        if left is not None and (left == 0 or status is CheckpointStatus.FAILED):
-            await self._router.wake(child.parent_id)
+        if left is not None and (left == 0 or report.status is CheckpointStatus.FAILED):
+            await self._router.wake(parent_id)
 
     async def reconcile(self, run: Run, checkpoints: dict[int, Checkpoint]) -> set[str]:
         """Settle the children this run waits on that already ended (their
@@ -198,10 +245,19 @@ class ChildRuns:
         ids = list(waiting)
         missing = set(ids)
         now = self._clock.now_ms()
-        for start in range(0, len(ids), 500):
+        while ids:
+            page, ids = ids[:500], ids[500:]
             settled: list[Resolution] = []
-            for child in await self._store.get_runs(ids[start : start + 500]):
+            for child in await self._store.get_runs(page):
                 missing.discard(child.run_id)
+                next_link = continued_to(child)
+                if next_link is not None:
+                    # A child that continued as new: the parent waits for the
+                    # last link of its chain, which carries the same placeholder.
+                    if next_link not in waiting:
+                        waiting[next_link] = waiting[child.run_id]
+                        ids.append(next_link)
+                    continue
                 if child.status not in TERMINAL_STATUSES:
                     continue
                 cp = waiting[child.run_id]
@@ -234,9 +290,7 @@ class ChildRuns:
             return run.status
         while run.status not in TERMINAL_STATUSES:
             error = {"message": "cancelled", "code": "cancelled", "type": "RunCancelled"}
-            if await self.set_terminal(run, RunStatus.CANCELLED, error):
-                await self.cancel_children(run_id)
-                await self.after_end(run_id, cancelled=True)
+            if await self.end_from_outside(run, error):
                 return run.status
             run = await self.require(run_id)
         return run.status
@@ -297,24 +351,46 @@ class ChildRuns:
             if cursor is None:
                 return
 
+    async def end_from_outside(self, run: Run, error: dict[str, Any]) -> bool:
+        """Cancel ``run`` if it is still as read (``False`` if it moved), and do
+        everything an ending from outside a turn owes: its live children are
+        cancelled, its flow-control slots freed, its step handlers told. A
+        cancel and an execution timeout both end a run here, so neither can
+        leave a queue slot held by a run that is gone."""
+        if not await self.set_terminal(run, RunStatus.CANCELLED, error):
+            return False
+        # Shielded: a caller cancelled now (a run cancelling itself from its
+        # own step has its body cancelled as the ending closes its turn) must
+        # not leave the cascade half done.
+        await asyncio.shield(self._after_outside_end(run.run_id))
+        return True
+
+    async def _after_outside_end(self, run_id: str) -> None:
+        await self.cancel_children(run_id)
+        await self.after_end(run_id, cancelled=True)
+
     async def set_terminal(self, run: Run, status: RunStatus, error: dict[str, Any]) -> bool:
         """End ``run`` from outside a turn if it is still as read; ``False`` if it moved.
 
         A turn of it running here is closed, waiters are woken, and the
         parent hears of the ending.
         """
-        changed = await self._store.update_run_if(
-            run.run_id,
-            frozenset({run.status}),
-            {"status": status.value, "error": error, "wake_at": None},
-            self._clock.now_ms(),
-        )
+        expected = frozenset({run.status})
+        if run.parent_id is not None and run.parent_seq is not None:
+            ended = run.replace(status=status, error=error, output=None)
+            changed = await self.end_child(ended, statuses=expected)
+        else:
+            changed = await self._store.update_run_if(
+                run.run_id,
+                expected,
+                {"status": status.value, "error": error, "wake_at": None},
+                self._clock.now_ms(),
+            )
         if changed:
             turn = self._router.active.get(run.run_id)
             if turn is not None:
                 turn.close(CloseReason.CANCELLED)
             self._router.notify(run.run_id)
-            await self.report_to_parent(run.replace(status=status, error=error, output=None))
         return changed
 
     async def after_end(self, run_id: str, *, cancelled: bool) -> None:
@@ -338,6 +414,38 @@ class ChildRuns:
             for run in runs
             if run.status in TERMINAL_STATUSES or run.cancel_requested is not None
         }
+
+
+def _report(child: Run) -> Resolution:
+    """How ``child``'s ending settles its parent's placeholder."""
+    assert child.parent_id is not None and child.parent_seq is not None
+    if child.status is RunStatus.COMPLETED:
+        return Resolution(
+            child.parent_id, child.parent_seq, CheckpointStatus.COMPLETED, child.output
+        )
+    error = child_error(child.run_id, child.status.value, child.error)
+    return Resolution(child.parent_id, child.parent_seq, CheckpointStatus.FAILED, error=error)
+
+
+def next_link_id(run_id: str) -> str:
+    """The id of the run that ``run_id`` continues as (``<base>~N+1``)."""
+    match = _CONTINUATION.match(run_id)
+    base, number = (match.group(1), int(match.group(2))) if match else (run_id, 0)
+    return f"{base}~{number + 1}"
+
+
+def continued_to(run: Run) -> str | None:
+    """The next link of ``run``'s chain if it ended by continuing as new, else
+    ``None`` (a run that merely returned a look-alike value names another id)."""
+    output = run.output
+    if (
+        run.status is RunStatus.COMPLETED
+        and isinstance(output, dict)
+        and len(output) == 1
+        and output.get("continued_as") == next_link_id(run.run_id)
+    ):
+        return next_link_id(run.run_id)
+    return None
 
 
 def child_error(run_id: str, status: str, error: ErrorInfo | None) -> ErrorInfo:

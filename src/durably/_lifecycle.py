@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from ._executor import RunExecutor
 from ._replay import CloseReason
 from ._run_queue import RunQueue
+from .errors import WrongEventLoop
 from .transports.base import RunCarrier
 
 if TYPE_CHECKING:
@@ -79,6 +80,7 @@ class Lifecycle:
         """Whether the store pushes other processes' changes (PostgreSQL)."""
         self._consuming = False
         self._open_lock: asyncio.Lock | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     @property
     def opened(self) -> bool:
@@ -96,6 +98,7 @@ class Lifecycle:
                 return
             options = self._options()
             await self._store.open()
+            self._loop = asyncio.get_running_loop()
             try:
                 await self._sync_schedules()  # upsert the schedules declared in code
             except BaseException:
@@ -128,6 +131,18 @@ class Lifecycle:
                 # Our previous incarnation's turns died with it; no one else can
                 # hold our id, so reclaim its runs now rather than after the lease.
                 await self._worker.expire_own_leases()
+
+    def check_loop(self) -> None:
+        """Raise :class:`WrongEventLoop` unless called on the loop the engine opened on."""
+        # One identity check per call: an engine's connections and tasks
+        # belong to the loop it was opened on, and a call from another loop
+        # would fail deep in a driver ("Event loop is closed") or hang.
+        if asyncio.get_running_loop() is not self._loop:
+            raise WrongEventLoop(
+                "this Engine was opened on another event loop (its connections and "
+                "tasks belong to that loop); use one loop (e.g. `async with engine` in "
+                "your app's lifespan) or one Engine per loop"
+            )
 
     async def start_worker(self) -> None:
         """Open, then start the worker loop and (unless ``consumers="never"``)
@@ -182,6 +197,7 @@ class Lifecycle:
         """Drain, stop the worker loop, close the transport and the store."""
         if not self.opened:
             return
+        self.check_loop()
         await self.drain(drain_timeout)
         await self._watcher.close()
         if self._router.run_queue is not None:

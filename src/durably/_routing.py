@@ -15,6 +15,7 @@ the turns executing in this process.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
@@ -31,6 +32,8 @@ if TYPE_CHECKING:
     from .model import Run, RunResult
 
 __all__ = ["RunRouter"]
+
+_log = logging.getLogger("durably")
 
 
 class _Store(RunStore, TurnStore, Protocol):
@@ -51,6 +54,12 @@ class RunRouter:
         self._clock = clock
         self._watcher = watcher
         self._options = options
+        self.worker_looping: Callable[[], bool] = lambda: False
+        """Whether the worker loop runs here. Only then may a start insert its
+        run leased to this process: a script that only calls ``start`` and
+        exits would hold the run for a whole lease, and the first turn it
+        skipped would count as a recovery."""
+        self._warned_idle = False
         self.executor: RunExecutor | None = None
         """Executes turns here; created when the engine opens."""
         self.run_queue: RunQueue | None = None
@@ -108,6 +117,7 @@ class RunRouter:
         instance_id).
         """
         now = run.created_at
+        self._warn_if_no_worker_loop(run.run_id)
         lease_here = run.status is RunStatus.PENDING and self.has_free_slot()
         if lease_here:
             run.status = RunStatus.RUNNING
@@ -142,6 +152,25 @@ class RunRouter:
         finally:
             self.starting.discard(run.run_id)
         return stored
+
+    def _warn_if_no_worker_loop(self, run_id: str) -> None:
+        """Once per engine: a driving engine (``drive=True``, consumers not
+        ``"never"``) whose worker loop does not run. Its runs execute here
+        only while this process lives, and nothing here wakes their timers or
+        recovers them: in a single process, ``async with engine`` (or
+        ``start_worker``) was forgotten. A producer on purpose says so with
+        ``drive=False`` (or ``consumers="never"``) and hears nothing."""
+        if self._warned_idle or self.worker_looping() or not self._options().drives:
+            return
+        self._warned_idle = True
+        _log.warning(
+            "run %s was started, but no worker loop runs in this process: its turns run "
+            "here only while the process lives, and its timers, retries and recovery wait "
+            "for another process's worker. Use `async with engine:` (or `await "
+            "engine.start_worker()`) where runs should execute; an engine that only starts "
+            "runs should be created with drive=False.",
+            run_id,
+        )
 
     async def wake(self, run_id: str, *, namespace: str | None = None) -> None:
         """Make sure ``run_id`` takes a turn that sees what the caller just wrote."""
@@ -198,6 +227,7 @@ class RunRouter:
         executor = self.executor
         return (
             self.accepting
+            and self.worker_looping()
             and self.run_queue is None
             and executor is not None
             and executor.waiting == 0

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from ._batch import BatchCall
+from ._children import next_link_id
 from ._ops.saga import Saga
 from ._replay import CloseReason, Turn, TurnEnd, TurnOutcome, error_info
 from .context import WorkflowContext
@@ -41,7 +41,6 @@ Leased = tuple[Run, dict[int, Checkpoint]]
 """A run leased for a turn, with the checkpoints that turn replays."""
 
 _WAKEABLE = frozenset({RunStatus.PENDING, RunStatus.SUSPENDED})
-_CONTINUATION = re.compile(r"^(.*)~(\d+)$")
 
 
 class TurnDriver:
@@ -231,26 +230,34 @@ class TurnDriver:
             status, changes = RunStatus.CANCELLED, RunChanges(error=outcome.error)
         else:
             status, changes = RunStatus.SUSPENDED, RunChanges(wake_at=outcome.wake_at)
-        if status in TERMINAL_STATUSES and run.parent_id is not None:
-            # The parent hears first, so no crash can fall between a child
-            # ending and its parent knowing (the report stamps the parent's
-            # wake in the same write). A fenced or cancelled turn may report
-            # an outcome the store then refuses: a replay computes the same
-            # one, and a parent's checkpoint is settled once.
-            await self._children.report_to_parent(
-                run.replace(status=status, output=changes.output, error=changes.error)
-            )
-        result = await self._store.settle_run(run_id, owner, status, changes, now)
+        ended = run.replace(status=status, output=changes.output, error=changes.error)
+        if (
+            status in TERMINAL_STATUSES
+            and run.parent_id is not None
+            and run.parent_seq is not None
+            and outcome.end is not TurnEnd.CONTINUED  # the chain's last link reports
+        ):
+            # The child's ending and its parent's placeholder are one write, so
+            # a cancel landing meanwhile either wins (and the parent hears
+            # "cancelled") or loses, and no crash falls between the two. That
+            # write is not queued behind the turn's results: collect them first.
+            if turn is not None and self._store.ordered_writes:
+                await self._collect(turn, run_id)
+            won = await self._children.end_child(ended, owner=owner)
+            result = SettleResult.SETTLED if won else SettleResult.LOST
+        else:
+            result = await self._store.settle_run(run_id, owner, status, changes, now)
         if turn is not None and self._store.ordered_writes:
             # The outcome was queued behind the turn's results, so they are
             # settled too; collect them (a write that failed is only logged:
             # the run's own row already holds its outcome).
-            try:
-                await turn.flush()
-            except _TurnClosed:
-                pass
-            except Exception:
-                _log.exception("a checkpoint write of run %s failed", run_id)
+            await self._collect(turn, run_id)
+        if result is SettleResult.LOST and outcome.end is TurnEnd.CONTINUED:
+            current = await self._store.get_run(run_id)
+            if current is not None and current.status is RunStatus.CANCELLED:
+                # Cancelled as it continued: the next link, created already,
+                # must not live on as a chain nobody waits for.
+                await self._children.cancel_runs([next_link_id(run_id)])
         if result is SettleResult.WAKE_REQUESTED:
             again = await self._store.continue_turn(run_id, owner, now + lease_ms)
             if again is None:
@@ -264,17 +271,23 @@ class TurnDriver:
             self._router.notify(run_id, RunResult(run_id, status, changes.output, changes.error))
             if status in TERMINAL_STATUSES:
                 await self._children.after_end(run_id, cancelled=status is RunStatus.CANCELLED)
-                ended = run.replace(status=status, output=changes.output, error=changes.error)
                 if status is RunStatus.FAILED:
                     await self._after_failure(ended)
                 if status is RunStatus.CANCELLED:
                     await self._children.cancel_children(run_id)
         return None
 
+    async def _collect(self, turn: Turn, run_id: str) -> None:
+        """Wait for the turn's queued writes; a failed one is only logged."""
+        try:
+            await turn.flush()
+        except _TurnClosed:
+            pass
+        except Exception:
+            _log.exception("a checkpoint write of run %s failed", run_id)
+
     async def _continue_as_new(self, run: Run, new_input: Any) -> str:
-        match = _CONTINUATION.match(run.run_id)
-        base, number = (match.group(1), int(match.group(2))) if match else (run.run_id, 0)
-        next_id = f"{base}~{number + 1}"
+        next_id = next_link_id(run.run_id)
         definition = self._registry.get(run.workflow)
         now = self._clock.now_ms()
         # Persisted before this run completes, so a crash in between never

@@ -179,8 +179,7 @@ class Worker:
                 "code": "execution_timeout",
                 "type": "ExecutionTimeout",
             }
-            if await self._children.set_terminal(run, RunStatus.CANCELLED, error):
-                await self._children.cancel_children(run_id)
+            if await self._children.end_from_outside(run, error):
                 swept += 1
         return swept
 

@@ -170,6 +170,7 @@ class Engine:
         self._children, self._step_server = parts.children, parts.step_server
         self._turns, self._scheduler, self._events = parts.turns, parts.scheduler, parts.events
         self._worker, self._lifecycle = parts.worker, parts.lifecycle
+        self._router.worker_looping = lambda: self._worker.looping
 
     # -- options
     @property
@@ -419,8 +420,11 @@ class Engine:
 
     async def open(self) -> None:
         """Connect the store and migrate its schema (done lazily by every call)."""
-        if not self._lifecycle.opened:
-            await self._lifecycle.open()
+        lifecycle = self._lifecycle
+        if lifecycle.opened:
+            lifecycle.check_loop()
+        else:
+            await lifecycle.open()
 
     @property
     def listening(self) -> bool:

@@ -23,6 +23,7 @@ __all__ = [
     "SignalTimeout",
     "StepFailed",
     "WorkflowNotRegistered",
+    "WrongEventLoop",
     "is_control_flow",
 ]
 
@@ -159,6 +160,16 @@ class WorkflowNotRegistered(DurablyError):
     """``start`` named a workflow (or version) this engine does not know."""
 
     code = "workflow_not_registered"
+
+
+class WrongEventLoop(DurablyError, RuntimeError):
+    """An :class:`~durably.Engine` was called from an event loop other than
+    the one it was opened on (e.g. ``asyncio.run(engine.start(...))`` per
+    request). Its connections, tasks and futures belong to that first loop.
+    Use one loop (``async with engine`` in the app's lifespan), or one engine
+    per loop; ``close()`` it on its loop before opening it on another."""
+
+    code = "wrong_event_loop"
 
 
 class SchemaValidationError(DurablyError):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import sys
 from typing import Any
 
@@ -23,11 +24,17 @@ from .conftest import EngineFactory
 pytestmark = pytest.mark.timeout(120)
 
 
+async def _exists(engine: durably.Engine, run_id: str) -> None:
+    """Until ``run_id`` was created (a chain's next link appears as its turn ends)."""
+    async with asyncio.timeout(30):
+        while await engine.get_run(run_id) is None:  # noqa: ASYNC110 (another task creates it)
+            await asyncio.sleep(0.01)
+
+
 async def _finish(engine: durably.Engine, run_id: str, timeout: float = 30) -> durably.RunResult:
     return await engine.wait_for_run(run_id, terminal=True, timeout=timeout)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 12.4: the parent gets {continued_as: ...}")
 async def test_a_child_that_continues_as_new_hands_its_parent_the_last_links_output(
     make_engine: EngineFactory,
 ) -> None:
@@ -47,6 +54,94 @@ async def test_a_child_that_continues_as_new_hands_its_parent_the_last_links_out
         await engine.start("parent", run_id="p")
         result = await _finish(engine, "p")
     assert result.status is RunStatus.COMPLETED
+    assert result.output == {"final": 2}
+
+
+async def test_a_fan_of_children_that_continue_as_new_hands_the_parent_each_chains_output(
+    make_engine: EngineFactory,
+) -> None:
+    engine = make_engine()
+
+    @engine.workflow("looper")
+    async def looper(ctx: durably.WorkflowContext, n: int) -> dict[str, int]:
+        if n % 10 < 2:
+            ctx.continue_as_new(n + 1)
+        return {"final": n}
+
+    @engine.workflow("parent")
+    async def parent(ctx: durably.WorkflowContext) -> Any:
+        return await ctx.all([ctx.child("looper", 10 * i, run_id=f"kid-{i}") for i in range(5)])
+
+    async with engine:
+        await engine.start("parent", run_id="p")
+        result = await _finish(engine, "p")
+    assert result.status is RunStatus.COMPLETED
+    assert result.output == [{"final": 10 * i + 2} for i in range(5)]
+
+
+async def test_cancelling_a_parent_mid_chain_cancels_the_live_link(
+    make_engine: EngineFactory,
+) -> None:
+    engine = make_engine()
+
+    @engine.workflow("looper")
+    async def looper(ctx: durably.WorkflowContext, n: int) -> Any:
+        if n < 1:
+            ctx.continue_as_new(n + 1)
+        return await ctx.wait_for_signal("never-sent")  # the second link waits forever
+
+    @engine.workflow("parent")
+    async def parent(ctx: durably.WorkflowContext) -> Any:
+        return await ctx.child("looper", 0, run_id="kid")
+
+    async with engine:
+        await engine.start("parent", run_id="p")
+        await _exists(engine, "kid~1")
+        await engine.wait_for_run("kid~1", timeout=10)  # the second link is suspended
+        await engine.cancel("p")
+        parent_run = await _finish(engine, "p")
+        link = await _finish(engine, "kid~1")
+        first = await engine.get_run("kid")
+    assert parent_run.status is RunStatus.CANCELLED
+    assert link.status is RunStatus.CANCELLED
+    assert first is not None and first.status is RunStatus.COMPLETED
+
+
+async def test_a_parent_whose_childs_report_was_lost_follows_the_chain_on_reconcile(
+    make_engine: EngineFactory,
+) -> None:
+    """The chain's last link ended but its report never reached the parent
+    (a crash): the parent's next turn reconciles through the chain."""
+    engine = make_engine(reconcile="200ms")  # the fallback wake of a waiting parent
+
+    @engine.workflow("looper")
+    async def looper(ctx: durably.WorkflowContext, n: int) -> dict[str, int]:
+        if n < 2:
+            ctx.continue_as_new(n + 1)
+        return {"final": n}
+
+    @engine.workflow("parent")
+    async def parent(ctx: durably.WorkflowContext) -> Any:
+        return await ctx.child("looper", 0, run_id="kid")
+
+    store: Any = engine.store
+    end_child_runs = store.end_child_runs
+
+    async def lose_child_reports(batch: list[Any], now: int) -> Any:
+        # Each child ends, but its report names a placeholder that does not
+        # exist: the parent hears nothing and must find the outcome itself.
+        astray = [
+            dataclasses.replace(e, report=dataclasses.replace(e.report, seq=10_000)) for e in batch
+        ]
+        return await end_child_runs(astray, now)
+
+    store.end_child_runs = lose_child_reports
+    async with engine:
+        await engine.start("parent", run_id="p")
+        await _exists(engine, "kid~2")
+        await _finish(engine, "kid~2")
+        store.end_child_runs = end_child_runs
+        result = await _finish(engine, "p")
     assert result.output == {"final": 2}
 
 
@@ -74,7 +169,6 @@ async def test_several_waiters_on_one_token_are_each_served_oldest_first(
     assert (first.output, second.output) == ("one", "two")
 
 
-@pytest.mark.xfail(strict=True, reason="issue 12.3: a timed-out run keeps its queue slot")
 async def test_an_execution_timeout_releases_the_runs_queue_slot(
     make_engine: EngineFactory,
 ) -> None:
@@ -143,9 +237,6 @@ async def test_an_execution_timeout_reaches_the_running_handler(
         await asyncio.wait_for(hog_cancelled.wait(), 10)
 
 
-@pytest.mark.xfail(
-    strict=False, reason="hangs on PostgreSQL: a cancel from inside the run's own step"
-)
 async def test_a_child_cancelled_while_its_turn_completes_is_reported_cancelled(
     make_engine: EngineFactory,
 ) -> None:
@@ -174,13 +265,12 @@ async def test_a_child_cancelled_while_its_turn_completes_is_reported_cancelled(
     assert told.output == kid_run.status.value
 
 
-@pytest.mark.xfail(strict=False, reason="issue 12.2: fails on memory and SQLite")
 async def test_a_cancel_landing_between_a_childs_report_and_its_settle_reaches_the_parent(
     make_engine: EngineFactory,
 ) -> None:
-    """Another process cancels the child right after the child told its parent
-    "completed" and before the child wrote its own status: the parent must
-    still see exactly what the child's record says."""
+    """Another process cancels the child after the child's turn decided it
+    completed and before that ending (with its report to the parent) is
+    written: the parent must still see exactly what the child's record says."""
     engine = make_engine()
     canceller = make_engine()
     for each in (engine, canceller):
@@ -197,18 +287,18 @@ async def test_a_cancel_landing_between_a_childs_report_and_its_settle_reaches_t
                 return exc.status
 
     store: Any = engine.store
-    resolve = store.resolve_checkpoints
+    end_child_runs = store.end_child_runs
     cancelled_once = False
 
-    async def resolve_then_cancel(batch: list[Any], now: int) -> Any:
+    async def cancel_then_end(batch: list[Any], now: int) -> Any:
+        # The kid's own turn (it holds a lease) is about to write its ending.
         nonlocal cancelled_once
-        answer = await resolve(batch, now)
-        if not cancelled_once and any(item.run_id == "p" for item in batch):
+        if not cancelled_once and any(e.run_id == "kid" and e.owner for e in batch):
             cancelled_once = True
             await canceller.cancel("kid")
-        return answer
+        return await end_child_runs(batch, now)
 
-    store.resolve_checkpoints = resolve_then_cancel
+    store.end_child_runs = cancel_then_end
     await canceller.open()
     async with engine:
         await engine.start("parent", run_id="p")
@@ -220,7 +310,6 @@ async def test_a_cancel_landing_between_a_childs_report_and_its_settle_reaches_t
     assert told.output == expected
 
 
-@pytest.mark.xfail(strict=False, reason="issue 12.2: a race, seen in some runs")
 async def test_a_parent_hears_exactly_the_final_outcome_of_each_child_cancelled_as_it_ends(
     make_engine: EngineFactory,
 ) -> None:
@@ -305,7 +394,6 @@ asyncio.run(engine.start("job", run_id="job-1"))
 """
 
 
-@pytest.mark.xfail(strict=True, reason="issue 12.8: the producer leases the run to itself")
 async def test_a_producer_that_never_runs_a_worker_does_not_hold_its_runs(
     make_engine: EngineFactory, store_url: str
 ) -> None:
@@ -330,7 +418,28 @@ async def test_a_producer_that_never_runs_a_worker_does_not_hold_its_runs(
     assert run is not None and run.recovery_attempts == 0
 
 
-@pytest.mark.xfail(strict=True, reason="issue 12.9: RuntimeError: Event loop is closed")
+async def test_an_engine_that_forgot_async_with_warns_once_that_its_runs_wait(
+    make_engine: EngineFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    forgetful = make_engine()
+    producer = make_engine(drive=False)
+    for each in (forgetful, producer):
+
+        @each.workflow("job")
+        async def job(ctx: durably.WorkflowContext) -> str:
+            return "done"
+
+    with caplog.at_level("WARNING", logger="durably"):
+        await producer.start("job", run_id="quiet")
+        await forgetful.start("job", run_id="a")
+        await forgetful.start("job", run_id="b")
+    warnings = [r.getMessage() for r in caplog.records if "no worker loop" in r.getMessage()]
+    assert len(warnings) == 1 and "async with engine" in warnings[0] and "run a " in warnings[0]
+    async with forgetful:
+        for run_id in ("quiet", "a", "b"):
+            assert (await _finish(forgetful, run_id)).output == "done"
+
+
 def test_an_engine_used_from_a_second_event_loop_says_why_it_fails(postgres_url: str) -> None:
     engine = durably.Engine(postgres_url, consumers="never")
 
@@ -340,4 +449,20 @@ def test_an_engine_used_from_a_second_event_loop_says_why_it_fails(postgres_url:
 
     asyncio.run(engine.start("job", run_id="first"))
     with pytest.raises(durably.DurablyError, match="event loop"):
+        asyncio.run(engine.start("job", run_id="second"))
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+def test_an_embedded_store_engine_refuses_a_second_event_loop_the_same_way(
+    kind: str, tmp_path: Any
+) -> None:
+    url = "memory://" if kind == "memory" else f"sqlite:///{tmp_path / 'loops.db'}"
+    engine = durably.Engine(url, consumers="never")
+
+    @engine.workflow("job")
+    async def job(ctx: durably.WorkflowContext) -> str:
+        return "done"
+
+    asyncio.run(engine.start("job", run_id="first"))
+    with pytest.raises(durably.WrongEventLoop, match="event loop"):
         asyncio.run(engine.start("job", run_id="second"))

@@ -772,17 +772,17 @@ async def test_a_fan_whose_reporter_died_completes_promptly(
     postgres_url: str, tmp_path: Path
 ) -> None:
     """The fan's children finish their bodies, then their worker is SIGKILLed
-    while telling the parent. A child tells its parent *before* it records its
-    own end (and the report stamps the parent's wake in the same write), so no
-    crash can leave a finished child whose parent was not told: the restarted
-    worker replays the children, reports, and the parent completes long
-    before its ``reconcile`` fallback (5 min)."""
+    while writing their ends. A child records its end and tells its parent in
+    one write (which also stamps the parent's wake), so no crash can leave a
+    finished child whose parent was not told: the restarted worker replays
+    the children, reports, and the parent completes long before its
+    ``reconcile`` fallback (5 min)."""
     calls: list[str] = []
     client = producer(postgres_url, calls)
     try:
         await client.start("fan", 3, run_id="fan")
         async with fleet(postgres_url, tmp_path) as crew:
-            reporter = await crew.spawn("reporter", "reporter", stall="resolve_checkpoints")
+            reporter = await crew.spawn("reporter", "reporter", stall="end_child_runs")
 
             async def parent_suspended() -> bool:
                 run = await client.get_run("fan")
@@ -791,7 +791,7 @@ async def test_a_fan_whose_reporter_died_completes_promptly(
             await eventually(
                 parent_suspended, what="the parent to suspend on its children", timeout=20
             )
-            await _kill_when_stalled(crew, reporter, "resolve_checkpoints")
+            await _kill_when_stalled(crew, reporter, "end_child_runs")
             children = [await client.get_run(f"fan.child.{i}") for i in range(3)]
             # Killed while reporting: no child has recorded its end yet.
             assert all(c is not None and not c.status.is_terminal for c in children)

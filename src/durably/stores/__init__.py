@@ -6,6 +6,7 @@ from __future__ import annotations
 from .._urls import redact_url
 from .base import (
     CheckpointStore,
+    ChildEnd,
     EventDelivery,
     FlowStore,
     RunChanges,
@@ -28,6 +29,7 @@ from .sqlite import SqliteStore
 
 __all__ = [
     "CheckpointStore",
+    "ChildEnd",
     "EventDelivery",
     "FlowStore",
     "MemoryStore",

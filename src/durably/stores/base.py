@@ -32,6 +32,7 @@ from ..model import Checkpoint, CheckpointStatus, ErrorInfo, Run, RunStatus
 __all__ = [
     "Admission",
     "CheckpointStore",
+    "ChildEnd",
     "EventDelivery",
     "FlowStore",
     "Resolution",
@@ -152,6 +153,24 @@ class Resolution:
     events: list[dict[str, Any]] | None = None
     """The handler's log lines and sub-process events (upstream wire shape),
     stored as the checkpoint's ``events``; ``None``: it sent none."""
+
+
+@dataclass(frozen=True, slots=True)
+class ChildEnd:
+    """A child run's terminal write and its report to its parent, for
+    :meth:`StateStore.end_child_runs`: both happen, or neither."""
+
+    run_id: str
+    status: RunStatus
+    """The terminal status written."""
+    changes: RunChanges
+    report: Resolution
+    """The parent's placeholder checkpoint, settled with the child's outcome."""
+    owner: str | None = None
+    """A turn's settle: only while the child is ``running`` under ``owner``."""
+    statuses: frozenset[RunStatus] = frozenset()
+    """An ending from outside a turn (``owner`` is ``None``): only while the
+    child's status is one of these."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -280,6 +299,28 @@ class TurnStore(Protocol):
 
     async def release_run(self, run_id: str, owner: str, now: int) -> bool:
         """Hand a running run back as ``pending`` (drain); fences ``owner``."""
+
+    async def end_child_runs(self, ends: list[ChildEnd], now: int) -> list[tuple[bool, int | None]]:
+        """*Atomic* for each entry, one transaction for all: end child runs and
+        tell their parents in the same write, so a parent always hears exactly
+        the outcome its child's own row records and no crash falls between.
+
+        Each entry is written only while its condition holds (``owner``: the
+        run is ``running`` under that lease, as :meth:`settle_run`; else its
+        status is in ``statuses``, as :meth:`update_run_if`): its ``status``
+        and ``changes`` are written, the lease released and its signal and
+        event waiters deleted; then its ``report`` settles the parent's
+        checkpoint exactly as :meth:`resolve_checkpoints` would (stamping the
+        parent's wake). Entries are applied in order (a run named twice is
+        ended by its first). An answer per entry: ``(ended, left)``, where
+        ``ended`` is ``False`` if the condition did not hold (nothing
+        written), and ``left`` is the report's answer as
+        :meth:`resolve_checkpoints` gives it (``None``: nothing was settled:
+        the child did not end here, or the placeholder was settled already or
+        is missing).
+
+        Not ordered with :meth:`save_checkpoint`: the caller makes a turn's
+        checkpoints durable first."""
 
 
 @runtime_checkable

@@ -31,6 +31,7 @@ from ._rows import (
 )
 from .base import (
     Admission,
+    ChildEnd,
     EventDelivery,
     Resolution,
     RunChanges,
@@ -197,6 +198,29 @@ class MemoryStore:
         if status in TERMINAL_STATUSES:
             self._drop_waiters(run_id)
         return SettleResult.SETTLED
+
+    async def end_child_runs(self, ends: list[ChildEnd], now: int) -> list[tuple[bool, int | None]]:
+        """End each child still as expected and settle its parent's
+        placeholder; nothing awaits in between, so the batch is atomic."""
+        answers: list[tuple[bool, int | None]] = []
+        for end in ends:
+            run = self._runs.get(end.run_id)
+            if run is None or (
+                run.status is not RunStatus.RUNNING or run.locked_by != end.owner
+                if end.owner is not None
+                else run.status not in end.statuses
+            ):
+                answers.append((False, None))
+                continue
+            run.status = end.status
+            run.output = copy.deepcopy(end.changes.output)
+            run.error = copy.deepcopy(end.changes.error)
+            run.wake_at = end.changes.wake_at
+            run.locked_by = run.locked_until = None
+            run.updated_at = now
+            self._drop_waiters(end.run_id)
+            answers.append((True, self._resolve(end.report, now)))
+        return answers
 
     async def release_run(self, run_id: str, owner: str, now: int) -> bool:
         """Hand the run back as pending."""

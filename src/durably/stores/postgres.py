@@ -66,6 +66,7 @@ from ._rows import (
 )
 from .base import (
     Admission,
+    ChildEnd,
     EventDelivery,
     Resolution,
     RunChanges,
@@ -132,6 +133,33 @@ _DELETE_WAITERS = (
     "DELETE FROM durably_signal_waiters WHERE run_id = $1"
 )
 _TERMINAL = [s.value for s in sorted(TERMINAL_STATUSES)]
+
+# Child runs ending (see ``end_child_runs``): a turn's settle while its lease
+# is held (notified as settled), or an ending from outside a turn while the
+# status is one of those given (notified as ended, which closes a turn of the
+# run executing elsewhere).
+_END_CHILDREN = """
+    WITH v AS (
+        SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],
+                             $6::text[], $7::bigint[])
+            AS v(id, owner, allowed, status, output, error, wake_at)
+    ), ended AS (
+        UPDATE durably_runs r SET status = v.status, output = v.output, error = v.error,
+            wake_at = v.wake_at, locked_by = NULL, locked_until = NULL, updated_at = $8
+        FROM v
+        WHERE r.id = v.id AND CASE WHEN v.owner IS NOT NULL
+            THEN r.status = 'running' AND r.locked_by = v.owner
+            ELSE r.status = ANY(string_to_array(v.allowed, ',')) END
+        RETURNING r.id, v.owner IS NOT NULL AS settled
+    ), cleared AS (
+        DELETE FROM durably_signal_waiters WHERE run_id IN (SELECT id FROM ended)
+    ), cleared_events AS (
+        DELETE FROM durably_event_waiters WHERE run_id IN (SELECT id FROM ended)
+    )
+    SELECT id, (SELECT pg_notify($9, CASE WHEN settled THEN 'settled:' ELSE 'ended:' END || id))
+        IS NULL AS notified
+    FROM ended
+"""
 
 
 class PostgresStore:
@@ -450,6 +478,47 @@ class PostgresStore:
         )
         return SettleResult.WAKE_REQUESTED if held else SettleResult.LOST
 
+    async def end_child_runs(self, ends: list[ChildEnd], now: int) -> list[tuple[bool, int | None]]:
+        """End each child still as expected and settle its parent's
+        placeholder, in one transaction of a few statements."""
+        if not ends:
+            return []
+        firsts: dict[str, int] = {}
+        for index, end in enumerate(ends):
+            firsts.setdefault(end.run_id, index)  # a run named twice is ended by its first
+        entries = [ends[i] for i in firsts.values()]
+        async with self._db.transaction() as conn:
+            # Children and parents locked together in id order, as every
+            # batch that locks runs does, so two batches never deadlock; a
+            # separate statement, so the update below sees what the
+            # transactions it waited for committed (a waiter registered).
+            await conn.execute(
+                "SELECT 1 FROM durably_runs WHERE id = ANY($1::text[]) ORDER BY id FOR UPDATE",
+                sorted({e.run_id for e in entries} | {e.report.run_id for e in entries}),
+            )
+            rows = await conn.fetch(
+                _END_CHILDREN,
+                [e.run_id for e in entries],
+                [e.owner for e in entries],
+                [",".join(sorted(s.value for s in e.statuses)) for e in entries],
+                [e.status.value for e in entries],
+                [dump_json(e.changes.output) for e in entries],
+                [dump_json(e.changes.error) for e in entries],
+                [e.changes.wake_at for e in entries],
+                now,
+                self.channel,
+            )
+            ended = {row["id"] for row in rows}
+            reported = [i for i in firsts.values() if ends[i].run_id in ended]
+            lefts, waiter_runs = await self._resolve_in(
+                conn, [ends[i].report for i in reported], now, locked=True
+            )
+        await self._wake_waiters(waiter_runs, now)
+        answers: list[tuple[bool, int | None]] = [(False, None)] * len(ends)
+        for index, left in zip(reported, lefts, strict=True):
+            answers[index] = (True, left)
+        return answers
+
     async def release_run(self, run_id: str, owner: str, now: int) -> bool:
         """Hand the run back as pending."""
         done = await self._db.pool().fetchval(
@@ -715,13 +784,26 @@ class PostgresStore:
         whatever their number."""
         if not resolutions:
             return []
+        async with self._db.transaction() as conn:
+            answers, waiter_runs = await self._resolve_in(conn, resolutions, now)
+        await self._wake_waiters(waiter_runs, now)
+        return answers
+
+    async def _resolve_in(
+        self, conn: Any, resolutions: list[Resolution], now: int, *, locked: bool = False
+    ) -> tuple[list[int | None], list[str]]:
+        """:meth:`resolve_checkpoints` inside the caller's transaction; also
+        returns the runs to wake once it committed (see :meth:`_wake_waiters`).
+        ``locked``: the caller holds the rows of the resolutions' runs already."""
+        if not resolutions:
+            return [], []
         # A position named twice is settled by its first entry; the second finds it settled.
         firsts: dict[tuple[str, int], int] = {}
         for index, r in enumerate(resolutions):
             firsts.setdefault((r.run_id, r.seq), index)
         entries = [resolutions[i] for i in firsts.values()]
         waiter_runs: list[str] = []
-        async with self._db.transaction() as conn:
+        if not locked:
             # Serialise siblings settling at once: under READ COMMITTED each
             # would otherwise count the other as pending and none would wake
             # the parent. Locked in id order, so batches never deadlock.
@@ -729,78 +811,77 @@ class PostgresStore:
                 "SELECT 1 FROM durably_runs WHERE id = ANY($1::text[]) ORDER BY id FOR UPDATE",
                 sorted({r.run_id for r in entries}),
             )
-            rows = await conn.fetch(
-                "UPDATE durably_checkpoints c SET status = v.status, output = v.output, "
-                "error = v.error, events = v.events, finished_at = $7 "
-                "FROM unnest($1::text[], $2::integer[], $3::text[], $4::text[], $5::text[], "
-                "$6::text[]) AS v(run_id, seq, status, output, error, events), "
-                "durably_checkpoints old "
-                "WHERE c.run_id = v.run_id AND c.seq = v.seq "
-                "AND old.run_id = c.run_id AND old.seq = c.seq "
-                "AND c.status NOT IN ('completed', 'failed') "
-                "RETURNING c.run_id, c.seq, c.parallel_group, c.queue, old.status AS was",
-                [r.run_id for r in entries],
-                [r.seq for r in entries],
-                [r.status.value for r in entries],
-                [dump_json(r.output) for r in entries],
-                [dump_json(r.error) for r in entries],
-                [dump_json(r.events) for r in entries],
+        rows = await conn.fetch(
+            "UPDATE durably_checkpoints c SET status = v.status, output = v.output, "
+            "error = v.error, events = v.events, finished_at = $7 "
+            "FROM unnest($1::text[], $2::integer[], $3::text[], $4::text[], $5::text[], "
+            "$6::text[]) AS v(run_id, seq, status, output, error, events), "
+            "durably_checkpoints old "
+            "WHERE c.run_id = v.run_id AND c.seq = v.seq "
+            "AND old.run_id = c.run_id AND old.seq = c.seq "
+            "AND c.status NOT IN ('completed', 'failed') "
+            "RETURNING c.run_id, c.seq, c.parallel_group, c.queue, old.status AS was",
+            [r.run_id for r in entries],
+            [r.seq for r in entries],
+            [r.status.value for r in entries],
+            [dump_json(r.output) for r in entries],
+            [dump_json(r.error) for r in entries],
+            [dump_json(r.events) for r in entries],
+            now,
+        )
+        settled = {(row["run_id"], row["seq"]): row for row in rows}
+        grouped = list(
+            {
+                (row["run_id"], row["parallel_group"])
+                for row in rows
+                if row["parallel_group"] is not None
+            }
+        )
+        pending: dict[tuple[str, str], int] = {}
+        if grouped:
+            counted = await conn.fetch(
+                "SELECT run_id, parallel_group, count(*) AS left FROM durably_checkpoints "
+                "WHERE (run_id, parallel_group) IN "
+                "(SELECT * FROM unnest($1::text[], $2::text[])) AND status = 'pending' "
+                "GROUP BY run_id, parallel_group",
+                [g[0] for g in grouped],
+                [g[1] for g in grouped],
+            )
+            pending = {(c["run_id"], c["parallel_group"]): c["left"] for c in counted}
+        # Entry by entry, in order: the siblings still pending once it settled
+        # are those pending now plus those pending ones later entries settled.
+        later: dict[tuple[str, str], int] = {}
+        answers: dict[int, int] = {}
+        wake: set[str] = set()
+        for index in reversed(firsts.values()):
+            r = resolutions[index]
+            row = settled.get((r.run_id, r.seq))
+            if row is None:
+                continue
+            group = row["parallel_group"]
+            left = 0
+            if group is not None:
+                left = pending.get((r.run_id, group), 0) + later.get((r.run_id, group), 0)
+                if row["was"] == CheckpointStatus.PENDING.value:
+                    later[(r.run_id, group)] = later.get((r.run_id, group), 0) + 1
+            answers[index] = left
+            if left == 0 or r.status is CheckpointStatus.FAILED:
+                wake.add(r.run_id)
+        for run_id in sorted(wake):
+            await conn.execute(_WAKE_RUN, now, run_id, _TERMINAL, self.channel)
+        holding = [row for row in rows if row["queue"] is not None]
+        if holding:
+            freed = await conn.fetch(
+                "UPDATE durably_flow_slots s SET released_at = $3 "
+                "FROM unnest($1::text[], $2::text[]) AS v(queue, step_id) "
+                "WHERE s.queue = v.queue AND s.step_id = v.step_id "
+                "AND s.released_at IS NULL RETURNING s.queue",
+                [row["queue"] for row in holding],
+                [f"{row['run_id']}:{row['seq']}" for row in holding],
                 now,
             )
-            settled = {(row["run_id"], row["seq"]): row for row in rows}
-            grouped = list(
-                {
-                    (row["run_id"], row["parallel_group"])
-                    for row in rows
-                    if row["parallel_group"] is not None
-                }
-            )
-            pending: dict[tuple[str, str], int] = {}
-            if grouped:
-                counted = await conn.fetch(
-                    "SELECT run_id, parallel_group, count(*) AS left FROM durably_checkpoints "
-                    "WHERE (run_id, parallel_group) IN "
-                    "(SELECT * FROM unnest($1::text[], $2::text[])) AND status = 'pending' "
-                    "GROUP BY run_id, parallel_group",
-                    [g[0] for g in grouped],
-                    [g[1] for g in grouped],
-                )
-                pending = {(c["run_id"], c["parallel_group"]): c["left"] for c in counted}
-            # Entry by entry, in order: the siblings still pending once it settled
-            # are those pending now plus those pending ones later entries settled.
-            later: dict[tuple[str, str], int] = {}
-            answers: dict[int, int] = {}
-            wake: set[str] = set()
-            for index in reversed(firsts.values()):
-                r = resolutions[index]
-                row = settled.get((r.run_id, r.seq))
-                if row is None:
-                    continue
-                group = row["parallel_group"]
-                left = 0
-                if group is not None:
-                    left = pending.get((r.run_id, group), 0) + later.get((r.run_id, group), 0)
-                    if row["was"] == CheckpointStatus.PENDING.value:
-                        later[(r.run_id, group)] = later.get((r.run_id, group), 0) + 1
-                answers[index] = left
-                if left == 0 or r.status is CheckpointStatus.FAILED:
-                    wake.add(r.run_id)
-            for run_id in sorted(wake):
-                await conn.execute(_WAKE_RUN, now, run_id, _TERMINAL, self.channel)
-            holding = [row for row in rows if row["queue"] is not None]
-            if holding:
-                freed = await conn.fetch(
-                    "UPDATE durably_flow_slots s SET released_at = $3 "
-                    "FROM unnest($1::text[], $2::text[]) AS v(queue, step_id) "
-                    "WHERE s.queue = v.queue AND s.step_id = v.step_id "
-                    "AND s.released_at IS NULL RETURNING s.queue",
-                    [row["queue"] for row in holding],
-                    [f"{row['run_id']}:{row['seq']}" for row in holding],
-                    now,
-                )
-                waiter_runs = await _first_waiters(conn, {row["queue"] for row in freed})
-        await self._wake_waiters(waiter_runs, now)
-        return [answers.get(index) for index in range(len(resolutions))]
+            waiter_runs = await _first_waiters(conn, {row["queue"] for row in freed})
+        return [answers.get(index) for index in range(len(resolutions))], waiter_runs
 
     # -- dispatched steps --------------------------------------------------------------
 

@@ -54,6 +54,7 @@ from ._sqlite_schema import MIGRATIONS
 from ._sqlite_thread import SqliteThread
 from .base import (
     Admission,
+    ChildEnd,
     EventDelivery,
     Resolution,
     RunChanges,
@@ -343,6 +344,59 @@ class SqliteStore:
             return SettleResult.LOST
 
         return self._db.submit(op)
+
+    async def end_child_runs(self, ends: list[ChildEnd], now: int) -> list[tuple[bool, int | None]]:
+        """End each child still as expected and settle its parent's
+        placeholder, in one transaction."""
+        entries = [
+            (
+                end.run_id,
+                end.owner,
+                [status.value for status in end.statuses],
+                (
+                    end.status.value,
+                    dump_json(end.changes.output),
+                    dump_json(end.changes.error),
+                    end.changes.wake_at,
+                    now,
+                ),
+                (
+                    end.report.status,
+                    dump_json(end.report.output),
+                    dump_json(end.report.error),
+                    dump_json(end.report.events),
+                    end.report.run_id,
+                    end.report.seq,
+                ),
+            )
+            for end in ends
+        ]
+
+        def op(conn: sqlite3.Connection) -> list[tuple[bool, int | None]]:
+            ended: list[int] = []
+            reports: list[_Resolve] = []
+            for index, (run_id, owner, statuses, values, report) in enumerate(entries):
+                if owner is not None:
+                    condition, params = "status = 'running' AND locked_by = ?", [owner]
+                else:
+                    marks = ",".join("?" * len(statuses)) or "NULL"
+                    condition, params = f"status IN ({marks})", statuses
+                cur = conn.execute(
+                    "UPDATE durably_runs SET status = ?, output = ?, error = ?, wake_at = ?, "
+                    "locked_by = NULL, locked_until = NULL, updated_at = ? "
+                    f"WHERE id = ? AND {condition}",
+                    (*values, run_id, *params),
+                )
+                if cur.rowcount == 1:
+                    _drop_waiters(conn, run_id)
+                    ended.append(index)
+                    reports.append(report)
+            answers: list[tuple[bool, int | None]] = [(False, None)] * len(entries)
+            for index, left in zip(ended, _resolve_all(conn, reports, now), strict=True):
+                answers[index] = (True, left)
+            return answers
+
+        return await self._db.run(op)
 
     async def release_run(self, run_id: str, owner: str, now: int) -> bool:
         """Hand the run back as pending."""

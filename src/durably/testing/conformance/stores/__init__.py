@@ -1,4 +1,4 @@
-"""The ``StateStore`` conformance suite: every test of its four modules.
+"""The ``StateStore`` conformance suite: every test of its five modules.
 
 ``from durably.testing.conformance.stores import *`` in a test module makes
 pytest collect them there; see :mod:`durably.testing.conformance`.
@@ -6,6 +6,7 @@ pytest collect them there; see :mod:`durably.testing.conformance`.
 
 from __future__ import annotations
 
+from .children import *  # noqa: F403
 from .contract import *  # noqa: F403
 from .events import *  # noqa: F403
 from .schedules import *  # noqa: F403
