@@ -743,9 +743,13 @@ class Engine:
     async def signal(self, token: str, payload: Any = None) -> str | None:
         """Deliver ``payload`` to the run waiting on ``token``.
 
-        Returns the id of the run that received it and is being woken, or
-        ``None`` when no run waits yet: then the signal is buffered and the
-        first ``wait_for_signal(token)`` consumes it.
+        When several waits share the token, the signal goes to exactly one of
+        them: the wait registered first (oldest first); the next signal goes to
+        the next. Returns the id of the run that received it and is being
+        woken, or ``None`` when no run waits yet: then the signal is buffered
+        (in order) and the first ``wait_for_signal(token)`` consumes it. Signals
+        sent concurrently, from any number of engines, are each delivered or
+        buffered exactly once.
         """
         _check_signal(token, payload)
         await self.open()

@@ -53,7 +53,6 @@ async def test_a_child_that_continues_as_new_hands_its_parent_the_last_links_out
     assert result.output == {"final": 2}
 
 
-@pytest.mark.xfail(strict=True, reason="issue 12.5: the second waiter replaces the first")
 async def test_several_waiters_on_one_token_are_each_served_oldest_first(
     make_engine: EngineFactory,
 ) -> None:

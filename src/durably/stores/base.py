@@ -433,13 +433,17 @@ class WaitStore(Protocol):
     ) -> SignalWait | None:
         """*Atomic* with :meth:`send_signal` for the same token: take the oldest
         buffered signal for ``token`` and complete ``checkpoint`` with it, or
-        else register a waiter ``(token, run, seq)`` and save ``checkpoint`` as
-        pending. Fenced like :meth:`save_checkpoint` (``None`` if fenced)."""
+        else register a waiter ``(token, run, seq)`` at the end of the token's
+        line and save ``checkpoint`` as pending. Registering the same waiter
+        again keeps its place. Fenced like :meth:`save_checkpoint` (``None``
+        if fenced)."""
 
     async def send_signal(self, token: str, payload: Any, now: int) -> str | None:
-        """*Atomic* with :meth:`wait_signal`: if a waiter holds ``token``, remove
-        it, complete its checkpoint with ``payload`` and return its run id;
-        otherwise buffer ``payload`` (FIFO per token) and return ``None``."""
+        """*Atomic* with :meth:`wait_signal` and with itself: if waiters hold
+        ``token``, remove the one registered first, complete its checkpoint
+        with ``payload`` and return its run id; otherwise buffer ``payload``
+        (FIFO per token) and return ``None``. Concurrent calls never deliver
+        to one waiter twice nor skip one."""
 
     async def cancel_signal_wait(
         self, run_id: str, seq: int, token: str, error: ErrorInfo, now: int

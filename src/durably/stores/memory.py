@@ -44,7 +44,8 @@ class MemoryStore:
         self.ordered_writes = False
         self._runs: dict[str, Run] = {}
         self._checkpoints: dict[str, dict[int, Checkpoint]] = defaultdict(dict)
-        self._waiters: dict[str, tuple[str, int]] = {}
+        # token -> its waits (run, seq) in the order they registered
+        self._waiters: dict[str, dict[tuple[str, int], None]] = {}
         self._buffered: dict[str, deque[Any]] = defaultdict(deque)
         # events: name -> {(run_id, seq): (match_keys, match)}; buffered payloads; published ids
         self._event_waiters: dict[str, dict[tuple[str, int], tuple[str, str]]] = {}
@@ -480,17 +481,19 @@ class MemoryStore:
                 del self._buffered[token]
             self._put(_completed(checkpoint, payload, now))
             return SignalWait(True, payload)
-        self._waiters[token] = (checkpoint.run_id, checkpoint.seq)
+        # A wait registered again keeps its place in line.
+        self._waiters.setdefault(token, {}).setdefault((checkpoint.run_id, checkpoint.seq))
         self._put(checkpoint)
         return SignalWait(False)
 
     async def send_signal(self, token: str, payload: Any, now: int) -> str | None:
-        """Deliver to the waiter, or buffer."""
-        waiter = self._waiters.pop(token, None)
-        if waiter is None:
+        """Deliver to the oldest waiter, or buffer."""
+        waits = self._waiters.get(token)
+        if not waits:
             self._buffered[token].append(copy.deepcopy(payload))
             return None
-        run_id, seq = waiter
+        run_id, seq = next(iter(waits))
+        self._forget_wait(token, run_id, seq)
         current = self._checkpoints[run_id].get(seq)
         base = current or Checkpoint(
             run_id, seq, f"signal:{token}", "signal", CheckpointStatus.PENDING
@@ -505,13 +508,19 @@ class MemoryStore:
         current = self._checkpoints.get(run_id, {}).get(seq)
         if current is not None and current.status is CheckpointStatus.COMPLETED:
             return copy.deepcopy(current)
-        if self._waiters.get(token) == (run_id, seq):
-            del self._waiters[token]
+        self._forget_wait(token, run_id, seq)
         if current is not None:
             current.status = CheckpointStatus.FAILED
             current.error = copy.deepcopy(error)
             current.finished_at = now
         return None
+
+    def _forget_wait(self, token: str, run_id: str, seq: int) -> None:
+        waits = self._waiters.get(token)
+        if waits is not None:
+            waits.pop((run_id, seq), None)
+            if not waits:
+                del self._waiters[token]
 
     async def list_buffered_signals(self, token: str) -> list[Any]:
         """Buffered payloads for ``token``."""
@@ -721,8 +730,9 @@ class MemoryStore:
                 run.wake_requested_at = now
 
     def _drop_waiters(self, run_id: str) -> None:
-        for token in [t for t, (r, _) in self._waiters.items() if r == run_id]:
-            del self._waiters[token]
+        for token, waits in list(self._waiters.items()):
+            for wait in [w for w in waits if w[0] == run_id]:
+                self._forget_wait(token, *wait)
         for name, waiters in list(self._event_waiters.items()):
             for key in [k for k in waiters if k[0] == run_id]:
                 del waiters[key]

@@ -896,8 +896,9 @@ class PostgresStore:
                 await conn.execute(_UPSERT_CHECKPOINT, *completed_params(checkpoint, row[0], now))
                 return SignalWait(True, codec.loads(row[0]))
             await conn.execute(
+                # A wait registered again keeps its place in line.
                 "INSERT INTO durably_signal_waiters (token, run_id, seq) VALUES ($1, $2, $3) "
-                "ON CONFLICT (token) DO UPDATE SET run_id = excluded.run_id, seq = excluded.seq",
+                "ON CONFLICT (run_id, seq, token) DO NOTHING",
                 token,
                 checkpoint.run_id,
                 checkpoint.seq,
@@ -906,14 +907,11 @@ class PostgresStore:
             return SignalWait(False)
 
     async def send_signal(self, token: str, payload: Any, now: int) -> str | None:
-        """Deliver to the waiter, or buffer."""
+        """Deliver to the oldest waiter, or buffer."""
         text = codec.dumps(payload)
         async with self._db.transaction() as conn:
             await conn.execute(_LOCK_TOKEN, token)
-            waiter = await conn.fetchrow(
-                "DELETE FROM durably_signal_waiters WHERE token = $1 RETURNING run_id, seq",
-                token,
-            )
+            waiter = await _take_oldest_waiter(conn, token)
             if waiter is None:
                 await conn.execute(
                     "INSERT INTO durably_buffered_signals (token, payload, created_at) "
@@ -1171,6 +1169,30 @@ class PostgresStore:
 
     async def _ids(self, sql: str, *params: Any) -> list[str]:
         return [str(row[0]) for row in await self._db.pool().fetch(sql, *params)]
+
+
+async def _take_oldest_waiter(conn: Any, token: str) -> Any:
+    """Delete and return the oldest waiter on ``token`` (``None``: nobody waits).
+
+    New waiters need the token's advisory lock, which the caller holds, but a
+    run ending deletes its waiters without it: under READ COMMITTED the oldest
+    row picked by the sub-select may vanish before the DELETE reaches it, and
+    the statement then deletes nothing although younger waiters remain. Retry
+    on a fresh snapshot, so such a race never buffers a signal that a live
+    waiter should have had."""
+    while True:
+        waiter = await conn.fetchrow(
+            "DELETE FROM durably_signal_waiters WHERE id = ("
+            " SELECT id FROM durably_signal_waiters WHERE token = $1 ORDER BY id LIMIT 1"
+            ") RETURNING run_id, seq",
+            token,
+        )
+        if waiter is not None:
+            return waiter
+        if not await conn.fetchval(
+            "SELECT EXISTS (SELECT 1 FROM durably_signal_waiters WHERE token = $1)", token
+        ):
+            return None
 
 
 async def _time_out_wait(

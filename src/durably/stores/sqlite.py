@@ -661,8 +661,9 @@ class SqliteStore:
                 conn.execute(_UPSERT_CHECKPOINT, done)
                 return SignalWait(True, payload)
             conn.execute(
+                # A wait registered again keeps its place in line.
                 "INSERT INTO durably_signal_waiters (token, run_id, seq) VALUES (?, ?, ?) "
-                "ON CONFLICT (token) DO UPDATE SET run_id = excluded.run_id, seq = excluded.seq",
+                "ON CONFLICT (run_id, seq, token) DO NOTHING",
                 (token, checkpoint.run_id, checkpoint.seq),
             )
             conn.execute(_UPSERT_CHECKPOINT, checkpoint_params(checkpoint))
@@ -671,12 +672,14 @@ class SqliteStore:
         return await self._db.run(op)
 
     async def send_signal(self, token: str, payload: Any, now: int) -> str | None:
-        """Deliver to the waiter, or buffer."""
+        """Deliver to the oldest waiter, or buffer."""
         text = codec.dumps(payload)
 
         def op(conn: sqlite3.Connection) -> str | None:
             waiter = conn.execute(
-                "DELETE FROM durably_signal_waiters WHERE token = ? RETURNING run_id, seq",
+                "DELETE FROM durably_signal_waiters WHERE id = ("
+                " SELECT id FROM durably_signal_waiters WHERE token = ? ORDER BY id LIMIT 1"
+                ") RETURNING run_id, seq",
                 (token,),
             ).fetchone()
             if waiter is None:
