@@ -43,7 +43,8 @@ class Hooks:
         self.errors: dict[str, list[Handler]] = {}
         self.evict: list[EvictHook] = []
         self.stalled: list[StalledHook] = []
-        self.stalled_seen: dict[str, int] = {}
+        # run id -> the episode last reported (see Worker.sweep_stalled)
+        self.stalled_seen: dict[str, tuple[int, int]] = {}
 
     def error_handlers(self, code: str | None) -> list[Handler]:
         """Handlers for a failure with ``code``, then the catch-all ``"*"`` ones."""

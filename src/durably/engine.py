@@ -90,8 +90,8 @@ class Engine:
         step_threads: worker threads for synchronous step functions.
         retention: delete terminal runs this long after they ended (``None``
             keeps them); :meth:`on_evict` hooks may archive them first.
-        stalled_after: how long a live run may make no progress before
-            :meth:`on_stalled` hooks hear of it.
+        stalled_after: how long a stranded run (see :meth:`on_stalled`) may
+            make no progress before :meth:`on_stalled` hooks hear of it.
         transport: how dispatched steps (``ctx.step``) reach workers: a URL
             (``local://``, the default; ``memory://``; ``db://``, a message
             table in the store's database) or a transport object.
@@ -412,9 +412,17 @@ class Engine:
         self._hooks.evict.append(hook)
 
     def on_stalled(self, hook: StalledHook) -> None:
-        """Hear of live runs that made no progress for ``stalled_after``
-        (pending or running that long, or a timer that long overdue), once
-        per episode: a run that moves and stalls again is reported again."""
+        """Hear of stranded runs, once per episode (a run that progresses and
+        strands again is reported again).
+
+        A live run is stranded once it made no progress for ``stalled_after``
+        and either nothing of its own can wake it — suspended on waits
+        without a deadline only (a signal or event nobody sends), or on
+        nothing at all — or it is parked on a dispatched step whose worker has
+        sent no heartbeat for ``stalled_after``. The ``reconcile`` fallback
+        does not count as a wake: it re-checks a run, it never progresses it.
+        A long sleep, a wait with a timeout, a pending child, a step that
+        beats, a queued run and a long in-process step are never stranded."""
         if not callable(hook):
             raise TypeError("on_stalled takes an async callable (run)")
         self._hooks.stalled.append(hook)

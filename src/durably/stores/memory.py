@@ -9,7 +9,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 from collections import defaultdict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..model import TERMINAL_STATUSES, Checkpoint, CheckpointStatus, ErrorInfo, Run, RunStatus
@@ -307,7 +307,11 @@ class MemoryStore:
         self, before: int, limit: int, *, namespace: str | None = None
     ) -> list[str]:
         """Live runs with no progress since ``before``."""
-        stalled = [r for r in self._runs.values() if _stalled(r, before) and _in(r, namespace)]
+        stalled = [
+            r
+            for r in self._runs.values()
+            if _in(r, namespace) and _stalled(r, self._checkpoints.get(r.run_id, {}), before)
+        ]
         stalled.sort(key=lambda r: (r.updated_at, r.run_id))
         return [r.run_id for r in stalled[:limit]]
 
@@ -757,10 +761,31 @@ class _FlowWaiter:
     seen_at: int
 
 
-def _stalled(run: Run, before: int) -> bool:
-    if run.status in (RunStatus.PENDING, RunStatus.RUNNING):
-        return run.updated_at < before
-    return run.status is RunStatus.SUSPENDED and run.wake_at is not None and run.wake_at < before
+_WAIT_KINDS = ("signal", "event")
+
+
+def _stalled(run: Run, checkpoints: Mapping[int, Checkpoint], before: int) -> bool:
+    """The stranded signature (``StateStore.list_stalled``), as the SQL stores test it."""
+    if run.status not in (RunStatus.SUSPENDED, RunStatus.RUNNING):
+        return False
+    pending = [cp for cp in checkpoints.values() if cp.status is CheckpointStatus.PENDING]
+    if any(
+        cp.dispatched_at is not None
+        and cp.dispatched_at < before
+        and (cp.last_heartbeat_at or 0) < before
+        for cp in pending
+    ):
+        return True  # parked on a dispatched step whose worker went silent
+    if run.status is not RunStatus.SUSPENDED:
+        return False
+    if any(cp.kind not in _WAIT_KINDS or cp.wake_at is not None for cp in pending):
+        return False  # a timer, a child or a step of its own can wake it
+    if any(
+        (cp.started_at or 0) >= before or (cp.finished_at or 0) >= before
+        for cp in checkpoints.values()
+    ):
+        return False  # it progressed since
+    return bool(pending) or (run.wake_at is None and run.updated_at < before)
 
 
 def _in(run: Run, namespace: str | None) -> bool:

@@ -116,6 +116,40 @@ _SAVE_CHECKPOINT_FENCED = f"""
     )
     SELECT count(*) FROM lease
 """
+# The stranded signature (StateStore.list_stalled): $1 before, $2 limit, $3
+# namespace or NULL. The wait branch reads progress from the checkpoints, not
+# from updated_at, which every reconcile turn bumps without progressing.
+_STALLED = """
+    SELECT r.id FROM durably_runs r
+    WHERE r.status IN ('suspended', 'running')
+    AND ($3::text IS NULL OR r.namespace = $3::text) AND (
+        EXISTS (
+            SELECT 1 FROM durably_checkpoints c
+            WHERE c.run_id = r.id AND c.status = 'pending' AND c.dispatched_at < $1::bigint
+                AND COALESCE(c.last_heartbeat_at, 0) < $1::bigint
+        )
+        OR (
+            r.status = 'suspended'
+            AND NOT EXISTS (
+                SELECT 1 FROM durably_checkpoints c
+                WHERE c.run_id = r.id AND (
+                    (c.status = 'pending'
+                        AND NOT (c.kind IN ('signal', 'event') AND c.wake_at IS NULL))
+                    OR c.started_at >= $1::bigint OR c.finished_at >= $1::bigint
+                )
+            )
+            AND (
+                (r.wake_at IS NULL AND r.updated_at < $1::bigint)
+                OR EXISTS (
+                    SELECT 1 FROM durably_checkpoints c
+                    WHERE c.run_id = r.id AND c.status = 'pending'
+                        AND c.kind IN ('signal', 'event')
+                )
+            )
+        )
+    )
+    ORDER BY r.updated_at, r.id LIMIT $2::bigint
+"""
 _HOLD_LEASE = "SELECT 1 FROM durably_runs WHERE id = $1 AND locked_by = $2 FOR SHARE"
 _LOCK_TOKEN = "SELECT pg_advisory_xact_lock(hashtextextended($1::text, 0))"
 _DELETE_WAITERS = (
@@ -629,17 +663,8 @@ class PostgresStore:
     async def list_stalled(
         self, before: int, limit: int, *, namespace: str | None = None
     ) -> list[str]:
-        """Live runs with no progress since ``before``."""
-        rows = await self._db.pool().fetch(
-            "SELECT id FROM durably_runs WHERE "
-            "((status IN ('pending', 'running') AND updated_at < $1) "
-            "OR (status = 'suspended' AND wake_at < $1)) "
-            "AND ($3::text IS NULL OR namespace = $3) ORDER BY updated_at, id LIMIT $2",
-            before,
-            limit,
-            namespace,
-        )
-        return [row["id"] for row in rows]
+        """Live runs showing the stranded signature since ``before``."""
+        return await self._ids(_STALLED, before, limit, namespace)
 
     async def list_expired(
         self, now: int, limit: int, *, namespace: str | None = None

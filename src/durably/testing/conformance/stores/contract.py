@@ -1026,6 +1026,59 @@ async def test_list_expired_lists_live_runs_past_their_deadline(store: StateStor
     assert limited[0] in {"now", "past"}
 
 
+async def _park(
+    store: StateStore, run_id: str, wake_at: int | None, *cps: Checkpoint, **fields: Any
+) -> None:
+    """A run whose turn saved ``cps`` and suspended with ``wake_at``, at NOW."""
+    await leased(store, run_id, **fields)
+    for cp in cps:
+        assert await store.save_checkpoint(cp, OWNER)
+    settled = await store.settle_run(
+        run_id, OWNER, RunStatus.SUSPENDED, RunChanges(wake_at=wake_at), NOW
+    )
+    assert settled is SettleResult.SETTLED
+
+
+async def test_list_stalled_finds_the_stranded_signature(store: StateStore) -> None:
+    hour = 3_600_000
+    before = NOW + hour  # stalled_after is an hour, and an hour passed
+    out: dict[str, Any] = {"kind": "step", "started_at": NOW, "dispatched_at": NOW}
+    # stranded: waits without a deadline, whatever the reconcile fallback wake
+    await _park(store, "forgotten", None, signal_cp("forgotten", 0, "t0"))
+    await _park(store, "reconciled", NOW + 300_000, signal_cp("reconciled", 0, "t1"))
+    event_wait = make_cp("unheard", 1, kind="event", started_at=NOW)
+    done = make_cp("unheard", 0, CheckpointStatus.COMPLETED, started_at=NOW, finished_at=NOW)
+    await _park(store, "unheard", NOW + 300_000, done, event_wait)
+    await _park(store, "silent", NOW + 300_000, make_cp("silent", 0, **out))
+    # healthy long work
+    sleep: dict[str, Any] = {"kind": "sleep", "started_at": NOW, "wake_at": NOW + 30 * 24 * hour}
+    await _park(store, "sleeps", NOW + 30 * 24 * hour, make_cp("sleeps", 0, **sleep))
+    await _park(
+        store, "bounded", NOW + 2 * hour, signal_cp("bounded", 0, "t2", wake_at=NOW + 2 * hour)
+    )
+    both = (signal_cp("both", 0, "t3"), make_cp("both", 1, **sleep))
+    await _park(store, "both", NOW + 30 * 24 * hour, *both)
+    await _park(store, "parent", None, make_cp("parent", 0, kind="child", started_at=NOW))
+    await _park(store, "beating", NOW + 300_000, make_cp("beating", 0, **out))
+    assert await store.record_heartbeat("beating", 0, before + 1, None)
+    await store.create_run(make_run("queued"))
+    await leased(store, "turning")
+    # progressed since: a wait that began after ``before``, a step finished then
+    await _park(store, "fresh", None, make_cp("fresh", 0, kind="signal", started_at=before))
+    step_done: dict[str, Any] = {"started_at": NOW, "finished_at": before + 5}
+    recent = make_cp("recent", 0, CheckpointStatus.COMPLETED, **step_done)
+    await _park(store, "recent", None, recent, signal_cp("recent", 1, "t5"))
+    # elsewhere
+    await _park(store, "other-pool", None, signal_cp("other-pool", 0, "t6"), namespace="b")
+
+    found = await store.list_stalled(before, 100, namespace="default")
+
+    assert sorted(found) == ["forgotten", "reconciled", "silent", "unheard"]
+    assert "other-pool" in await store.list_stalled(before, 100)
+    assert await store.list_stalled(before, 2, namespace="default") == found[:2]
+    assert await store.list_stalled(NOW, 100) == []  # an hour has not passed for anyone
+
+
 # -- checkpoints -----------------------------------------------------------------------
 
 
