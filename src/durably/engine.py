@@ -1007,6 +1007,8 @@ class Engine:
 
         The signal is buffered until the run waits on ``token``, so entity and
         accumulator workflows can be fed without knowing whether they run yet.
+        It is delivered like :meth:`signal`: if other runs wait on ``token``
+        too, the oldest wait takes it, so give each run a token of its own.
         """
         _check_signal(token, payload)
         run = await self.start(workflow, input, run_id=run_id, tags=tags, priority=priority)

@@ -150,6 +150,16 @@ _STALLED = """
     )
     ORDER BY r.updated_at, r.id LIMIT $2::bigint
 """
+_TAKE_OLDEST_WAITER = """
+    WITH picked AS (
+        SELECT id FROM durably_signal_waiters WHERE token = $1 ORDER BY id LIMIT 1
+    ), taken AS (
+        DELETE FROM durably_signal_waiters w USING picked WHERE w.id = picked.id
+        RETURNING w.run_id, w.seq
+    )
+    SELECT EXISTS (SELECT 1 FROM picked) AS picked, taken.run_id, taken.seq
+    FROM (SELECT 1) AS one LEFT JOIN taken ON true
+"""
 _HOLD_LEASE = "SELECT 1 FROM durably_runs WHERE id = $1 AND locked_by = $2 FOR SHARE"
 _LOCK_TOKEN = "SELECT pg_advisory_xact_lock(hashtextextended($1::text, 0))"
 _DELETE_WAITERS = (
@@ -1201,22 +1211,16 @@ async def _take_oldest_waiter(conn: Any, token: str) -> Any:
 
     New waiters need the token's advisory lock, which the caller holds, but a
     run ending deletes its waiters without it: under READ COMMITTED the oldest
-    row picked by the sub-select may vanish before the DELETE reaches it, and
-    the statement then deletes nothing although younger waiters remain. Retry
-    on a fresh snapshot, so such a race never buffers a signal that a live
-    waiter should have had."""
+    row picked may vanish before the DELETE reaches it, and the statement then
+    deletes nothing although younger waiters remain. ``picked`` tells that
+    race (a row was seen, none deleted) from an empty line, in the same round
+    trip; the race retries on a fresh snapshot, so it never buffers a signal
+    that a live waiter should have had."""
     while True:
-        waiter = await conn.fetchrow(
-            "DELETE FROM durably_signal_waiters WHERE id = ("
-            " SELECT id FROM durably_signal_waiters WHERE token = $1 ORDER BY id LIMIT 1"
-            ") RETURNING run_id, seq",
-            token,
-        )
-        if waiter is not None:
-            return waiter
-        if not await conn.fetchval(
-            "SELECT EXISTS (SELECT 1 FROM durably_signal_waiters WHERE token = $1)", token
-        ):
+        row = await conn.fetchrow(_TAKE_OLDEST_WAITER, token)
+        if row["run_id"] is not None:
+            return row
+        if not row["picked"]:
             return None
 
 
