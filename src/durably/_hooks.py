@@ -36,7 +36,8 @@ class Hooks:
         self.errors: dict[str, list[Handler]] = {}
         self.evict: list[EvictHook] = []
         self.stalled: list[StalledHook] = []
-        self.stalled_seen: dict[str, int] = {}
+        # run id -> the episode last reported (see Worker.sweep_stalled)
+        self.stalled_seen: dict[str, tuple[int, int]] = {}
 
     def add_dead(self, handler: Handler) -> None:
         """Call ``handler`` for every run that goes ``dead``."""

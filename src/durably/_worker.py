@@ -217,28 +217,49 @@ class Worker:
         return deleted
 
     async def sweep_stalled(self, limit: int = 500, *, force: bool = False) -> int:
-        """Report stalled runs to the ``on_stalled`` hooks; return how many."""
+        """Report stranded runs to the ``on_stalled`` hooks; return how many.
+
+        A run is stranded (``StateStore.list_stalled``) once it made no
+        progress for ``stalled_after`` and either nothing of its own can wake
+        it (suspended on no timer, child or step: at most waits without a
+        deadline; the reconcile fallback re-checks, it is no wake of its own)
+        or it is parked on a dispatched step whose worker has been silent that
+        long. One report per episode: a run is reported again only after it
+        progressed (a checkpoint started, finished or was dispatched) or left
+        the stranded set in between."""
         if not self._hooks.stalled or not self._due_sweep("stalled", force):
             return 0
         await self._open()
         before = self._clock.now_ms() - self._options().stalled_after_ms
         reported = 0
         seen = self._hooks.stalled_seen
-        current: dict[str, int] = {}
+        current: dict[str, tuple[int, int]] = {}
         for run_id in await self._store.list_stalled(
             before, limit, namespace=self._options().namespace
         ):
             run = await self._store.get_run(run_id)
             if run is None or run.status in TERMINAL_STATUSES:
                 continue
-            current[run_id] = run.updated_at
-            if seen.get(run_id) == run.updated_at:
+            episode = await self._episode(run)
+            current[run_id] = episode
+            if seen.get(run_id) == episode:
                 continue  # this episode was reported already
             reported += 1
             for hook in self._hooks.stalled:
                 await call_safely(hook, run)
         self._hooks.stalled_seen = current
         return reported
+
+    async def _episode(self, run: Run) -> tuple[int, int]:
+        """What marks a stranded run's episode: its latest progress. A
+        reconcile turn bumps ``updated_at`` without progressing, so that
+        counts only for a run no timer wakes."""
+        progress = 0
+        for cp in (await self._store.load_checkpoints(run.run_id)).values():
+            for at in (cp.started_at, cp.finished_at, cp.dispatched_at):
+                if at is not None and at > progress:
+                    progress = at
+        return progress, run.updated_at if run.wake_at is None else 0
 
     def _due_sweep(self, name: str, force: bool) -> bool:
         now = asyncio.get_running_loop().time()

@@ -308,7 +308,11 @@ class WorkflowContext:
 
         A signal sent before the wait begins is buffered and consumed here.
         With ``timeout`` the await raises :class:`SignalTimeout` once it passes.
-        One run waits on a token at a time; a second waiter replaces the first.
+        Several waits may share a token: each signal is delivered to exactly
+        one of them, the one registered first (oldest first), and a signal
+        sent while nobody waits is buffered for the next wait. A wait that
+        times out, or whose run ends, leaves the line without disturbing the
+        others.
         """
         if not isinstance(token, str) or not token:
             raise ValueError("a signal token must be a non-empty string")

@@ -85,8 +85,8 @@ class Engine:
         step_threads: worker threads for synchronous step functions.
         retention: delete terminal runs this long after they ended (``None``
             keeps them); :meth:`on_evict` hooks may archive them first.
-        stalled_after: how long a live run may make no progress before
-            :meth:`on_stalled` hooks hear of it.
+        stalled_after: how long a stranded run (see :meth:`on_stalled`) may
+            make no progress before :meth:`on_stalled` hooks hear of it.
         transport: how dispatched steps (``ctx.step``) reach workers: a URL
             (``local://``, the default; ``memory://``; ``db://``, a message
             table in the store's database) or a transport object.
@@ -317,9 +317,17 @@ class Engine:
         self._hooks.add_evict(hook)
 
     def on_stalled(self, hook: StalledHook) -> None:
-        """Hear of live runs that made no progress for ``stalled_after``
-        (pending or running that long, or a timer that long overdue), once
-        per episode: a run that moves and stalls again is reported again."""
+        """Hear of stranded runs, once per episode (a run that progresses and
+        strands again is reported again).
+
+        A live run is stranded once it made no progress for ``stalled_after``
+        and either nothing of its own can wake it — suspended on waits
+        without a deadline only (a signal or event nobody sends), or on
+        nothing at all — or it is parked on a dispatched step whose worker has
+        sent no heartbeat for ``stalled_after``. The ``reconcile`` fallback
+        does not count as a wake: it re-checks a run, it never progresses it.
+        A long sleep, a wait with a timeout, a pending child, a step that
+        beats, a queued run and a long in-process step are never stranded."""
         self._hooks.add_stalled(hook)
 
     # -- steps (durably.steps) ------------------------------------------------------------
@@ -522,9 +530,13 @@ class Engine:
     async def signal(self, token: str, payload: Any = None) -> str | None:
         """Deliver ``payload`` to the run waiting on ``token``.
 
-        Returns the id of the run that received it and is being woken, or
-        ``None`` when no run waits yet: then the signal is buffered and the
-        first ``wait_for_signal(token)`` consumes it.
+        When several waits share the token, the signal goes to exactly one of
+        them: the wait registered first (oldest first); the next signal goes to
+        the next. Returns the id of the run that received it and is being
+        woken, or ``None`` when no run waits yet: then the signal is buffered
+        (in order) and the first ``wait_for_signal(token)`` consumes it. Signals
+        sent concurrently, from any number of engines, are each delivered or
+        buffered exactly once.
         """
         check_signal(token, payload)
         await self.open()
@@ -774,6 +786,8 @@ class Engine:
 
         The signal is buffered until the run waits on ``token``, so entity and
         accumulator workflows can be fed without knowing whether they run yet.
+        It is delivered like :meth:`signal`: if other runs wait on ``token``
+        too, the oldest wait takes it, so give each run a token of its own.
         """
         check_signal(token, payload)
         run = await self.start(workflow, input, run_id=run_id, tags=tags, priority=priority)

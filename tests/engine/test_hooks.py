@@ -108,7 +108,7 @@ async def test_retention_archives_then_deletes(
 async def test_stalled_runs_are_reported_once_per_episode(
     make_engine: EngineFactory, clock: VirtualClock
 ) -> None:
-    engine = make_engine(clock=clock, stalled_after="1h", drive=False)
+    engine = make_engine(clock=clock, stalled_after="1h", reconcile=0)
     reported: list[str] = []
 
     async def alert(run: Run) -> None:
@@ -118,10 +118,11 @@ async def test_stalled_runs_are_reported_once_per_episode(
 
     @engine.workflow("w")
     async def w(ctx: durably.WorkflowContext) -> None:
-        return None
+        await ctx.wait_for_signal("nobody-sends-it")
 
     await engine.open()
-    await engine.start("w", run_id="stuck")  # pending, and no worker drives it
+    await engine.start("w", run_id="stuck")  # suspended, and nothing can wake it
+    await engine.join()
     clock.advance("30m")
     assert await engine.sweep_stalled(force=True) == 0
     clock.advance("31m")
@@ -130,7 +131,7 @@ async def test_stalled_runs_are_reported_once_per_episode(
     assert reported == ["stuck"]
     # It moves (a turn touches it), then stalls again: a new episode.
     await engine.store.update_run_if(
-        "stuck", frozenset({RunStatus.PENDING}), {"priority": 1}, clock.now_ms()
+        "stuck", frozenset({RunStatus.SUSPENDED}), {"priority": 1}, clock.now_ms()
     )
     clock.advance("2h")
     assert await engine.sweep_stalled(force=True) == 1

@@ -145,7 +145,6 @@ async def test_a_parent_whose_childs_report_was_lost_follows_the_chain_on_reconc
     assert result.output == {"final": 2}
 
 
-@pytest.mark.xfail(strict=True, reason="issue 12.5: the second waiter replaces the first")
 async def test_several_waiters_on_one_token_are_each_served_oldest_first(
     make_engine: EngineFactory,
 ) -> None:

@@ -620,21 +620,30 @@ async def test_retention_of_one_pool_keeps_other_pools_runs(postgres_url: str) -
 
 async def test_stalled_hooks_of_one_pool_hear_only_its_runs(postgres_url: str) -> None:
     """An engine of pool a reports only pool a's stalled runs to its hooks."""
-    pool_b = durably.Engine(postgres_url, namespace="b", drive=False)
+    pool_b = durably.Engine(postgres_url, namespace="b", reconcile=0, stalled_after=0.001)
     pool_a = durably.Engine(postgres_url, namespace="a", stalled_after=0.001)
     heard: list[str] = []
+    heard_b: list[str] = []
 
     async def hook(run: durably.Run) -> None:
         heard.append(run.run_id)
 
+    async def hook_b(run: durably.Run) -> None:
+        heard_b.append(run.run_id)
+
     pool_a.on_stalled(hook)
+    pool_b.on_stalled(hook_b)
     for engine in (pool_a, pool_b):
-        engine.register("done", _done)
+        engine.register("stranded", _stranded)
     try:
-        await pool_b.start("done", run_id="b-pending")  # nobody in pool b runs it
+        await pool_b.open()
+        await pool_b.start("stranded", run_id="b-stranded")  # waits for a signal nobody sends
+        await pool_b.join()
         await asyncio.sleep(0.05)
         await pool_a.sweep_stalled(force=True)
         assert heard == [], "pool a's stalled hook heard of pool b's run"
+        await pool_b.sweep_stalled(force=True)
+        assert heard_b == ["b-stranded"]  # it is stalled, in pool b
     finally:
         await pool_a.close()
         await pool_b.close()
@@ -642,6 +651,10 @@ async def test_stalled_hooks_of_one_pool_hear_only_its_runs(postgres_url: str) -
 
 async def _done(ctx: durably.WorkflowContext) -> str:
     return "done"
+
+
+async def _stranded(ctx: durably.WorkflowContext) -> Any:
+    return await ctx.wait_for_signal("nobody-sends-it")
 
 
 # -- a wake that races the holder's settle ------------------------------------------------------

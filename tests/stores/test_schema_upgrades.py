@@ -14,6 +14,7 @@ import pytest
 from durably.model import Checkpoint, CheckpointStatus
 from durably.stores import StateStore
 from durably.stores.base import Resolution
+from durably.testing.conformance.stores.contract import OWNER, leased, signal_cp
 from durably.testing.conformance.stores.steps import EVENTS, NOW, ask
 
 COMPLETED = CheckpointStatus.COMPLETED
@@ -97,5 +98,78 @@ async def test_postgres_upgrades_checkpoints_written_by_older_schemas(
         await store.open()
         try:
             await _read_upgraded(store)
+        finally:
+            await store.close()
+
+
+# -- 6: several waiters per signal token --------------------------------------------------
+
+_OLD_WAIT_SQL = (
+    "INSERT INTO durably_runs (id, workflow, workflow_version, status, created_at, updated_at) "
+    "VALUES ('parked', 'wf', '1', 'suspended', 1, 1)",
+    "INSERT INTO durably_checkpoints (run_id, seq, name, kind, status, attempts) "
+    "VALUES ('parked', 2, 'signal:tok', 'signal', 'pending', 0)",
+    "INSERT INTO durably_signal_waiters (token, run_id, seq) VALUES ('tok', 'parked', 2)",
+)
+
+
+async def _serve_upgraded_wait(store: StateStore) -> None:
+    """A wait registered before the upgrade is still served, and first in line."""
+    await leased(store, "later")
+    await store.wait_signal(signal_cp("later", 0, "tok"), "tok", OWNER, NOW)
+    assert await store.send_signal("tok", "one", NOW) == "parked"
+    assert await store.send_signal("tok", "two", NOW) == "later"
+    assert await store.send_signal("tok", "three", NOW) is None
+    assert (await store.load_checkpoints("parked"))[2].output == "one"
+
+
+async def test_sqlite_upgrade_keeps_live_signal_waits(tmp_path: Path) -> None:
+    from durably.stores import SqliteStore
+    from durably.stores._sqlite_schema import MIGRATIONS
+
+    path = tmp_path / "v5.db"
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE durably_meta (key TEXT PRIMARY KEY, value TEXT)")
+    for script in MIGRATIONS[:5]:
+        conn.executescript(script)
+    conn.execute("INSERT INTO durably_meta VALUES ('schema_version', '5')")
+    for statement in _OLD_WAIT_SQL:
+        conn.execute(statement)
+    conn.commit()
+    conn.close()
+
+    store = SqliteStore(f"sqlite:///{path}")
+    await store.open()
+    try:
+        await _serve_upgraded_wait(store)
+    finally:
+        await store.close()
+
+
+async def test_postgres_upgrade_keeps_live_signal_waits(
+    isolated_postgres: Callable[[], AbstractAsyncContextManager[str]],
+) -> None:
+    import asyncpg
+
+    from durably.stores._postgres_schema import MIGRATIONS
+    from durably.stores.postgres import PostgresStore
+
+    async with isolated_postgres() as url:
+        store = PostgresStore(url)
+        conn = await asyncpg.connect(url.split("?")[0])
+        try:
+            await conn.execute(f'CREATE SCHEMA "{store.schema}"')
+            await conn.execute(f'SET search_path TO "{store.schema}"')
+            await conn.execute("CREATE TABLE durably_meta (key TEXT PRIMARY KEY, value TEXT)")
+            for script in MIGRATIONS[:5]:
+                await conn.execute(script)
+            await conn.execute("INSERT INTO durably_meta VALUES ('schema_version', '5')")
+            for statement in _OLD_WAIT_SQL:
+                await conn.execute(statement)
+        finally:
+            await conn.close()
+        await store.open()
+        try:
+            await _serve_upgraded_wait(store)
         finally:
             await store.close()

@@ -201,4 +201,15 @@ MIGRATIONS: list[str] = [
     """
     ALTER TABLE durably_checkpoints ADD COLUMN events TEXT;
     """,
+    # 6: several waiters per signal token, served in the order they registered
+    # (id): the token no longer keys the table, one wait (run, seq, token) does
+    """
+    ALTER TABLE durably_signal_waiters DROP CONSTRAINT durably_signal_waiters_pkey;
+    ALTER TABLE durably_signal_waiters
+        ADD COLUMN id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY;
+    DROP INDEX durably_signal_waiters_run;
+    CREATE UNIQUE INDEX durably_signal_waiters_wait
+        ON durably_signal_waiters (run_id, seq, token);
+    CREATE INDEX durably_signal_waiters_token ON durably_signal_waiters (token, id);
+    """,
 ]

@@ -178,4 +178,21 @@ MIGRATIONS: list[str] = [
     """
     ALTER TABLE durably_checkpoints ADD COLUMN events TEXT;
     """,
+    # 6: several waiters per signal token, served in the order they registered
+    # (id): the token no longer keys the table, one wait (run, seq, token) does
+    """
+    CREATE TABLE durably_signal_waiters_by_wait (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        token TEXT NOT NULL,
+        run_id TEXT NOT NULL,
+        seq INTEGER NOT NULL
+    );
+    INSERT INTO durably_signal_waiters_by_wait (token, run_id, seq)
+        SELECT token, run_id, seq FROM durably_signal_waiters ORDER BY rowid;
+    DROP TABLE durably_signal_waiters;
+    ALTER TABLE durably_signal_waiters_by_wait RENAME TO durably_signal_waiters;
+    CREATE UNIQUE INDEX durably_signal_waiters_wait
+        ON durably_signal_waiters (run_id, seq, token);
+    CREATE INDEX durably_signal_waiters_token ON durably_signal_waiters (token, id);
+    """,
 ]

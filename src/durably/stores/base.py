@@ -373,8 +373,21 @@ class SweepStore(Protocol):
     async def list_stalled(
         self, before: int, limit: int, *, namespace: str | None = None
     ) -> list[str]:
-        """Ids of live runs making no progress since ``before``: pending or
-        running (updated before then) or suspended on a wake time before then."""
+        """Ids of live runs showing the stranded signature since ``before``,
+        least recently updated first. Either:
+
+        - a suspended run that nothing of its own can wake: every pending
+          checkpoint is a signal or event wait without a deadline (no timer,
+          no child, no step), no checkpoint started or finished since
+          ``before``, and it has such a wait or no wake time at all (then it
+          is updated before ``before``). The run's ``wake_at`` is ignored when
+          it waits: with no timer of its own that is the reconcile fallback,
+          which re-checks but never progresses; or
+        - a suspended or running run with a pending dispatched step sent
+          before ``before`` whose heartbeat is absent or older than ``before``.
+
+        A long sleep, a wait with a deadline, a pending child, a beating step,
+        a pending (queued) run and a running turn are never listed."""
 
     async def list_expired(
         self, now: int, limit: int, *, namespace: str | None = None
@@ -475,13 +488,17 @@ class WaitStore(Protocol):
     ) -> SignalWait | None:
         """*Atomic* with :meth:`send_signal` for the same token: take the oldest
         buffered signal for ``token`` and complete ``checkpoint`` with it, or
-        else register a waiter ``(token, run, seq)`` and save ``checkpoint`` as
-        pending. Fenced like :meth:`save_checkpoint` (``None`` if fenced)."""
+        else register a waiter ``(token, run, seq)`` at the end of the token's
+        line and save ``checkpoint`` as pending. Registering the same waiter
+        again keeps its place. Fenced like :meth:`save_checkpoint` (``None``
+        if fenced)."""
 
     async def send_signal(self, token: str, payload: Any, now: int) -> str | None:
-        """*Atomic* with :meth:`wait_signal`: if a waiter holds ``token``, remove
-        it, complete its checkpoint with ``payload`` and return its run id;
-        otherwise buffer ``payload`` (FIFO per token) and return ``None``."""
+        """*Atomic* with :meth:`wait_signal` and with itself: if waiters hold
+        ``token``, remove the one registered first, complete its checkpoint
+        with ``payload`` and return its run id; otherwise buffer ``payload``
+        (FIFO per token) and return ``None``. Concurrent calls never deliver
+        to one waiter twice nor skip one."""
 
     async def cancel_signal_wait(
         self, run_id: str, seq: int, token: str, error: ErrorInfo, now: int

@@ -9,7 +9,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 from collections import defaultdict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..model import (
@@ -53,7 +53,8 @@ class MemoryStore:
         self.ordered_writes = False
         self._runs: dict[str, Run] = {}
         self._checkpoints: dict[str, dict[int, Checkpoint]] = defaultdict(dict)
-        self._waiters: dict[str, tuple[str, int]] = {}
+        # token -> its waits (run, seq) in the order they registered
+        self._waiters: dict[str, dict[tuple[str, int], None]] = {}
         self._buffered: dict[str, deque[Any]] = defaultdict(deque)
         # events: name -> {(run_id, seq): (match_keys, match)}; buffered payloads; published ids
         self._event_waiters: dict[str, dict[tuple[str, int], tuple[str, str]]] = {}
@@ -336,7 +337,11 @@ class MemoryStore:
         self, before: int, limit: int, *, namespace: str | None = None
     ) -> list[str]:
         """Live runs with no progress since ``before``."""
-        stalled = [r for r in self._runs.values() if _stalled(r, before) and _in(r, namespace)]
+        stalled = [
+            r
+            for r in self._runs.values()
+            if _in(r, namespace) and _stalled(r, self._checkpoints.get(r.run_id, {}), before)
+        ]
         stalled.sort(key=lambda r: (r.updated_at, r.run_id))
         return [r.run_id for r in stalled[:limit]]
 
@@ -510,17 +515,19 @@ class MemoryStore:
                 del self._buffered[token]
             self._put(_completed(checkpoint, payload, now))
             return SignalWait(True, payload)
-        self._waiters[token] = (checkpoint.run_id, checkpoint.seq)
+        # A wait registered again keeps its place in line.
+        self._waiters.setdefault(token, {}).setdefault((checkpoint.run_id, checkpoint.seq))
         self._put(checkpoint)
         return SignalWait(False)
 
     async def send_signal(self, token: str, payload: Any, now: int) -> str | None:
-        """Deliver to the waiter, or buffer."""
-        waiter = self._waiters.pop(token, None)
-        if waiter is None:
+        """Deliver to the oldest waiter, or buffer."""
+        waits = self._waiters.get(token)
+        if not waits:
             self._buffered[token].append(copy.deepcopy(payload))
             return None
-        run_id, seq = waiter
+        run_id, seq = next(iter(waits))
+        self._forget_wait(token, run_id, seq)
         current = self._checkpoints[run_id].get(seq)
         base = current or Checkpoint(
             run_id, seq, f"signal:{token}", CheckpointKind.SIGNAL, CheckpointStatus.PENDING
@@ -535,13 +542,19 @@ class MemoryStore:
         current = self._checkpoints.get(run_id, {}).get(seq)
         if current is not None and current.status is CheckpointStatus.COMPLETED:
             return copy.deepcopy(current)
-        if self._waiters.get(token) == (run_id, seq):
-            del self._waiters[token]
+        self._forget_wait(token, run_id, seq)
         if current is not None:
             current.status = CheckpointStatus.FAILED
             current.error = copy.deepcopy(error)
             current.finished_at = now
         return None
+
+    def _forget_wait(self, token: str, run_id: str, seq: int) -> None:
+        waits = self._waiters.get(token)
+        if waits is not None:
+            waits.pop((run_id, seq), None)
+            if not waits:
+                del self._waiters[token]
 
     async def list_buffered_signals(self, token: str) -> list[Any]:
         """Buffered payloads for ``token``."""
@@ -751,8 +764,9 @@ class MemoryStore:
                 run.wake_requested_at = now
 
     def _drop_waiters(self, run_id: str) -> None:
-        for token in [t for t, (r, _) in self._waiters.items() if r == run_id]:
-            del self._waiters[token]
+        for token, waits in list(self._waiters.items()):
+            for wait in [w for w in waits if w[0] == run_id]:
+                self._forget_wait(token, *wait)
         for name, waiters in list(self._event_waiters.items()):
             for key in [k for k in waiters if k[0] == run_id]:
                 del waiters[key]
@@ -777,10 +791,31 @@ class _FlowWaiter:
     seen_at: int
 
 
-def _stalled(run: Run, before: int) -> bool:
-    if run.status in (RunStatus.PENDING, RunStatus.RUNNING):
-        return run.updated_at < before
-    return run.status is RunStatus.SUSPENDED and run.wake_at is not None and run.wake_at < before
+_WAIT_KINDS = ("signal", "event")
+
+
+def _stalled(run: Run, checkpoints: Mapping[int, Checkpoint], before: int) -> bool:
+    """The stranded signature (``StateStore.list_stalled``), as the SQL stores test it."""
+    if run.status not in (RunStatus.SUSPENDED, RunStatus.RUNNING):
+        return False
+    pending = [cp for cp in checkpoints.values() if cp.status is CheckpointStatus.PENDING]
+    if any(
+        cp.dispatched_at is not None
+        and cp.dispatched_at < before
+        and (cp.last_heartbeat_at or 0) < before
+        for cp in pending
+    ):
+        return True  # parked on a dispatched step whose worker went silent
+    if run.status is not RunStatus.SUSPENDED:
+        return False
+    if any(cp.kind not in _WAIT_KINDS or cp.wake_at is not None for cp in pending):
+        return False  # a timer, a child or a step of its own can wake it
+    if any(
+        (cp.started_at or 0) >= before or (cp.finished_at or 0) >= before
+        for cp in checkpoints.values()
+    ):
+        return False  # it progressed since
+    return bool(pending) or (run.wake_at is None and run.updated_at < before)
 
 
 def _in(run: Run, namespace: str | None) -> bool:

@@ -126,6 +126,50 @@ _SAVE_CHECKPOINT_FENCED = f"""
     )
     SELECT count(*) FROM lease
 """
+# The stranded signature (StateStore.list_stalled): $1 before, $2 limit, $3
+# namespace or NULL. The wait branch reads progress from the checkpoints, not
+# from updated_at, which every reconcile turn bumps without progressing.
+_STALLED = """
+    SELECT r.id FROM durably_runs r
+    WHERE r.status IN ('suspended', 'running')
+    AND ($3::text IS NULL OR r.namespace = $3::text) AND (
+        EXISTS (
+            SELECT 1 FROM durably_checkpoints c
+            WHERE c.run_id = r.id AND c.status = 'pending' AND c.dispatched_at < $1::bigint
+                AND COALESCE(c.last_heartbeat_at, 0) < $1::bigint
+        )
+        OR (
+            r.status = 'suspended'
+            AND NOT EXISTS (
+                SELECT 1 FROM durably_checkpoints c
+                WHERE c.run_id = r.id AND (
+                    (c.status = 'pending'
+                        AND NOT (c.kind IN ('signal', 'event') AND c.wake_at IS NULL))
+                    OR c.started_at >= $1::bigint OR c.finished_at >= $1::bigint
+                )
+            )
+            AND (
+                (r.wake_at IS NULL AND r.updated_at < $1::bigint)
+                OR EXISTS (
+                    SELECT 1 FROM durably_checkpoints c
+                    WHERE c.run_id = r.id AND c.status = 'pending'
+                        AND c.kind IN ('signal', 'event')
+                )
+            )
+        )
+    )
+    ORDER BY r.updated_at, r.id LIMIT $2::bigint
+"""
+_TAKE_OLDEST_WAITER = """
+    WITH picked AS (
+        SELECT id FROM durably_signal_waiters WHERE token = $1 ORDER BY id LIMIT 1
+    ), taken AS (
+        DELETE FROM durably_signal_waiters w USING picked WHERE w.id = picked.id
+        RETURNING w.run_id, w.seq
+    )
+    SELECT EXISTS (SELECT 1 FROM picked) AS picked, taken.run_id, taken.seq
+    FROM (SELECT 1) AS one LEFT JOIN taken ON true
+"""
 _HOLD_LEASE = "SELECT 1 FROM durably_runs WHERE id = $1 AND locked_by = $2 FOR SHARE"
 _LOCK_TOKEN = "SELECT pg_advisory_xact_lock(hashtextextended($1::text, 0))"
 _DELETE_WAITERS = (
@@ -710,17 +754,8 @@ class PostgresStore:
     async def list_stalled(
         self, before: int, limit: int, *, namespace: str | None = None
     ) -> list[str]:
-        """Live runs with no progress since ``before``."""
-        rows = await self._db.pool().fetch(
-            "SELECT id FROM durably_runs WHERE "
-            "((status IN ('pending', 'running') AND updated_at < $1) "
-            "OR (status = 'suspended' AND wake_at < $1)) "
-            "AND ($3::text IS NULL OR namespace = $3) ORDER BY updated_at, id LIMIT $2",
-            before,
-            limit,
-            namespace,
-        )
-        return [row["id"] for row in rows]
+        """Live runs showing the stranded signature since ``before``."""
+        return await self._ids(_STALLED, before, limit, namespace)
 
     async def list_expired(
         self, now: int, limit: int, *, namespace: str | None = None
@@ -989,8 +1024,9 @@ class PostgresStore:
                 await conn.execute(_UPSERT_CHECKPOINT, *completed_params(checkpoint, row[0], now))
                 return SignalWait(True, codec.loads(row[0]))
             await conn.execute(
+                # A wait registered again keeps its place in line.
                 "INSERT INTO durably_signal_waiters (token, run_id, seq) VALUES ($1, $2, $3) "
-                "ON CONFLICT (token) DO UPDATE SET run_id = excluded.run_id, seq = excluded.seq",
+                "ON CONFLICT (run_id, seq, token) DO NOTHING",
                 token,
                 checkpoint.run_id,
                 checkpoint.seq,
@@ -999,14 +1035,11 @@ class PostgresStore:
             return SignalWait(False)
 
     async def send_signal(self, token: str, payload: Any, now: int) -> str | None:
-        """Deliver to the waiter, or buffer."""
+        """Deliver to the oldest waiter, or buffer."""
         text = codec.dumps(payload)
         async with self._db.transaction() as conn:
             await conn.execute(_LOCK_TOKEN, token)
-            waiter = await conn.fetchrow(
-                "DELETE FROM durably_signal_waiters WHERE token = $1 RETURNING run_id, seq",
-                token,
-            )
+            waiter = await _take_oldest_waiter(conn, token)
             if waiter is None:
                 await conn.execute(
                     "INSERT INTO durably_buffered_signals (token, payload, created_at) "
@@ -1264,6 +1297,24 @@ class PostgresStore:
 
     async def _ids(self, sql: str, *params: Any) -> list[str]:
         return [str(row[0]) for row in await self._db.pool().fetch(sql, *params)]
+
+
+async def _take_oldest_waiter(conn: Any, token: str) -> Any:
+    """Delete and return the oldest waiter on ``token`` (``None``: nobody waits).
+
+    New waiters need the token's advisory lock, which the caller holds, but a
+    run ending deletes its waiters without it: under READ COMMITTED the oldest
+    row picked may vanish before the DELETE reaches it, and the statement then
+    deletes nothing although younger waiters remain. ``picked`` tells that
+    race (a row was seen, none deleted) from an empty line, in the same round
+    trip; the race retries on a fresh snapshot, so it never buffers a signal
+    that a live waiter should have had."""
+    while True:
+        row = await conn.fetchrow(_TAKE_OLDEST_WAITER, token)
+        if row["run_id"] is not None:
+            return row
+        if not row["picked"]:
+            return None
 
 
 async def _time_out_wait(

@@ -68,6 +68,40 @@ from .base import (
 __all__ = ["SqliteStore", "sqlite_path_from_url"]
 
 _TERMINAL_SQL = ", ".join(f"'{s.value}'" for s in sorted(TERMINAL_STATUSES))
+# The stranded signature (StateStore.list_stalled): ?1 before, ?2 limit, ?3
+# namespace or NULL. The wait branch reads progress from the checkpoints, not
+# from updated_at, which every reconcile turn bumps without progressing.
+_STALLED = """
+    SELECT r.id FROM durably_runs r
+    WHERE r.status IN ('suspended', 'running')
+    AND (?3 IS NULL OR r.namespace = ?3) AND (
+        EXISTS (
+            SELECT 1 FROM durably_checkpoints c
+            WHERE c.run_id = r.id AND c.status = 'pending' AND c.dispatched_at < ?1
+                AND COALESCE(c.last_heartbeat_at, 0) < ?1
+        )
+        OR (
+            r.status = 'suspended'
+            AND NOT EXISTS (
+                SELECT 1 FROM durably_checkpoints c
+                WHERE c.run_id = r.id AND (
+                    (c.status = 'pending'
+                        AND NOT (c.kind IN ('signal', 'event') AND c.wake_at IS NULL))
+                    OR c.started_at >= ?1 OR c.finished_at >= ?1
+                )
+            )
+            AND (
+                (r.wake_at IS NULL AND r.updated_at < ?1)
+                OR EXISTS (
+                    SELECT 1 FROM durably_checkpoints c
+                    WHERE c.run_id = r.id AND c.status = 'pending'
+                        AND c.kind IN ('signal', 'event')
+                )
+            )
+        )
+    )
+    ORDER BY r.updated_at, r.id LIMIT ?2
+"""
 _UPSERT_CHECKPOINT = f"""
     INSERT INTO durably_checkpoints ({CP_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)
     ON CONFLICT (run_id, seq) DO UPDATE SET
@@ -550,14 +584,8 @@ class SqliteStore:
     async def list_stalled(
         self, before: int, limit: int, *, namespace: str | None = None
     ) -> list[str]:
-        """Live runs with no progress since ``before``."""
-        ns, ns_params = _namespace(namespace)
-        return await self._ids(
-            "SELECT id FROM durably_runs WHERE "
-            "((status IN ('pending', 'running') AND updated_at < ?) "
-            f"OR (status = 'suspended' AND wake_at < ?)){ns} ORDER BY updated_at, id LIMIT ?",
-            (before, before, *ns_params, limit),
-        )
+        """Live runs showing the stranded signature since ``before``."""
+        return await self._ids(_STALLED, (before, limit, namespace))
 
     async def list_expired(
         self, now: int, limit: int, *, namespace: str | None = None
@@ -707,8 +735,9 @@ class SqliteStore:
                 conn.execute(_UPSERT_CHECKPOINT, done)
                 return SignalWait(True, payload)
             conn.execute(
+                # A wait registered again keeps its place in line.
                 "INSERT INTO durably_signal_waiters (token, run_id, seq) VALUES (?, ?, ?) "
-                "ON CONFLICT (token) DO UPDATE SET run_id = excluded.run_id, seq = excluded.seq",
+                "ON CONFLICT (run_id, seq, token) DO NOTHING",
                 (token, checkpoint.run_id, checkpoint.seq),
             )
             conn.execute(_UPSERT_CHECKPOINT, checkpoint_params(checkpoint))
@@ -717,12 +746,14 @@ class SqliteStore:
         return await self._db.run(op)
 
     async def send_signal(self, token: str, payload: Any, now: int) -> str | None:
-        """Deliver to the waiter, or buffer."""
+        """Deliver to the oldest waiter, or buffer."""
         text = codec.dumps(payload)
 
         def op(conn: sqlite3.Connection) -> str | None:
             waiter = conn.execute(
-                "DELETE FROM durably_signal_waiters WHERE token = ? RETURNING run_id, seq",
+                "DELETE FROM durably_signal_waiters WHERE id = ("
+                " SELECT id FROM durably_signal_waiters WHERE token = ? ORDER BY id LIMIT 1"
+                ") RETURNING run_id, seq",
                 (token,),
             ).fetchone()
             if waiter is None:

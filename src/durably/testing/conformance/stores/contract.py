@@ -1026,6 +1026,59 @@ async def test_list_expired_lists_live_runs_past_their_deadline(store: StateStor
     assert limited[0] in {"now", "past"}
 
 
+async def _park(
+    store: StateStore, run_id: str, wake_at: int | None, *cps: Checkpoint, **fields: Any
+) -> None:
+    """A run whose turn saved ``cps`` and suspended with ``wake_at``, at NOW."""
+    await leased(store, run_id, **fields)
+    for cp in cps:
+        assert await store.save_checkpoint(cp, OWNER)
+    settled = await store.settle_run(
+        run_id, OWNER, RunStatus.SUSPENDED, RunChanges(wake_at=wake_at), NOW
+    )
+    assert settled is SettleResult.SETTLED
+
+
+async def test_list_stalled_finds_the_stranded_signature(store: StateStore) -> None:
+    hour = 3_600_000
+    before = NOW + hour  # stalled_after is an hour, and an hour passed
+    out: dict[str, Any] = {"kind": "step", "started_at": NOW, "dispatched_at": NOW}
+    # stranded: waits without a deadline, whatever the reconcile fallback wake
+    await _park(store, "forgotten", None, signal_cp("forgotten", 0, "t0"))
+    await _park(store, "reconciled", NOW + 300_000, signal_cp("reconciled", 0, "t1"))
+    event_wait = make_cp("unheard", 1, kind="event", started_at=NOW)
+    done = make_cp("unheard", 0, CheckpointStatus.COMPLETED, started_at=NOW, finished_at=NOW)
+    await _park(store, "unheard", NOW + 300_000, done, event_wait)
+    await _park(store, "silent", NOW + 300_000, make_cp("silent", 0, **out))
+    # healthy long work
+    sleep: dict[str, Any] = {"kind": "sleep", "started_at": NOW, "wake_at": NOW + 30 * 24 * hour}
+    await _park(store, "sleeps", NOW + 30 * 24 * hour, make_cp("sleeps", 0, **sleep))
+    await _park(
+        store, "bounded", NOW + 2 * hour, signal_cp("bounded", 0, "t2", wake_at=NOW + 2 * hour)
+    )
+    both = (signal_cp("both", 0, "t3"), make_cp("both", 1, **sleep))
+    await _park(store, "both", NOW + 30 * 24 * hour, *both)
+    await _park(store, "parent", None, make_cp("parent", 0, kind="child", started_at=NOW))
+    await _park(store, "beating", NOW + 300_000, make_cp("beating", 0, **out))
+    assert await store.record_heartbeat("beating", 0, before + 1, None)
+    await store.create_run(make_run("queued"))
+    await leased(store, "turning")
+    # progressed since: a wait that began after ``before``, a step finished then
+    await _park(store, "fresh", None, make_cp("fresh", 0, kind="signal", started_at=before))
+    step_done: dict[str, Any] = {"started_at": NOW, "finished_at": before + 5}
+    recent = make_cp("recent", 0, CheckpointStatus.COMPLETED, **step_done)
+    await _park(store, "recent", None, recent, signal_cp("recent", 1, "t5"))
+    # elsewhere
+    await _park(store, "other-pool", None, signal_cp("other-pool", 0, "t6"), namespace="b")
+
+    found = await store.list_stalled(before, 100, namespace="default")
+
+    assert sorted(found) == ["forgotten", "reconciled", "silent", "unheard"]
+    assert "other-pool" in await store.list_stalled(before, 100)
+    assert await store.list_stalled(before, 2, namespace="default") == found[:2]
+    assert await store.list_stalled(NOW, 100) == []  # an hour has not passed for anyone
+
+
 # -- checkpoints -----------------------------------------------------------------------
 
 
@@ -1138,17 +1191,59 @@ async def test_wait_signal_is_fenced(store: StateStore) -> None:
     assert await store.send_signal("idle", "x", NOW) is None  # no waiter was registered
 
 
-async def test_a_later_waiter_on_a_token_replaces_the_earlier(store: StateStore) -> None:
-    await leased(store, "first")
-    await leased(store, "second")
+async def test_several_waiters_on_a_token_are_served_oldest_first(store: StateStore) -> None:
+    for run_id in ("first", "second", "third"):
+        await leased(store, run_id)
     await store.wait_signal(signal_cp("first", 0, "tok"), "tok", OWNER, NOW)
     await store.wait_signal(signal_cp("second", 3, "tok"), "tok", OWNER, NOW + 1)
+    await store.wait_signal(signal_cp("third", 1, "tok"), "tok", OWNER, NOW + 2)
+    # registered again (a replay), the first wait keeps its place in line
+    await store.wait_signal(signal_cp("first", 0, "tok"), "tok", OWNER, NOW + 3)
 
-    assert await store.send_signal("tok", "hello", NOW + 2) == "second"
+    sent = [await store.send_signal("tok", f"m{i}", NOW + 10 + i) for i in range(3)]
 
-    assert (await checkpoint(store, "second", 3)).output == "hello"
-    assert (await checkpoint(store, "first", 0)).status is CheckpointStatus.PENDING
-    assert await store.send_signal("tok", "again", NOW + 3) is None
+    assert sent == ["first", "second", "third"]
+    assert (await checkpoint(store, "first", 0)).output == "m0"
+    assert (await checkpoint(store, "second", 3)).output == "m1"
+    assert (await checkpoint(store, "third", 1)).output == "m2"
+    assert await store.send_signal("tok", "late", NOW + 20) is None  # nobody left: buffered
+    assert await store.list_buffered_signals("tok") == ["late"]
+
+
+async def test_a_waiter_that_leaves_keeps_the_others_in_line(store: StateStore) -> None:
+    for run_id in ("a", "b", "c", "d"):
+        await leased(store, run_id)
+        await store.wait_signal(signal_cp(run_id, 0, "tok"), "tok", OWNER, NOW)
+
+    assert await store.cancel_signal_wait("b", 0, "tok", ERROR, NOW + 1) is None  # timed out
+    ended = await store.settle_run("c", OWNER, RunStatus.CANCELLED, RunChanges(), NOW + 1)
+    assert ended is SettleResult.SETTLED
+
+    assert await store.send_signal("tok", 1, NOW + 2) == "a"
+    assert await store.send_signal("tok", 2, NOW + 3) == "d"
+    assert await store.send_signal("tok", 3, NOW + 4) is None
+    assert (await checkpoint(store, "b", 0)).status is CheckpointStatus.FAILED
+    assert await store.list_buffered_signals("tok") == [3]
+
+
+async def test_racing_signals_serve_each_waiter_once(store_factory: StoreFactory) -> None:
+    stores = [await store_factory(), await store_factory()]
+    waiters, extra = 24, 6
+    for n in range(waiters):
+        await leased(stores[0], f"w{n}")
+        await stores[n % 2].wait_signal(signal_cp(f"w{n}", 0, "tok"), "tok", OWNER, NOW + n)
+
+    sent = await asyncio.gather(
+        *(stores[i % 2].send_signal("tok", i, NOW + 100) for i in range(waiters + extra))
+    )
+
+    served = [run_id for run_id in sent if run_id is not None]
+    assert sorted(served) == sorted(f"w{n}" for n in range(waiters))  # each waiter once
+    payloads = [(await checkpoint(stores[0], f"w{n}", 0)).output for n in range(waiters)]
+    buffered = await stores[0].list_buffered_signals("tok")
+    # each signal exactly once: delivered or buffered
+    assert sorted(payloads + buffered) == list(range(waiters + extra))
+    assert len(buffered) == extra
 
 
 async def test_cancel_signal_wait_times_out_the_wait(store: StateStore) -> None:
