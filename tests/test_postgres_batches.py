@@ -180,7 +180,6 @@ async def test_a_last_result_and_its_settle_are_fenced_together(store: PostgresS
 # -- a row the database refuses fails its own write, never its batch ----------------------
 
 
-@pytest.mark.xfail(strict=True, reason="issue 13 item 1: one refused row fails the batch")
 async def test_a_row_the_database_refuses_fails_only_its_own_write(store: PostgresStore) -> None:
     runs = [f"r{i}" for i in range(20)]
     for run_id in runs:

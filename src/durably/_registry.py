@@ -41,7 +41,7 @@ class WorkflowDef:
         """
         parsed = self.parse_input(value)
         try:
-            return codec.to_jsonable(parsed)
+            return codec.to_jsonable(parsed, "input")
         except (TypeError, ValueError) as exc:
             raise SchemaValidationError(
                 f"input of workflow {self.name!r} cannot be stored as JSON: {exc}"

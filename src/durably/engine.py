@@ -32,6 +32,7 @@ from ._children import ChildRuns, RunNotFound
 from ._events import EventRouter
 from ._executor import RunExecutor
 from ._hooks import EvictHook, Handler, Hooks, StalledHook
+from ._names import check_name, check_names
 from ._ops.env import Services
 from ._options import Consumers, EngineOptions, Option, SettableOption
 from ._registry import Registry, WorkflowDef, takes_input
@@ -371,6 +372,8 @@ class Engine:
         """
         if not isinstance(name, str) or not name:
             raise ValueError("a workflow needs a non-empty name")
+        check_name(name, "workflow name")
+        check_name(str(version), "workflow version")
         self._registry.add(
             WorkflowDef(
                 name=name,
@@ -490,6 +493,7 @@ class Engine:
         """The non-decorator form of :meth:`step`."""
         if not isinstance(name, str) or not name.strip():
             raise ValueError("a step needs a non-empty name")
+        check_name(name, "step name")
         if not callable(fn):
             raise TypeError(f"step {name!r}: {fn!r} is not callable")
         if name in self._steps.definitions:
@@ -534,6 +538,7 @@ class Engine:
         slot wakes the next waiter early. A slot is held from dispatch until
         the step's result is settled or its run ends.
         """
+        check_name(name, "queue name")
         self._steps.queues[name] = FlowQueue.build(name, concurrency, rate, retry)
 
     @property
@@ -715,8 +720,10 @@ class Engine:
         stored_input = definition.validate_input(input) if definition.takes_input else None
         if definition.takes_input is False and input is not None:
             raise SchemaValidationError(f"workflow {workflow!r} takes no input")
-        if run_id is not None and (not isinstance(run_id, str) or not run_id):
-            raise ValueError("run_id must be a non-empty string")
+        if run_id is not None:
+            if not isinstance(run_id, str) or not run_id:
+                raise ValueError("run_id must be a non-empty string")
+            check_name(run_id, "run_id")
         clean_tags = _check_tags(tags)
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise ValueError("priority must be an int")
@@ -1137,6 +1144,7 @@ def _check_tags(tags: list[str] | None) -> list[str]:
         return []
     if isinstance(cast(object, tags), str) or not all(isinstance(t, str) and t for t in tags):
         raise ValueError("tags must be a list of non-empty strings")
+    check_names(tags, "tag")
     return list(dict.fromkeys(tags))
 
 
@@ -1155,7 +1163,8 @@ def _check_signal(token: str, payload: Any) -> None:
     that cannot be stored as JSON."""
     if not isinstance(token, str) or not token:
         raise ValueError("a signal token must be a non-empty string")
+    check_name(token, "signal token")
     try:
-        codec.dumps(payload)
+        codec.dumps(payload, "signal payload")
     except (TypeError, ValueError) as exc:
         raise SchemaValidationError(f"signal payload cannot be stored as JSON: {exc}") from exc

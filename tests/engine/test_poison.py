@@ -24,7 +24,6 @@ INNOCENT = 200
 SURROGATE = "caf\udce9.txt"
 
 
-@pytest.mark.xfail(strict=True, reason="issue 13 item 1: a poisoned row fails its batch")
 @pytest.mark.parametrize("poison", ["surrogate_result", "nul_step_name", "long_run_id"])
 async def test_one_poisoned_run_never_fails_its_batch_neighbours(
     store_url: str,  # noqa: F811

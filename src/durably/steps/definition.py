@@ -67,7 +67,7 @@ class StepDefinition:
                 value = codec.parse_as(self.output_model, value)
             except Exception as exc:
                 raise SchemaValidationError(f"step {self.name!r}: invalid output: {exc}") from exc
-        return codec.to_jsonable(value)
+        return codec.to_jsonable(value, "step result")
 
 
 @dataclass(frozen=True, slots=True)

@@ -179,31 +179,71 @@ class PgWriteBatcher:
             if not checkpoints and not settles:
                 self._idle.set()
                 continue
-            delivered = False
-            try:
-                async with self._acquire() as conn:
-                    held, settled = await self._write(conn, checkpoints, settles)
-                    # Committed: answer now, not after the connection's release.
-                    for key, (_, futures) in checkpoints.items():
-                        for future in futures:
-                            _resolve(future, key in held)
-                    for (_, settle_future), result in zip(settles, settled, strict=True):
-                        _resolve(settle_future, result)
-                    delivered = True
-            except Exception as exc:
-                if delivered:
-                    _log.warning("releasing a connection after a batch failed: %s", exc)
-                else:
-                    _log.warning(
-                        "a batch of %d writes failed: %s", len(checkpoints) + len(settles), exc
-                    )
-                    for _, futures in checkpoints.values():
-                        for future in futures:
-                            _fail(future, exc)
-                    for _, settle_future in settles:
-                        _fail(settle_future, exc)
+            error = await self._commit(checkpoints, settles)
+            if error is not None and len(checkpoints) + len(settles) > 1 and _row_error(error):
+                # One row the database refused undid the whole batch: write
+                # each again alone so only that row's owner hears of it.
+                _log.warning(
+                    "a batch of %d writes failed (%s); writing them one by one",
+                    len(checkpoints) + len(settles),
+                    error,
+                )
+                await self._one_by_one(checkpoints, settles)
+            elif error is not None:
+                _log.warning(
+                    "a batch of %d writes failed: %s", len(checkpoints) + len(settles), error
+                )
+                _fail_all(checkpoints, settles, error)
             if not self._checkpoints and not self._settles:
                 self._idle.set()
+
+    async def _commit(
+        self,
+        checkpoints: dict[tuple[str, int], tuple[tuple[Any, ...], list[asyncio.Future[bool]]]],
+        settles: list[tuple[tuple[Any, ...], asyncio.Future[SettleResult]]],
+    ) -> Exception | None:
+        """Write one batch and answer its callers; the error that undid it, if any."""
+        delivered = False
+        try:
+            async with self._acquire() as conn:
+                held, settled = await self._write(conn, checkpoints, settles)
+                # Committed: answer now, not after the connection's release.
+                for key, (_, futures) in checkpoints.items():
+                    for future in futures:
+                        _resolve(future, key in held)
+                for (_, settle_future), result in zip(settles, settled, strict=True):
+                    _resolve(settle_future, result)
+                delivered = True
+        except Exception as exc:
+            if not delivered:
+                return exc
+            _log.warning("releasing a connection after a batch failed: %s", exc)
+        return None
+
+    async def _one_by_one(
+        self,
+        checkpoints: dict[tuple[str, int], tuple[tuple[Any, ...], list[asyncio.Future[bool]]]],
+        settles: list[tuple[tuple[Any, ...], asyncio.Future[SettleResult]]],
+    ) -> None:
+        """Write each checkpoint, then each settle, in a transaction of its own.
+
+        A run whose checkpoint failed does not settle: its turn hears of the
+        failure and the run keeps the state its history supports.
+        """
+        broken: dict[str, Exception] = {}
+        for key, entry in checkpoints.items():
+            error = await self._commit({key: entry}, [])
+            if error is not None:
+                _fail_all({key: entry}, [], error)
+                broken.setdefault(key[0], error)
+        for settle in settles:
+            run_error = broken.get(settle[0][0])
+            if run_error is not None:
+                _fail(settle[1], run_error)
+                continue
+            error = await self._commit({}, [settle])
+            if error is not None:
+                _fail(settle[1], error)
 
     def _only_results(self) -> bool:
         """Only step results are queued: no settle, no checkpoint a turn
@@ -273,6 +313,29 @@ def settle_params(
 ) -> tuple[Any, ...]:
     """The tuple :meth:`PgWriteBatcher.settle` takes."""
     return (run_id, owner, status.value, output, error, wake_at, now, status in TERMINAL_STATUSES)
+
+
+def _row_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is about a row's values (a driver's ``DataError`` or
+    ``UnicodeEncodeError``, both ``ValueError``; SQLSTATE class 22 data
+    exception, 23 integrity, 54 limit exceeded), not the connection or the
+    server, which writing the rows one by one would only meet again."""
+    if isinstance(exc, ValueError):
+        return True
+    sqlstate = getattr(exc, "sqlstate", None)
+    return isinstance(sqlstate, str) and sqlstate[:2] in {"22", "23", "54"}
+
+
+def _fail_all(
+    checkpoints: dict[tuple[str, int], tuple[tuple[Any, ...], list[asyncio.Future[bool]]]],
+    settles: list[tuple[tuple[Any, ...], asyncio.Future[SettleResult]]],
+    exc: BaseException,
+) -> None:
+    for _, futures in checkpoints.values():
+        for future in futures:
+            _fail(future, exc)
+    for _, settle_future in settles:
+        _fail(settle_future, exc)
 
 
 def _resolve(future: asyncio.Future[Any], value: Any) -> None:
