@@ -213,7 +213,6 @@ async def test_a_row_the_database_refuses_fails_only_its_own_write(store: Postgr
 # -- NOTIFY payloads stay under PostgreSQL's 8,000-byte limit whatever the id --------------
 
 
-@pytest.mark.xfail(strict=True, reason="issue 13 item 3: an 8 KB id overflows NOTIFY")
 async def test_notices_stay_bounded_whatever_the_run_id(store: PostgresStore) -> None:
     # Stored before ids were bounded at the API (or written around it).
     long_ids = [f"{n}" + "L" * 8192 for n in range(3)]

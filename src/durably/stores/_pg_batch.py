@@ -23,8 +23,8 @@ from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 from ..model import TERMINAL_STATUSES, RunStatus
-from ._pg_sql import CP_PARAMS, CP_UPSERT_TAIL
-from ._rows import CP_COLUMNS
+from ._pg_sql import CP_PARAMS, CP_UPSERT_TAIL, notice_argument
+from ._rows import CP_COLUMNS, is_row_error
 from .base import SettleResult
 
 __all__ = ["PgWriteBatcher"]
@@ -72,7 +72,8 @@ _BATCH = f"""
     )
     SELECT run_id AS id, seq, NULL::boolean AS notified FROM held
     UNION ALL
-    SELECT id, NULL, (SELECT pg_notify($28, 'settled:' || id)) IS NULL FROM settled
+    SELECT id, NULL, (SELECT pg_notify($28, 'settled:' || {notice_argument("id")})) IS NULL
+    FROM settled
 """
 
 # The latency path: a lone run's last result and its terminal settle. Plain
@@ -96,7 +97,7 @@ _FINAL = f"""
     ), cleared_events AS (
         DELETE FROM durably_event_waiters WHERE run_id IN (SELECT id FROM settled)
     )
-    SELECT (SELECT pg_notify($25, 'settled:' || id)) IS NULL FROM settled
+    SELECT (SELECT pg_notify($25, 'settled:' || {notice_argument("id")})) IS NULL FROM settled
 """
 
 _STILL_HELD = """
@@ -180,7 +181,7 @@ class PgWriteBatcher:
                 self._idle.set()
                 continue
             error = await self._commit(checkpoints, settles)
-            if error is not None and len(checkpoints) + len(settles) > 1 and _row_error(error):
+            if error is not None and len(checkpoints) + len(settles) > 1 and is_row_error(error):
                 # One row the database refused undid the whole batch: write
                 # each again alone so only that row's owner hears of it.
                 _log.warning(
@@ -313,17 +314,6 @@ def settle_params(
 ) -> tuple[Any, ...]:
     """The tuple :meth:`PgWriteBatcher.settle` takes."""
     return (run_id, owner, status.value, output, error, wake_at, now, status in TERMINAL_STATUSES)
-
-
-def _row_error(exc: BaseException) -> bool:
-    """Whether ``exc`` is about a row's values (a driver's ``DataError`` or
-    ``UnicodeEncodeError``, both ``ValueError``; SQLSTATE class 22 data
-    exception, 23 integrity, 54 limit exceeded), not the connection or the
-    server, which writing the rows one by one would only meet again."""
-    if isinstance(exc, ValueError):
-        return True
-    sqlstate = getattr(exc, "sqlstate", None)
-    return isinstance(sqlstate, str) and sqlstate[:2] in {"22", "23", "54"}
 
 
 def _fail_all(

@@ -34,6 +34,7 @@ from ._pg_connection import PgConnection
 from ._pg_messages import PgMessageQueue
 from ._pg_sql import CP_PARAMS as _CP_PARAMS
 from ._pg_sql import CP_UPSERT_TAIL as _CP_UPSERT_TAIL
+from ._pg_sql import notice_argument
 from ._rows import (
     CP_COLUMNS,
     CP_SELECT,
@@ -81,7 +82,7 @@ _INSERT_RUN = (
 # A pending run is announced, so an idle instance polls for it at once.
 _INSERT_PENDING_RUN = (
     f"WITH ins AS ({_INSERT_RUN.removesuffix('RETURNING true')}RETURNING id) "
-    "SELECT (SELECT pg_notify($22, 'pending:' || id)) IS NULL FROM ins"
+    f"SELECT (SELECT pg_notify($22, 'pending:' || {notice_argument('id')})) IS NULL FROM ins"
 )
 _HISTORY = (
     "(SELECT coalesce(json_agg(json_build_array(c.seq, c.name, c.kind, "
@@ -460,7 +461,7 @@ class PostgresStore:
         done = await self._db.pool().fetchval(
             "UPDATE durably_runs SET wake_requested_at = $1 "
             "WHERE id = $2 AND status <> ALL($3::text[]) "
-            "RETURNING (SELECT pg_notify($4, 'wake:' || id)) IS NULL",
+            f"RETURNING (SELECT pg_notify($4, 'wake:' || {notice_argument('id')})) IS NULL",
             now,
             run_id,
             _TERMINAL,
@@ -497,7 +498,11 @@ class PostgresStore:
             if not await conn.fetchval(sql, *params):
                 return False
             await conn.execute(_DELETE_WAITERS, run_id)
-            await conn.execute("SELECT pg_notify($1, 'ended:' || $2::text)", self.channel, run_id)
+            await conn.execute(
+                f"SELECT pg_notify($1, 'ended:' || {notice_argument('$2::text')})",
+                self.channel,
+                run_id,
+            )
             return True
 
     # -- the worker loop ---------------------------------------------------------------
@@ -570,7 +575,8 @@ class PostgresStore:
                     ids,
                 )
                 await conn.execute(
-                    "SELECT pg_notify($1, 'ended:' || id) FROM unnest($2::text[]) AS id",
+                    f"SELECT pg_notify($1, 'ended:' || {notice_argument('id')}) "
+                    "FROM unnest($2::text[]) AS id",
                     self.channel,
                     ids,
                 )
@@ -1239,7 +1245,7 @@ def _history(run_id: str, text: str) -> dict[int, Checkpoint]:
 _WAKE_RUN = (
     "UPDATE durably_runs SET wake_requested_at = $1 "
     "WHERE id = $2 AND status <> ALL($3::text[]) "
-    "RETURNING (SELECT pg_notify($4, 'wake:' || id)) IS NULL"
+    f"RETURNING (SELECT pg_notify($4, 'wake:' || {notice_argument('id')})) IS NULL"
 )
 
 # The waiters of a queue in admission order: priority, then the fairness key
