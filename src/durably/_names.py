@@ -14,7 +14,7 @@ from __future__ import annotations
 from ._codec import check_text
 from .errors import UnstorableValue
 
-__all__ = ["MAX_NAME_LENGTH", "check_name", "check_names"]
+__all__ = ["MAX_NAME_LENGTH", "check_name", "check_names", "check_priority"]
 
 MAX_NAME_LENGTH = 255
 """The most characters a run id, signal token, event name, workflow or step
@@ -38,6 +38,21 @@ def check_name(value: str, field: str) -> None:
             check_text(value, field)
         except UnstorableValue as exc:
             raise UnstorableValue(field, exc.problem) from None
+
+
+PRIORITY_RANGE = range(-(2**31), 2**31)
+"""Priorities are 32-bit signed integers (PostgreSQL's ``INTEGER``)."""
+
+
+def check_priority(value: int | None, field: str = "priority") -> None:
+    """Raise :class:`~durably.errors.UnstorableValue` unless ``value`` (an
+    int, or ``None``) fits the stores' 32-bit priority column."""
+    if value is not None and value not in PRIORITY_RANGE:
+        raise UnstorableValue(
+            field,
+            f"{value} is out of range; priorities are 32-bit "
+            f"({PRIORITY_RANGE.start} to {PRIORITY_RANGE.stop - 1})",
+        )
 
 
 def check_names(values: list[str], field: str) -> None:

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 from . import _codec as codec
 from ._names import check_name as check_key
+from ._names import check_priority
 from ._ops.env import Services, TurnEnv
 from ._ops.fan import ChildCall, Settled, gather
 from ._ops.local_step import local_step, recorded_value
@@ -199,6 +200,7 @@ class WorkflowContext:
         else:
             raise TypeError("ctx.step takes a step reference or a non-empty step name")
         check_key(name, "step name")
+        check_priority(priority, "step priority")
         base = definition.retry if definition is not None else self._env.services.default_retry
         policy = RetryPolicy.build(
             retries, backoff, backoff_base, backoff_max, jitter, default=base

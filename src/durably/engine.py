@@ -32,7 +32,7 @@ from ._children import ChildRuns, RunNotFound
 from ._events import EventRouter
 from ._executor import RunExecutor
 from ._hooks import EvictHook, Handler, Hooks, StalledHook
-from ._names import check_name, check_names
+from ._names import check_name, check_names, check_priority
 from ._ops.env import Services
 from ._options import Consumers, EngineOptions, Option, SettableOption
 from ._registry import Registry, WorkflowDef, takes_input
@@ -494,6 +494,7 @@ class Engine:
         if not isinstance(name, str) or not name.strip():
             raise ValueError("a step needs a non-empty name")
         check_name(name, "step name")
+        check_priority(priority, "step priority")
         if not callable(fn):
             raise TypeError(f"step {name!r}: {fn!r} is not callable")
         if name in self._steps.definitions:
@@ -727,6 +728,7 @@ class Engine:
         clean_tags = _check_tags(tags)
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise ValueError("priority must be an int")
+        check_priority(priority)
         await self.open()
         now = self.clock.now_ms()
         wake_at = _start_time(start_at, now)

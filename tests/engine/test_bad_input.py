@@ -78,7 +78,6 @@ async def test_unstorable_values_are_refused_naming_the_field(
         assert after.status is RunStatus.COMPLETED
 
 
-@pytest.mark.xfail(strict=True, reason="issue 13 item 11: a driver error for priority")
 async def test_a_priority_beyond_what_stores_keep_is_refused(
     store_url: str,  # noqa: F811
 ) -> None:
@@ -95,3 +94,23 @@ async def test_a_priority_beyond_what_stores_keep_is_refused(
         run = await engine.start("wf", priority=2**31 - 1)
         done = await engine.wait_for_run(run.run_id, terminal=True, timeout=30)
         assert done.status is RunStatus.COMPLETED
+
+
+async def test_a_duration_beyond_what_stores_keep_is_refused(
+    store_url: str,  # noqa: F811
+) -> None:
+    engine = durably.Engine(store_url, poll_interval=0.05)
+
+    @engine.workflow("wf")
+    async def wf(ctx: durably.WorkflowContext, seconds: str) -> str:
+        await ctx.sleep(float(seconds))
+        return "ok"
+
+    async with engine:
+        for seconds in ("1e20", "inf"):
+            with pytest.raises(ValueError, match="start_at is too long"):
+                await engine.start("wf", "0", start_at=float(seconds))
+            run = await engine.start("wf", seconds)
+            done = await engine.wait_for_run(run.run_id, terminal=True, timeout=30)
+            assert done.status is RunStatus.FAILED
+            assert "sleep duration is too long" in str((done.error or {}).get("message"))
