@@ -201,6 +201,8 @@ class WorkflowContext:
             raise TypeError("ctx.step takes a step reference or a non-empty step name")
         check_key(name, "step name")
         check_priority(priority, "step priority")
+        if fairness_key is not None:
+            check_key(fairness_key, "fairness_key")
         base = definition.retry if definition is not None else self._env.services.default_retry
         policy = RetryPolicy.build(
             retries, backoff, backoff_base, backoff_max, jitter, default=base

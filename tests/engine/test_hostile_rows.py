@@ -57,6 +57,8 @@ async def test_over_long_or_unstorable_ids_and_names_are_refused_naming_the_fiel
             with pytest.raises(UnstorableValue, match=field) as caught:
                 await call()
             assert isinstance(caught.value, ValueError) and caught.value.field == field
+        with pytest.raises(UnstorableValue, match="namespace"):
+            durably.Engine(store_url, namespace=LONG)
         with pytest.raises(ValueError, match="workflow name"):
             engine.workflow("w" * (MAX_NAME_LENGTH + 1))(wf)
         with pytest.raises(ValueError, match="step name"):
