@@ -24,7 +24,9 @@ INNOCENT = 200
 SURROGATE = "caf\udce9.txt"
 
 
-@pytest.mark.parametrize("poison", ["surrogate_result", "nul_step_name", "long_run_id"])
+@pytest.mark.parametrize(
+    "poison", ["surrogate_result", "surrogate_error", "nul_step_name", "long_run_id"]
+)
 async def test_one_poisoned_run_never_fails_its_batch_neighbours(
     store_url: str,  # noqa: F811
     poison: str,
@@ -47,6 +49,9 @@ async def test_one_poisoned_run_never_fails_its_batch_neighbours(
     async def echo(value: Any) -> Any:
         return value
 
+    async def fail(path: str) -> None:
+        raise RuntimeError(f"cannot open {path}")  # the raw name, not its repr
+
     @engine.workflow("innocent")
     async def innocent(ctx: durably.WorkflowContext, n: int) -> int:
         first = await ctx.local_step("gated", gated, n)
@@ -58,6 +63,8 @@ async def test_one_poisoned_run_never_fails_its_batch_neighbours(
         await ctx.local_step("gated", gated, -1)
         if kind == "surrogate_result":
             await ctx.local_step("list files", echo, SURROGATE)
+        elif kind == "surrogate_error":
+            await ctx.local_step("open file", fail, SURROGATE)
         elif kind == "nul_step_name":
             await ctx.local_step("bad\x00name", echo, 1)
         else:
@@ -102,6 +109,9 @@ async def test_one_poisoned_run_never_fails_its_batch_neighbours(
             message = str((bad.error or {}).get("message"))
             if poison == "surrogate_result":
                 assert "step result" in message and "list files" in message, message
+            elif poison == "surrogate_error":
+                # The failure is stored whatever its text holds, escaped.
+                assert "open file" in message and "caf\\udce9.txt" in message, message
             elif poison == "nul_step_name":
                 assert "step name" in message and "NUL" in message, message
 
