@@ -175,3 +175,59 @@ async def test_a_last_result_and_its_settle_are_fenced_together(store: PostgresS
     run = await store.get_run("r")
     assert run is not None and run.status is RunStatus.RUNNING and run.locked_by == "engine-b"
     assert await store.load_checkpoints("r") == {}
+
+
+# -- a row the database refuses fails its own write, never its batch ----------------------
+
+
+async def test_a_row_the_database_refuses_fails_only_its_own_write(store: PostgresStore) -> None:
+    runs = [f"r{i}" for i in range(20)]
+    for run_id in runs:
+        await _leased_run(store, run_id)
+    # The engine refuses such names before they reach a store; the batch must
+    # still keep what slips through (or a future bug) to its own row.
+    refused = {
+        ("r0", 2): Checkpoint("r0", 2, "nul\x00name", "local", CheckpointStatus.COMPLETED),
+        ("r1", 2): Checkpoint("r1", 2, "caf\udce9", "local", CheckpointStatus.COMPLETED),
+    }
+    saves = {(run_id, 1): store.save_checkpoint(_result(run_id, 1), OWNER) for run_id in runs}
+    bad = {key: store.save_checkpoint(cp, OWNER) for key, cp in refused.items()}
+    settles = {
+        run_id: store.settle_run(run_id, OWNER, RunStatus.COMPLETED, RunChanges(output=n), NOW + 1)
+        for n, run_id in enumerate(runs)
+        if n >= 2
+    }
+    assert [await future for future in saves.values()] == [True] * len(runs)
+    for future in bad.values():
+        with pytest.raises((asyncpg.PostgresError, asyncpg.DataError)):
+            await future
+    assert [await future for future in settles.values()] == [SettleResult.SETTLED] * 18
+    for n, run_id in enumerate(runs):
+        history = await store.load_checkpoints(run_id)
+        assert sorted(history) == [1]
+        run = await store.get_run(run_id)
+        assert run is not None
+        assert run.status is (RunStatus.COMPLETED if n >= 2 else RunStatus.RUNNING)
+
+
+# -- NOTIFY payloads stay under PostgreSQL's 8,000-byte limit whatever the id --------------
+
+
+async def test_notices_stay_bounded_whatever_the_run_id(store: PostgresStore) -> None:
+    # Stored before ids were bounded at the API (or written around it).
+    long_ids = [f"{n}" + "L" * 8192 for n in range(3)]
+    for run_id in long_ids:
+        await _leased_run(store, run_id)
+    batched = [
+        store.settle_run(run_id, OWNER, RunStatus.COMPLETED, RunChanges(output=1), NOW + 1)
+        for run_id in long_ids[:2]
+    ]
+    assert [await settled for settled in batched] == [SettleResult.SETTLED] * 2
+    ended = await store.update_run_if(
+        long_ids[2], frozenset({RunStatus.RUNNING}), {"status": RunStatus.CANCELLED}, NOW + 2
+    )
+    assert ended
+    dying = Run("D" * 8192, "w", "1", RunStatus.RUNNING, input=1, locked_by="gone")
+    dying.locked_until, dying.created_at, dying.updated_at = NOW - 1, NOW - 2, NOW - 2
+    await store.create_run(dying)
+    assert await store.recover_orphans([dying.run_id], NOW, 0) == {dying.run_id: RunStatus.DEAD}

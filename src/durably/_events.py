@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from . import _codec as codec
+from ._names import check_name as check_key
 from ._ops.waits import check_match, check_name
 from ._start import StartRun
 from .errors import SchemaValidationError
@@ -86,8 +87,10 @@ class EventRouter:
         check_name(name)
         if event_id is not None and (not isinstance(event_id, str) or not event_id):
             raise ValueError("an event id must be a non-empty string")
+        if event_id is not None:
+            check_key(event_id, "event id")
         try:
-            payload = codec.to_jsonable(payload)
+            payload = codec.to_jsonable(payload, "event payload")
         except (TypeError, ValueError) as exc:
             raise SchemaValidationError(f"event payload cannot be stored as JSON: {exc}") from exc
         workflows = self.triggers(name)

@@ -17,6 +17,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, Literal, Never, Protocol, TypeVar, cast, overload
 
+from ._names import check_name
 from .durations import Duration, to_ms
 
 if TYPE_CHECKING:
@@ -84,6 +85,8 @@ class EngineOptions:
 
     def __post_init__(self) -> None:
         derive = self._derive
+        if self.namespace is not None:
+            check_name(self.namespace, "namespace")
         derive("lease_ms", to_ms(self.lease, name="lease"))
         if self.lease_ms < 100:
             raise ValueError("lease must be at least 100ms")

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import _codec as codec
+from ._names import check_name
 from .durations import Duration, to_ms
 from .errors import SchemaValidationError, WorkflowNotRegistered
 from .steps._flow import FlowQueue
@@ -43,6 +44,8 @@ class WorkflowDef:
         """Validate ``engine.register``'s arguments and build the definition."""
         if not isinstance(name, str) or not name:
             raise ValueError("a workflow needs a non-empty name")
+        check_name(name, "workflow name")
+        check_name(str(version), "workflow version")
         return cls(
             name=name,
             version=str(version),
@@ -71,7 +74,7 @@ class WorkflowDef:
         """
         parsed = self.parse_input(value)
         try:
-            return codec.to_jsonable(parsed)
+            return codec.to_jsonable(parsed, "input")
         except (TypeError, ValueError) as exc:
             raise SchemaValidationError(
                 f"input of workflow {self.name!r} cannot be stored as JSON: {exc}"

@@ -268,7 +268,9 @@ class Turn:
         exc = task.exception()
         if exc is None:
             try:
-                return TurnOutcome(TurnEnd.COMPLETED, output=codec.to_jsonable(task.result()))
+                return TurnOutcome(
+                    TurnEnd.COMPLETED, output=codec.to_jsonable(task.result(), "workflow output")
+                )
             except (TypeError, ValueError) as encode_error:
                 return TurnOutcome(TurnEnd.FAILED, error=error_info(encode_error))
         if isinstance(exc, _ContinueAsNew):
@@ -292,14 +294,17 @@ def error_info(exc: BaseException) -> ErrorInfo:
     """A failure as stored on a run or checkpoint."""
     details = getattr(exc, "details", None)
     try:
-        details = codec.to_jsonable(details)
+        details = codec.to_jsonable(details, "error details")
     except (TypeError, ValueError):
-        details = repr(details)
-    text = "".join(traceback.format_exception(exc))
+        details = codec.storable_text(repr(details))
+    # A failure is stored whatever its text holds: a message quoting an
+    # undecodable file name must not make the failure itself unstorable.
+    text = codec.storable_text("".join(traceback.format_exception(exc)))
+    code = getattr(exc, "code", None) or "error"
     return {
-        "message": str(exc) or type(exc).__name__,
+        "message": codec.storable_text(str(exc) or type(exc).__name__),
         "type": type(exc).__name__,
-        "code": getattr(exc, "code", None) or "error",
+        "code": code if isinstance(code, str) else codec.storable_text(repr(code)),
         "details": details,
         "traceback": text[-_MAX_TRACEBACK_CHARS:],
     }

@@ -9,6 +9,7 @@ from datetime import datetime
 from typing import Any, Protocol, cast
 
 from . import _codec as codec
+from ._names import check_name, check_names
 from .durations import Duration, to_ms
 from .errors import SchemaValidationError
 
@@ -42,6 +43,7 @@ def check_tags(tags: list[str] | None) -> list[str]:
         return []
     if isinstance(cast(object, tags), str) or not all(isinstance(t, str) and t for t in tags):
         raise ValueError("tags must be a list of non-empty strings")
+    check_names(tags, "tag")
     return list(dict.fromkeys(tags))
 
 
@@ -61,7 +63,8 @@ def check_signal(token: str, payload: Any) -> None:
     that cannot be stored as JSON."""
     if not isinstance(token, str) or not token:
         raise ValueError("a signal token must be a non-empty string")
+    check_name(token, "signal token")
     try:
-        codec.dumps(payload)
+        codec.dumps(payload, "signal payload")
     except (TypeError, ValueError) as exc:
         raise SchemaValidationError(f"signal payload cannot be stored as JSON: {exc}") from exc

@@ -22,6 +22,7 @@ from ._notices import StoreNotice
 from ._replay import CloseReason
 from .model import TERMINAL_STATUSES, RunStatus
 from .stores import RunQuery
+from .stores._rows import is_row_error
 
 if TYPE_CHECKING:
     from ._children import ChildRuns
@@ -47,6 +48,9 @@ RECOVERY_BATCH = 500
 # executor's pace without holding every id in memory).
 _MAX_EXTRA_PASSES = 20
 _BACKLOG_LIMIT = 10_000
+# Rows a sweep passed over, remembered so each is logged once, not every tick;
+# forgotten wholesale past this many (a bound, not a cache policy).
+_MAX_BAD_ROWS = 10_000
 
 
 class Worker:
@@ -84,6 +88,7 @@ class Worker:
         self._options = options
         self._owner = owner
         self._last_sweep: dict[str, float] = {}
+        self._bad_rows: set[tuple[str, str]] = set()
         self._more_pending = False
         """The last pending-run poll found a full page: more runs may wait."""
         self._loop_task: asyncio.Task[None] | None = None
@@ -131,20 +136,59 @@ class Worker:
             return 0
         # One conditional write for the page, not one round trip per orphan:
         # a wave of thousands of orphans is then a few statements.
-        recovered = await self._store.recover_orphans(orphans, now, options.max_recovery_attempts)
+        attempts = options.max_recovery_attempts
+        try:
+            recovered = await self._store.recover_orphans(orphans, now, attempts)
+        except Exception as exc:
+            if not is_row_error(exc):
+                raise
+            # One row undid the page: take the orphans one by one, so that
+            # row is passed over and every other run is still recovered.
+            recovered = {}
+            for run_id in orphans:
+                try:
+                    recovered.update(await self._store.recover_orphans([run_id], now, attempts))
+                except Exception as row_exc:
+                    self._pass_over("recovery", run_id, row_exc)
         for run_id, status in recovered.items():
-            if status is RunStatus.PENDING:
-                _log.info("recovered orphaned run %s", run_id)
-                self._router.route(run_id)
-            else:
-                _log.warning("run %s crashed too often; it is now %s", run_id, status)
-                self._router.notify(run_id)
-                await self._children.after_end(run_id, cancelled=False)
-                dead = await self._store.get_run(run_id)
-                if dead is not None:
-                    await self._children.report_to_parent(dead)
-                    await self._after_failure(dead)
+            try:
+                await self._recovered(run_id, status)
+            except Exception as exc:
+                self._pass_over("recovery", run_id, exc)
         return len(recovered)
+
+    async def _recovered(self, run_id: str, status: RunStatus) -> None:
+        if status is RunStatus.PENDING:
+            _log.info("recovered orphaned run %s", _short(run_id))
+            self._router.route(run_id)
+            return
+        _log.warning("run %s crashed too often; it is now %s", _short(run_id), status)
+        self._router.notify(run_id)
+        await self._children.after_end(run_id, cancelled=False)
+        dead = await self._store.get_run(run_id)
+        if dead is not None:
+            await self._children.report_to_parent(dead)
+            await self._after_failure(dead)
+
+    def _pass_over(self, sweep: str, run_id: str, exc: Exception) -> None:
+        """Log (once per sweep and run) a row a sweep could not process, and
+        let the sweep go on with the others; an error about the store rather
+        than the row ends the pass as before (the tick logs it)."""
+        if not is_row_error(exc):
+            raise exc
+        key = (sweep, run_id)
+        if key in self._bad_rows:
+            return
+        if len(self._bad_rows) >= _MAX_BAD_ROWS:
+            self._bad_rows.clear()
+        self._bad_rows.add(key)
+        _log.error(
+            "the %s sweep passed over run %s, which it could not process: %s: %s",
+            sweep,
+            _short(run_id),
+            type(exc).__name__,
+            exc,
+        )
 
     async def resume_due_timers(self) -> int:
         """Claim and wake suspended runs whose timer is due; return how many."""
@@ -158,7 +202,18 @@ class Worker:
         # their executors in different orders; the claim of the whole page is
         # one conditional write (each run still claimed once, by one instance).
         random.shuffle(ids)
-        claimed = set(await self._store.claim_due_batch(ids, now, now + options.lease_ms))
+        lease_until = now + options.lease_ms
+        try:
+            claimed = set(await self._store.claim_due_batch(ids, now, lease_until))
+        except Exception as exc:
+            if not is_row_error(exc):
+                raise
+            claimed = set()
+            for run_id in ids:  # pass over the row that undid the page
+                try:
+                    claimed.update(await self._store.claim_due_batch([run_id], now, lease_until))
+                except Exception as row_exc:
+                    self._pass_over("timer", run_id, row_exc)
         for run_id in ids:
             if run_id in claimed:
                 self._router.route(run_id)
@@ -171,17 +226,22 @@ class Worker:
         for run_id in await self._store.list_expired(
             self._clock.now_ms(), limit, namespace=self._options().namespace
         ):
-            run = await self._store.get_run(run_id)
-            if run is None or run.status in TERMINAL_STATUSES:
-                continue
-            error = {
-                "message": "the run exceeded its execution timeout",
-                "code": "execution_timeout",
-                "type": "ExecutionTimeout",
-            }
-            if await self._children.end_from_outside(run, error):
-                swept += 1
+            try:
+                swept += await self._time_out(run_id)
+            except Exception as exc:
+                self._pass_over("timeout", run_id, exc)
         return swept
+
+    async def _time_out(self, run_id: str) -> int:
+        run = await self._store.get_run(run_id)
+        if run is None or run.status in TERMINAL_STATUSES:
+            return 0
+        error = {
+            "message": "the run exceeded its execution timeout",
+            "code": "execution_timeout",
+            "type": "ExecutionTimeout",
+        }
+        return 1 if await self._children.end_from_outside(run, error) else 0
 
     async def fire_schedules(self) -> int:
         """Start the runs of due schedule windows; return how many."""
@@ -201,20 +261,25 @@ class Worker:
         for run_id in await self._store.list_finished_before(
             cutoff, limit, namespace=self._options().namespace
         ):
-            run = await self._store.get_run(run_id)
-            if run is None or run.status not in TERMINAL_STATUSES:
-                continue
-            if self._hooks.evict:
-                history = list((await self._store.load_checkpoints(run_id)).values())
-                kept = False
-                for hook in self._hooks.evict:
-                    if not await call_safely(hook, run, history):
-                        kept = True
-                if kept:
-                    continue
-            if await self._store.delete_run(run_id):
-                deleted += 1
+            try:
+                deleted += await self._evict(run_id)
+            except Exception as exc:
+                self._pass_over("retention", run_id, exc)
         return deleted
+
+    async def _evict(self, run_id: str) -> int:
+        run = await self._store.get_run(run_id)
+        if run is None or run.status not in TERMINAL_STATUSES:
+            return 0
+        if self._hooks.evict:
+            history = list((await self._store.load_checkpoints(run_id)).values())
+            kept = False
+            for hook in self._hooks.evict:
+                if not await call_safely(hook, run, history):
+                    kept = True
+            if kept:
+                return 0
+        return 1 if await self._store.delete_run(run_id) else 0
 
     async def sweep_stalled(self, limit: int = 500, *, force: bool = False) -> int:
         """Report stranded runs to the ``on_stalled`` hooks; return how many.
@@ -237,7 +302,11 @@ class Worker:
         for run_id in await self._store.list_stalled(
             before, limit, namespace=self._options().namespace
         ):
-            run = await self._store.get_run(run_id)
+            try:
+                run = await self._store.get_run(run_id)
+            except Exception as exc:
+                self._pass_over("stalled", run_id, exc)
+                continue
             if run is None or run.status in TERMINAL_STATUSES:
                 continue
             episode = await self._episode(run)
@@ -353,6 +422,10 @@ class Worker:
 
     def on_store_event(self, kind: str, run_id: str) -> None:
         """React to another process's change, as the store reports it."""
+        if not run_id and kind != "pending":
+            # A notice for an id too long to carry (stored before ids were
+            # bounded): the run is found by polling, as any missed notice is.
+            return
         router = self._router
         if kind == StoreNotice.SETTLED:
             if router.runs_here(run_id):
@@ -386,3 +459,9 @@ class Worker:
             # Poll semantics: if another process holds the run, the stamp that
             # sent this is already on it; stamping again would ping-pong.
             router.submit_here(run_id)
+
+
+def _short(run_id: str) -> str:
+    """A run id for a log line: an over-long one (stored before ids were
+    bounded) would otherwise fill it."""
+    return run_id if len(run_id) <= 300 else f"{run_id[:300]}… ({len(run_id)} characters)"

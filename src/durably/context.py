@@ -17,6 +17,8 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar, Unpack
 
 from . import _codec as codec
+from ._names import check_name as check_key
+from ._names import check_priority
 from ._ops.env import Services, TurnEnv
 from ._ops.fan import ChildCall, Settled, gather
 from ._ops.local_step import local_step, recorded_value
@@ -114,6 +116,7 @@ class WorkflowContext:
         """
         if not isinstance(name, str) or not name:
             raise ValueError("a local step needs a non-empty name")
+        check_key(name, "step name")
         if not callable(fn):
             raise TypeError(f"local step {name!r}: {fn!r} is not callable")
         policy = RetryPolicy.build(
@@ -195,6 +198,10 @@ class WorkflowContext:
             name, definition = step, self._env.services.steps.definition(step)
         else:
             raise TypeError("ctx.step takes a step reference or a non-empty step name")
+        check_key(name, "step name")
+        check_priority(priority, "step priority")
+        if fairness_key is not None:
+            check_key(fairness_key, "fairness_key")
         base = definition.retry if definition is not None else self._env.services.default_retry
         retry = RetryPolicy.build(
             policy.get("retries"),
@@ -218,7 +225,7 @@ class WorkflowContext:
         if queue_name is not None and self._env.services.steps.queue(queue_name) is None:
             raise ValueError(f"ctx.step: queue {queue_name!r} is not registered on this engine")
         try:
-            payload = codec.to_jsonable(input)
+            payload = codec.to_jsonable(input, f"the input of step {name!r}")
         except (TypeError, ValueError) as exc:
             raise TypeError(f"step {name!r}: input cannot be sent as JSON: {exc}") from exc
         call = StepCall(
@@ -316,6 +323,7 @@ class WorkflowContext:
         """
         if not isinstance(token, str) or not token:
             raise ValueError("a signal token must be a non-empty string")
+        check_key(token, "signal token")
         timeout_ms = None if timeout is None else to_ms(timeout, name="signal timeout")
         name = f"signal:{token}"
         seq, recorded = self._turn.allocate(name, CheckpointKind.SIGNAL)
@@ -355,6 +363,11 @@ class WorkflowContext:
         """
         if not isinstance(workflow, str) or not workflow:
             raise ValueError("ctx.child needs a workflow name")
+        check_key(workflow, "child workflow name")
+        if run_id is not None:
+            if not isinstance(run_id, str) or not run_id:
+                raise ValueError("ctx.child: run_id must be a non-empty string")
+            check_key(run_id, "child run_id")
         seq, recorded = self._turn.allocate(f"child:{workflow}", CheckpointKind.CHILD)
         if recorded is not None and isinstance(recorded.input, dict):
             child_id = str(recorded.input.get("run_id"))
@@ -424,7 +437,7 @@ class WorkflowContext:
 
         Raises a control-flow signal; code after it does not run.
         """
-        raise _ContinueAsNew(codec.to_jsonable(input))
+        raise _ContinueAsNew(codec.to_jsonable(input, "continue_as_new input"))
 
 
 async def _resolved(value: bool) -> bool:

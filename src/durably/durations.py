@@ -24,6 +24,11 @@ _UNITS_MS = {
 _PART = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|sec|min|s|m|h|d|w)")
 
 
+MAX_DURATION_MS = 10_000 * 365 * 86_400_000
+"""The longest duration accepted (10,000 years): added to a timestamp it still
+fits the stores' 64-bit millisecond columns."""
+
+
 def to_ms(value: Duration, *, name: str = "duration") -> int:
     """Return ``value`` in whole milliseconds; raise ``ValueError`` for bad input."""
     if isinstance(value, bool):
@@ -47,4 +52,6 @@ def to_ms(value: Duration, *, name: str = "duration") -> int:
         raise ValueError(f"{name} must be a number of seconds, a timedelta or a string like '30s'")
     if ms != ms or ms < 0:  # NaN or negative
         raise ValueError(f"{name} must not be negative, got {value!r}")
+    if ms > MAX_DURATION_MS:  # infinity, or past what a 64-bit timestamp column holds
+        raise ValueError(f"{name} is too long, got {value!r}; at most 10,000 years")
     return round(ms)

@@ -28,6 +28,7 @@ from typing import Any, TypeVar, Unpack
 
 from ._children import RunNotFound
 from ._hooks import EvictHook, Handler, StalledHook
+from ._names import check_name, check_priority
 from ._options import Consumers, EngineOptions, Option, SettableOption
 from ._registry import WorkflowDef
 from ._run_queue import RunQueue
@@ -409,6 +410,7 @@ class Engine:
         slot wakes the next waiter early. A slot is held from dispatch until
         the step's result is settled or its run ends.
         """
+        check_name(name, "queue name")
         self._registry.add_queue(FlowQueue.build(name, concurrency, rate, retry))
 
     @property
@@ -502,11 +504,14 @@ class Engine:
         stored_input = definition.validate_input(input) if definition.takes_input else None
         if definition.takes_input is False and input is not None:
             raise SchemaValidationError(f"workflow {workflow!r} takes no input")
-        if run_id is not None and (not isinstance(run_id, str) or not run_id):
-            raise ValueError("run_id must be a non-empty string")
+        if run_id is not None:
+            if not isinstance(run_id, str) or not run_id:
+                raise ValueError("run_id must be a non-empty string")
+            check_name(run_id, "run_id")
         clean_tags = check_tags(tags)
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise ValueError("priority must be an int")
+        check_priority(priority)
         await self.open()
         now = self.clock.now_ms()
         wake_at = start_time(start_at, now)

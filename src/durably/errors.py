@@ -22,6 +22,7 @@ __all__ = [
     "SchemaValidationError",
     "SignalTimeout",
     "StepFailed",
+    "UnstorableValue",
     "WorkflowNotRegistered",
     "WrongEventLoop",
     "is_control_flow",
@@ -180,6 +181,25 @@ class SchemaValidationError(DurablyError):
     def __init__(self, message: str, details: Any = None) -> None:
         super().__init__(message)
         self.details = details
+
+
+class UnstorableValue(DurablyError, ValueError):
+    """A value or name no store can keep, refused before it reaches one.
+
+    Raised for an over-long or malformed id, token or name, and for a value
+    that has no faithful JSON form (NaN or infinity, a string that is not
+    valid Unicode, nesting too deep to encode, a type JSON has no form for).
+    ``field`` says what was refused ("run_id", "the result of step 'x'",
+    "signal payload", ...). Every store refuses the same values, so a run
+    behaves the same on memory, SQLite and PostgreSQL.
+    """
+
+    code = "unstorable_value"
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"{field}: {problem}")
+        self.field = field
+        self.problem = problem
 
 
 class _ControlFlow(BaseException):

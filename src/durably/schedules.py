@@ -41,6 +41,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from croniter import CroniterBadDateError, croniter
 
 from . import _codec as codec
+from ._names import check_name as check_key
 from ._start import StartRun
 from .durations import Duration, to_ms
 from .errors import DurablyError, SchemaValidationError, WorkflowNotRegistered
@@ -136,7 +137,7 @@ class ScheduleSpec:
         if overlap not in _OVERLAPS:
             raise ValueError(f"overlap must be one of {', '.join(_OVERLAPS)}; got {overlap!r}")
         try:
-            stored_input = codec.to_jsonable(input)
+            stored_input = codec.to_jsonable(input, "schedule input")
         except (TypeError, ValueError) as exc:
             raise SchemaValidationError(f"schedule input cannot be stored as JSON: {exc}") from exc
         return cls(
@@ -591,6 +592,7 @@ class Scheduler:
 def _check_name(name: str) -> None:
     if not isinstance(name, str) or not name.strip():
         raise ValueError("a schedule needs a non-empty name")
+    check_key(name, "schedule name")
 
 
 def _check_cron(expression: str) -> str:

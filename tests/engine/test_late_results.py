@@ -24,7 +24,6 @@ from durably import CheckpointStatus, RunStatus
 from durably.testing import VirtualClock
 from durably.wire import StepResult
 
-from ._all_stores import store_url  # noqa: F401 - every store, PostgreSQL too
 from .conftest import EngineFactory
 
 pytestmark = pytest.mark.timeout(60)

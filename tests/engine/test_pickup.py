@@ -24,7 +24,6 @@ from durably.testing import VirtualClock
 from durably.transports import LocalTransport
 from durably.wire import Heartbeat, StepResult, StepTask, routing_token
 
-from ._all_stores import store_url  # noqa: F401 - every store, PostgreSQL too
 from .conftest import EngineFactory
 
 pytestmark = pytest.mark.timeout(60)

@@ -15,10 +15,7 @@ import pytest
 import durably
 from durably import RunStatus
 
-from ._all_stores import store_url
 from .conftest import EngineFactory
-
-__all__ = ["store_url"]
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -20,10 +20,7 @@ import durably
 from durably import Run, RunStatus
 from durably.testing import VirtualClock
 
-from ._all_stores import store_url
 from .conftest import EngineFactory
-
-__all__ = ["store_url"]
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -67,7 +67,7 @@ async def local_step(
                 await turn.flush()
             try:
                 result = await env.call(fn, args)
-                output = codec.to_jsonable(result)
+                output = codec.to_jsonable(result, "step result")
             except Exception as exc:
                 turn.ensure_open()
                 fatal = isinstance(exc, FatalError | codec.EncodeError)
@@ -129,7 +129,7 @@ async def recorded_value(
     if turn.unwinding:
         return await turn.park(seq, None, reconcile=False)
     with turn.in_flight():
-        value = codec.to_jsonable(await compute())
+        value = codec.to_jsonable(await compute(), f"the value of {name}")
         now = env.clock.now_ms()
         env.save_later(
             env.checkpoint(

@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
 from .. import _codec as codec
+from .._names import check_name as check_key
 from .._replay import error_info
 from ..errors import EventTimeout, SignalTimeout
 from ..model import Checkpoint, CheckpointKind, CheckpointStatus, ErrorInfo
@@ -32,6 +33,7 @@ def check_name(name: str) -> None:
     """Raise ``ValueError`` unless ``name`` is a usable event name."""
     if not isinstance(name, str) or not name:
         raise ValueError("an event name must be a non-empty string")
+    check_key(name, "event name")
 
 
 def check_match(match: Mapping[str, Any] | None) -> dict[str, Any] | None:
@@ -41,7 +43,7 @@ def check_match(match: Mapping[str, Any] | None) -> dict[str, Any] | None:
     if not isinstance(match, Mapping) or not all(isinstance(k, str) for k in match):
         raise TypeError("match must be a mapping of top-level keys (str) to values")
     try:
-        value = codec.to_jsonable(dict(match))
+        value = codec.to_jsonable(dict(match), "event match")
         canonical(value)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"match cannot be stored as JSON: {exc}") from exc

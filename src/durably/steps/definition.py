@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypedDict, TypeVar
 
 from .. import _codec as codec
+from .._names import check_name, check_priority
 from ..clock import wall_ms
 from ..durations import Duration, to_ms
 from ..errors import FatalError, SchemaValidationError
@@ -110,7 +111,7 @@ class StepDefinition:
                 value = codec.parse_as(self.output_model, value)
             except Exception as exc:
                 raise SchemaValidationError(f"step {self.name!r}: invalid output: {exc}") from exc
-        return codec.to_jsonable(value)
+        return codec.to_jsonable(value, "step result")
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +150,8 @@ def define_step(
     ``taken(name)`` tells whether the name is registered already."""
     if not isinstance(name, str) or not name.strip():
         raise ValueError("a step needs a non-empty name")
+    check_name(name, "step name")
+    check_priority(policy.get("priority"), "step priority")
     if not callable(fn):
         raise TypeError(f"step {name!r}: {fn!r} is not callable")
     if taken(name):

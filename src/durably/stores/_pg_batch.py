@@ -24,8 +24,8 @@ from typing import Any
 
 from .._notices import StoreNotice
 from ..model import TERMINAL_STATUSES, RunStatus
-from ._pg_sql import CP_PARAMS, CP_UPSERT_TAIL
-from ._rows import CP_COLUMNS
+from ._pg_sql import CP_PARAMS, CP_UPSERT_TAIL, notice_argument
+from ._rows import CP_COLUMNS, is_row_error
 from .base import SettleResult
 
 __all__ = ["PgWriteBatcher"]
@@ -73,7 +73,9 @@ _BATCH = f"""
     )
     SELECT run_id AS id, seq, NULL::boolean AS notified FROM held
     UNION ALL
-    SELECT id, NULL, (SELECT pg_notify($28, '{StoreNotice.SETTLED}:' || id)) IS NULL FROM settled
+    SELECT id, NULL,
+        (SELECT pg_notify($28, '{StoreNotice.SETTLED}:' || {notice_argument("id")})) IS NULL
+    FROM settled
 """
 
 # The latency path: a lone run's last result and its terminal settle. Plain
@@ -97,7 +99,8 @@ _FINAL = f"""
     ), cleared_events AS (
         DELETE FROM durably_event_waiters WHERE run_id IN (SELECT id FROM settled)
     )
-    SELECT (SELECT pg_notify($25, '{StoreNotice.SETTLED}:' || id)) IS NULL FROM settled
+    SELECT (SELECT pg_notify($25, '{StoreNotice.SETTLED}:' || {notice_argument("id")})) IS NULL
+    FROM settled
 """
 
 _STILL_HELD = """
@@ -180,31 +183,71 @@ class PgWriteBatcher:
             if not checkpoints and not settles:
                 self._idle.set()
                 continue
-            delivered = False
-            try:
-                async with self._acquire() as conn:
-                    held, settled = await self._write(conn, checkpoints, settles)
-                    # Committed: answer now, not after the connection's release.
-                    for key, (_, futures) in checkpoints.items():
-                        for future in futures:
-                            _resolve(future, key in held)
-                    for (_, settle_future), result in zip(settles, settled, strict=True):
-                        _resolve(settle_future, result)
-                    delivered = True
-            except Exception as exc:
-                if delivered:
-                    _log.warning("releasing a connection after a batch failed: %s", exc)
-                else:
-                    _log.warning(
-                        "a batch of %d writes failed: %s", len(checkpoints) + len(settles), exc
-                    )
-                    for _, futures in checkpoints.values():
-                        for future in futures:
-                            _fail(future, exc)
-                    for _, settle_future in settles:
-                        _fail(settle_future, exc)
+            error = await self._commit(checkpoints, settles)
+            if error is not None and len(checkpoints) + len(settles) > 1 and is_row_error(error):
+                # One row the database refused undid the whole batch: write
+                # each again alone so only that row's owner hears of it.
+                _log.warning(
+                    "a batch of %d writes failed (%s); writing them one by one",
+                    len(checkpoints) + len(settles),
+                    error,
+                )
+                await self._one_by_one(checkpoints, settles)
+            elif error is not None:
+                _log.warning(
+                    "a batch of %d writes failed: %s", len(checkpoints) + len(settles), error
+                )
+                _fail_all(checkpoints, settles, error)
             if not self._checkpoints and not self._settles:
                 self._idle.set()
+
+    async def _commit(
+        self,
+        checkpoints: dict[tuple[str, int], tuple[tuple[Any, ...], list[asyncio.Future[bool]]]],
+        settles: list[tuple[tuple[Any, ...], asyncio.Future[SettleResult]]],
+    ) -> Exception | None:
+        """Write one batch and answer its callers; the error that undid it, if any."""
+        delivered = False
+        try:
+            async with self._acquire() as conn:
+                held, settled = await self._write(conn, checkpoints, settles)
+                # Committed: answer now, not after the connection's release.
+                for key, (_, futures) in checkpoints.items():
+                    for future in futures:
+                        _resolve(future, key in held)
+                for (_, settle_future), result in zip(settles, settled, strict=True):
+                    _resolve(settle_future, result)
+                delivered = True
+        except Exception as exc:
+            if not delivered:
+                return exc
+            _log.warning("releasing a connection after a batch failed: %s", exc)
+        return None
+
+    async def _one_by_one(
+        self,
+        checkpoints: dict[tuple[str, int], tuple[tuple[Any, ...], list[asyncio.Future[bool]]]],
+        settles: list[tuple[tuple[Any, ...], asyncio.Future[SettleResult]]],
+    ) -> None:
+        """Write each checkpoint, then each settle, in a transaction of its own.
+
+        A run whose checkpoint failed does not settle: its turn hears of the
+        failure and the run keeps the state its history supports.
+        """
+        broken: dict[str, Exception] = {}
+        for key, entry in checkpoints.items():
+            error = await self._commit({key: entry}, [])
+            if error is not None:
+                _fail_all({key: entry}, [], error)
+                broken.setdefault(key[0], error)
+        for settle in settles:
+            run_error = broken.get(settle[0][0])
+            if run_error is not None:
+                _fail(settle[1], run_error)
+                continue
+            error = await self._commit({}, [settle])
+            if error is not None:
+                _fail(settle[1], error)
 
     def _only_results(self) -> bool:
         """Only step results are queued: no settle, no checkpoint a turn
@@ -274,6 +317,18 @@ def settle_params(
 ) -> tuple[Any, ...]:
     """The tuple :meth:`PgWriteBatcher.settle` takes."""
     return (run_id, owner, status.value, output, error, wake_at, now, status in TERMINAL_STATUSES)
+
+
+def _fail_all(
+    checkpoints: dict[tuple[str, int], tuple[tuple[Any, ...], list[asyncio.Future[bool]]]],
+    settles: list[tuple[tuple[Any, ...], asyncio.Future[SettleResult]]],
+    exc: BaseException,
+) -> None:
+    for _, futures in checkpoints.values():
+        for future in futures:
+            _fail(future, exc)
+    for _, settle_future in settles:
+        _fail(settle_future, exc)
 
 
 def _resolve(future: asyncio.Future[Any], value: Any) -> None:

@@ -18,6 +18,7 @@ from typing import Any
 
 from .._notices import StoreNotice
 from .._queue import PUSH_CHUNK, Listener, Message, OutMessage, Unlisten
+from ._pg_sql import notice_argument
 
 __all__ = ["PgMessageQueue"]
 
@@ -46,7 +47,8 @@ _PUSH = f"""
         INSERT INTO durably_messages (topic, body, priority, available_at, created_at)
         SELECT * FROM unnest($1::text[], $2::text[], $3::integer[], $4::bigint[], $5::bigint[])
     )
-    SELECT pg_notify($6::text, '{StoreNotice.MESSAGE}:' || t) FROM unnest($7::text[]) AS t
+    SELECT pg_notify($6::text, '{StoreNotice.MESSAGE}:' || {notice_argument("t")})
+    FROM unnest($7::text[]) AS t
 """
 _CLAIM = """
     UPDATE durably_messages m
@@ -72,7 +74,10 @@ _EXTEND = """
     WHERE id = ANY($1::bigint[]) AND claimed_by = $2
     RETURNING id
 """
-_NOTIFY = "SELECT pg_notify($1::text, $2::text || ':' || a) FROM unnest($3::text[]) AS a"
+_NOTIFY = (
+    f"SELECT pg_notify($1::text, $2::text || ':' || {notice_argument('a')}) "
+    "FROM unnest($3::text[]) AS a"
+)
 
 
 class PgMessageQueue:

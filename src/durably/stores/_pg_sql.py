@@ -4,7 +4,24 @@ is :data:`._rows.CP_COLUMNS`)."""
 
 from __future__ import annotations
 
-__all__ = ["CP_PARAMS", "CP_UPSERT_TAIL"]
+__all__ = ["CP_PARAMS", "CP_UPSERT_TAIL", "NOTICE_ARGUMENT_BYTES", "notice_argument"]
+
+NOTICE_ARGUMENT_BYTES = 1024
+"""The longest id (in UTF-8 bytes) a notice names; ids bounded at the API
+(255 characters) always fit."""
+
+
+def notice_argument(expr: str) -> str:
+    """SQL for ``expr`` as the argument of a ``NOTIFY`` (``'<kind>:' || ...``).
+
+    PostgreSQL refuses a payload of 8,000 bytes or more, failing the whole
+    statement it is part of: a settle, a recovery pass over many runs. An id
+    stored before ids were bounded (or written around the API) is therefore
+    announced with an empty argument, which listeners treat as "something
+    changed" and which their polling covers.
+    """
+    return f"(CASE WHEN octet_length({expr}) <= {NOTICE_ARGUMENT_BYTES} THEN {expr} ELSE '' END)"
+
 
 CP_PARAMS = (
     "$1::text, $2::integer, $3::text, $4::text, $5::text, $6::text, $7::text, $8::text, "

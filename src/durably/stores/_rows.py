@@ -39,6 +39,7 @@ __all__ = [
     "decode_cursor",
     "dump_json",
     "encode_cursor",
+    "is_row_error",
     "run_column_value",
     "run_from_row",
     "run_params",
@@ -97,6 +98,22 @@ def decode_cursor(cursor: str | None) -> tuple[int, str] | None:
         return int(created_at), str(run_id)
     except (ValueError, TypeError) as exc:
         raise ValueError(f"invalid cursor {cursor!r}") from exc
+
+
+def is_row_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is about one row's values rather than the store.
+
+    A row's own fault: JSON that does not decode, a value the driver cannot
+    encode (both ``ValueError``, as is asyncpg's ``DataError``), or a
+    PostgreSQL error of SQLSTATE class 22 (data exception: NUL, an
+    over-long NOTIFY payload), 23 (integrity) or 54 (limit exceeded). Not a
+    lost connection or a server going away: the next row would only meet
+    that again, so callers give up on the batch rather than the row.
+    """
+    if isinstance(exc, ValueError):
+        return True
+    sqlstate = getattr(exc, "sqlstate", None)
+    return isinstance(sqlstate, str) and sqlstate[:2] in {"22", "23", "54"}
 
 
 def dead_error(attempts: int) -> ErrorInfo:

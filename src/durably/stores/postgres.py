@@ -43,6 +43,7 @@ from ._pg_connection import PgConnection
 from ._pg_messages import PgMessageQueue
 from ._pg_sql import CP_PARAMS as _CP_PARAMS
 from ._pg_sql import CP_UPSERT_TAIL as _CP_UPSERT_TAIL
+from ._pg_sql import notice_argument
 from ._rows import (
     CP_COLUMNS,
     CP_SELECT,
@@ -91,7 +92,8 @@ _INSERT_RUN = (
 # A pending run is announced, so an idle instance polls for it at once.
 _INSERT_PENDING_RUN = (
     f"WITH ins AS ({_INSERT_RUN.removesuffix('RETURNING true')}RETURNING id) "
-    f"SELECT (SELECT pg_notify($22, '{StoreNotice.PENDING}:' || id)) IS NULL FROM ins"
+    f"SELECT (SELECT pg_notify($22, '{StoreNotice.PENDING}:' || {notice_argument('id')})) "
+    "IS NULL FROM ins"
 )
 _HISTORY = (
     "(SELECT coalesce(json_agg(json_build_array(c.seq, c.name, c.kind, "
@@ -182,7 +184,7 @@ _TERMINAL = [s.value for s in sorted(TERMINAL_STATUSES)]
 # is held (notified as settled), or an ending from outside a turn while the
 # status is one of those given (notified as ended, which closes a turn of the
 # run executing elsewhere).
-_END_CHILDREN = """
+_END_CHILDREN = f"""
     WITH v AS (
         SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],
                              $6::text[], $7::bigint[])
@@ -200,8 +202,11 @@ _END_CHILDREN = """
     ), cleared_events AS (
         DELETE FROM durably_event_waiters WHERE run_id IN (SELECT id FROM ended)
     )
-    SELECT id, (SELECT pg_notify($9, CASE WHEN settled THEN 'settled:' ELSE 'ended:' END || id))
-        IS NULL AS notified
+    SELECT id, (SELECT pg_notify(
+        $9,
+        CASE WHEN settled THEN '{StoreNotice.SETTLED}:' ELSE '{StoreNotice.ENDED}:' END
+            || {notice_argument("id")}
+    )) IS NULL AS notified
     FROM ended
 """
 
@@ -582,7 +587,8 @@ class PostgresStore:
         done = await self._db.pool().fetchval(
             "UPDATE durably_runs SET wake_requested_at = $1 "
             "WHERE id = $2 AND status <> ALL($3::text[]) "
-            f"RETURNING (SELECT pg_notify($4, '{StoreNotice.WAKE}:' || id)) IS NULL",
+            f"RETURNING (SELECT pg_notify($4, '{StoreNotice.WAKE}:' || {notice_argument('id')})) "
+            "IS NULL",
             now,
             run_id,
             _TERMINAL,
@@ -620,7 +626,9 @@ class PostgresStore:
                 return False
             await conn.execute(_DELETE_WAITERS, run_id)
             await conn.execute(
-                f"SELECT pg_notify($1, '{StoreNotice.ENDED}:' || $2::text)", self.channel, run_id
+                f"SELECT pg_notify($1, '{StoreNotice.ENDED}:' || {notice_argument('$2::text')})",
+                self.channel,
+                run_id,
             )
             return True
 
@@ -694,7 +702,7 @@ class PostgresStore:
                     ids,
                 )
                 await conn.execute(
-                    f"SELECT pg_notify($1, '{StoreNotice.ENDED}:' || id) "
+                    f"SELECT pg_notify($1, '{StoreNotice.ENDED}:' || {notice_argument('id')}) "
                     "FROM unnest($2::text[]) AS id",
                     self.channel,
                     ids,
@@ -1383,7 +1391,7 @@ def _history(run_id: str, text: str) -> dict[int, Checkpoint]:
 _WAKE_RUN = (
     "UPDATE durably_runs SET wake_requested_at = $1 "
     "WHERE id = $2 AND status <> ALL($3::text[]) "
-    f"RETURNING (SELECT pg_notify($4, '{StoreNotice.WAKE}:' || id)) IS NULL"
+    f"RETURNING (SELECT pg_notify($4, '{StoreNotice.WAKE}:' || {notice_argument('id')})) IS NULL"
 )
 
 # The waiters of a queue in admission order: priority, then the fairness key
