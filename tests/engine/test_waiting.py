@@ -9,7 +9,7 @@ import pytest
 
 import durably
 from durably import CheckpointStatus, RunStatus
-from durably.testing import VirtualClock
+from durably.testing import VirtualClock, eventually
 
 from .conftest import EngineFactory
 
@@ -224,6 +224,19 @@ async def test_a_signal_that_beats_the_timeout_wins(
     assert result.output == "in time"
 
 
+async def _signal_wait_registered(engine: durably.Engine, run_id: str) -> None:
+    """The wait registers itself while the local step gathered with it runs: a
+    signal sent before that is buffered (another test's case), not delivered."""
+
+    async def registered() -> bool:
+        return any(
+            cp.kind == "signal" and cp.status is CheckpointStatus.PENDING
+            for cp in await engine.history(run_id)
+        )
+
+    await eventually(registered, what=f"the signal wait of {run_id} to be registered")
+
+
 async def test_signal_during_a_running_turn_is_not_lost(make_engine: EngineFactory) -> None:
     """The waiter is registered, and the signal arrives while the same turn
     still holds the lease: the holder runs one more turn instead of letting go."""
@@ -243,6 +256,7 @@ async def test_signal_during_a_running_turn_is_not_lost(make_engine: EngineFacto
     async with engine:
         await engine.start("race", run_id="r")
         await asyncio.wait_for(entered.wait(), 10)
+        await _signal_wait_registered(engine, "r")
         assert await engine.signal("r", "signal") == "r"
         run = await engine.get_run("r")
         assert run is not None and run.status is RunStatus.RUNNING
@@ -272,6 +286,7 @@ async def test_signal_from_another_engine_during_a_turn(make_engine: EngineFacto
     async with engine:
         await engine.start("race2", run_id="r2")
         await asyncio.wait_for(entered.wait(), 10)
+        await _signal_wait_registered(engine, "r2")
         assert await sender.signal("r2", "remote") == "r2"
         gate.set()
         result = await engine.wait_for_run("r2", terminal=True, timeout=10)
