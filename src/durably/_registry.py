@@ -72,6 +72,7 @@ class Registry:
 
     def __init__(self) -> None:
         self._by_name: dict[str, dict[str, WorkflowDef]] = {}
+        self._executable: frozenset[tuple[str, str]] = frozenset()
 
     def add(self, definition: WorkflowDef) -> None:
         """Register ``definition``; a duplicate name and version is an error."""
@@ -86,6 +87,7 @@ class Registry:
             )
         versions.pop(definition.version, None)
         versions[definition.version] = definition
+        self._executable = self._executable | {(definition.name, definition.version)}
 
     def get(self, name: str, version: str | None = None) -> WorkflowDef:
         """The definition for ``name`` (at ``version``, or the default version)."""
@@ -104,6 +106,12 @@ class Registry:
                 f"(registered versions: {', '.join(versions)})"
             )
         return found
+
+    def executable(self) -> frozenset[tuple[str, str]]:
+        """Every registered ``(name, version)``: the runs an engine holding
+        this registry can execute (its claims take no other run). The same
+        object until a workflow is added, so stores may cache its encoding."""
+        return self._executable
 
     def names(self) -> list[str]:
         """Registered workflow names."""

@@ -249,6 +249,7 @@ class Engine:
             after_failure=self._after_failure,
             options=settings,
             owner=owner,
+            executable=self._registry.executable,
         )
 
     # -- options --------------------------------------------------------------------------
@@ -1066,6 +1067,7 @@ class Engine:
             (self.resume_due_timers, self.timer_batch_size),
             (self.run_pending, 0),
             (self.sweep_timeouts, 0),
+            (self._worker.sweep_blocked, 0),
             (self.fire_schedules, 0),
             (self.sweep_retention, 0),
             (self.sweep_stalled, 0),
