@@ -84,6 +84,8 @@ class Worker:
         self._options = options
         self._owner = owner
         self._executable = executable
+        self._blocked_checked_at = -(2**62)
+        """When (engine clock, ms) ``sweep_blocked`` last looked for runs to mark."""
         self._last_sweep: dict[str, float] = {}
         self._more_pending = False
         """The last pending-run poll found a full page: more runs may wait."""
@@ -230,6 +232,11 @@ class Worker:
                 if taken:
                     changed += 1
                     self._router.route(run_id)
+        # Marking scans the old unclaimed runs (a backlog here included, then
+        # filtered out), so it runs a few times a lease, not every tick.
+        if now - self._blocked_checked_at < options.lease_ms // 4:
+            return changed
+        self._blocked_checked_at = now
         unclaimed = await self._store.list_unclaimed(
             now - options.lease_ms, limit, workflows=executable, namespace=options.namespace
         )
