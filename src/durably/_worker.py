@@ -234,13 +234,17 @@ class Worker:
                     self._router.route(run_id)
         # Marking scans the old unclaimed runs (a backlog here included, then
         # filtered out), so it runs a few times a lease, not every tick.
-        if now - self._blocked_checked_at < options.lease_ms // 4:
+        if not executable or now - self._blocked_checked_at < options.lease_ms // 4:
+            # Without workflows this is a steps-only worker, not a release of
+            # the app: it has no say in which runs wait for one.
             return changed
         self._blocked_checked_at = now
         unclaimed = await self._store.list_unclaimed(
             now - options.lease_ms, limit, workflows=executable, namespace=options.namespace
         )
         for run in await self._store.get_runs(unclaimed):
+            if run.status not in (RunStatus.PENDING, RunStatus.SUSPENDED):
+                continue
             reason = {
                 "message": (
                     f"no instance that registers workflow {run.workflow!r} version "
@@ -252,7 +256,9 @@ class Worker:
             }
             if await self._store.update_run_if(
                 run.run_id,
-                frozenset({RunStatus.PENDING, RunStatus.SUSPENDED}),
+                # Only from the status just read: a run that moved on since
+                # (taken, or woken and suspended again) is not marked.
+                frozenset({run.status}),
                 {"status": RunStatus.BLOCKED, "error": reason},
                 now,
             ):

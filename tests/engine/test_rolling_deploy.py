@@ -238,3 +238,21 @@ async def test_two_releases_on_one_store_each_execute_only_their_runs(
             result = await _finish(first, run_id)
             assert (result.status, result.output) == (RunStatus.COMPLETED, release), run_id
             assert (await _run(first, run_id)).recovery_attempts == 0
+
+
+async def test_an_instance_without_workflows_marks_nothing_blocked(
+    make_engine: EngineFactory,
+) -> None:
+    """A steps-only worker is no release of the app: it has no say in who can run what."""
+    clock = VirtualClock()
+    steps_only = make_engine(clock=clock)
+    producer = make_engine(clock=clock, consumers="never")
+    producer.register("added", added)
+
+    async with steps_only:
+        await producer.start("added", run_id="new-run")
+        await _ticks(steps_only, 1)
+        clock.advance("31s")
+        await _ticks(steps_only)
+        run = await _run(steps_only, "new-run")
+    assert run.status is RunStatus.PENDING and run.error is None, run
