@@ -238,7 +238,6 @@ class Worker:
             # Without workflows this is a steps-only worker, not a release of
             # the app: it has no say in which runs wait for one.
             return changed
-        self._blocked_checked_at = now
         unclaimed = await self._store.list_unclaimed(
             now - options.lease_ms, limit, workflows=executable, namespace=options.namespace
         )
@@ -264,6 +263,10 @@ class Worker:
             ):
                 changed += 1
                 self._router.notify(run.run_id)
+        # Stamped once the pass is over: a tick that overlaps it (an explicit
+        # ``tick()`` beside the loop's) makes its own pass, so when either
+        # returns, every run the pass found is marked (or was taken meanwhile).
+        self._blocked_checked_at = now
         return changed
 
     async def fire_schedules(self) -> int:
