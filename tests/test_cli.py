@@ -271,6 +271,33 @@ async def test_runs_show_prints_the_timeline(db: str) -> None:
     assert all(c["status"] == "completed" for c in data["checkpoints"])
 
 
+async def test_runs_list_and_show_say_why_a_run_is_blocked(db: str) -> None:
+    clock = VirtualClock()
+    producer = _cli_app().register(durably.Engine(db, clock=clock, consumers="never"))
+    # An instance of an older release: it lacks every workflow of the app.
+    old = durably.Engine(db, clock=clock)
+
+    @old.workflow("legacy")
+    async def legacy(ctx: durably.WorkflowContext) -> None:
+        return None
+
+    async with producer, old:
+        await producer.start("pipeline", "o7", run_id="pipe-1")
+        clock.advance("31s")  # nobody took it for a lease
+        await old.tick()
+        run = await old.get_run("pipe-1")
+        assert run is not None and run.status is durably.RunStatus.BLOCKED, run
+
+    listed = await acli("runs", "list", "--status", "blocked", "--store", db)
+    assert listed.returncode == 0, listed.stderr
+    assert "pipe-1" in listed.stdout and "blocked" in listed.stdout
+    shown = await acli("runs", "show", "pipe-1", "--store", db)
+    assert shown.returncode == 0, shown.stderr
+    assert "Blocked" in shown.stdout
+    assert "no instance that registers workflow 'pipeline'" in shown.stdout
+    assert "Error" not in shown.stdout
+
+
 # -- signal / cancel ----------------------------------------------------------------------
 
 

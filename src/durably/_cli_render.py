@@ -230,7 +230,10 @@ def run_details(run: Run, *, now_ms: int | None = None) -> Table:
     grid.add_row("Input", Text(abbreviate(run.input, 200)))
     if run.status is RunStatus.COMPLETED:
         grid.add_row("Output", Text(abbreviate(run.output, 200), style="green"))
-    if run.error:
+    if run.error and run.status is RunStatus.BLOCKED:
+        # Not a failure: why no instance takes the run (it waits for one that can).
+        grid.add_row("Blocked", Text(visible(str(run.error.get("message", ""))), style="yellow"))
+    elif run.error:
         grid.add_row("Error", Text(_error_line(run.error, 200), style="red"))
     return grid
 

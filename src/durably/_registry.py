@@ -113,6 +113,7 @@ class Registry:
         self._by_name: dict[str, dict[str, WorkflowDef]] = {}
         self._steps: dict[str, StepDefinition] = {}
         self._queues: dict[str, FlowQueue] = {}
+        self._executable: frozenset[tuple[str, str]] = frozenset()
 
     def add(self, definition: WorkflowDef) -> None:
         """Register ``definition``; a duplicate name and version is an error."""
@@ -127,6 +128,7 @@ class Registry:
             )
         versions.pop(definition.version, None)
         versions[definition.version] = definition
+        self._executable = self._executable | {(definition.name, definition.version)}
 
     def get(self, name: str, version: str | None = None) -> WorkflowDef:
         """The definition for ``name`` (at ``version``, or the default version)."""
@@ -145,6 +147,12 @@ class Registry:
                 f"(registered versions: {', '.join(versions)})"
             )
         return found
+
+    def executable(self) -> frozenset[tuple[str, str]]:
+        """Every registered ``(name, version)``: the runs an engine holding
+        this registry can execute (its claims take no other run). The same
+        object until a workflow is added, so stores may cache its encoding."""
+        return self._executable
 
     def names(self) -> list[str]:
         """Registered workflow names."""

@@ -122,8 +122,15 @@ class TurnDriver:
 
     async def _start_turns(self, run_ids: list[str]) -> list[Leased | None]:
         now = self._clock.now_ms()
+        # Only runs of workflows registered here are leased: a wake or a queued
+        # message for another release's run leaves that run untouched.
         leased = await self._store.start_turns(
-            run_ids, self._owner(), now, now + self._options().lease_ms, _WAKEABLE
+            run_ids,
+            self._owner(),
+            now,
+            now + self._options().lease_ms,
+            _WAKEABLE,
+            workflows=self._registry.executable(),
         )
         # An id asked twice in one batch gets its turn once: the second asker
         # sees what a second start_turn would (the run is leased: None).
@@ -134,8 +141,13 @@ class TurnDriver:
     ) -> tuple[TurnOutcome, Turn | None]:
         try:
             definition = self._registry.get(run.workflow, run.workflow_version)
+        except WorkflowNotRegistered:
+            # Leased without the filter (a start here inserted it leased): not
+            # ours to fail. Another release's instance executes it.
+            return TurnOutcome(TurnEnd.CLOSED), None
+        try:
             value = definition.parse_input(run.input)
-        except (WorkflowNotRegistered, SchemaValidationError) as exc:
+        except SchemaValidationError as exc:
             return TurnOutcome(TurnEnd.FAILED, error=error_info(exc)), None
         missing_children = await self._children.reconcile(run, checkpoints)
         self._router.forget(run.run_id)
@@ -201,7 +213,12 @@ class TurnDriver:
         run_id, now = run.run_id, self._clock.now_ms()
         owner, lease_ms = self._owner(), self._options().lease_ms
         if outcome.end is TurnEnd.CLOSED:
-            if turn is not None and turn.close_reason is CloseReason.UNWIND:
+            if turn is None:
+                # Not executable here: hand it back as pending for an instance
+                # that registers its workflow and version.
+                await self._store.release_run(run_id, owner, now)
+                return None
+            if turn.close_reason is CloseReason.UNWIND:
                 # A compensating cancel arrived mid-turn: take one more turn,
                 # which reads the intent and unwinds.
                 again = await self._store.continue_turn(run_id, owner, now + lease_ms)

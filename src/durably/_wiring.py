@@ -145,6 +145,7 @@ def wire(
         after_failure=after_failure,
         options=settings,
         owner=owner,
+        executable=registry.executable,
     )
     lifecycle = Lifecycle(
         store,

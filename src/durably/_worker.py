@@ -70,12 +70,14 @@ class Worker:
         after_failure: Callable[[Run], Awaitable[None]],
         options: Callable[[], EngineOptions],
         owner: Callable[[], str],
+        executable: Callable[[], frozenset[tuple[str, str]]],
     ) -> None:
         """``open()`` connects the engine (each phase may be called before
         it is); ``phases()`` lists what a tick runs, in order;
         ``fire_schedules()`` starts due schedule windows; ``after_failure(run)``
         routes a dead run to its handlers; ``owner()`` is this process's lease
-        owner id."""
+        owner id; ``executable()`` the ``(workflow, version)`` pairs
+        registered here, the only runs this worker's claims take."""
         self._store = store
         self._clock = clock
         self._router = router
@@ -87,6 +89,9 @@ class Worker:
         self._after_failure = after_failure
         self._options = options
         self._owner = owner
+        self._executable = executable
+        self._blocked_checked_at = -(2**62)
+        """When (engine clock, ms) ``sweep_blocked`` last looked for runs to mark."""
         self._last_sweep: dict[str, float] = {}
         self._bad_rows: set[tuple[str, str]] = set()
         self._more_pending = False
@@ -119,7 +124,10 @@ class Worker:
             if await run_queue.has_backlog():
                 return 0
         ids = await self._store.list_pending(
-            self._clock.now_ms(), limit, namespace=self._options().namespace
+            self._clock.now_ms(),
+            limit,
+            namespace=self._options().namespace,
+            workflows=self._executable(),
         )
         self._more_pending = len(ids) >= limit and self._router.run_queue is None
         for run_id in ids:
@@ -131,7 +139,11 @@ class Worker:
         await self._open()
         now = self._clock.now_ms()
         options = self._options()
-        orphans = await self._store.list_orphans(now, limit, namespace=options.namespace)
+        # Only orphans of workflows registered here: another release's run
+        # waits for an instance that can execute it, its recoveries uncounted.
+        orphans = await self._store.list_orphans(
+            now, limit, namespace=options.namespace, workflows=self._executable()
+        )
         if not orphans:
             return 0
         # One conditional write for the page, not one round trip per orphan:
@@ -195,7 +207,12 @@ class Worker:
         await self._open()
         now = self._clock.now_ms()
         options = self._options()
-        ids = await self._store.list_due(now, options.timer_batch_size, namespace=options.namespace)
+        ids = await self._store.list_due(
+            now,
+            options.timer_batch_size,
+            namespace=options.namespace,
+            workflows=self._executable(),
+        )
         if not ids:
             return 0
         # Shuffled so instances that loaded the same page hand their wins to
@@ -242,6 +259,76 @@ class Worker:
             "type": "ExecutionTimeout",
         }
         return 1 if await self._children.end_from_outside(run, error) else 0
+
+    async def sweep_blocked(self, limit: int = 100) -> int:
+        """Mark ``blocked`` the runs this engine cannot execute that no
+        instance took for a lease, and take back the blocked runs it can
+        execute; return how many runs changed.
+
+        A run of a workflow (or version) registered on no live instance is
+        never failed: it stays in the store, shown as ``blocked`` with the
+        reason in its ``error``, until an instance that registers it takes it
+        back here (as ``pending``, then routed like any pending run). One
+        lease is the patience: an instance that can execute the run claims it
+        within a poll interval, so a run untaken that long has nobody (or a
+        backlog: marking it then costs only the detour through this sweep).
+        """
+        await self._open()
+        options = self._options()
+        executable = self._executable()
+        now = self._clock.now_ms()
+        changed = 0
+        if not options.drives:
+            return 0  # only an instance that executes runs judges who can
+        if not self._router.draining:
+            for run_id in await self._store.list_blocked(
+                limit, workflows=executable, namespace=options.namespace
+            ):
+                taken = await self._store.update_run_if(
+                    run_id,
+                    frozenset({RunStatus.BLOCKED}),
+                    {"status": RunStatus.PENDING, "error": None},
+                    now,
+                )
+                if taken:
+                    changed += 1
+                    self._router.route(run_id)
+        # Marking scans the old unclaimed runs (a backlog here included, then
+        # filtered out), so it runs a few times a lease, not every tick.
+        if not executable or now - self._blocked_checked_at < options.lease_ms // 4:
+            # Without workflows this is a steps-only worker, not a release of
+            # the app: it has no say in which runs wait for one.
+            return changed
+        unclaimed = await self._store.list_unclaimed(
+            now - options.lease_ms, limit, workflows=executable, namespace=options.namespace
+        )
+        for run in await self._store.get_runs(unclaimed):
+            if run.status not in (RunStatus.PENDING, RunStatus.SUSPENDED):
+                continue
+            reason = {
+                "message": (
+                    f"no instance that registers workflow {run.workflow!r} version "
+                    f"{run.workflow_version!r} took this run; it waits for one"
+                ),
+                "code": "workflow_not_registered",
+                "type": "Blocked",
+                "details": {"workflow": run.workflow, "version": run.workflow_version},
+            }
+            if await self._store.update_run_if(
+                run.run_id,
+                # Only from the status just read: a run that moved on since
+                # (taken, or woken and suspended again) is not marked.
+                frozenset({run.status}),
+                {"status": RunStatus.BLOCKED, "error": reason},
+                now,
+            ):
+                changed += 1
+                self._router.notify(run.run_id)
+        # Stamped once the pass is over: a tick that overlaps it (an explicit
+        # ``tick()`` beside the loop's) makes its own pass, so when either
+        # returns, every run the pass found is marked (or was taken meanwhile).
+        self._blocked_checked_at = now
+        return changed
 
     async def fire_schedules(self) -> int:
         """Start the runs of due schedule windows; return how many."""

@@ -864,6 +864,7 @@ class Engine:
             (self.resume_due_timers, self.timer_batch_size),
             (self.run_pending, 0),
             (self.sweep_timeouts, 0),
+            (self._worker.sweep_blocked, 0),
             (self.fire_schedules, 0),
             (self.sweep_retention, 0),
             (self.sweep_stalled, 0),

@@ -342,7 +342,6 @@ async def test_a_parent_hears_exactly_the_final_outcome_of_each_child_cancelled_
     assert not mismatches, f"parent told != child's own status: {mismatches[:10]}"
 
 
-@pytest.mark.xfail(strict=True, reason="issue 12.1: the old engine fails it")
 async def test_a_run_of_a_workflow_this_engine_lacks_waits_for_one_that_has_it(
     make_engine: EngineFactory,
 ) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from typing import Any
 from uuid import UUID
 
 import pytest
@@ -193,29 +194,42 @@ async def test_runs_replay_on_their_pinned_version(make_engine: EngineFactory) -
         assert (await new.wait_for_run("p2", terminal=True, timeout=10)).output == "v2"
 
 
-async def test_a_run_whose_version_is_gone_fails_loudly(make_engine: EngineFactory) -> None:
-    old = make_engine()
+async def test_a_run_whose_version_is_gone_waits_blocked_and_says_why(
+    make_engine: EngineFactory,
+) -> None:
+    """Never failed (another instance may still have the version: a rolling
+    deploy), but loud: shown ``blocked`` with the missing version, until an
+    instance that registers it executes the run."""
+    clock = VirtualClock()
+    old = make_engine(clock=clock)
 
     @old.workflow("gone", version="1")
-    async def v1(ctx: durably.WorkflowContext) -> None:
-        await ctx.wait_for_signal("go")
+    async def v1(ctx: durably.WorkflowContext) -> Any:
+        return await ctx.wait_for_signal("go")
 
     async with old:
         await old.start("gone", run_id="g1")
         await old.wait_for_run("g1", timeout=10)
 
-    new = make_engine()
+    new = make_engine(clock=clock)
 
     @new.workflow("gone", version="2")
     async def v2(ctx: durably.WorkflowContext) -> None:
         return None
 
     async with new:
-        await new.signal("go")
-        result = await new.wait_for_run("g1", terminal=True, timeout=10)
-    assert result.status is RunStatus.FAILED
-    assert result.error is not None and result.error["code"] == "workflow_not_registered"
-    assert "'1'" in result.error["message"]
+        await new.signal("go", "sent")
+        await new.join()  # the wake was tried here (and stamped on the run)
+        await new.tick()
+        clock.advance("31s")  # no instance took it for a lease
+        await new.tick()
+        run = await new.get_run("g1")
+    assert run is not None and run.status is RunStatus.BLOCKED, run
+    assert run.error is not None and run.error["code"] == "workflow_not_registered"
+    assert "'1'" in run.error["message"]
+    async with old:
+        result = await old.wait_for_run("g1", terminal=True, timeout=10)
+    assert (result.status, result.output) == (RunStatus.COMPLETED, "sent")
 
 
 async def test_broad_except_cannot_swallow_the_end_of_a_turn(make_engine: EngineFactory) -> None:

@@ -116,6 +116,7 @@ async def test_timer_batches_are_bounded_and_claimed_once(
     async def t(ctx: durably.WorkflowContext) -> None:
         return None
 
+    other.register("t", t)  # another instance of the same app (claims take only its workflows)
     await engine.open()
     await other.open()
     for i in range(12):

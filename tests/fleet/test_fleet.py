@@ -674,8 +674,8 @@ class _LookHook:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
-    async def start_turns(self, run_ids: list[str], *args: Any) -> Any:
-        leased = await self.inner.start_turns(run_ids, *args)
+    async def start_turns(self, run_ids: list[str], *args: Any, **kwargs: Any) -> Any:
+        leased = await self.inner.start_turns(run_ids, *args, **kwargs)
         self.refused = any(run_id not in leased for run_id in run_ids)
         return leased
 

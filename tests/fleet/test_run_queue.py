@@ -665,3 +665,33 @@ def _where(
         return by
 
     return where
+
+
+# -- a rolling deploy: a queued run reaches an instance that can execute it --------------
+
+
+async def test_a_queued_run_an_instance_lacks_is_left_for_one_that_has_it(
+    postgres_url: str,
+) -> None:
+    """The old release's instance claims some of the new release's messages:
+    it must leave those runs untouched (never fail them) for the new one."""
+    producer_ran: list[str] = []
+    done_by: Counter[str] = Counter()
+    producer = make_engine(postgres_url, consumers="never")
+    register_refusing(producer, "short", producer_ran)
+    old = make_engine(postgres_url)
+
+    @old.workflow("legacy")
+    async def legacy(ctx: durably.WorkflowContext) -> None:
+        return None
+
+    new = make_engine(postgres_url)
+    register_short(new, done_by)
+
+    async with producer, old, new:
+        ids = [(await producer.start("short", i, run_id=f"q{i}")).run_id for i in range(20)]
+        await wait_all(new, ids)
+        runs = [await new.get_run(run_id) for run_id in ids]
+    assert done_by == {new.instance_id: len(ids)}
+    assert all(run is not None and run.recovery_attempts == 0 for run in runs)
+    assert producer_ran == []

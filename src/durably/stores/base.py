@@ -34,6 +34,7 @@ __all__ = [
     "CheckpointStore",
     "ChildEnd",
     "EventDelivery",
+    "Executable",
     "FlowStore",
     "Resolution",
     "RunChanges",
@@ -51,6 +52,13 @@ __all__ = [
     "TurnStore",
     "WaitStore",
 ]
+
+
+Executable = frozenset[tuple[str, str]]
+"""The ``(workflow, version)`` pairs an engine registers: the runs it can
+execute. A claim given one takes no run outside it (``None``: any run), so an
+engine of an older release never takes, and so never fails, a run of a
+workflow or version only a newer release has (a rolling deploy)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,15 +271,19 @@ class TurnStore(Protocol):
         now: int,
         lease_until: int,
         statuses: frozenset[RunStatus],
+        *,
+        workflows: Executable | None = None,
     ) -> dict[str, tuple[Run, dict[int, Checkpoint]]]:
         """Start the turns of many runs in one round trip. *Atomic* for each
-        run: if its status is in ``statuses`` and it is unleased (or its lease
+        run: if its status is in ``statuses``, its ``(workflow, version)`` is
+        in ``workflows`` (when given) and it is unleased (or its lease
         expired before ``now``), mark it ``running`` under ``owner`` until
         ``lease_until``, clear ``wake_requested_at`` and ``wake_at``, and load
         every checkpoint it has (the one snapshot of its history per turn).
 
         Returns the runs leased here with their histories; a run not leasable
-        (another instance holds it, wrong status, missing) is absent, and an id
+        (another instance holds it, wrong status, a workflow outside
+        ``workflows``, missing) is absent and untouched, and an id
         given twice is leased once. When nothing contends this is one
         statement or transaction for the whole batch."""
 
@@ -328,14 +340,26 @@ class SweepStore(Protocol):
     """The worker loop's queries and claims (``namespace=None``: every namespace)."""
 
     async def list_pending(
-        self, now: int, limit: int, *, namespace: str | None = None
+        self,
+        now: int,
+        limit: int,
+        *,
+        namespace: str | None = None,
+        workflows: Executable | None = None,
     ) -> list[str]:
-        """Ids of ``pending`` runs, most urgent priority first, then oldest."""
+        """Ids of ``pending`` runs (of ``workflows``, when given), most urgent
+        priority first, then oldest."""
 
     async def list_orphans(
-        self, now: int, limit: int, *, namespace: str | None = None
+        self,
+        now: int,
+        limit: int,
+        *,
+        namespace: str | None = None,
+        workflows: Executable | None = None,
     ) -> list[str]:
-        """Ids of ``running`` runs whose lease expired before ``now``."""
+        """Ids of ``running`` runs (of ``workflows``, when given) whose lease
+        expired before ``now``."""
 
     async def recover_orphans(
         self, run_ids: list[str], now: int, max_attempts: int
@@ -351,9 +375,41 @@ class SweepStore(Protocol):
         also pass over a run another transaction is writing at that moment:
         it stays an orphan for the next pass."""
 
-    async def list_due(self, now: int, limit: int, *, namespace: str | None = None) -> list[str]:
-        """Ids of ``suspended`` runs due now (``wake_at <= now`` or a stamped
-        ``wake_requested_at``), most overdue first."""
+    async def list_due(
+        self,
+        now: int,
+        limit: int,
+        *,
+        namespace: str | None = None,
+        workflows: Executable | None = None,
+    ) -> list[str]:
+        """Ids of ``suspended`` runs (of ``workflows``, when given) due now
+        (``wake_at <= now`` or a stamped ``wake_requested_at``), most overdue
+        first."""
+
+    async def list_unclaimed(
+        self,
+        before: int,
+        limit: int,
+        *,
+        workflows: Executable,
+        namespace: str | None = None,
+    ) -> list[str]:
+        """Ids of runs *outside* ``workflows`` that nobody took since
+        ``before``: ``pending`` and last updated before then, or
+        ``suspended`` and due (``wake_at`` or ``wake_requested_at``) before
+        then. Oldest first. (An engine marks them ``blocked``.)"""
+
+    async def list_blocked(
+        self,
+        limit: int,
+        *,
+        workflows: Executable,
+        namespace: str | None = None,
+    ) -> list[str]:
+        """Ids of ``blocked`` runs of ``workflows`` (an engine that can
+        execute them takes them back), most urgent priority first, then
+        oldest."""
 
     async def claim_due_batch(self, run_ids: list[str], now: int, next_wake_at: int) -> list[str]:
         """*Atomic* for each run, one transaction for all: every run of

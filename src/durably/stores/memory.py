@@ -33,6 +33,7 @@ from .base import (
     Admission,
     ChildEnd,
     EventDelivery,
+    Executable,
     Resolution,
     RunChanges,
     RunPage,
@@ -157,10 +158,15 @@ class MemoryStore:
         now: int,
         lease_until: int,
         statuses: frozenset[RunStatus],
+        *,
+        workflows: Executable | None = None,
     ) -> dict[str, tuple[Run, dict[int, Checkpoint]]]:
         """Lease each run that is free and load its history (no await yields)."""
         leased: dict[str, tuple[Run, dict[int, Checkpoint]]] = {}
         for run_id in run_ids:
+            found = self._runs.get(run_id)
+            if found is None or not _of(found, workflows):
+                continue
             run = await self._acquire_run(run_id, owner, now, lease_until, statuses)
             if run is not None:
                 leased[run_id] = run, await self.load_checkpoints(run_id)
@@ -260,23 +266,38 @@ class MemoryStore:
     # -- the worker loop ---------------------------------------------------------------
 
     async def list_pending(
-        self, now: int, limit: int, *, namespace: str | None = None
+        self,
+        now: int,
+        limit: int,
+        *,
+        namespace: str | None = None,
+        workflows: Executable | None = None,
     ) -> list[str]:
         """Pending runs, most urgent first, then oldest."""
         pending = [
-            r for r in self._runs.values() if r.status is RunStatus.PENDING and _in(r, namespace)
+            r
+            for r in self._runs.values()
+            if r.status is RunStatus.PENDING and _in(r, namespace) and _of(r, workflows)
         ]
         pending.sort(key=lambda r: (-r.priority, r.created_at, r.run_id))
         return [r.run_id for r in pending[:limit]]
 
     async def list_orphans(
-        self, now: int, limit: int, *, namespace: str | None = None
+        self,
+        now: int,
+        limit: int,
+        *,
+        namespace: str | None = None,
+        workflows: Executable | None = None,
     ) -> list[str]:
         """Running runs whose lease expired."""
         orphans = [
             r
             for r in self._runs.values()
-            if r.status is RunStatus.RUNNING and (r.locked_until or 0) < now and _in(r, namespace)
+            if r.status is RunStatus.RUNNING
+            and (r.locked_until or 0) < now
+            and _in(r, namespace)
+            and _of(r, workflows)
         ]
         orphans.sort(key=lambda r: (r.locked_until or 0, r.run_id))
         return [r.run_id for r in orphans[:limit]]
@@ -303,11 +324,60 @@ class MemoryStore:
             recovered[run_id] = run.status
         return recovered
 
-    async def list_due(self, now: int, limit: int, *, namespace: str | None = None) -> list[str]:
+    async def list_due(
+        self,
+        now: int,
+        limit: int,
+        *,
+        namespace: str | None = None,
+        workflows: Executable | None = None,
+    ) -> list[str]:
         """Suspended runs whose timer is due or whose wake was requested."""
-        due = [r for r in self._runs.values() if _due(r, now) and _in(r, namespace)]
+        due = [
+            r
+            for r in self._runs.values()
+            if _due(r, now) and _in(r, namespace) and _of(r, workflows)
+        ]
         due.sort(key=lambda r: (_due_key(r, now), r.run_id))
         return [r.run_id for r in due[:limit]]
+
+    async def list_unclaimed(
+        self,
+        before: int,
+        limit: int,
+        *,
+        workflows: Executable,
+        namespace: str | None = None,
+    ) -> list[str]:
+        """Runs outside ``workflows`` nobody took since ``before``, oldest first."""
+        found: list[tuple[int, str]] = []
+        for r in self._runs.values():
+            if _of(r, workflows) or not _in(r, namespace):
+                continue
+            if r.status is RunStatus.PENDING and r.updated_at < before:
+                found.append((r.updated_at, r.run_id))
+            elif r.status is RunStatus.SUSPENDED:
+                due = [t for t in (r.wake_at, r.wake_requested_at) if t is not None and t < before]
+                if due:
+                    found.append((min(due), r.run_id))
+        found.sort()
+        return [run_id for _, run_id in found[:limit]]
+
+    async def list_blocked(
+        self,
+        limit: int,
+        *,
+        workflows: Executable,
+        namespace: str | None = None,
+    ) -> list[str]:
+        """Blocked runs of ``workflows``, most urgent first, then oldest."""
+        blocked = [
+            r
+            for r in self._runs.values()
+            if r.status is RunStatus.BLOCKED and _in(r, namespace) and _of(r, workflows)
+        ]
+        blocked.sort(key=lambda r: (-r.priority, r.created_at, r.run_id))
+        return [r.run_id for r in blocked[:limit]]
 
     async def claim_due_batch(self, run_ids: list[str], now: int, next_wake_at: int) -> list[str]:
         """Move each due run's wake time ahead so no other poll takes it."""
@@ -820,6 +890,10 @@ def _stalled(run: Run, checkpoints: Mapping[int, Checkpoint], before: int) -> bo
 
 def _in(run: Run, namespace: str | None) -> bool:
     return namespace is None or run.namespace == namespace
+
+
+def _of(run: Run, workflows: Executable | None) -> bool:
+    return workflows is None or (run.workflow, run.workflow_version) in workflows
 
 
 def _leased(run: Run, now: int) -> bool:

@@ -23,6 +23,7 @@ every table in that schema, creating it if needed; tests use it to isolate.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -69,6 +70,7 @@ from .base import (
     Admission,
     ChildEnd,
     EventDelivery,
+    Executable,
     Resolution,
     RunChanges,
     RunPage,
@@ -104,11 +106,15 @@ _HISTORY = (
 )
 """A run's whole history as one JSON text, for the turn-starting statements."""
 # Lease the run and read its history in one round trip.
+# A run's (workflow, version) as one key, compared with ``= ANY`` against the
+# one array parameter an engine passes (see ``_keys``); NULL: every run.
+_KEY = "(workflow || chr(31) || workflow_version)"
 _START_TURN = (
     "WITH r AS (UPDATE durably_runs SET status = 'running', locked_by = $1, "
     "locked_until = $2, wake_requested_at = NULL, wake_at = NULL, updated_at = $3 "
     "WHERE id = $4 AND status = ANY($5::text[]) "
     "AND (locked_by IS NULL OR locked_until IS NULL OR locked_until < $3) "
+    f"AND ($6::text[] IS NULL OR {_KEY} = ANY($6::text[])) "
     f"RETURNING {_SELECT_RUN}) "
     f"SELECT r.*, {_HISTORY} AS history FROM r"
 )
@@ -394,13 +400,19 @@ class PostgresStore:
     # -- leases and turns ------------------------------------------------------------
 
     async def _start_turn(
-        self, run_id: str, owner: str, now: int, lease_until: int, statuses: frozenset[RunStatus]
+        self,
+        run_id: str,
+        owner: str,
+        now: int,
+        lease_until: int,
+        statuses: frozenset[RunStatus],
+        keys: list[str] | None,
     ) -> tuple[Run, dict[int, Checkpoint]] | None:
         """Lease one run and load its history, in one statement that waits
         for the run's row lock (the batch passes locked rows over)."""
         async with self._db.connection() as conn:
             row = await conn.fetchrow(
-                _START_TURN, owner, lease_until, now, run_id, [s.value for s in statuses]
+                _START_TURN, owner, lease_until, now, run_id, [s.value for s in statuses], keys
             )
         if row is None:
             return None
@@ -413,12 +425,15 @@ class PostgresStore:
         now: int,
         lease_until: int,
         statuses: frozenset[RunStatus],
+        *,
+        workflows: Executable | None = None,
     ) -> dict[str, tuple[Run, dict[int, Checkpoint]]]:
         """Lease the free runs and load their histories in one statement; a
         run whose row another transaction holds is retried alone."""
         if not run_ids:
             return {}
         values = [s.value for s in statuses]
+        keys = _keys(workflows)
         # SKIP LOCKED: the batch never waits on a row lock, so it cannot
         # deadlock with another multi-row write locking in another order.
         rows = await self._db.pool().fetch(
@@ -427,6 +442,7 @@ class PostgresStore:
             "WHERE id IN (SELECT id FROM durably_runs WHERE id = ANY($4::text[]) "
             "AND status = ANY($5::text[]) "
             "AND (locked_by IS NULL OR locked_until IS NULL OR locked_until < $3) "
+            f"AND ($6::text[] IS NULL OR {_KEY} = ANY($6::text[])) "
             "FOR UPDATE SKIP LOCKED) "
             f"RETURNING {_SELECT_RUN}) "
             f"SELECT r.*, {_HISTORY} AS history FROM r",
@@ -435,6 +451,7 @@ class PostgresStore:
             now,
             run_ids,
             values,
+            keys,
         )
         leased = {
             row["id"]: (run_from_row(row), _history(row["id"], row["history"])) for row in rows
@@ -445,7 +462,10 @@ class PostgresStore:
         rest = [run_id for run_id in dict.fromkeys(run_ids) if run_id not in leased]
         if rest:
             again = await asyncio.gather(
-                *(self._start_turn(run_id, owner, now, lease_until, statuses) for run_id in rest)
+                *(
+                    self._start_turn(run_id, owner, now, lease_until, statuses, keys)
+                    for run_id in rest
+                )
             )
             leased.update((run_id, got) for run_id, got in zip(rest, again, strict=True) if got)
         return leased
@@ -635,29 +655,43 @@ class PostgresStore:
     # -- the worker loop ---------------------------------------------------------------
 
     async def list_pending(
-        self, now: int, limit: int, *, namespace: str | None = None
+        self,
+        now: int,
+        limit: int,
+        *,
+        namespace: str | None = None,
+        workflows: Executable | None = None,
     ) -> list[str]:
         """Pending runs, most urgent first, then oldest."""
         return await self._ids(
             "SELECT id FROM durably_runs WHERE status = 'pending' "
             "AND ($2::text IS NULL OR namespace = $2) "
+            f"AND ($3::text[] IS NULL OR {_KEY} = ANY($3::text[])) "
             "ORDER BY priority DESC, created_at, id LIMIT $1",
             limit,
             namespace,
+            _keys(workflows),
         )
 
     async def list_orphans(
-        self, now: int, limit: int, *, namespace: str | None = None
+        self,
+        now: int,
+        limit: int,
+        *,
+        namespace: str | None = None,
+        workflows: Executable | None = None,
     ) -> list[str]:
         """Running runs whose lease expired."""
         return await self._ids(
             "SELECT id FROM durably_runs WHERE status = 'running' "
             "AND (locked_until IS NULL OR locked_until < $1) "
             "AND ($3::text IS NULL OR namespace = $3) "
+            f"AND ($4::text[] IS NULL OR {_KEY} = ANY($4::text[])) "
             "ORDER BY locked_until NULLS FIRST, id LIMIT $2",
             now,
             limit,
             namespace,
+            _keys(workflows),
         )
 
     async def recover_orphans(
@@ -709,21 +743,76 @@ class PostgresStore:
                 )
             return recovered
 
-    async def list_due(self, now: int, limit: int, *, namespace: str | None = None) -> list[str]:
+    async def list_due(
+        self,
+        now: int,
+        limit: int,
+        *,
+        namespace: str | None = None,
+        workflows: Executable | None = None,
+    ) -> list[str]:
         """Suspended runs whose timer is due or whose wake was requested."""
         return await self._ids(
             "SELECT id FROM ("
             " SELECT id, wake_at AS due FROM durably_runs"
             "  WHERE status = 'suspended' AND wake_at <= $1"
             "  AND ($3::text IS NULL OR namespace = $3)"
+            f"  AND ($4::text[] IS NULL OR {_KEY} = ANY($4::text[]))"
             " UNION ALL"
             " SELECT id, wake_requested_at AS due FROM durably_runs"
             "  WHERE wake_requested_at IS NOT NULL AND status = 'suspended'"
             "  AND ($3::text IS NULL OR namespace = $3)"
+            f"  AND ($4::text[] IS NULL OR {_KEY} = ANY($4::text[]))"
             ") AS due_runs GROUP BY id ORDER BY min(due), id LIMIT $2",
             now,
             limit,
             namespace,
+            _keys(workflows),
+        )
+
+    async def list_unclaimed(
+        self,
+        before: int,
+        limit: int,
+        *,
+        workflows: Executable,
+        namespace: str | None = None,
+    ) -> list[str]:
+        """Runs outside ``workflows`` nobody took since ``before``, oldest first."""
+        outside = f"AND NOT ({_KEY} = ANY($3::text[])) AND ($4::text IS NULL OR namespace = $4)"
+        return await self._ids(
+            "SELECT id FROM ("
+            " SELECT id, updated_at AS since FROM durably_runs"
+            f"  WHERE status = 'pending' AND updated_at < $1 {outside}"
+            " UNION ALL"
+            " SELECT id, wake_at AS since FROM durably_runs"
+            f"  WHERE status = 'suspended' AND wake_at < $1 {outside}"
+            " UNION ALL"
+            " SELECT id, wake_requested_at AS since FROM durably_runs"
+            f"  WHERE wake_requested_at < $1 AND status = 'suspended' {outside}"
+            ") AS unclaimed GROUP BY id ORDER BY min(since), id LIMIT $2",
+            before,
+            limit,
+            _keys(workflows) or [],
+            namespace,
+        )
+
+    async def list_blocked(
+        self,
+        limit: int,
+        *,
+        workflows: Executable,
+        namespace: str | None = None,
+    ) -> list[str]:
+        """Blocked runs of ``workflows``, most urgent first, then oldest."""
+        return await self._ids(
+            "SELECT id FROM durably_runs WHERE status = 'blocked' "
+            "AND ($2::text IS NULL OR namespace = $2) "
+            f"AND {_KEY} = ANY($3::text[]) "
+            "ORDER BY priority DESC, created_at, id LIMIT $1",
+            limit,
+            namespace,
+            _keys(workflows) or [],
         )
 
     async def claim_due_batch(self, run_ids: list[str], now: int, next_wake_at: int) -> list[str]:
@@ -1323,6 +1412,19 @@ async def _take_oldest_waiter(conn: Any, token: str) -> Any:
             return row
         if not row["picked"]:
             return None
+
+
+@functools.lru_cache(maxsize=64)
+def _cached_keys(workflows: Executable) -> list[str]:
+    return sorted(f"{name}\x1f{version}" for name, version in workflows)
+
+
+def _keys(workflows: Executable | None) -> list[str] | None:
+    """The one array parameter of a ``(workflow, version)`` filter (``None``:
+    no filter); cached, since an engine passes the same set on every claim."""
+    if workflows is None:
+        return None
+    return _cached_keys(workflows)
 
 
 async def _time_out_wait(

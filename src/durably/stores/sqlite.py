@@ -10,6 +10,7 @@ call is executed on one thread per store with group commit
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import sqlite3
 from collections.abc import Callable
@@ -56,6 +57,7 @@ from .base import (
     Admission,
     ChildEnd,
     EventDelivery,
+    Executable,
     Resolution,
     RunChanges,
     RunPage,
@@ -289,18 +291,22 @@ class SqliteStore:
         now: int,
         lease_until: int,
         statuses: frozenset[RunStatus],
+        *,
+        workflows: Executable | None = None,
     ) -> dict[str, tuple[Run, dict[int, Checkpoint]]]:
         """Lease each free run and load its history: one trip to the store
         thread and one transaction for the whole batch."""
         if not run_ids:
             return {}
-        sql = _lease_statement(len(statuses))
+        of, of_params = _of(workflows)
+        sql = _lease_statement(len(statuses), of)
         values = [s.value for s in statuses]
 
         def op(conn: sqlite3.Connection) -> dict[str, tuple[Run, dict[int, Checkpoint]]]:
             leased: dict[str, tuple[Run, dict[int, Checkpoint]]] = {}
             for run_id in dict.fromkeys(run_ids):
-                row = conn.execute(sql, [owner, lease_until, now, run_id, *values, now]).fetchone()
+                params = [owner, lease_until, now, run_id, *values, now, *of_params]
+                row = conn.execute(sql, params).fetchone()
                 if row is None:
                     continue
                 rows = conn.execute(
@@ -487,25 +493,37 @@ class SqliteStore:
     # -- the worker loop ---------------------------------------------------------------
 
     async def list_pending(
-        self, now: int, limit: int, *, namespace: str | None = None
+        self,
+        now: int,
+        limit: int,
+        *,
+        namespace: str | None = None,
+        workflows: Executable | None = None,
     ) -> list[str]:
         """Pending runs, most urgent first, then oldest."""
         ns, ns_params = _namespace(namespace)
+        of, of_params = _of(workflows)
         return await self._ids(
-            f"SELECT id FROM durably_runs WHERE status = 'pending'{ns} "
+            f"SELECT id FROM durably_runs WHERE status = 'pending'{ns}{of} "
             "ORDER BY priority DESC, created_at, id LIMIT ?",
-            (*ns_params, limit),
+            (*ns_params, *of_params, limit),
         )
 
     async def list_orphans(
-        self, now: int, limit: int, *, namespace: str | None = None
+        self,
+        now: int,
+        limit: int,
+        *,
+        namespace: str | None = None,
+        workflows: Executable | None = None,
     ) -> list[str]:
         """Running runs whose lease expired."""
         ns, ns_params = _namespace(namespace)
+        of, of_params = _of(workflows)
         return await self._ids(
-            f"SELECT id FROM durably_runs WHERE status = 'running'{ns} AND "
+            f"SELECT id FROM durably_runs WHERE status = 'running'{ns}{of} AND "
             "(locked_until IS NULL OR locked_until < ?) ORDER BY locked_until, id LIMIT ?",
-            (*ns_params, now, limit),
+            (*ns_params, *of_params, now, limit),
         )
 
     async def recover_orphans(
@@ -542,18 +560,70 @@ class SqliteStore:
 
         return await self._db.run(op)
 
-    async def list_due(self, now: int, limit: int, *, namespace: str | None = None) -> list[str]:
+    async def list_due(
+        self,
+        now: int,
+        limit: int,
+        *,
+        namespace: str | None = None,
+        workflows: Executable | None = None,
+    ) -> list[str]:
         """Suspended runs whose timer is due or whose wake was requested."""
         ns, ns_params = _namespace(namespace)
+        of, of_params = _of(workflows)
         return await self._ids(
             "SELECT id FROM ("
             " SELECT id, wake_at AS due FROM durably_runs"
-            f"  WHERE status = 'suspended' AND wake_at <= ?{ns}"
+            f"  WHERE status = 'suspended' AND wake_at <= ?{ns}{of}"
             " UNION"
             " SELECT id, wake_requested_at AS due FROM durably_runs"
-            f"  WHERE wake_requested_at IS NOT NULL AND status = 'suspended'{ns}"
+            f"  WHERE wake_requested_at IS NOT NULL AND status = 'suspended'{ns}{of}"
             ") GROUP BY id ORDER BY min(due), id LIMIT ?",
-            (now, *ns_params, *ns_params, limit),
+            (now, *ns_params, *of_params, *ns_params, *of_params, limit),
+        )
+
+    async def list_unclaimed(
+        self,
+        before: int,
+        limit: int,
+        *,
+        workflows: Executable,
+        namespace: str | None = None,
+    ) -> list[str]:
+        """Runs outside ``workflows`` nobody took since ``before``, oldest first."""
+        ns, ns_params = _namespace(namespace)
+        of, of_params = _of(workflows, outside=True)
+        return await self._ids(
+            "SELECT id FROM ("
+            " SELECT id, updated_at AS since FROM durably_runs"
+            f"  WHERE status = 'pending' AND updated_at < ?{ns}{of}"
+            " UNION ALL"
+            " SELECT id, wake_at AS since FROM durably_runs"
+            f"  WHERE status = 'suspended' AND wake_at < ?{ns}{of}"
+            " UNION ALL"
+            " SELECT id, wake_requested_at AS since FROM durably_runs"
+            f"  WHERE wake_requested_at < ? AND status = 'suspended'{ns}{of}"
+            ") GROUP BY id ORDER BY min(since), id LIMIT ?",
+            (
+                *(p for _ in range(3) for p in (before, *ns_params, *of_params)),
+                limit,
+            ),
+        )
+
+    async def list_blocked(
+        self,
+        limit: int,
+        *,
+        workflows: Executable,
+        namespace: str | None = None,
+    ) -> list[str]:
+        """Blocked runs of ``workflows``, most urgent first, then oldest."""
+        ns, ns_params = _namespace(namespace)
+        of, of_params = _of(workflows)
+        return await self._ids(
+            f"SELECT id FROM durably_runs WHERE status = 'blocked'{ns}{of} "
+            "ORDER BY priority DESC, created_at, id LIMIT ?",
+            (*ns_params, *of_params, limit),
         )
 
     async def claim_due_batch(self, run_ids: list[str], now: int, next_wake_at: int) -> list[str]:
@@ -1055,6 +1125,26 @@ def _namespace(namespace: str | None) -> tuple[str, tuple[str, ...]]:
     return ("", ()) if namespace is None else (" AND namespace = ?", (namespace,))
 
 
+def _of(workflows: Executable | None, *, outside: bool = False) -> tuple[str, tuple[str, ...]]:
+    """A filter on the run's ``(workflow, version)`` (one JSON array parameter
+    of ``workflow\x1fversion`` keys, read by ``json_each``), or nothing for
+    every run; ``outside`` keeps the runs *not* in ``workflows``."""
+    if workflows is None:
+        return "", ()
+    negate = "NOT " if outside else ""
+    return (
+        f" AND workflow || char(31) || workflow_version {negate}IN "
+        "(SELECT value FROM json_each(?))",
+        (_keys_json(workflows),),
+    )
+
+
+@functools.lru_cache(maxsize=64)
+def _keys_json(workflows: Executable) -> str:
+    # Cached: an engine passes the same set on every poll and lease.
+    return codec.dumps(sorted(f"{name}\x1f{version}" for name, version in workflows))
+
+
 def _migrate(conn: sqlite3.Connection) -> None:
     conn.execute("CREATE TABLE IF NOT EXISTS durably_meta (key TEXT PRIMARY KEY, value TEXT)")
     row = conn.execute("SELECT value FROM durably_meta WHERE key = 'schema_version'").fetchone()
@@ -1276,15 +1366,16 @@ def _fetch_schedule(conn: sqlite3.Connection, name: str) -> ScheduleRecord | Non
     return schedule_from_row(row) if row else None
 
 
-def _lease_statement(statuses: int) -> str:
+def _lease_statement(statuses: int, of: str = "") -> str:
     """Lease one run (parameters: owner, lease_until, now, id, ``statuses``
-    statuses, now) if its status allows and nobody else holds it."""
+    statuses, now, then those of ``of``, a :func:`_of` filter) if its status
+    allows and nobody else holds it."""
     marks = ",".join("?" * statuses)
     return (
         "UPDATE durably_runs SET status = 'running', locked_by = ?, locked_until = ?, "
         "wake_requested_at = NULL, wake_at = NULL, updated_at = ? "
         f"WHERE id = ? AND status IN ({marks}) "
-        "AND (locked_by IS NULL OR locked_until IS NULL OR locked_until < ?) "
+        f"AND (locked_by IS NULL OR locked_until IS NULL OR locked_until < ?){of} "
         f"RETURNING {RUN_COLUMNS}"
     )
 

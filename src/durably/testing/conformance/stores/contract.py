@@ -1436,3 +1436,94 @@ async def test_a_store_reopened_after_close_keeps_its_data(store: StateStore) ->
     run = await store.get_run("r1")
     assert run is not None
     assert run.locked_by == OWNER
+
+
+# -- claims filtered by the workflows an engine registers (rolling deploys) ------------
+
+OLD_RELEASE = frozenset({("wf", "1"), ("other", "1")})
+"""What an instance of the older release registers: ``wf`` at version 1 only."""
+
+
+async def _two_releases(store: StateStore, status: RunStatus, **fields: Any) -> None:
+    """``v1`` (of ``wf`` version 1), ``v2`` (``wf`` version 2), ``new`` (a
+    workflow only the newer release has), all in ``status``."""
+    await store.create_run(make_run("v1", status, **fields))
+    await store.create_run(make_run("v2", status, **fields).replace(workflow_version="2"))
+    await store.create_run(make_run("new", status, workflow="added", **fields))
+
+
+async def test_list_pending_takes_only_the_given_workflows(store: StateStore) -> None:
+    await _two_releases(store, RunStatus.PENDING)
+
+    assert await store.list_pending(NOW, 10, workflows=OLD_RELEASE) == ["v1"]
+    assert sorted(await store.list_pending(NOW, 10)) == ["new", "v1", "v2"]
+    assert await store.list_pending(NOW, 10, workflows=frozenset()) == []
+
+
+async def test_list_orphans_takes_only_the_given_workflows(store: StateStore) -> None:
+    await _two_releases(store, RunStatus.RUNNING, locked_by="x", locked_until=NOW - 1)
+
+    assert await store.list_orphans(NOW, 10, workflows=OLD_RELEASE) == ["v1"]
+    assert sorted(await store.list_orphans(NOW, 10)) == ["new", "v1", "v2"]
+
+
+async def test_list_due_takes_only_the_given_workflows(store: StateStore) -> None:
+    await _two_releases(store, RunStatus.SUSPENDED, wake_at=NOW - 1)
+    await store.create_run(
+        make_run("stamped-new", RunStatus.SUSPENDED, workflow="added", wake_requested_at=NOW)
+    )
+    await store.create_run(make_run("stamped-v1", RunStatus.SUSPENDED, wake_requested_at=NOW))
+
+    assert sorted(await store.list_due(NOW, 10, workflows=OLD_RELEASE)) == ["stamped-v1", "v1"]
+    assert len(await store.list_due(NOW, 10)) == 5
+
+
+async def test_start_turns_leaves_runs_outside_the_workflows_untouched(store: StateStore) -> None:
+    await _two_releases(store, RunStatus.PENDING, wake_requested_at=NOW - 5)
+    before = {run.run_id: run for run in await store.get_runs(["v1", "v2", "new"])}
+
+    started = await store.start_turns(
+        ["v1", "v2", "new"], OWNER, NOW, NOW + LEASE, PENDING, workflows=OLD_RELEASE
+    )
+
+    assert sorted(started) == ["v1"]
+    for run_id in ("v2", "new"):
+        assert await store.get_run(run_id) == before[run_id]  # no lease, no stamp cleared
+    assert sorted(await store.start_turns(["v2", "new"], OTHER, NOW, NOW + LEASE, PENDING)) == [
+        "new",
+        "v2",
+    ]
+
+
+async def test_list_unclaimed_lists_old_runs_outside_the_workflows(store: StateStore) -> None:
+    await _two_releases(store, RunStatus.PENDING, updated_at=NOW - 10)
+    await store.create_run(make_run("fresh", RunStatus.PENDING, workflow="added", updated_at=NOW))
+    await store.create_run(make_run("due", RunStatus.SUSPENDED, workflow="added", wake_at=NOW - 20))
+    await store.create_run(
+        make_run("stamped", RunStatus.SUSPENDED, workflow="added", wake_requested_at=NOW - 30)
+    )
+    await store.create_run(
+        make_run("asleep", RunStatus.SUSPENDED, workflow="added", wake_at=NOW + 10)
+    )
+    await store.create_run(
+        make_run("orphan", RunStatus.RUNNING, workflow="added", locked_until=NOW - 99)
+    )
+
+    unclaimed = await store.list_unclaimed(NOW, 10, workflows=OLD_RELEASE)
+
+    assert unclaimed[:2] == ["stamped", "due"]  # oldest first
+    assert sorted(unclaimed) == ["due", "new", "stamped", "v2"]
+    assert len(await store.list_unclaimed(NOW, 2, workflows=OLD_RELEASE)) == 2
+    assert await store.list_unclaimed(NOW, 10, workflows=OLD_RELEASE, namespace="x") == []
+
+
+async def test_list_blocked_lists_blocked_runs_of_the_workflows(store: StateStore) -> None:
+    await _two_releases(store, RunStatus.BLOCKED)
+    await store.create_run(make_run("pending", RunStatus.PENDING))
+    await store.create_run(make_run("urgent", RunStatus.BLOCKED, priority=5, created_at=NOW + 1))
+
+    assert await store.list_blocked(10, workflows=OLD_RELEASE) == ["urgent", "v1"]
+    newer = frozenset({("wf", "1"), ("wf", "2"), ("added", "1")})
+    assert sorted(await store.list_blocked(10, workflows=newer)) == ["new", "urgent", "v1", "v2"]
+    assert await store.list_blocked(1, workflows=newer) == ["urgent"]
+    assert await store.list_blocked(10, workflows=frozenset()) == []
