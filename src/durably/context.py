@@ -392,9 +392,11 @@ class WorkflowContext:
         if recorded is not None and recorded.kind != CheckpointKind.PATCH:
             return _resolved(False)
         if recorded is not None and recorded.name != name:
-            raise NondeterminismError(
-                f"run {self.run_id!r}: position {turn.next_seq} holds {recorded.name!r}, "
-                f"but the workflow now asks for {name!r}"
+            raise turn.halt(
+                NondeterminismError(
+                    f"run {self.run_id!r}: position {turn.next_seq} holds {recorded.name!r}, "
+                    f"but the workflow now asks for {name!r}"
+                )
             )
         seq, recorded = turn.allocate(name, CheckpointKind.PATCH)
         if recorded is None:
