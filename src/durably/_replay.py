@@ -267,6 +267,10 @@ class Turn:
         if not self.closed:
             self.closed = True
             self.close_reason = reason
+            for write in self._unflushed:
+                # A closed turn may never flush again: a write that fails is
+                # still collected, so asyncio does not log it as unretrieved.
+                write.add_done_callback(_consume)
             self._poke()
 
     # -- the driver ---------------------------------------------------------------------
@@ -309,6 +313,7 @@ class Turn:
 
     def _finish(self, task: asyncio.Future[Any]) -> TurnOutcome:
         self.close(self.close_reason or CloseReason.DONE)
+        exc = None if task.cancelled() else task.exception()  # retrieved: asyncio logs it else
         if self.store_error is not None:
             # Whatever the body made of it (it may have swallowed the signal
             # with a bare except), the turn stopped on an outage: no outcome.
@@ -317,7 +322,6 @@ class Turn:
             return TurnOutcome(TurnEnd.FAILED, error=error_info(self.failure))
         if task.cancelled():
             return TurnOutcome(TurnEnd.CLOSED)
-        exc = task.exception()
         if exc is None:
             try:
                 return TurnOutcome(TurnEnd.COMPLETED, output=codec.to_jsonable(task.result()))
@@ -383,6 +387,11 @@ def error_info(exc: BaseException) -> ErrorInfo:
         "details": details,
         "traceback": text[-_MAX_TRACEBACK_CHARS:],
     }
+
+
+def _consume(write: asyncio.Future[bool]) -> None:
+    if not write.cancelled():
+        write.exception()
 
 
 def _safe(compute: Callable[[], Any], fallback: Any) -> Any:

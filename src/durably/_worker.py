@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
 from ._aio import wait_event
+from ._faults import FailureLog
 from ._hooks import call_safely
 from ._notices import StoreNotice
 from ._replay import CloseReason
@@ -84,6 +85,9 @@ class Worker:
         self._options = options
         self._owner = owner
         self._last_sweep: dict[str, float] = {}
+        # A store outage fails every phase on every tick: one line when a
+        # phase starts failing and one when it recovers, not one per tick.
+        self._failures = FailureLog(_log)
         self._more_pending = False
         """The last pending-run poll found a full page: more runs may wait."""
         self._loop_task: asyncio.Task[None] | None = None
@@ -95,12 +99,15 @@ class Worker:
     async def tick(self) -> None:
         """One pass of every worker phase; a failing phase never stops the others."""
         for phase, batch in self._phases():
+            name = f"worker phase {phase.__name__}"
             try:
                 done = await phase()
                 if batch:
                     await self._drain_backlog(phase, done, batch)
-            except Exception:
-                _log.exception("worker phase %s failed", phase.__name__)
+            except Exception as exc:
+                self._failures.failed(name, exc)
+            else:
+                self._failures.succeeded(name)
 
     async def run_pending(self, limit: int = 1000) -> int:
         """Hand pending runs to the router; return how many (see ``Engine.run_pending``)."""
@@ -127,6 +134,12 @@ class Worker:
         now = self._clock.now_ms()
         options = self._options()
         orphans = await self._store.list_orphans(now, limit, namespace=options.namespace)
+        executor = self._router.executor
+        if executor is not None:
+            # A run this process is executing is no orphan: its lease ran out
+            # during a store outage, and its turn takes it back here as soon
+            # as the store answers. Recovering it would count a crash.
+            orphans = [run_id for run_id in orphans if not executor.executing(run_id)]
         if not orphans:
             return 0
         # One conditional write for the page, not one round trip per orphan:
@@ -328,8 +341,8 @@ class Worker:
         await asyncio.sleep(0.005)
         try:
             await self.run_pending()
-        except Exception:
-            _log.exception("polling pending runs failed")
+        except Exception as exc:
+            self._failures.failed("worker phase run_pending", exc)
 
     def on_store_event(self, kind: str, run_id: str) -> None:
         """React to another process's change, as the store reports it."""

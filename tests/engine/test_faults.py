@@ -4,6 +4,7 @@ swallowed, and any exception a body raises is stored as an error (issue 13)."""
 from __future__ import annotations
 
 import functools
+import logging
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -12,6 +13,7 @@ import pytest
 
 import durably
 from durably import RunStatus
+from durably.testing import VirtualClock, eventually
 
 from .conftest import EngineFactory
 
@@ -164,3 +166,83 @@ async def test_an_unprintable_exception_with_an_object_code_fails_the_run_cleanl
     assert isinstance(result.error["message"], str) and result.error["message"]
     assert isinstance(result.error["code"], str)
     assert "crashed" not in result.error["message"]
+
+
+class _Outage:
+    """Make some of a store's methods raise a connection error while ``down``."""
+
+    def __init__(self, store: Any, methods: list[str]) -> None:
+        self.down = False
+        self.refused = 0
+        for method in methods:
+            setattr(store, method, self._wrap(getattr(store, method)))
+
+    def _wrap(self, real: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(real)
+        async def flaky(*args: Any, **kwargs: Any) -> Any:
+            if self.down:
+                self.refused += 1
+                raise ConnectionError("injected outage")
+            return await real(*args, **kwargs)
+
+        return flaky
+
+
+_TURN_METHODS = [
+    "save_checkpoint",
+    "save_checkpoints",
+    "continue_turn",
+    "renew_lease",
+    "settle_run",
+]
+
+
+async def test_a_run_mid_turn_through_an_outage_resumes_here_and_counts_no_crash(
+    make_engine: EngineFactory, clock: VirtualClock
+) -> None:
+    engine = make_engine(clock=clock, lease="30s")
+    outage = _Outage(engine.store, _TURN_METHODS)
+    executed: Counter[str] = Counter()
+
+    def step(name: str) -> str:
+        executed[name] += 1
+        if name == "a" and executed[name] == 1:
+            outage.down = True  # the store goes away while the step first runs
+        return name
+
+    @engine.workflow("through")
+    async def through(ctx: durably.WorkflowContext) -> list[str]:
+        return [await ctx.local_step("a", step, "a"), await ctx.local_step("b", step, "b")]
+
+    async with engine:
+        await engine.start("through", run_id="t")
+        await eventually(lambda: outage.refused >= 2, what="the turn retrying its store")
+        clock.advance("2m")  # the lease this process holds runs out during the outage
+        assert await engine.recover_incomplete() == 0  # ours: not an orphan, not a crash
+        outage.down = False
+        result = await engine.wait_for_run("t", terminal=True, timeout=20)
+        run = await engine.store.get_run("t")
+    assert result.status is RunStatus.COMPLETED, result.error
+    assert run is not None and run.recovery_attempts == 0
+    assert executed["b"] == 1 and executed["a"] <= 2
+
+
+async def test_an_outage_logs_one_line_per_failing_phase_not_one_per_tick(
+    make_engine: EngineFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    engine = make_engine()
+    reads = ["list_pending", "list_orphans", "list_due", "list_expired", "claim_due_batch"]
+    outage = _Outage(engine.store, reads)
+    await engine.open()
+    caplog.set_level(logging.INFO, logger="durably")
+    outage.down = True
+    for _ in range(50):
+        await engine.tick()
+    failing = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    outage.down = False
+    await engine.tick()
+    recovered = [r for r in caplog.records if "recovered" in r.getMessage()]
+    assert outage.refused >= 50
+    assert 1 <= len(failing) <= len(reads)
+    assert len(recovered) == len(failing)
+    assert sum(1 for r in caplog.records if r.exc_info) == 0
