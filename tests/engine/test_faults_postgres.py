@@ -11,8 +11,8 @@ import pytest
 
 import durably
 from durably import RunStatus
-from durably.stores.postgres import PostgresStore
 from durably._faults import is_infrastructure_error
+from durably.stores.postgres import PostgresStore
 from durably.testing import eventually
 
 _RUNS = 300
