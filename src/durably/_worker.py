@@ -230,6 +230,20 @@ class Worker:
                 deleted += 1
         return deleted
 
+    async def sweep_buffered(self, limit: int = 1000, *, force: bool = False) -> int:
+        """Delete buffered signals and events past ``buffer_ttl``; return how many.
+
+        A signal sent to a token nobody waits on is kept for a later wait on
+        that token only this long: strays do not pile up forever, and a late
+        signal for a wait that timed out is not handed to an unrelated wait
+        years later (tokens name one wait: build them from the run id).
+        """
+        ttl_ms = self._options().buffer_ttl_ms
+        if ttl_ms is None or not self._due_sweep("buffered", force):
+            return 0
+        await self._open()
+        return await self._store.expire_buffered(self._clock.now_ms() - ttl_ms, limit)
+
     async def sweep_stalled(self, limit: int = 500, *, force: bool = False) -> int:
         """Report stalled runs to the ``on_stalled`` hooks; return how many."""
         if not self._hooks.stalled or not self._due_sweep("stalled", force):

@@ -306,7 +306,9 @@ class WorkflowContext:
     def wait_for_signal(self, token: str, *, timeout: Duration | None = None) -> Awaitable[Any]:
         """Wait for ``engine.signal(token, payload)`` and return the payload.
 
-        A signal sent before the wait begins is buffered and consumed here.
+        A signal sent before the wait begins is buffered (for the engine's
+        ``buffer_ttl``) and consumed here. A token names one wait: build it
+        from the run id (``f"approve:{ctx.run_id}"``), never reuse it across runs.
         With ``timeout`` the await raises :class:`SignalTimeout` once it passes.
         One run waits on a token at a time; a second waiter replaces the first.
         """

@@ -246,3 +246,23 @@ async def test_an_outage_logs_one_line_per_failing_phase_not_one_per_tick(
     assert 1 <= len(failing) <= len(reads)
     assert len(recovered) == len(failing)
     assert sum(1 for r in caplog.records if r.exc_info) == 0
+
+
+async def test_buffered_signals_and_events_expire_after_the_buffer_ttl(
+    make_engine: EngineFactory, clock: VirtualClock
+) -> None:
+    engine = make_engine(clock=clock, buffer_ttl="1h")
+    async with engine:
+        for i in range(5):
+            assert await engine.signal("stray", i) is None
+        await engine.publish_event("nobody.listens", {"n": 1})
+        clock.advance("30m")
+        await engine.signal("stray", "fresh")
+        assert await engine.sweep_buffered(force=True) == 0  # nothing is an hour old yet
+        clock.advance("31m")
+        assert await engine.sweep_buffered(force=True) == 6
+        assert await engine.store.list_buffered_signals("stray") == ["fresh"]
+        assert await engine.store.list_buffered_events("nobody.listens") == []
+        clock.advance("2h")
+        assert await engine.sweep_buffered(force=True) == 1
+        assert await engine.store.list_buffered_signals("stray") == []

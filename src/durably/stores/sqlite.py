@@ -849,6 +849,21 @@ class SqliteStore:
 
         return await self._db.run(op)
 
+    async def expire_buffered(self, before: int, limit: int) -> int:
+        """Delete up to ``limit`` buffered signals and events created before ``before``."""
+
+        def op(conn: sqlite3.Connection) -> int:
+            expired = 0
+            for table in ("durably_buffered_signals", "durably_buffered_events"):
+                expired += conn.execute(
+                    f"DELETE FROM {table} WHERE id IN ("  # one of two fixed table names
+                    f" SELECT id FROM {table} WHERE created_at < ? ORDER BY id LIMIT ?)",
+                    (before, limit - expired),
+                ).rowcount
+            return expired
+
+        return await self._db.run(op)
+
     # -- schedules -----------------------------------------------------------------------
 
     async def create_schedule(self, record: ScheduleRecord) -> tuple[ScheduleRecord, bool]:
