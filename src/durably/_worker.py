@@ -88,6 +88,7 @@ class Worker:
         # A store outage fails every phase on every tick: one line when a
         # phase starts failing and one when it recovers, not one per tick.
         self._failures = FailureLog(_log)
+        self._gone: str | None = None
         self._more_pending = False
         """The last pending-run poll found a full page: more runs may wait."""
         self._loop_task: asyncio.Task[None] | None = None
@@ -98,6 +99,8 @@ class Worker:
 
     async def tick(self) -> None:
         """One pass of every worker phase; a failing phase never stops the others."""
+        if self._store_gone():
+            return
         for phase, batch in self._phases():
             name = f"worker phase {phase.__name__}"
             try:
@@ -108,6 +111,19 @@ class Worker:
                 self._failures.failed(name, exc)
             else:
                 self._failures.succeeded(name)
+
+    def _store_gone(self) -> bool:
+        """Whether the store's file was deleted under us (SQLite): then one
+        line says so, and the worker stops (a store without files has no
+        ``check_file``)."""
+        check = getattr(self._store, "check_file", None)
+        if check is None:
+            return False
+        if self._gone is None:
+            self._gone = check()
+            if self._gone is not None:
+                _log.critical("%s", self._gone)
+        return self._gone is not None
 
     async def run_pending(self, limit: int = 1000) -> int:
         """Hand pending runs to the router; return how many (see ``Engine.run_pending``)."""

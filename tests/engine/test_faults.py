@@ -7,6 +7,7 @@ import functools
 import logging
 from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -266,3 +267,32 @@ async def test_buffered_signals_and_events_expire_after_the_buffer_ttl(
         clock.advance("2h")
         assert await engine.sweep_buffered(force=True) == 1
         assert await engine.store.list_buffered_signals("stray") == []
+
+
+async def test_a_sqlite_file_deleted_under_a_running_engine_stops_it_with_one_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "gone.db"
+    engine = durably.Engine(f"sqlite:///{path}", poll_interval=0.05)
+
+    @engine.workflow("w")
+    async def w(ctx: durably.WorkflowContext) -> int:
+        return await ctx.local_step("a", lambda: 1)
+
+    async with engine:
+        await engine.start("w", run_id="before")
+        assert (await engine.wait_for_run("before", terminal=True, timeout=10)).ok
+        _remove(tmp_path, "gone.db*")  # an operator's rm, or a cleanup job
+        caplog.set_level(logging.INFO, logger="durably")
+        for _ in range(5):
+            await engine.tick()
+        lines = [r for r in caplog.records if "gone.db" in r.getMessage()]
+        assert len(lines) == 1 and "deleted" in lines[0].getMessage()
+        # nothing more goes into the unlinked file, where it would be lost
+        with pytest.raises(OSError, match="deleted"):
+            await engine.start("w", run_id="after")
+
+
+def _remove(folder: Path, pattern: str) -> None:
+    for leftover in folder.glob(pattern):
+        leftover.unlink()
