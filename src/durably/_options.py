@@ -58,6 +58,7 @@ class EngineOptions:
     drain_timeout: float = 10.0
     step_threads: int = 32
     retention: Duration | None = None
+    buffer_ttl: Duration | None = "7d"
     stalled_after: Duration = "1h"
     transport: str | Transport | None = None
     consumers: Consumers = "auto"
@@ -74,6 +75,8 @@ class EngineOptions:
     """The fallback wake of a run waiting on someone else; ``0`` disables it."""
     retention_ms: int | None = field(init=False)
     """How long terminal runs are kept; ``None``: forever."""
+    buffer_ttl_ms: int | None = field(init=False)
+    """How long a signal or event nobody waited for stays buffered; ``None``: forever."""
     stalled_after_ms: int = field(init=False)
     """How long a live run may make no progress before it counts as stalled."""
     redispatch_ms: int | None = field(init=False)
@@ -102,6 +105,10 @@ class EngineOptions:
         derive(
             "retention_ms",
             None if self.retention is None else to_ms(self.retention, name="retention"),
+        )
+        derive(
+            "buffer_ttl_ms",
+            None if self.buffer_ttl is None else to_ms(self.buffer_ttl, name="buffer_ttl"),
         )
         derive("stalled_after_ms", to_ms(self.stalled_after, name="stalled_after"))
         # Held as sets: each step definition's name and group is looked up in them.

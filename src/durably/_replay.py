@@ -25,6 +25,7 @@ from enum import StrEnum
 from typing import Any
 
 from . import _codec as codec
+from ._faults import is_infrastructure_error
 from .errors import NondeterminismError, _ContinueAsNew, _TurnClosed
 from .model import CancelMode, Checkpoint, CheckpointKind, ErrorInfo, Run
 
@@ -66,6 +67,11 @@ class CloseReason(StrEnum):
     """The body parked for good; the turn ends with the run suspended."""
     DONE = "done"
     """The body returned or raised."""
+    STORE = "store"
+    """The store could not answer (an outage, a dropped connection): the run is
+    left as it was and takes the turn again once the store answers."""
+    HALTED = "halted"
+    """The determinism guard fired: the run fails whatever the body does next."""
 
 
 @dataclass(slots=True)
@@ -108,6 +114,13 @@ class Turn:
         self.closed = False
         self.close_reason: CloseReason | None = None
         self.fenced = False
+        self.failure: BaseException | None = None
+        """Why the run must fail whatever the body does (the determinism guard)."""
+        self.store_error: BaseException | None = None
+        """The infrastructure error that stopped this turn (see :meth:`store_failed`)."""
+        self.store_calls = _StoreGuard(self)
+        """``with turn.store_calls:`` around a store call made for the body turns
+        an outage into :meth:`store_failed` (a signal the body cannot catch)."""
         self.missing_children: set[str] = set()
         """Children waited on whose runs were never created (see the engine)."""
         self.unwinding = run.cancel_requested == CancelMode.COMPENSATE
@@ -131,13 +144,43 @@ class Turn:
         self._next_seq += 1
         recorded = self.checkpoints.get(seq)
         if recorded is not None and (recorded.kind != kind or recorded.name != name):
-            raise NondeterminismError(
-                f"run {self.run.run_id!r}: position {seq} holds {recorded.kind} "
-                f"{recorded.name!r} in history, but the workflow now calls {kind} {name!r}. "
-                "Register changed workflows under a new version or guard the change "
-                "with ctx.patched()."
+            raise self.halt(
+                NondeterminismError(
+                    f"run {self.run.run_id!r}: position {seq} holds {recorded.kind} "
+                    f"{recorded.name!r} in history, but the workflow now calls {kind} "
+                    f"{name!r}. Register changed workflows under a new version or guard "
+                    "the change with ctx.patched()."
+                )
             )
         return seq, recorded
+
+    def halt(self, failure: BaseException) -> _TurnClosed:
+        """Fail the run with ``failure`` whatever the body does next.
+
+        Returns the signal to raise: it derives from ``BaseException``, so a
+        body's ``except Exception`` cannot swallow the determinism guard and go
+        on executing side effects against a history that is not its own; the
+        turn is closed, so any later ``ctx`` call raises too.
+        """
+        if self.failure is None:
+            self.failure = failure
+        self.close(CloseReason.HALTED)
+        return _TurnClosed(CloseReason.HALTED)
+
+    def store_failed(self, error: BaseException) -> _TurnClosed:
+        """Stop the turn because the store could not answer; return the signal to raise.
+
+        An outage is never the workflow's failure: the body cannot catch the
+        signal, the engine writes no outcome, and the run takes this turn
+        again once the store answers (replay makes that safe).
+        """
+        if self.store_error is None:
+            self.store_error = error
+        self.close(CloseReason.STORE)
+        # Even a turn that already ended (the body returned, then flushing
+        # its results failed) must not settle: it runs again instead.
+        self.close_reason = CloseReason.STORE
+        return _TurnClosed(CloseReason.STORE)
 
     def write_later(self, write: Awaitable[bool]) -> None:
         """Start a checkpoint write without waiting for it.
@@ -175,6 +218,8 @@ class Turn:
             results = await asyncio.gather(*pending, return_exceptions=True)
             for result in results:
                 if isinstance(result, BaseException):
+                    if isinstance(result, Exception) and is_infrastructure_error(result):
+                        raise self.store_failed(result) from result
                     raise result
                 if result is False:
                     self.fenced = True
@@ -222,6 +267,10 @@ class Turn:
         if not self.closed:
             self.closed = True
             self.close_reason = reason
+            for write in self._unflushed:
+                # A closed turn may never flush again: a write that fails is
+                # still collected, so asyncio does not log it as unretrieved.
+                write.add_done_callback(_consume)
             self._poke()
 
     # -- the driver ---------------------------------------------------------------------
@@ -239,11 +288,12 @@ class Turn:
                 break
         if task.done():
             return self._finish(task)
-        outcome = (
-            TurnOutcome(TurnEnd.CLOSED)
-            if self.closed
-            else TurnOutcome(TurnEnd.SUSPENDED, wake_at=self._wake_at())
-        )
+        if self.failure is not None and self.store_error is None:
+            outcome = TurnOutcome(TurnEnd.FAILED, error=error_info(self.failure))
+        elif self.closed:
+            outcome = TurnOutcome(TurnEnd.CLOSED)
+        else:
+            outcome = TurnOutcome(TurnEnd.SUSPENDED, wake_at=self._wake_at())
         self.close(self.close_reason or CloseReason.SUSPENDED)
         task.cancel()
         # A body that swallows cancellation can only reach the engine through
@@ -263,9 +313,15 @@ class Turn:
 
     def _finish(self, task: asyncio.Future[Any]) -> TurnOutcome:
         self.close(self.close_reason or CloseReason.DONE)
+        exc = None if task.cancelled() else task.exception()  # retrieved: asyncio logs it else
+        if self.store_error is not None:
+            # Whatever the body made of it (it may have swallowed the signal
+            # with a bare except), the turn stopped on an outage: no outcome.
+            return TurnOutcome(TurnEnd.CLOSED)
+        if self.failure is not None:
+            return TurnOutcome(TurnEnd.FAILED, error=error_info(self.failure))
         if task.cancelled():
             return TurnOutcome(TurnEnd.CLOSED)
-        exc = task.exception()
         if exc is None:
             try:
                 return TurnOutcome(
@@ -290,21 +346,60 @@ class Turn:
             self._wakeup.set_result(None)
 
 
+class _StoreGuard:
+    """Turns an infrastructure error raised inside it into :meth:`Turn.store_failed`."""
+
+    __slots__ = ("_turn",)
+
+    def __init__(self, turn: Turn) -> None:
+        self._turn = turn
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
+        if isinstance(exc, Exception) and is_infrastructure_error(exc):
+            raise self._turn.store_failed(exc) from exc
+
+
 def error_info(exc: BaseException) -> ErrorInfo:
-    """A failure as stored on a run or checkpoint."""
+    """A failure as stored on a run or checkpoint.
+
+    Any exception encodes: a ``__str__`` that raises, a ``code`` or
+    ``details`` that is no JSON value, each falls back to something that is,
+    so a hostile exception fails its run instead of crashing the turn.
+    """
+    kind = _safe(lambda: type(exc).__name__, "Exception")
     details = getattr(exc, "details", None)
     try:
         details = codec.to_jsonable(details, "error details")
-    except (TypeError, ValueError):
-        details = codec.storable_text(repr(details))
+    except Exception:
+        details = codec.storable_text(_safe(lambda: repr(details), "<unrepresentable details>"))
+    code = getattr(exc, "code", None)
+    if code is not None and not isinstance(code, str):
+        code = _safe(lambda: str(code) if isinstance(code, int) else repr(code), None)
     # A failure is stored whatever its text holds: a message quoting an
     # undecodable file name must not make the failure itself unstorable.
-    text = codec.storable_text("".join(traceback.format_exception(exc)))
-    code = getattr(exc, "code", None) or "error"
+    text = codec.storable_text(_safe(lambda: "".join(traceback.format_exception(exc)), ""))
+    message = _safe(lambda: str(exc), None)
+    if message is None:
+        message = f"<{kind}: str() raised>"
     return {
-        "message": codec.storable_text(str(exc) or type(exc).__name__),
-        "type": type(exc).__name__,
-        "code": code if isinstance(code, str) else codec.storable_text(repr(code)),
+        "message": codec.storable_text(message or kind),
+        "type": kind,
+        "code": codec.storable_text(code) if code else "error",
         "details": details,
         "traceback": text[-_MAX_TRACEBACK_CHARS:],
     }
+
+
+def _consume(write: asyncio.Future[bool]) -> None:
+    if not write.cancelled():
+        write.exception()
+
+
+def _safe(compute: Callable[[], Any], fallback: Any) -> Any:
+    try:
+        return compute()
+    except Exception:
+        return fallback

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._batch import BatchCall
 from ._children import next_link_id
+from ._faults import FailureLog, is_infrastructure_error
 from ._ops.saga import Saga
 from ._replay import CloseReason, Turn, TurnEnd, TurnOutcome, error_info
 from .context import WorkflowContext
@@ -41,6 +42,9 @@ Leased = tuple[Run, dict[int, Checkpoint]]
 """A run leased for a turn, with the checkpoints that turn replays."""
 
 _WAKEABLE = frozenset({RunStatus.PENDING, RunStatus.SUSPENDED})
+# Waits between attempts to take a turn back after the store failed mid-turn
+# (seconds, real time: the store's recovery is not on the engine's clock).
+_RESUME_BACKOFF = (0.05, 0.1, 0.25, 0.5, 1.0)
 
 
 class TurnDriver:
@@ -73,6 +77,7 @@ class TurnDriver:
         # round trip each: waking thousands of sleepers, or a fan's children,
         # would otherwise queue one start per run for the store's pool.
         self._turn_starts: BatchCall[str, Leased | None] = BatchCall(self._start_turns, 256)
+        self._failures = FailureLog(_log)
 
     async def execute(self, run_id: str, wake: bool) -> None:
         """The executor's handler: lease ``run_id`` (unless a start already
@@ -81,7 +86,15 @@ class TurnDriver:
         if preleased is not None:
             await self.drive(preleased, {})
             return
-        leased = await self.acquire(run_id, wake=wake)
+        try:
+            leased = await self.acquire(run_id, wake=wake)
+        except Exception as exc:
+            if not is_infrastructure_error(exc):
+                raise
+            # The lease may have been taken before the answer was lost: if
+            # the run is ours once the store answers, its turn runs here now
+            # (not a lease later, through recovery).
+            leased = await self._resume(run_id, exc)
         if leased is not None:
             await self.drive(*leased)
 
@@ -117,8 +130,46 @@ class TurnDriver:
             return
         leased: Leased | None = (run, checkpoints)
         while leased is not None:
-            outcome, turn = await self._turn(*leased)
-            leased = await self._settle(leased[0], outcome, turn)
+            try:
+                outcome, turn = await self._turn(*leased)
+                if turn is not None and turn.store_error is not None:
+                    leased = await self._resume(run.run_id, turn.store_error)
+                    continue
+                leased = await self._settle(leased[0], outcome, turn)
+            except Exception as exc:
+                if not is_infrastructure_error(exc):
+                    raise
+                leased = await self._resume(run.run_id, exc)
+
+    async def _resume(self, run_id: str, error: BaseException) -> Leased | None:
+        """Take the turn of ``run_id`` again once the store answers.
+
+        The store failed mid-turn (or while settling): the run was left as it
+        was, still leased to us, so this process — not a recovery pass a
+        lease later, counting a crash — runs the turn again. ``None`` if the
+        run is no longer ours (settled after all, or taken over meanwhile) or
+        the engine is draining (the lease then expires into recovery).
+        """
+        self._failures.failed("a turn's store call", error)
+        attempt = 0
+        while not self._router.draining:
+            await asyncio.sleep(_RESUME_BACKOFF[min(attempt, len(_RESUME_BACKOFF) - 1)])
+            attempt += 1
+            try:
+                again = await self._store.continue_turn(
+                    run_id, self._owner(), self._clock.now_ms() + self._options().lease_ms
+                )
+                leased = (
+                    None if again is None else (again, await self._store.load_checkpoints(run_id))
+                )
+            except Exception as exc:
+                if not is_infrastructure_error(exc):
+                    raise
+                self._failures.failed("a turn's store call", exc)
+                continue
+            self._failures.succeeded("a turn's store call")
+            return leased
+        return None
 
     async def _start_turns(self, run_ids: list[str]) -> list[Leased | None]:
         now = self._clock.now_ms()
@@ -199,9 +250,10 @@ class TurnDriver:
             until = self._clock.now_ms() + lease_ms
             try:
                 held = await self._store.renew_lease(turn.run.run_id, self._owner(), until)
-            except Exception:
-                _log.exception("renewing the lease of run %s failed", turn.run.run_id)
+            except Exception as exc:
+                self._failures.failed("renewing leases", exc)
                 continue
+            self._failures.succeeded("renewing leases")
             if not held:
                 _log.warning("lost the lease of run %s; fencing its turn", turn.run.run_id)
                 turn.close(CloseReason.FENCED)

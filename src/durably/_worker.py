@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
 from ._aio import wait_event
+from ._faults import FailureLog
 from ._hooks import call_safely
 from ._notices import StoreNotice
 from ._replay import CloseReason
@@ -94,6 +95,10 @@ class Worker:
         """When (engine clock, ms) ``sweep_blocked`` last looked for runs to mark."""
         self._last_sweep: dict[str, float] = {}
         self._bad_rows: set[tuple[str, str]] = set()
+        # A store outage fails every phase on every tick: one line when a
+        # phase starts failing and one when it recovers, not one per tick.
+        self._failures = FailureLog(_log)
+        self._gone: str | None = None
         self._more_pending = False
         """The last pending-run poll found a full page: more runs may wait."""
         self._loop_task: asyncio.Task[None] | None = None
@@ -104,13 +109,31 @@ class Worker:
 
     async def tick(self) -> None:
         """One pass of every worker phase; a failing phase never stops the others."""
+        if self._store_gone():
+            return
         for phase, batch in self._phases():
+            name = f"worker phase {phase.__name__}"
             try:
                 done = await phase()
                 if batch:
                     await self._drain_backlog(phase, done, batch)
-            except Exception:
-                _log.exception("worker phase %s failed", phase.__name__)
+            except Exception as exc:
+                self._failures.failed(name, exc)
+            else:
+                self._failures.succeeded(name)
+
+    def _store_gone(self) -> bool:
+        """Whether the store's file was deleted under us (SQLite): then one
+        line says so, and the worker stops (a store without files has no
+        ``check_file``)."""
+        check = getattr(self._store, "check_file", None)
+        if check is None:
+            return False
+        if self._gone is None:
+            self._gone = check()
+            if self._gone is not None:
+                _log.critical("%s", self._gone)
+        return self._gone is not None
 
     async def run_pending(self, limit: int = 1000) -> int:
         """Hand pending runs to the router; return how many (see ``Engine.run_pending``)."""
@@ -144,6 +167,12 @@ class Worker:
         orphans = await self._store.list_orphans(
             now, limit, namespace=options.namespace, workflows=self._executable()
         )
+        executor = self._router.executor
+        if executor is not None:
+            # A run this process is executing is no orphan: its lease ran out
+            # during a store outage, and its turn takes it back here as soon
+            # as the store answers. Recovering it would count a crash.
+            orphans = [run_id for run_id in orphans if not executor.executing(run_id)]
         if not orphans:
             return 0
         # One conditional write for the page, not one round trip per orphan:
@@ -368,6 +397,20 @@ class Worker:
                 return 0
         return 1 if await self._store.delete_run(run_id) else 0
 
+    async def sweep_buffered(self, limit: int = 1000, *, force: bool = False) -> int:
+        """Delete buffered signals and events past ``buffer_ttl``; return how many.
+
+        A signal sent to a token nobody waits on is kept for a later wait on
+        that token only this long: strays do not pile up forever, and a late
+        signal for a wait that timed out is not handed to an unrelated wait
+        years later (tokens name one wait: build them from the run id).
+        """
+        ttl_ms = self._options().buffer_ttl_ms
+        if ttl_ms is None or not self._due_sweep("buffered", force):
+            return 0
+        await self._open()
+        return await self._store.expire_buffered(self._clock.now_ms() - ttl_ms, limit)
+
     async def sweep_stalled(self, limit: int = 500, *, force: bool = False) -> int:
         """Report stranded runs to the ``on_stalled`` hooks; return how many.
 
@@ -504,8 +547,8 @@ class Worker:
         await asyncio.sleep(0.005)
         try:
             await self.run_pending()
-        except Exception:
-            _log.exception("polling pending runs failed")
+        except Exception as exc:
+            self._failures.failed("worker phase run_pending", exc)
 
     def on_store_event(self, kind: str, run_id: str) -> None:
         """React to another process's change, as the store reports it."""

@@ -313,7 +313,9 @@ class WorkflowContext:
     def wait_for_signal(self, token: str, *, timeout: Duration | None = None) -> Awaitable[Any]:
         """Wait for ``engine.signal(token, payload)`` and return the payload.
 
-        A signal sent before the wait begins is buffered and consumed here.
+        A signal sent before the wait begins is buffered (for the engine's
+        ``buffer_ttl``) and consumed here. A token names one wait: build it
+        from the run id (``f"approve:{ctx.run_id}"``), never reuse it across runs.
         With ``timeout`` the await raises :class:`SignalTimeout` once it passes.
         Several waits may share a token: each signal is delivered to exactly
         one of them, the one registered first (oldest first), and a signal
@@ -409,9 +411,11 @@ class WorkflowContext:
         if recorded is not None and recorded.kind != CheckpointKind.PATCH:
             return _resolved(False)
         if recorded is not None and recorded.name != name:
-            raise NondeterminismError(
-                f"run {self.run_id!r}: position {turn.next_seq} holds {recorded.name!r}, "
-                f"but the workflow now asks for {name!r}"
+            raise turn.halt(
+                NondeterminismError(
+                    f"run {self.run_id!r}: position {turn.next_seq} holds {recorded.name!r}, "
+                    f"but the workflow now asks for {name!r}"
+                )
             )
         seq, recorded = turn.allocate(name, CheckpointKind.PATCH)
         if recorded is None:

@@ -86,6 +86,8 @@ class Engine:
         step_threads: worker threads for synchronous step functions.
         retention: delete terminal runs this long after they ended (``None``
             keeps them); :meth:`on_evict` hooks may archive them first.
+        buffer_ttl: how long a signal or event that nobody waited for stays
+            buffered for a later wait (default 7 days; ``None`` keeps it).
         stalled_after: how long a stranded run (see :meth:`on_stalled`) may
             make no progress before :meth:`on_stalled` hooks hear of it.
         transport: how dispatched steps (``ctx.step``) reach workers: a URL
@@ -125,6 +127,7 @@ class Engine:
         drain_timeout: float = 10.0,
         step_threads: int = 32,
         retention: Duration | None = None,
+        buffer_ttl: Duration | None = "7d",
         stalled_after: Duration = "1h",
         transport: str | Transport | None = None,
         consumers: Consumers = "auto",
@@ -230,6 +233,8 @@ class Engine:
     """Due timers loaded per tick."""
     retention_ms = Option[int | None]("retention_ms")
     """How long terminal runs are kept, in ms (``None``: forever)."""
+    buffer_ttl_ms = Option[int | None]("buffer_ttl_ms")
+    """How long an unconsumed signal or event stays buffered, in ms (``None``: forever)."""
     stalled_after_ms = Option[int]("stalled_after_ms")
     """How long a live run may make no progress before it counts as stalled, in ms."""
 
@@ -539,9 +544,12 @@ class Engine:
         them: the wait registered first (oldest first); the next signal goes to
         the next. Returns the id of the run that received it and is being
         woken, or ``None`` when no run waits yet: then the signal is buffered
-        (in order) and the first ``wait_for_signal(token)`` consumes it. Signals
-        sent concurrently, from any number of engines, are each delivered or
-        buffered exactly once.
+        (in order, for ``buffer_ttl``, 7 days by default) and the first
+        ``wait_for_signal(token)`` consumes it. Signals sent concurrently, from
+        any number of engines, are each delivered or buffered exactly once. A
+        token names *one* wait: build it from the run id
+        (``f"approve:{run_id}"``), so a late signal for a wait that timed out
+        never reaches a later run reusing the token.
         """
         check_signal(token, payload)
         await self.open()
@@ -847,6 +855,11 @@ class Engine:
         first; a run whose hook raises is kept. Returns how many were deleted."""
         return await self._worker.sweep_retention(limit, force=force)
 
+    async def sweep_buffered(self, limit: int = 1000, *, force: bool = False) -> int:
+        """Delete buffered signals and events older than ``buffer_ttl`` (at most
+        one pass a minute unless ``force``); returns how many were deleted."""
+        return await self._worker.sweep_buffered(limit, force=force)
+
     async def sweep_stalled(self, limit: int = 500, *, force: bool = False) -> int:
         """Report stalled runs to the ``on_stalled`` hooks (at most one pass a
         minute unless ``force``); returns how many were reported."""
@@ -867,6 +880,7 @@ class Engine:
             (self._worker.sweep_blocked, 0),
             (self.fire_schedules, 0),
             (self.sweep_retention, 0),
+            (self.sweep_buffered, 0),
             (self.sweep_stalled, 0),
         ]
 

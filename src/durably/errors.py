@@ -146,6 +146,10 @@ class NondeterminismError(DurablyError):
     The workflow body changed (or depends on something outside ``ctx``) in a way
     that makes its recorded history unusable. Register the new body under a new
     version, or guard the change with ``ctx.patched``.
+
+    The run fails with it (code ``nondeterminism``) whatever the body does: the
+    body is stopped by a signal its ``except Exception`` cannot catch, so it
+    executes nothing more against a history that is not its own.
     """
 
     code = "nondeterminism"

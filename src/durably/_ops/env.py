@@ -112,14 +112,15 @@ class TurnEnv:
         """Write ``checkpoint`` after every deferred write, fenced by the lease."""
         turn, store = self.turn, self.store
         turn.ensure_open()
-        if store.ordered_writes:
-            # Queued behind every earlier write: once this one is done they
-            # are too, and the flush only collects their results.
-            held = await store.save_checkpoint(checkpoint, turn.owner)
-            await turn.flush()
-        else:
-            await turn.flush()
-            held = await store.save_checkpoint(checkpoint, turn.owner)
+        with turn.store_calls:
+            if store.ordered_writes:
+                # Queued behind every earlier write: once this one is done they
+                # are too, and the flush only collects their results.
+                held = await store.save_checkpoint(checkpoint, turn.owner)
+                await turn.flush()
+            else:
+                await turn.flush()
+                held = await store.save_checkpoint(checkpoint, turn.owner)
         if not held:
             self.fence_lost()
 

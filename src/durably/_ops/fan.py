@@ -130,7 +130,7 @@ async def _run_children(
     if lost and not turn.unwinding:
         # An earlier turn stored these placeholders and died before it
         # created the children: create them now.
-        with turn.in_flight():
+        with turn.in_flight(), turn.store_calls:
             errors = await services.spawn_children(turn.run, [calls[i] for i in lost])
         for i, error in zip(lost, errors, strict=True):
             turn.missing_children.discard(calls[i].run_id)
@@ -152,7 +152,7 @@ async def _run_children(
             )
             for i in fresh
         ]
-        with turn.in_flight():
+        with turn.in_flight(), turn.store_calls:
             await turn.flush()
             if not await env.store.save_checkpoints(placeholders, turn.owner):
                 env.fence_lost()
@@ -164,7 +164,8 @@ async def _run_children(
                 outcomes[i] = (False, _child_failed(calls[i].run_id, error))
     failed = any(o is not None and not o[0] for o in outcomes)
     if waiting and fail_fast and failed:
-        await services.cancel_runs([calls[i].run_id for i in waiting])
+        with turn.store_calls:
+            await services.cancel_runs([calls[i].run_id for i in waiting])
         for i in waiting:
             outcomes[i] = (
                 False,

@@ -78,7 +78,9 @@ class Saga:
                 started_at=started,
                 attempts=1,
             )
-            if not await store.save_checkpoint(running, turn.owner):
+            with turn.store_calls:
+                held = await store.save_checkpoint(running, turn.owner)
+            if not held:
                 env.fence_lost()
             error: ErrorInfo | None = None
             for attempt in range(_UNDO_RETRY.retries + 1):
@@ -101,7 +103,9 @@ class Saga:
                 finished_at=clock.now_ms(),
                 attempts=1,
             )
-            if not await store.save_checkpoint(settled, turn.owner):
+            with turn.store_calls:
+                held = await store.save_checkpoint(settled, turn.owner)
+            if not held:
                 env.fence_lost()
             if error is not None:
                 env.log.error("compensation %s failed: %s", name, error["message"])

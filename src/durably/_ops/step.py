@@ -204,7 +204,7 @@ class StepRunner:
             fairness_key=call.fairness_key,
             retry_ms=flow.retry_ms,
         )
-        with self._env.turn.in_flight():
+        with self._env.turn.in_flight(), self._env.turn.store_calls:
             await self._env.turn.flush()
             return await self._env.store.try_admit(request, self._env.clock.now_ms())
 
@@ -228,7 +228,7 @@ class StepRunner:
         the redispatch net); returns whether it was sent.
         """
         turn = self._env.turn
-        with turn.in_flight():
+        with turn.in_flight(), turn.store_calls:
             await self._env.save(cp)
             try:
                 await self._env.services.steps.dispatch([self._task(seq, call, cp)])
@@ -275,7 +275,8 @@ class StepRunner:
                         continue
                     # The window ran out here: the store may know better (a
                     # result or beat another instance consumed).
-                    fresh = await services.store.get_checkpoint(self._env.run_id, seq)
+                    with turn.store_calls:
+                        fresh = await services.store.get_checkpoint(self._env.run_id, seq)
                     turn.ensure_open()
                     if fresh is not None and fresh.status in (
                         CheckpointStatus.COMPLETED,

@@ -190,7 +190,7 @@ async def _wait(
     if recorded is not None:
         deadline = recorded.wake_at
         if deadline is not None and deadline <= now:
-            with turn.in_flight():
+            with turn.in_flight(), turn.store_calls:
                 await turn.flush()
                 won = await mailbox.cancel(env, seq, error_info(mailbox.timed_out()), now)
             if won is not None:
@@ -207,7 +207,7 @@ async def _wait(
         wake_at=deadline,
         started_at=now,
     )
-    with turn.in_flight():
+    with turn.in_flight(), turn.store_calls:
         await turn.flush()
         result = await mailbox.register(env, checkpoint, now)
     if result is None:

@@ -39,6 +39,8 @@ class SqliteThread:
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
         self._startup_error: BaseException | None = None
+        self.gone: str | None = None
+        """Why the file may no longer be used (deleted under us), once it happened."""
 
     def start(self) -> None:
         """Open the connection on a new thread; raise if it cannot be opened."""
@@ -71,6 +73,8 @@ class SqliteThread:
         """
         if self._thread is None:
             raise RuntimeError("the SQLite store is closed")
+        if self.gone is not None:
+            raise FileNotFoundError(self.gone)
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
         self._queue.put((fn, future, loop))

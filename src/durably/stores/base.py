@@ -450,6 +450,11 @@ class SweepStore(Protocol):
     ) -> list[str]:
         """Ids of non-terminal runs whose ``deadline_at`` passed."""
 
+    async def expire_buffered(self, before: int, limit: int) -> int:
+        """Delete up to ``limit`` buffered signals and events (sent or published
+        with nobody waiting) created before ``before``, oldest first within each kind; return how
+        many. A token or event name then no longer delivers them to a later wait."""
+
 
 @runtime_checkable
 class CheckpointStore(Protocol):

@@ -56,10 +56,11 @@ class MemoryStore:
         self._checkpoints: dict[str, dict[int, Checkpoint]] = defaultdict(dict)
         # token -> its waits (run, seq) in the order they registered
         self._waiters: dict[str, dict[tuple[str, int], None]] = {}
-        self._buffered: dict[str, deque[Any]] = defaultdict(deque)
+        # buffered signals and events: (created_at, payload), oldest first
+        self._buffered: dict[str, deque[tuple[int, Any]]] = defaultdict(deque)
         # events: name -> {(run_id, seq): (match_keys, match)}; buffered payloads; published ids
         self._event_waiters: dict[str, dict[tuple[str, int], tuple[str, str]]] = {}
-        self._buffered_events: dict[str, deque[Any]] = {}
+        self._buffered_events: dict[str, deque[tuple[int, Any]]] = {}
         self._published: dict[str, int] = {}
         self._schedules: dict[str, ScheduleRecord] = {}
         # flow control: queue -> step_id -> slot (released ones kept for the rate window)
@@ -580,7 +581,7 @@ class MemoryStore:
             return None
         buffered = self._buffered.get(token)
         if buffered:
-            payload = buffered.popleft()
+            _, payload = buffered.popleft()
             if not buffered:
                 del self._buffered[token]
             self._put(_completed(checkpoint, payload, now))
@@ -594,7 +595,7 @@ class MemoryStore:
         """Deliver to the oldest waiter, or buffer."""
         waits = self._waiters.get(token)
         if not waits:
-            self._buffered[token].append(copy.deepcopy(payload))
+            self._buffered[token].append((now, copy.deepcopy(payload)))
             return None
         run_id, seq = next(iter(waits))
         self._forget_wait(token, run_id, seq)
@@ -628,7 +629,7 @@ class MemoryStore:
 
     async def list_buffered_signals(self, token: str) -> list[Any]:
         """Buffered payloads for ``token``."""
-        return copy.deepcopy(list(self._buffered.get(token, ())))
+        return copy.deepcopy([payload for _, payload in self._buffered.get(token, ())])
 
     # -- events --------------------------------------------------------------------------
 
@@ -646,7 +647,7 @@ class MemoryStore:
         keys, text = match_index(match)
         buffered = self._buffered_events.get(name)
         if buffered:
-            for index, payload in enumerate(buffered):
+            for index, (_, payload) in enumerate(buffered):
                 if project(payload, keys) == text:
                     del buffered[index]
                     if not buffered:
@@ -698,7 +699,7 @@ class MemoryStore:
             self._event_waiters.pop(name, None)
         buffered = not delivered and not triggered and buffer
         if buffered:
-            self._buffered_events.setdefault(name, deque()).append(copy.deepcopy(payload))
+            self._buffered_events.setdefault(name, deque()).append((now, copy.deepcopy(payload)))
         recipients = len(delivered) + triggered
         if event_id is not None:
             self._published[event_id] = recipients
@@ -724,7 +725,20 @@ class MemoryStore:
 
     async def list_buffered_events(self, name: str) -> list[Any]:
         """Buffered payloads on event ``name``."""
-        return copy.deepcopy(list(self._buffered_events.get(name, ())))
+        return copy.deepcopy([payload for _, payload in self._buffered_events.get(name, ())])
+
+    async def expire_buffered(self, before: int, limit: int) -> int:
+        """Delete up to ``limit`` buffered signals and events created before ``before``."""
+        expired = 0
+        for buffers in (self._buffered, self._buffered_events):
+            for key in list(buffers):
+                queue = buffers[key]
+                while queue and queue[0][0] < before and expired < limit:
+                    queue.popleft()
+                    expired += 1
+                if not queue:
+                    del buffers[key]
+        return expired
 
     # -- schedules -----------------------------------------------------------------------
 

@@ -1309,6 +1309,21 @@ class PostgresStore:
         )
         return [codec.loads(row[0]) for row in rows]
 
+    async def expire_buffered(self, before: int, limit: int) -> int:
+        """Delete up to ``limit`` buffered signals and events created before ``before``."""
+        pool = self._db.pool()
+        expired = 0
+        for table in ("durably_buffered_signals", "durably_buffered_events"):
+            rows = await pool.fetch(
+                f"DELETE FROM {table} WHERE id IN ("  # one of two fixed table names
+                f" SELECT id FROM {table} WHERE created_at < $1 ORDER BY id LIMIT $2"
+                ") RETURNING id",
+                before,
+                limit - expired,
+            )
+            expired += len(rows)
+        return expired
+
     # -- schedules -----------------------------------------------------------------------
 
     async def create_schedule(self, record: ScheduleRecord) -> tuple[ScheduleRecord, bool]:

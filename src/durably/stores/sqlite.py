@@ -149,6 +149,7 @@ class SqliteStore:
         self._db = SqliteThread(self.path, busy_timeout_ms=busy_timeout_ms)
         self._opened = False
         self._messages: SqliteMessageQueue | None = None
+        self._identity: tuple[int, int] | None = None
 
     async def open(self) -> None:
         """Open the file (creating its folder) and migrate the schema."""
@@ -160,6 +161,37 @@ class SqliteStore:
         self._db.start()
         self._opened = True
         await self._db.run(_migrate)
+        self._db.gone = None
+        if self.path != ":memory:":
+            found = os.stat(self.path)
+            self._identity = (found.st_dev, found.st_ino)
+
+    def check_file(self) -> str | None:
+        """Whether the path still names the file this store has open.
+
+        A file deleted (or replaced) under a running process stays writable
+        through the open connection, and every write then vanishes with the
+        process. Returns the problem in one sentence once that happened, and
+        from then on every call to the store raises ``FileNotFoundError``
+        (nothing more is written where it would be lost); ``None`` while fine.
+        """
+        if self._identity is None:
+            return self._db.gone
+        try:
+            found = os.stat(self.path)
+        except FileNotFoundError:
+            problem = "was deleted"
+        else:
+            if (found.st_dev, found.st_ino) == self._identity:
+                return None
+            problem = "was replaced by another file"
+        self._identity = None
+        self._db.gone = (
+            f"the SQLite file {self.path} {problem} while this process had it open; "
+            "durably stopped writing to it (anything written now would be lost): "
+            "restore the file and restart the process"
+        )
+        return self._db.gone
 
     async def close(self) -> None:
         """Flush and close."""
@@ -1001,6 +1033,21 @@ class SqliteStore:
                 "SELECT payload FROM durably_buffered_events WHERE name = ? ORDER BY id", (name,)
             )
             return [codec.loads(row[0]) for row in rows]
+
+        return await self._db.run(op)
+
+    async def expire_buffered(self, before: int, limit: int) -> int:
+        """Delete up to ``limit`` buffered signals and events created before ``before``."""
+
+        def op(conn: sqlite3.Connection) -> int:
+            expired = 0
+            for table in ("durably_buffered_signals", "durably_buffered_events"):
+                expired += conn.execute(
+                    f"DELETE FROM {table} WHERE id IN ("  # one of two fixed table names
+                    f" SELECT id FROM {table} WHERE created_at < ? ORDER BY id LIMIT ?)",
+                    (before, limit - expired),
+                ).rowcount
+            return expired
 
         return await self._db.run(op)
 

@@ -1179,6 +1179,22 @@ async def test_signals_sent_first_are_buffered_and_consumed_fifo(store: StateSto
     assert await store.list_buffered_signals("never-used") == []
 
 
+async def test_expire_buffered_deletes_old_signals_and_events_only(store: StateStore) -> None:
+    for i in range(3):
+        await store.send_signal("stray", f"old-{i}", NOW + i)
+        await store.publish_event("nobody.listens", {"old": i}, NOW + i)
+    await store.send_signal("stray", "new", NOW + 100)
+    await store.publish_event("nobody.listens", {"new": 1}, NOW + 100)
+
+    # bounded per call, oldest first
+    assert await store.expire_buffered(NOW + 50, 2) == 2
+    assert await store.expire_buffered(NOW + 50, 100) == 4
+    assert await store.expire_buffered(NOW + 50, 100) == 0
+
+    assert await store.list_buffered_signals("stray") == ["new"]
+    assert await store.list_buffered_events("nobody.listens") == [{"new": 1}]
+
+
 async def test_wait_signal_is_fenced(store: StateStore) -> None:
     await leased(store, "r1")
     await store.send_signal("tok", "kept", NOW)
