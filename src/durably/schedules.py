@@ -34,13 +34,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from croniter import CroniterBadDateError, croniter
+from croniter import croniter
 
 from . import _codec as codec
+from . import _cron
 from ._names import check_name as check_key
 from ._start import StartRun
 from .durations import Duration, to_ms
@@ -77,7 +77,6 @@ _MIN_EVERY_MS = 1000
 _MAX_WINDOWS_PER_PASS = 100
 """Catch-up windows one schedule fires per pass; the rest fire on the next passes."""
 _DUE_BATCH = 100
-_SEARCH_LIMIT = 1000
 
 
 class ScheduleNotFound(DurablyError, LookupError):
@@ -191,36 +190,14 @@ class ScheduleSpec:
         if self.every_ms is not None:
             return (after_ms // self.every_ms + 1) * self.every_ms
         assert self.cron is not None
-        zone = _zone(self.tz)
-        skip_repeats = not _every_hour(self.cron)
-        try:
-            it = croniter(self.cron, datetime.fromtimestamp(after_ms / 1000, zone))
-            for _ in range(_SEARCH_LIMIT):
-                moment: datetime = it.get_next(datetime)
-                ms = round(moment.timestamp() * 1000)
-                if ms > after_ms and not (skip_repeats and _repeated(moment)):
-                    return ms
-        except CroniterBadDateError:
-            return None
-        return None  # pragma: no cover - needs a thousand repeated local times in a row
+        return _cron.next_after(self.cron, _zone(self.tz), after_ms)
 
     def latest_at(self, at_ms: int) -> int | None:
         """The last window at or before ``at_ms`` (``None`` if there is none)."""
         if self.every_ms is not None:
             return at_ms - at_ms % self.every_ms
         assert self.cron is not None
-        zone = _zone(self.tz)
-        skip_repeats = not _every_hour(self.cron)
-        try:
-            it = croniter(self.cron, datetime.fromtimestamp((at_ms + 1) / 1000, zone))
-            for _ in range(_SEARCH_LIMIT):
-                moment: datetime = it.get_prev(datetime)
-                ms = round(moment.timestamp() * 1000)
-                if ms <= at_ms and not (skip_repeats and _repeated(moment)):
-                    return ms
-        except CroniterBadDateError:
-            return None
-        return None  # pragma: no cover
+        return _cron.latest_at(self.cron, _zone(self.tz), at_ms)
 
     def windows(self, start_ms: int, end_ms: int) -> list[int]:
         """Every window in ``(start_ms, end_ms]``, in order (for inspection and tests)."""
@@ -616,17 +593,3 @@ def _zone(name: str) -> ZoneInfo:
         raise ValueError(
             f"unknown time zone {name!r}: use an IANA name such as 'Europe/Paris'"
         ) from exc
-
-
-def _every_hour(expression: str) -> bool:
-    """Whether the expression fires in every hour (hour field ``*``)."""
-    hours = croniter(expression).expanded[1]
-    return list(hours) == ["*"]
-
-
-def _repeated(moment: datetime) -> bool:
-    """Whether ``moment`` is the second occurrence of a local time repeated
-    when clocks went back."""
-    if not moment.fold:
-        return False
-    return moment.replace(fold=0).utcoffset() != moment.utcoffset()

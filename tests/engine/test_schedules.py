@@ -126,6 +126,62 @@ def test_latest_and_next_windows_agree_around_dst_changes() -> None:
                 assert spec.next_after(latest) == following
 
 
+def _windows_minute_by_minute(expression: str, tz: str, start: int, end: int) -> list[int]:
+    """The documented DST rules applied to every whole minute in ``(start, end]``."""
+    from zoneinfo import ZoneInfo
+
+    from croniter import croniter
+
+    zone = ZoneInfo(tz)
+    hourly = croniter(expression).expanded[1] == ["*"]
+
+    def wall(at: int) -> datetime:
+        return datetime.fromtimestamp(at / 1000, zone).replace(tzinfo=None)
+
+    found: list[int] = []
+    for at in range(start - start % 60_000 + 60_000, end + 1, 60_000):
+        local = datetime.fromtimestamp(at / 1000, zone)
+        before = wall(at - 60_000)
+        if croniter.match(expression, wall(at)):
+            if hourly or not local.fold:  # a repeated wall time: the first occurrence only
+                found.append(at)
+        elif not hourly and wall(at) - before > timedelta(minutes=1):
+            # the clocks jumped forward: a skipped wall time fires at the jump
+            skipped = before + timedelta(minutes=1)
+            while skipped < wall(at) and not croniter.match(expression, skipped):
+                skipped += timedelta(minutes=1)
+            if skipped < wall(at):
+                found.append(at)
+    return found
+
+
+@pytest.mark.parametrize(
+    ("expression", "tz", "day"),
+    [
+        (expression, tz, day)
+        for expression in ("*/20 * * * *", "30 2 * * *", "0,45 1,2 * * *")
+        for tz, day in (
+            ("America/New_York", (2024, 3, 10)),
+            ("America/New_York", (2024, 11, 3)),
+            ("Australia/Lord_Howe", (2024, 4, 7)),  # half-hour DST
+            ("Australia/Lord_Howe", (2024, 10, 6)),
+        )
+    ],
+)
+def test_cron_windows_match_a_minute_by_minute_reading_of_the_dst_rules(
+    expression: str, tz: str, day: tuple[int, int, int]
+) -> None:
+    spec = cron(expression, tz)
+    start, end = ms(*day, 0, 0, tz=tz) - 6 * HOUR, ms(*day, 0, 0, tz=tz) + 30 * HOUR
+
+    expected = _windows_minute_by_minute(expression, tz, start - 24 * HOUR, end + 24 * HOUR)
+
+    assert spec.windows(start, end) == [w for w in expected if start < w <= end]
+    for at in range(start, end, 37 * 60_000):
+        assert spec.next_after(at) == next(w for w in expected if w > at)
+        assert spec.latest_at(at) == max(w for w in expected if w <= at)
+
+
 def test_a_cron_that_never_fires_has_no_window() -> None:
     spec = cron("0 0 30 2 *")  # 30 February
     assert spec.next_after(ms(2027, 1, 1, 0, 0)) is None

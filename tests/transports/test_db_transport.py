@@ -4,10 +4,13 @@ dispatched or claimed them, and several processes share one queue."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
+from typing import Any
 
 import pytest
 
+import durably
 from durably._queue import MessageQueue
 from durably.stores import MemoryStore
 from durably.testing.conformance import TransportFactory, wait_until
@@ -187,3 +190,57 @@ async def test_a_malformed_message_is_dropped_not_redelivered(
 def test_a_memory_store_is_refused() -> None:
     with pytest.raises(ValueError, match="SQLite or PostgreSQL"):
         DbTransport(MemoryStore())
+
+
+async def test_two_engines_on_one_schema_settle_results_without_a_deadlock(
+    postgres_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two engines share one PostgreSQL schema and its ``db://`` transport:
+    while one settles a batch of step results (locking the runs it wakes),
+    the runs' owners commit their turns' writes on the same runs. No write
+    may fail on a deadlock (it would cost a second and a redelivery)."""
+    failures: list[BaseException] = []
+
+    def build(instance: str) -> durably.Engine:
+        engine = durably.Engine(
+            postgres_url, transport="db://", instance_id=instance, poll_interval=0.05
+        )
+
+        @engine.step("times2")
+        async def times2(n: int) -> int:
+            await asyncio.sleep((n % 7) / 500)  # results come back spread out
+            return n * 2
+
+        @engine.workflow("double")
+        async def double(ctx: durably.WorkflowContext, n: int) -> int:
+            first = int(await ctx.step("times2", n))
+            return int(await ctx.step("times2", first)) + 1
+
+        settle = engine._steps.on_results
+
+        async def counted(batch: list[StepResult], settle: Any = settle) -> None:
+            try:
+                await settle(batch)
+            except BaseException as exc:
+                failures.append(exc)
+                raise
+
+        engine._steps.on_results = counted  # type: ignore[method-assign]
+        return engine
+
+    engines = [build(f"i{i}") for i in range(2)]
+    caplog.set_level(logging.WARNING, logger="durably")
+    try:
+        for engine in engines:
+            await engine.start_worker()
+        runs = await asyncio.gather(*(engines[i % 2].start("double", i) for i in range(400)))
+        done = await asyncio.gather(
+            *(engines[0].wait_for_run(run.run_id, terminal=True, timeout=90) for run in runs)
+        )
+        assert [r.output for r in done] == [4 * i + 1 for i in range(400)]
+    finally:
+        for engine in engines:
+            await engine.close()
+    deadlocks = [r.getMessage() for r in caplog.records if "deadlock" in r.getMessage()]
+    assert not failures, failures
+    assert not deadlocks, deadlocks

@@ -36,8 +36,22 @@ _log = logging.getLogger("durably.stores.postgres")
 # checkpoints are fenced by the leases as they were before the settles in the
 # same batch release them; FOR SHARE makes a concurrent takeover wait and
 # re-checks the lease against the row it committed.
+#
+# Lock order: ``locked`` takes every run the batch writes ($29), in id order,
+# before any other part locks a row: the gate ``(SELECT n FROM locked) >= 0``
+# is a one-time filter evaluated before ``held`` or ``settled`` lock theirs.
+# Otherwise the batch (checkpoints' runs, then settles' runs, each in join
+# order) and another engine settling step results on the same runs
+# (resolve_checkpoints, in id order) each hold a run the other waits for, and
+# PostgreSQL aborts one as a deadlock. One mode for all (the settles' UPDATE
+# mode) so no run's lock is upgraded while others are held.
 _BATCH = f"""
-    WITH v AS (
+    WITH locked AS (
+        SELECT count(*) AS n FROM (
+            SELECT 1 FROM durably_runs WHERE id = ANY($29::text[]) ORDER BY id
+            FOR NO KEY UPDATE
+        ) AS runs
+    ), v AS (
         SELECT * FROM unnest(
             $1::text[], $2::integer[], $3::text[], $4::text[], $5::text[], $6::text[],
             $7::text[], $8::text[], $9::integer[], $10::bigint[], $11::bigint[],
@@ -48,6 +62,7 @@ _BATCH = f"""
                last_heartbeat_at, progress, owner)
     ), held AS (
         SELECT v.* FROM v JOIN durably_runs r ON r.id = v.run_id AND r.locked_by = v.owner
+        WHERE (SELECT n FROM locked) >= 0
         FOR SHARE OF r
     ), saved AS (
         INSERT INTO durably_checkpoints ({CP_COLUMNS})
@@ -62,7 +77,7 @@ _BATCH = f"""
             wake_at = s.wake_at, locked_by = NULL, locked_until = NULL, updated_at = s.now
         FROM s
         WHERE r.id = s.id AND r.status = 'running' AND r.locked_by = s.owner
-            AND (s.terminal OR r.wake_requested_at IS NULL)
+            AND (s.terminal OR r.wake_requested_at IS NULL) AND (SELECT n FROM locked) >= 0
         RETURNING r.id, s.terminal
     ), cleared AS (
         DELETE FROM durably_signal_waiters
@@ -277,8 +292,9 @@ class PgWriteBatcher:
         for params, _ in settles:
             first.setdefault(params[0], params)
         settle_rows = list(first.values())
+        runs = list({row[0] for row in cp_rows} | first.keys())
         rows = await conn.fetch(
-            _BATCH, *_columns(cp_rows, 19), *_columns(settle_rows, 8), self._channel
+            _BATCH, *_columns(cp_rows, 19), *_columns(settle_rows, 8), self._channel, runs
         )
         held = {(row["id"], row["seq"]) for row in rows if row["seq"] is not None}
         done = {row["id"] for row in rows if row["seq"] is None}

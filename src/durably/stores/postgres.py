@@ -312,6 +312,9 @@ class PostgresStore:
     async def create_runs(self, runs: list[Run]) -> list[str]:
         """Insert the runs whose ids are new: one multi-row insert per 500."""
         created: list[str] = []
+        # In id order: two instances inserting the same new ids in different
+        # orders would each wait on the other's uncommitted key (a deadlock).
+        runs = sorted(runs, key=lambda run: run.run_id)
         async with self._db.pool().acquire() as conn:
             for start in range(0, len(runs), 500):
                 chunk = runs[start : start + 500]
@@ -893,7 +896,8 @@ class PostgresStore:
     async def save_checkpoints(self, checkpoints: list[Checkpoint], owner: str) -> bool:
         """Upsert many checkpoints under the lease, in one transaction."""
         async with self._db.transaction() as conn:
-            for run_id in {cp.run_id for cp in checkpoints}:
+            # In id order, as every write locking several runs does (no deadlock).
+            for run_id in sorted({cp.run_id for cp in checkpoints}):
                 if not await conn.fetchval(_HOLD_LEASE, run_id, owner):
                     return False
             await conn.executemany(

@@ -1543,3 +1543,18 @@ async def test_list_blocked_lists_blocked_runs_of_the_workflows(store: StateStor
     assert sorted(await store.list_blocked(10, workflows=newer)) == ["new", "urgent", "v1", "v2"]
     assert await store.list_blocked(1, workflows=newer) == ["urgent"]
     assert await store.list_blocked(10, workflows=frozenset()) == []
+
+
+async def test_racing_create_runs_in_opposite_orders_create_each_run_once(
+    store_factory: StoreFactory,
+) -> None:
+    """Two instances creating the same new runs (a fan-out replayed on two
+    engines), listed in opposite orders: each run is created by exactly one of
+    them, and neither is aborted as a deadlock on the other's new keys."""
+    first, second = await store_factory(), await store_factory()
+    for round_ in range(4):
+        runs = [make_run(f"fan-{round_}-{n:03}") for n in range(200)]
+
+        a, b = await asyncio.gather(first.create_runs(runs), second.create_runs(runs[::-1]))
+
+        assert sorted(a + b) == sorted(run.run_id for run in runs)

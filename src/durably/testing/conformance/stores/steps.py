@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from durably.model import Checkpoint, CheckpointStatus, Run, RunStatus
-from durably.stores import StateStore
+from durably.stores import RunChanges, SettleResult, StateStore
 from durably.stores.base import Admission, Resolution
 
 if TYPE_CHECKING:
@@ -547,6 +547,49 @@ async def test_deleting_a_run_frees_its_slots(store: StateStore) -> None:
     assert await store.delete_run("h")
 
     assert await store.try_admit(ask("w:1", concurrency=1), NOW + 1) is None
+
+
+async def test_results_settled_while_the_owner_writes_the_same_runs_never_deadlock(
+    store_factory: StoreFactory,
+) -> None:
+    """Two engines on one store: one settles step results (locking each run it
+    touches) while the runs' owner commits its turns' writes on the same runs,
+    the checkpoints and the settles naming the runs in the opposite order.
+    Every multi-run write must lock runs in one global order, or the database
+    aborts one of them as a deadlock."""
+    owner, receiver = await store_factory(), await store_factory()
+
+    for round_ in range(6):
+        firsts = [f"r{round_}-a-{n:03}" for n in range(40)]
+        lasts = [f"r{round_}-b-{n:03}" for n in range(40)]
+        for run_id in firsts + lasts:
+            await owner.create_run(_make_run(run_id))
+        started = await owner.start_turns(firsts + lasts, OWNER, NOW, NOW + LEASE, PENDING)
+        assert len(started) == 80
+        assert all(
+            await asyncio.gather(
+                *(owner.save_checkpoint(_make_cp(r, 1), OWNER) for r in firsts + lasts)
+            )
+        )
+        # the owner: a new step on each run it names last, a suspend of each it names first
+        writes = [owner.save_checkpoint(_make_cp(r, 2), OWNER) for r in reversed(lasts)]
+        settles = [
+            owner.settle_run(r, OWNER, RunStatus.SUSPENDED, RunChanges(), NOW + 1)
+            for r in reversed(firsts)
+        ]
+        # the other engine: the results of the steps of all of them
+        resolved = receiver.resolve_checkpoints(
+            [Resolution(r, 1, COMPLETED, output=r) for r in firsts + lasts], NOW + 2
+        )
+
+        outcome = await asyncio.gather(resolved, *writes, *settles)
+
+        assert outcome[0] == [0] * 80
+        assert all(outcome[1 : 1 + len(writes)])
+        assert set(outcome[1 + len(writes) :]) <= {
+            SettleResult.SETTLED,
+            SettleResult.WAKE_REQUESTED,
+        }
 
 
 @pytest.mark.parametrize("limit", ["concurrency", "rate_limit"])
