@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import durably
 from durably import Checkpoint, Run, RunStatus
-from durably.testing import VirtualClock
+from durably.testing import VirtualClock, eventually
 
 from .conftest import EngineFactory
 
@@ -31,6 +31,10 @@ async def test_on_error_routes_by_code_to_a_handler_workflow(make_engine: Engine
         await engine.start("charge", "other", run_id="c2")
         await engine.wait_for_run("c1", terminal=True, timeout=10)
         await engine.wait_for_run("c2", terminal=True, timeout=10)
+        # The handler run is started after the failed run is settled (and its
+        # waiters told), so it may not exist yet when wait_for_run("c1") returns.
+        await eventually(lambda: engine.get_run("onerror:card_declined:c1"), what="the handler run")
+        await eventually(lambda: sorted(seen) == ["c1", "c2"], what="both failures heard")
         handled = await engine.wait_for_run("onerror:card_declined:c1", terminal=True, timeout=10)
         assert await engine.get_run("onerror:other:c2") is None
     assert handled.output == "handled c1 (charge)"
