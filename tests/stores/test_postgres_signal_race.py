@@ -13,7 +13,7 @@ import asyncpg
 import pytest
 
 from durably.stores.postgres import PostgresStore
-from durably.testing.conformance.stores.contract import OWNER, leased, signal_cp
+from durably.testing.conformance.stores._helpers import OWNER, leased, signal_cp
 from durably.testing.conformance.stores.steps import NOW
 
 pytestmark = pytest.mark.timeout(60)

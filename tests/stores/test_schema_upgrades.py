@@ -14,7 +14,7 @@ import pytest
 from durably.model import Checkpoint, CheckpointStatus
 from durably.stores import StateStore
 from durably.stores.base import Resolution
-from durably.testing.conformance.stores.contract import OWNER, leased, signal_cp
+from durably.testing.conformance.stores._helpers import OWNER, leased, signal_cp
 from durably.testing.conformance.stores.steps import EVENTS, NOW, ask
 
 COMPLETED = CheckpointStatus.COMPLETED

@@ -168,8 +168,6 @@ async def test_a_task_job_failing_in_bullmq_is_answered_as_a_retryable_failure(
 ) -> None:
     # Something outside the handler throws (here: parsing): BullMQ fails the
     # job, and the serving transport answers it instead of leaving it unanswered.
-    from durably.transports import redis as redis_transport
-
     def broken(data: object) -> StepTask:
         raise RuntimeError("parser exploded")
 
@@ -187,7 +185,7 @@ async def test_a_task_job_failing_in_bullmq_is_answered_as_a_retryable_failure(
         raise AssertionError("the handler must not run")
 
     try:
-        monkeypatch.setattr(redis_transport.StepTask, "from_wire", broken)
+        monkeypatch.setattr(StepTask, "from_wire", broken)
         await transport.consume_results(on_results, on_beat)
         await transport.serve(["g"], never, concurrency=1)
         await transport.dispatch([StepTask("r1", 4, "g", "g")])

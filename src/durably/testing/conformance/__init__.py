@@ -24,10 +24,11 @@ model is ``sqlalchemy.testing.suite``). A third party writes two files.
 
 A transport does the same with a ``transport_factory`` fixture (see
 :func:`transport_factory_from`) and ``durably.testing.conformance.transports``.
-Each suite module can also be imported alone (``stores.contract``,
-``stores.steps``, ``stores.events``, ``stores.schedules``,
-``transports.contract``). The suites need ``pytest`` and ``pytest-asyncio``
-(``asyncio_mode = "auto"``).
+Each suite module can also be imported alone: the store suite by role
+(``stores.runs``, ``stores.turns``, ``stores.sweeps``, ``stores.checkpoints``,
+``stores.signals``, ``stores.lifecycle``, ``stores.children``, ``stores.steps``,
+``stores.events``, ``stores.schedules``) and ``transports.contract``. The
+suites need ``pytest`` and ``pytest-asyncio`` (``asyncio_mode = "auto"``).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The ``StateStore`` conformance suite: every test of its five modules.
+"""The ``StateStore`` conformance suite: every test of its modules.
 
 ``from durably.testing.conformance.stores import *`` in a test module makes
 pytest collect them there; see :mod:`durably.testing.conformance`.
@@ -6,8 +6,13 @@ pytest collect them there; see :mod:`durably.testing.conformance`.
 
 from __future__ import annotations
 
+from .checkpoints import *  # noqa: F403
 from .children import *  # noqa: F403
-from .contract import *  # noqa: F403
 from .events import *  # noqa: F403
+from .lifecycle import *  # noqa: F403
+from .runs import *  # noqa: F403
 from .schedules import *  # noqa: F403
+from .signals import *  # noqa: F403
 from .steps import *  # noqa: F403
+from .sweeps import *  # noqa: F403
+from .turns import *  # noqa: F403

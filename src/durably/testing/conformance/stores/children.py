@@ -1,6 +1,6 @@
 """``StateStore.end_child_runs``: a child's ending and its parent's placeholder, one write.
 
-Same fixtures as ``stores.contract``: ``store`` is an empty store,
+Same fixtures as ``stores.runs``: ``store`` is an empty store,
 ``store_factory`` opens more store objects on its database. Every time is an
 explicit integer.
 """

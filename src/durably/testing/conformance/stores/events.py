@@ -13,7 +13,7 @@ from durably.model import Checkpoint, CheckpointStatus, RunStatus
 from durably.stores import EventDelivery, RunChanges, SettleResult, SignalWait, StateStore
 from durably.stores._match import canonical, matches
 
-from .contract import ERROR, NESTED, NOW, OTHER, OWNER, checkpoint, leased, make_cp
+from ._helpers import ERROR, NESTED, NOW, OTHER, OWNER, checkpoint, leased, make_cp
 
 if TYPE_CHECKING:
     from .. import StoreFactory

@@ -9,7 +9,7 @@ import pytest
 
 from durably.stores import ScheduleRecord, StateStore
 
-from .contract import NESTED, NOW
+from ._helpers import NESTED, NOW
 
 if TYPE_CHECKING:
     from .. import StoreFactory

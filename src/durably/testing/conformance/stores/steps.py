@@ -2,7 +2,7 @@
 
 Checkpoint fields of dispatched steps, heartbeats, batched resolution and the
 flow-control queues (``try_admit`` / ``release_slots``). Same fixtures as
-``stores.contract``: ``store`` is an empty store, ``store_factory`` opens
+``stores.runs``: ``store`` is an empty store, ``store_factory`` opens
 more store objects on its database. Every time is an explicit integer.
 """
 

@@ -1,35 +1,5 @@
-"""The ``redis://`` transport: BullMQ queues and Redis pub/sub, on the upstream wire.
-
-Speaks what the upstream engines and their workers (``durable-worker`` on PyPI,
-the TypeScript runtimes) speak, so any of them can serve a ``ctx.step``:
-
-- Step tasks go to the BullMQ queue ``{P}-tasks-{group}`` (job name ``task``,
-  ``removeOnComplete``, failed jobs kept a day), results to ``{P}-results``
-  (job name ``result``), both with BullMQ's default key prefix ``bull``.
-  ``P`` is the prefix (``durable``), or ``{prefix}-{namespace}`` for an
-  upstream namespace other than ``default``. ``group`` is the routing token
-  (:func:`durably.wire.routing_token`): the engine's own ``namespace=`` is the
-  upstream *partition*, the ``@…`` suffix of the token.
-- BullMQ's competing consumers give each task to one server and each result
-  to one engine instance (whichever takes it first): a result is settled
-  once. A server that dies holding a task has it redelivered by BullMQ's
-  stalled-job check; a task that stalls again, or fails in BullMQ for any
-  other reason, is answered with a retryable failure (as the upstream workers'
-  "failure bridge" does), so the engine's retry policy decides what follows.
-- Heartbeats are published on ``{P}-heartbeat``: every instance hears every
-  beat (the engine throttles what it persists). A durably worker also keeps
-  its step's latest beat in ``{P}-step-beat:{stepId}`` for 30 s, so an engine
-  instance that starts listening later learns which steps are alive.
-  Run-scoped beats (no ``stepId``; remote workflow turns) are ignored here.
-- Cancel notices are ``{"from", "kind": "cancel", "runId"}`` on ``{P}-control``.
-- Priorities are inverted for BullMQ: ``min(2097151, max(1, round(1048576 - p)))``.
-  A task without one is queued at the neutral ``p = 0`` rather than
-  unprioritised, because BullMQ serves unprioritised jobs before every
-  prioritised one (the task JSON itself still omits ``priority``).
-
-A password in the URL is used to connect and never appears in
-:attr:`RedisTransport.url`, a log line or an error message.
-"""
+"""The ``redis://`` transport itself: :class:`RedisTransport` (see the
+package docstring for the wire it speaks)."""
 
 from __future__ import annotations
 
@@ -43,22 +13,17 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Collection
-from dataclasses import dataclass
-from typing import Any, Generic, NoReturn, Protocol, TypeVar
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from typing import Any, Generic, NoReturn, TypeVar
 
 import redis.asyncio as aioredis
-from bullmq import DelayedError
-from bullmq import Queue as _BullQueue
-from bullmq import Worker as _BullWorker
 from redis.asyncio.client import PubSub
 
-from .._aio import wait_event
-from .._urls import redact_url
-from ..wire import Heartbeat, StepResult, StepTask, WireError
-from .base import CancelHandler, HeartbeatHandler, ResultHandler, TaskHandler, TransportError
-
-__all__ = ["RedisNames", "RedisTransport", "bullmq_priority"]
+from ..._aio import wait_event
+from ..._urls import redact_url
+from ...wire import Heartbeat, StepResult, StepTask, WireError
+from ..base import CancelHandler, HeartbeatHandler, ResultHandler, TaskHandler, TransportError
+from ._bullmq import _Consumer, _delayed, _Job, _new_queue, _Processor, _Queue
+from ._names import RedisNames, bullmq_priority, split_url
 
 _log = logging.getLogger("durably.transport")
 
@@ -76,166 +41,7 @@ A worker closing while it blocks may swallow the queue's wake-up marker, and the
 others then sleep until their wait ends: this bounds that stall."""
 _TASK_JOB_OPTS: dict[str, Any] = {"removeOnComplete": True, "removeOnFail": {"age": 86_400}}
 _OTHER_JOB_OPTS: dict[str, Any] = {"removeOnComplete": True, "removeOnFail": True}
-_NEUTRAL_PRIORITY = 1_048_576
 _T = TypeVar("_T")
-_MAX_PRIORITY = 2_097_151
-
-
-def bullmq_priority(priority: int | float | None) -> int:
-    """The BullMQ priority for a durably/upstream priority (higher = more urgent).
-
-    BullMQ serves *lower* numbers first, so the upstream inverts around 2**20.
-    ``None`` maps to the neutral value (``p = 0``); see the module docstring.
-    """
-    p = 0 if priority is None else priority
-    return min(_MAX_PRIORITY, max(1, round(_NEUTRAL_PRIORITY - p)))
-
-
-@dataclass(frozen=True, slots=True)
-class RedisNames:
-    """The upstream's queue, channel and key names for one prefix and namespace."""
-
-    prefix: str = "durable"
-    namespace: str | None = None
-
-    @property
-    def base(self) -> str:
-        """``P``: the prefix, with a non-default namespace folded in."""
-        if self.namespace in (None, "", "default"):
-            return self.prefix
-        return f"{self.prefix}-{self.namespace}"
-
-    def tasks(self, group: str) -> str:
-        """The queue of step tasks routed to ``group`` (a routing token)."""
-        return f"{self.base}-tasks-{group}"
-
-    @property
-    def results(self) -> str:
-        """The queue step results travel on."""
-        return f"{self.base}-results"
-
-    @property
-    def heartbeat(self) -> str:
-        """The pub/sub channel of liveness beats."""
-        return f"{self.base}-heartbeat"
-
-    @property
-    def control(self) -> str:
-        """The pub/sub channel of control notices (cancel…)."""
-        return f"{self.base}-control"
-
-    def step_beat(self, step_id: str) -> str:
-        """The key holding a step's latest beat (durably workers only)."""
-        return f"{self.base}-step-beat:{step_id}"
-
-
-# -- a narrow typed view of the untyped bullmq package ------------------------------------
-
-
-class _Job(Protocol):
-    id: str
-    data: Any
-
-
-class _QueueBackend(Protocol):
-    async def moveToDelayed(
-        self, job_id: str, timestamp: int, delay: int, token: str, opts: dict[str, Any]
-    ) -> Any: ...
-
-
-class _Queue(Protocol):
-    backend: _QueueBackend
-
-    async def addBulk(self, jobs: list[dict[str, Any]]) -> list[Any]: ...
-
-
-class _Backend(Protocol):
-    async def close(self, force: bool = False) -> None: ...
-
-
-class _Worker(Protocol):
-    running: bool
-    backend: _Backend
-    processing: set[asyncio.Future[Any]]
-
-    async def run(self) -> None: ...
-
-    async def close(self, force: bool = False) -> None: ...
-
-    def on(self, event_name: str, function: Callable[..., Any]) -> Any: ...
-
-
-_Processor = Callable[[_Job, str], Awaitable[Any]]
-
-
-def _new_queue(name: str, client: aioredis.Redis) -> _Queue:
-    queue: _Queue = _BullQueue(name, {"connection": client})
-    return queue
-
-
-class _Consumer:
-    """One BullMQ worker and the task running its loop."""
-
-    def __init__(
-        self,
-        queue: str,
-        processor: _Processor,
-        url: str,
-        options: dict[str, Any],
-        give_back: Callable[[str, _Job, str], Awaitable[None]],
-    ):
-        # autorun off: bullmq's own ensure_future(run()) is untracked, and a
-        # run() that starts after close() reconnects and leaks a connection.
-        self.queue = queue
-        self.worker: _Worker = _BullWorker(
-            queue, processor, {"connection": url, **options, "autorun": False}
-        )
-        self.worker.on("error", _worker_error(queue))
-        self._give_back = give_back
-        self._loop = asyncio.create_task(self._run(queue), name=f"durably-{queue}")
-
-    async def _run(self, queue: str) -> None:
-        try:
-            await self.worker.run()
-        except Exception as exc:
-            _log.warning("the BullMQ worker on %s stopped: %s", queue, exc)
-
-    async def close(self) -> None:
-        """Stop taking jobs; return once the jobs it holds are finished or handed back."""
-        # Close only once run() is inside its loop (or gone), so close() is
-        # never undone by a loop starting after it.
-        while not self.worker.running and not self._loop.done():  # noqa: ASYNC110
-            await asyncio.sleep(0.005)
-        try:
-            await self.worker.close()
-        except Exception as exc:
-            _log.warning("could not close a BullMQ worker cleanly: %s", exc)
-        await asyncio.gather(self._loop, return_exceptions=True)
-        # bullmq's loop ends as soon as one fetch comes back empty while
-        # closing, even if another fetch is still out: a job that fetch
-        # returns (now active, locked by us) is processed by nobody. Wait
-        # for what is left (holding the tasks: asyncio keeps them weakly),
-        # and hand such jobs back at once instead of after their lock.
-        left = list(self.worker.processing)
-        await asyncio.gather(*left, return_exceptions=True)
-        for done in left:
-            if done.cancelled() or done.exception() is not None:
-                continue
-            job = done.result()
-            token = getattr(job, "token", None)
-            if job is not None and isinstance(token, str):
-                await self._give_back(self.queue, job, token)
-        # Once more after its loop ended: a command the loop sent after
-        # close() (a racing fetch) reopens bullmq's single-connection client.
-        with contextlib.suppress(Exception):
-            await self.worker.backend.close(force=True)
-
-
-def _delayed() -> BaseException:
-    # Raised after job.moveToDelayed: tells the bullmq worker the job was
-    # handed back and must be neither completed nor failed.
-    error: BaseException = DelayedError()
-    return error
 
 
 def _now_ms() -> int:
@@ -247,7 +53,7 @@ class RedisTransport:
 
     ``url``: ``redis://`` or ``rediss://``, with an optional user and password,
     port and database number. ``prefix``/``namespace``: the upstream's naming
-    (module docstring). ``redeliver_delay_ms``: how long a task whose handler
+    (package docstring). ``redeliver_delay_ms``: how long a task whose handler
     wrapper raised (or a results batch whose consumer raised) waits before it
     is delivered again. ``lock_ms``: BullMQ's job lock (a dead holder's jobs
     come back after it, via the stalled-job check).
@@ -305,16 +111,7 @@ class RedisTransport:
     @classmethod
     def from_url(cls, url: str, **options: Any) -> RedisTransport:
         """Build from a URL; ``?prefix=`` and ``?namespace=`` set the naming."""
-        parts = urlsplit(url)
-        query = parse_qsl(parts.query, keep_blank_values=True)
-        ours = {k: v for k, v in query if k in ("prefix", "namespace")}
-        rest = [(k, v) for k, v in query if k not in ("prefix", "namespace")]
-        path = parts.path.strip("/")
-        if path and not path.isdigit():
-            raise ValueError(f"the Redis database must be a number: {redact_url(url)}")
-        clean = urlunsplit(
-            (parts.scheme, parts.netloc, parts.path, urlencode(rest), parts.fragment)
-        )
+        clean, ours = split_url(url)
         if "prefix" in ours:
             options.setdefault("prefix", ours["prefix"])
         if "namespace" in ours:
@@ -747,13 +544,6 @@ class RedisTransport:
 
 async def _run_handler(handler: TaskHandler, task: StepTask) -> None:
     await handler(task)
-
-
-def _worker_error(queue: str) -> Callable[..., None]:
-    def report(error: BaseException, *_: Any) -> None:
-        _log.warning("BullMQ worker on %s: %s", queue, error)
-
-    return report
 
 
 class _Batcher(Generic[_T]):

@@ -1,0 +1,236 @@
+"""The StateStore contract for runs (``RunStore``): create, read, list and
+delete.
+
+Same fixtures as every ``stores`` module: ``store`` is an open store on an
+empty database, ``store_factory`` makes more store objects on the same
+database; see :mod:`durably.testing.conformance`. Every time is an explicit
+integer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+import pytest
+
+from durably.model import Run, RunStatus
+from durably.stores import RunQuery, StateStore
+
+from ._helpers import (
+    NESTED,
+    NOW,
+    OWNER,
+    leased,
+    make_cp,
+    make_run,
+    signal_cp,
+)
+
+if TYPE_CHECKING:
+    from .. import StoreFactory
+
+
+# -- runs ------------------------------------------------------------------------------
+
+
+async def test_create_run_stores_the_run(store: StateStore) -> None:
+    run = make_run("r1", input={"n": 1}, tags=["a"], priority=3)
+
+    stored, created = await store.create_run(run)
+
+    assert created is True
+    assert stored == run
+    assert await store.get_run("r1") == run
+
+
+async def test_create_run_is_idempotent_by_id(store: StateStore) -> None:
+    first = make_run("r1", workflow="first", input=1)
+    await store.create_run(first)
+
+    stored, created = await store.create_run(make_run("r1", workflow="second", input=2))
+
+    assert created is False
+    assert stored == first
+    assert await store.get_run("r1") == first
+
+
+async def test_racing_creates_converge_on_one_winner(store_factory: StoreFactory) -> None:
+    stores = [await store_factory(), await store_factory()]
+    candidates = [make_run("race", workflow=f"wf-{i}") for i in range(8)]
+
+    results = await asyncio.gather(
+        *(stores[i % 2].create_run(run) for i, run in enumerate(candidates))
+    )
+
+    assert [created for _, created in results].count(True) == 1
+    winner = next(run for run, created in results if created)
+    assert all(run == winner for run, _ in results)
+    assert await stores[0].get_run("race") == winner
+
+
+async def test_every_run_field_round_trips(store: StateStore) -> None:
+    run = Run(
+        run_id="run:ü:🎉",
+        workflow="checkout",
+        workflow_version="7",
+        status=RunStatus.SUSPENDED,
+        input=NESTED,
+        output=[NESTED, "out"],
+        error={"message": "boom ✗", "code": "E1", "type": "ValueError", "details": NESTED},
+        namespace="billing",
+        parent_id="parent:1",
+        tags=["日本", 'he said "hi"', "b c", "🎉"],
+        priority=-3,
+        wake_at=NOW + 1,
+        wake_requested_at=NOW + 2,
+        locked_by="someone",
+        locked_until=NOW + 3,
+        recovery_attempts=2,
+        deadline_at=NOW + 4,
+        created_at=NOW + 5,
+        updated_at=NOW + 6,
+    )
+    await store.create_run(run)
+
+    assert await store.get_run(run.run_id) == run
+    assert await store.get_runs([run.run_id]) == [run]
+    for tag in run.tags:
+        page = await store.list_runs(RunQuery(tag=tag))
+        assert [r.run_id for r in page.runs] == [run.run_id]
+
+
+async def test_get_run_of_an_unknown_id_is_none(store: StateStore) -> None:
+    assert await store.get_run("nope") is None
+
+
+async def test_get_runs_returns_only_existing_runs_once(store: StateStore) -> None:
+    ids = [f"r{i:04d}" for i in range(620)]  # more than one SQL batch
+    await asyncio.gather(*(store.create_run(make_run(i)) for i in ids))
+
+    found = await store.get_runs([*ids, "missing", ids[0], ids[1]])
+
+    assert sorted(r.run_id for r in found) == ids
+    assert await store.get_runs([]) == []
+    assert await store.get_runs(["missing"]) == []
+
+
+async def _listing_fixture(store: StateStore) -> None:
+    runs = [
+        make_run("r1", workflow="alpha", tags=["x"], created_at=NOW + 1),
+        make_run(
+            "r2",
+            RunStatus.SUSPENDED,
+            workflow="beta",
+            namespace="billing",
+            tags=["x", "y"],
+            parent_id="r1",
+            created_at=NOW + 2,
+        ),
+        make_run(
+            "r3",
+            RunStatus.COMPLETED,
+            workflow="alpha",
+            namespace="billing",
+            parent_id="r1",
+            created_at=NOW + 3,
+        ),
+        make_run("r4", workflow="beta", tags=["y"], created_at=NOW + 4),
+        make_run("r5", RunStatus.FAILED, workflow="gamma", tags=["xy"], created_at=NOW + 5),
+    ]
+    for run in runs:
+        await store.create_run(run)
+
+
+@pytest.mark.parametrize(
+    ("query", "expected"),
+    [
+        pytest.param(RunQuery(), ["r5", "r4", "r3", "r2", "r1"], id="all"),
+        pytest.param(RunQuery(status=RunStatus.PENDING), ["r4", "r1"], id="status"),
+        pytest.param(RunQuery(workflow="alpha"), ["r3", "r1"], id="workflow"),
+        pytest.param(RunQuery(tag="x"), ["r2", "r1"], id="tag"),
+        pytest.param(RunQuery(tag="nope"), [], id="unknown-tag"),
+        pytest.param(RunQuery(namespace="billing"), ["r3", "r2"], id="namespace"),
+        pytest.param(RunQuery(parent_id="r1"), ["r3", "r2"], id="parent"),
+        pytest.param(
+            RunQuery(workflow="beta", tag="y", namespace="default"), ["r4"], id="combined"
+        ),
+        pytest.param(RunQuery(limit=2), ["r5", "r4"], id="limit"),
+    ],
+)
+async def test_list_runs_filters_newest_first(
+    store: StateStore, query: RunQuery, expected: list[str]
+) -> None:
+    await _listing_fixture(store)
+
+    page = await store.list_runs(query)
+
+    assert [r.run_id for r in page.runs] == expected
+
+
+async def test_list_runs_pages_through_equal_creation_times(store: StateStore) -> None:
+    ids = [f"run-{i}" for i in range(7)]
+    for run_id in ids:
+        await store.create_run(make_run(run_id))  # all share created_at
+
+    seen: list[list[str]] = []
+    cursor: str | None = None
+    while True:
+        page = await store.list_runs(RunQuery(limit=3, cursor=cursor))
+        seen.append([r.run_id for r in page.runs])
+        if page.next_cursor is None:
+            break
+        cursor = page.next_cursor
+        # a run created between pages does not shift the pages still to come
+        await store.create_run(make_run(f"new-{len(seen)}", created_at=NOW + 100))
+
+    assert seen == [
+        ["run-6", "run-5", "run-4"],
+        ["run-3", "run-2", "run-1"],
+        ["run-0"],
+    ]
+
+
+async def test_list_runs_cursor_keeps_the_filter_and_ends_exactly(store: StateStore) -> None:
+    for i in range(6):
+        await store.create_run(make_run(f"p{i}", created_at=NOW + i // 2))
+        await store.create_run(make_run(f"s{i}", RunStatus.SUSPENDED, created_at=NOW + i))
+
+    first = await store.list_runs(RunQuery(status=RunStatus.PENDING, limit=3))
+    second = await store.list_runs(
+        RunQuery(status=RunStatus.PENDING, limit=3, cursor=first.next_cursor)
+    )
+
+    assert [r.run_id for r in first.runs] == ["p5", "p4", "p3"]
+    assert [r.run_id for r in second.runs] == ["p2", "p1", "p0"]
+    assert second.next_cursor is None
+
+
+async def test_delete_run_removes_its_history_and_waiters(store: StateStore) -> None:
+    await leased(store, "r1")
+    await store.save_checkpoint(make_cp("r1", 0), OWNER)
+    await store.wait_signal(signal_cp("r1", 1, "tok"), "tok", OWNER, NOW)
+    await store.create_run(make_run("r2"))
+
+    assert await store.delete_run("r1") is True
+
+    assert await store.get_run("r1") is None
+    assert await store.load_checkpoints("r1") == {}
+    assert await store.send_signal("tok", "late", NOW) is None  # no waiter left: buffered
+    assert await store.delete_run("r1") is False
+    assert await store.get_run("r2") is not None
+
+
+async def test_racing_create_runs_in_opposite_orders_create_each_run_once(
+    store_factory: StoreFactory,
+) -> None:
+    """Two instances creating the same new runs (a fan-out replayed on two
+    engines), listed in opposite orders: each run is created by exactly one of
+    them, and neither is aborted as a deadlock on the other's new keys."""
+    first, second = await store_factory(), await store_factory()
+    for round_ in range(4):
+        runs = [make_run(f"fan-{round_}-{n:03}") for n in range(200)]
+
+        a, b = await asyncio.gather(first.create_runs(runs), second.create_runs(runs[::-1]))
+
+        assert sorted(a + b) == sorted(run.run_id for run in runs)

@@ -1,0 +1,39 @@
+"""The ``redis://`` transport: BullMQ queues and Redis pub/sub, on the upstream wire.
+
+Speaks what the upstream engines and their workers (``durable-worker`` on PyPI,
+the TypeScript runtimes) speak, so any of them can serve a ``ctx.step``:
+
+- Step tasks go to the BullMQ queue ``{P}-tasks-{group}`` (job name ``task``,
+  ``removeOnComplete``, failed jobs kept a day), results to ``{P}-results``
+  (job name ``result``), both with BullMQ's default key prefix ``bull``.
+  ``P`` is the prefix (``durable``), or ``{prefix}-{namespace}`` for an
+  upstream namespace other than ``default``. ``group`` is the routing token
+  (:func:`durably.wire.routing_token`): the engine's own ``namespace=`` is the
+  upstream *partition*, the ``@…`` suffix of the token.
+- BullMQ's competing consumers give each task to one server and each result
+  to one engine instance (whichever takes it first): a result is settled
+  once. A server that dies holding a task has it redelivered by BullMQ's
+  stalled-job check; a task that stalls again, or fails in BullMQ for any
+  other reason, is answered with a retryable failure (as the upstream workers'
+  "failure bridge" does), so the engine's retry policy decides what follows.
+- Heartbeats are published on ``{P}-heartbeat``: every instance hears every
+  beat (the engine throttles what it persists). A durably worker also keeps
+  its step's latest beat in ``{P}-step-beat:{stepId}`` for 30 s, so an engine
+  instance that starts listening later learns which steps are alive.
+  Run-scoped beats (no ``stepId``; remote workflow turns) are ignored here.
+- Cancel notices are ``{"from", "kind": "cancel", "runId"}`` on ``{P}-control``.
+- Priorities are inverted for BullMQ: ``min(2097151, max(1, round(1048576 - p)))``.
+  A task without one is queued at the neutral ``p = 0`` rather than
+  unprioritised, because BullMQ serves unprioritised jobs before every
+  prioritised one (the task JSON itself still omits ``priority``).
+
+A password in the URL is used to connect and never appears in
+:attr:`RedisTransport.url`, a log line or an error message.
+"""
+
+from __future__ import annotations
+
+from ._names import RedisNames, bullmq_priority
+from ._transport import RedisTransport
+
+__all__ = ["RedisNames", "RedisTransport", "bullmq_priority"]
