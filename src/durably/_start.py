@@ -6,14 +6,26 @@ from __future__ import annotations
 import random
 from collections.abc import Awaitable
 from datetime import datetime
-from typing import Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from . import _codec as codec
-from ._names import check_name, check_names
+from ._names import check_name, check_names, check_priority
 from .durations import Duration, to_ms
 from .errors import SchemaValidationError
+from .model import Run, RunStatus
 
-__all__ = ["StartRun", "check_signal", "check_tags", "new_run_id", "start_time"]
+if TYPE_CHECKING:
+    from ._registry import WorkflowDef
+
+__all__ = [
+    "StartRun",
+    "check_signal",
+    "check_start",
+    "check_tags",
+    "new_run",
+    "new_run_id",
+    "start_time",
+]
 
 
 class StartRun(Protocol):
@@ -68,3 +80,44 @@ def check_signal(token: str, payload: Any) -> None:
         codec.dumps(payload, "signal payload")
     except (TypeError, ValueError) as exc:
         raise SchemaValidationError(f"signal payload cannot be stored as JSON: {exc}") from exc
+
+
+def check_start(run_id: str | None, priority: int) -> None:
+    """Refuse ``start``'s ``run_id`` and ``priority`` before anything is stored."""
+    if run_id is not None:
+        if not isinstance(run_id, str) or not run_id:
+            raise ValueError("run_id must be a non-empty string")
+        check_name(run_id, "run_id")
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise ValueError("priority must be an int")
+    check_priority(priority)
+
+
+def new_run(
+    definition: WorkflowDef,
+    stored_input: Any,
+    *,
+    run_id: str | None,
+    namespace: str,
+    tags: list[str],
+    priority: int,
+    start_at: datetime | Duration | None,
+    now: int,
+) -> Run:
+    """A new run of ``definition``: ``pending``, or ``suspended`` until ``start_at``."""
+    wake_at = start_time(start_at, now)
+    status = RunStatus.SUSPENDED if wake_at is not None and wake_at > now else RunStatus.PENDING
+    return Run(
+        run_id=run_id or new_run_id(),
+        workflow=definition.name,
+        workflow_version=definition.version,
+        status=status,
+        input=stored_input,
+        namespace=namespace,
+        tags=tags,
+        priority=priority,
+        wake_at=wake_at if status is RunStatus.SUSPENDED else None,
+        deadline_at=definition.deadline_from(now),
+        created_at=now,
+        updated_at=now,
+    )

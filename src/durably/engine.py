@@ -28,11 +28,11 @@ from typing import Any, TypeVar, Unpack
 
 from ._children import RunNotFound
 from ._hooks import EvictHook, Handler, StalledHook
-from ._names import check_name, check_priority
+from ._names import check_name
 from ._options import Consumers, EngineOptions, Option, SettableOption
 from ._registry import WorkflowDef
 from ._run_queue import RunQueue
-from ._start import check_signal, check_tags, new_run_id, start_time
+from ._start import check_signal, check_start, check_tags, new_run
 from ._wiring import wire
 from ._worker import RECOVERY_BATCH, Phase
 from .clock import Clock, SystemClock
@@ -509,31 +509,18 @@ class Engine:
         stored_input = definition.validate_input(input) if definition.takes_input else None
         if definition.takes_input is False and input is not None:
             raise SchemaValidationError(f"workflow {workflow!r} takes no input")
-        if run_id is not None:
-            if not isinstance(run_id, str) or not run_id:
-                raise ValueError("run_id must be a non-empty string")
-            check_name(run_id, "run_id")
+        check_start(run_id, priority)
         clean_tags = check_tags(tags)
-        if isinstance(priority, bool) or not isinstance(priority, int):
-            raise ValueError("priority must be an int")
-        check_priority(priority)
         await self.open()
-        now = self.clock.now_ms()
-        wake_at = start_time(start_at, now)
-        status = RunStatus.SUSPENDED if wake_at is not None and wake_at > now else RunStatus.PENDING
-        run = Run(
-            run_id=run_id or new_run_id(),
-            workflow=definition.name,
-            workflow_version=definition.version,
-            status=status,
-            input=stored_input,
+        run = new_run(
+            definition,
+            stored_input,
+            run_id=run_id,
             namespace=self.namespace,
             tags=clean_tags,
             priority=priority,
-            wake_at=wake_at if status is RunStatus.SUSPENDED else None,
-            deadline_at=definition.deadline_from(now),
-            created_at=now,
-            updated_at=now,
+            start_at=start_at,
+            now=self.clock.now_ms(),
         )
         return await self._router.insert(run, self.instance_id, self.lease_ms)
 
