@@ -14,7 +14,7 @@ from __future__ import annotations
 from ._codec import check_text
 from .errors import UnstorableValue
 
-__all__ = ["MAX_NAME_LENGTH", "check_name", "check_names", "check_priority"]
+__all__ = ["MAX_NAME_LENGTH", "check_name", "check_names", "check_priority", "check_token"]
 
 MAX_NAME_LENGTH = 255
 """The most characters a run id, signal token, event name, workflow or step
@@ -38,6 +38,13 @@ def check_name(value: str, field: str) -> None:
             check_text(value, field)
         except UnstorableValue as exc:
             raise UnstorableValue(field, exc.problem) from None
+
+
+def check_token(token: str) -> None:
+    """Refuse a signal token that no wait could have: empty, or one no store can key on."""
+    if not isinstance(token, str) or not token:
+        raise ValueError("a signal token must be a non-empty string")
+    check_name(token, "signal token")
 
 
 PRIORITY_RANGE = range(-(2**31), 2**31)

@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from . import _codec as codec
-from ._names import check_name, check_names, check_priority
+from ._names import check_name, check_names, check_priority, check_token
 from .durations import Duration, to_ms
 from .errors import SchemaValidationError
 from .model import Run, RunStatus
@@ -73,9 +73,7 @@ def start_time(start_at: datetime | Duration | None, now: int) -> int | None:
 def check_signal(token: str, payload: Any) -> None:
     """Refuse a signal before anything is stored: a bad token, or a payload
     that cannot be stored as JSON."""
-    if not isinstance(token, str) or not token:
-        raise ValueError("a signal token must be a non-empty string")
-    check_name(token, "signal token")
+    check_token(token)
     try:
         codec.dumps(payload, "signal payload")
     except (TypeError, ValueError) as exc:

@@ -18,7 +18,7 @@ from typing import Any, TypeVar, Unpack
 
 from . import _codec as codec
 from ._names import check_name as check_key
-from ._names import check_priority
+from ._names import check_priority, check_token
 from ._ops.env import Services, TurnEnv
 from ._ops.fan import ChildCall, Settled, gather
 from ._ops.local_step import local_step, recorded_value
@@ -195,10 +195,11 @@ class WorkflowContext:
         if isinstance(step, StepRef):
             name, definition = step.name, step.definition
         elif isinstance(step, str) and step:
+            # A registered step's name was checked when it was registered.
+            check_key(step, "step name")
             name, definition = step, self._env.services.steps.definition(step)
         else:
             raise TypeError("ctx.step takes a step reference or a non-empty step name")
-        check_key(name, "step name")
         check_priority(priority, "step priority")
         if fairness_key is not None:
             check_key(fairness_key, "fairness_key")
@@ -323,9 +324,7 @@ class WorkflowContext:
         times out, or whose run ends, leaves the line without disturbing the
         others.
         """
-        if not isinstance(token, str) or not token:
-            raise ValueError("a signal token must be a non-empty string")
-        check_key(token, "signal token")
+        check_token(token)
         timeout_ms = None if timeout is None else to_ms(timeout, name="signal timeout")
         name = f"signal:{token}"
         seq, recorded = self._turn.allocate(name, CheckpointKind.SIGNAL)
