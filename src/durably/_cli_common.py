@@ -7,9 +7,12 @@ this module; it imports none of them.
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
 import os
-from collections.abc import AsyncIterator, Callable
+import sys
+from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, TypeVar
@@ -27,9 +30,12 @@ __all__ = [
     "CliError",
     "check_store_url",
     "describe",
+    "json_option",
     "one_line",
     "open_client",
+    "parse_payload",
     "remember_url",
+    "run_sync",
     "scrub_urls",
     "sqlite_file",
     "store_option",
@@ -44,6 +50,7 @@ EXIT_USAGE = 2
 """The exit code of a command given bad input (an option, a JSON payload, a store URL…)."""
 
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
 
 _log = logging.getLogger("durably.cli")
 
@@ -113,6 +120,35 @@ def store_option(fn: F) -> F:
         help="Store URL: sqlite:///path.db, postgresql://…, memory://, or a SQLite file path.",
     )
     return option(fn)
+
+
+def json_option(fn: F) -> F:
+    """The ``--json`` flag: machine-readable output (times as ISO-8601 UTC strings)."""
+    option = click.option(
+        "--json",
+        "as_json",
+        is_flag=True,
+        help="Print JSON instead of text (times as ISO-8601 UTC strings).",
+    )
+    return option(fn)
+
+
+def parse_payload(payload: str | None, what: str = "payload") -> Any:
+    """A JSON argument (``None`` when absent; ``-`` reads it from stdin); bad
+    JSON is a usage error naming ``what``."""
+    if payload is None:
+        return None
+    if payload == "-":
+        payload = sys.stdin.read()
+    try:
+        return json.loads(payload)
+    except json.JSONDecodeError as exc:
+        raise CliError(f"the {what} is not valid JSON: {exc}", EXIT_USAGE) from None
+
+
+def run_sync(coro: Coroutine[Any, Any, T]) -> T:
+    """Run a command's coroutine to completion on a fresh event loop."""
+    return asyncio.run(coro)
 
 
 def sqlite_file(url: str) -> str | None:

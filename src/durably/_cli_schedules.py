@@ -25,7 +25,15 @@ from rich.table import Table
 from rich.text import Text
 
 from ._cli_common import CliError, open_client, store_option
-from ._cli_render import abbreviate, format_time, json_text, make_console, plain, visible
+from ._cli_render import (
+    abbreviate,
+    format_time,
+    iso_times,
+    json_text,
+    make_console,
+    plain,
+    visible,
+)
 from .engine import Engine
 from .errors import DurablyError
 from .schedules import Schedule, ScheduleNotFound
@@ -116,7 +124,7 @@ def schedules_list(store_url: str, as_json: bool) -> None:
 
     found = _with_engine(store_url, load)
     if as_json:
-        click.echo(json_text([s.to_dict() for s in found]))
+        click.echo(json_text([iso_times(s.to_dict()) for s in found]))
         return
     console = make_console()
     if not found:
