@@ -14,13 +14,19 @@ import os
 import sys
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
+from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
 import click
 
+from . import _codec as codec
+from ._names import check_name
+from ._start import check_start, check_tags, new_run_id, start_time
 from ._urls import redact_url, scrub
+from .durations import Duration
 from .engine import Engine
+from .model import Run, RunStatus
 from .stores.sqlite import sqlite_path_from_url
 
 __all__ = [
@@ -38,8 +44,13 @@ __all__ = [
     "run_sync",
     "scrub_urls",
     "sqlite_file",
+    "start_by_name",
     "store_option",
 ]
+
+DEFAULT_VERSION = "1"
+"""The version a run started by name gets when the store has no run of its
+workflow yet: the default of ``@engine.workflow``."""
 
 DEFAULT_STORE = "sqlite:///durably.db"
 """The store used when neither ``--store`` nor ``DURABLY_DATABASE_URL`` is given."""
@@ -189,3 +200,66 @@ async def open_client(store_url: str) -> AsyncIterator[Engine]:
             await engine.close()
         except Exception as exc:  # closing must not mask the command's own outcome
             _log.debug("closing the store failed: %s", exc)
+
+
+async def start_by_name(
+    engine: Engine,
+    workflow: str,
+    input: Any,
+    *,
+    run_id: str | None = None,
+    version: str | None = None,
+    tags: list[str] | None = None,
+    priority: int = 0,
+    start_at: datetime | Duration | None = None,
+) -> tuple[Run, bool]:
+    """Create a run of ``workflow`` by name, as a producer without the
+    workflow registered does; return it and whether it is new.
+
+    An engine that registers ``workflow`` (``--app``) starts it itself, which
+    validates the input and stamps the execution deadline. Otherwise the run is
+    written to the store as ``pending`` (``suspended`` until ``start_at``), for
+    whichever worker registers it; an id that exists returns that run. Without
+    ``version`` the run takes the version of the workflow's newest run in the
+    store (the release the workers run now), else ``"1"``.
+    """
+    if workflow in engine.workflows:
+        before = await engine.get_run(run_id) if run_id is not None else None
+        run = await engine.start(
+            workflow,
+            input,
+            run_id=run_id,
+            version=version,
+            tags=tags,
+            priority=priority,
+            start_at=start_at,
+        )
+        return run, before is None
+    check_name(workflow, "workflow")
+    if not workflow:
+        raise ValueError("the workflow name must not be empty")
+    if version is not None:
+        check_name(version, "workflow version")
+    check_start(run_id, priority)
+    clean_tags = check_tags(tags)
+    stored_input = codec.to_jsonable(input, "input")
+    if version is None:
+        newest = await engine.list_runs(workflow=workflow, limit=1)
+        version = newest.runs[0].workflow_version if newest.runs else DEFAULT_VERSION
+    now = engine.clock.now_ms()
+    wake_at = start_time(start_at, now)
+    later = wake_at is not None and wake_at > now
+    run = Run(
+        run_id=run_id or new_run_id(),
+        workflow=workflow,
+        workflow_version=version,
+        status=RunStatus.SUSPENDED if later else RunStatus.PENDING,
+        input=stored_input,
+        namespace=engine.namespace,
+        tags=clean_tags,
+        priority=priority,
+        wake_at=wake_at if later else None,
+        created_at=now,
+        updated_at=now,
+    )
+    return await engine.store.create_run(run)

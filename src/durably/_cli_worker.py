@@ -66,8 +66,9 @@ class _LogFormatter(logging.Formatter):
     "--app",
     "app_spec",
     required=True,
-    metavar="MODULE:ATTR",
-    help="The Engine to serve: an importable module and the attribute (or factory) holding it.",
+    metavar="MODULE[:ATTR]",
+    help="The Engine to serve: an importable module and the attribute (or factory) "
+    "holding it; the attribute defaults to 'engine'.",
 )
 @click.option(
     "--store",

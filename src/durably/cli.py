@@ -40,6 +40,7 @@ from ._cli_messages import events, signal_cmd
 from ._cli_render import visible
 from ._cli_runs import cancel, runs
 from ._cli_schedules import schedules
+from ._cli_start import start
 from ._cli_worker import configure_worker, serve, worker
 
 __all__ = ["DEFAULT_STORE", "CliError", "cli", "configure_worker", "main", "serve"]
@@ -80,6 +81,7 @@ def demo(directory: Path | None) -> None:
 
 
 cli.add_command(worker)
+cli.add_command(start)
 cli.add_command(runs)
 cli.add_command(cancel)
 cli.add_command(signal_cmd)
