@@ -25,7 +25,7 @@ from ._names import check_name
 from ._start import check_start, check_tags, new_run_id, start_time
 from ._urls import redact_url, scrub
 from .durations import Duration
-from .engine import Engine
+from .engine import Engine, RunNotFound
 from .model import Run, RunStatus
 from .stores.sqlite import sqlite_path_from_url
 
@@ -41,6 +41,7 @@ __all__ = [
     "open_client",
     "parse_payload",
     "remember_url",
+    "resume_run",
     "run_sync",
     "scrub_urls",
     "sqlite_file",
@@ -263,3 +264,30 @@ async def start_by_name(
         updated_at=now,
     )
     return await engine.store.create_run(run)
+
+
+async def resume_run(engine: Engine, run_id: str) -> tuple[Run, str]:
+    """Give the live run ``run_id`` a turn now (after a lost wake-up, say);
+    return it as it was and what was done: ``"woken"``, ``"unblocked"``,
+    ``"queued"`` (pending already) or ``"finished"`` (terminal: left alone).
+
+    Its waits are not skipped: a run sleeping or waiting for a signal replays
+    and waits again. A ``blocked`` run goes back to ``pending`` so that the
+    workers look at it again (one that registers its workflow takes it).
+    """
+    run = await engine.get_run(run_id)
+    if run is None:
+        raise RunNotFound(run_id)
+    now = engine.clock.now_ms()
+    if run.status.is_terminal:
+        return run, "finished"
+    if run.status is RunStatus.PENDING:
+        return run, "queued"
+    if run.status is RunStatus.BLOCKED:
+        changes = {"status": RunStatus.PENDING, "error": None}
+        if await engine.store.update_run_if(run_id, frozenset({RunStatus.BLOCKED}), changes, now):
+            return run, "unblocked"
+        return await resume_run(engine, run_id)  # it moved on meanwhile: judge it again
+    if await engine.store.request_wake(run_id, now):
+        return run, "woken"
+    return run, "finished"

@@ -3,8 +3,12 @@
 A click group for the ``durably`` command to attach (``cli.add_command(runs)``);
 other modules add their own subcommands with ``runs.add_command(...)``::
 
-    durably runs list [--status …] [--workflow …] [--tag …] [--stale [AGE]] [--limit N]
+    durably runs list [--status …] [--workflow …] [--tag …] [--limit N] [--cursor C]
+    durably runs list --stale [AGE]    live runs nothing moved for AGE (15m), with hints
     durably runs show RUN_ID           a run and its step timeline
+    durably runs retry RUN_ID          run a failed or dead run again from where it failed
+    durably runs resume RUN_ID         give a live run a turn now (after a lost wake-up)
+    durably runs delete RUN_ID         delete a finished run and its history
     durably runs cancel RUN_ID         cancel a run (also ``durably cancel``)
 
 The commands talk to the store only (``--store URL``, ``DURABLY_DATABASE_URL``).
@@ -12,7 +16,8 @@ The commands talk to the store only (``--store URL``, ``DURABLY_DATABASE_URL``).
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import click
 from rich.text import Text
@@ -23,9 +28,11 @@ from ._cli_common import (
     json_option,
     one_line,
     open_client,
+    resume_run,
     run_sync,
     store_option,
 )
+from ._cli_liveness import find_stale, liveness_table
 from ._cli_render import (
     checkpoint_to_dict,
     json_text,
@@ -36,10 +43,14 @@ from ._cli_render import (
     visible,
 )
 from ._urls import redact_url
-from .engine import RunNotFound
-from .model import RunStatus
+from .durations import to_ms
+from .engine import Engine, RunNotFound
+from .errors import DurablyError
+from .model import Run, RunStatus
 
 __all__ = ["cancel", "no_such_run", "runs"]
+
+T = TypeVar("T")
 
 
 def no_such_run(run_id: str, store_url: str) -> CliError:
@@ -65,6 +76,15 @@ def runs() -> None:
 @click.option(
     "--cursor", metavar="CURSOR", help="Continue from the cursor a previous page printed."
 )
+@click.option(
+    "--stale",
+    metavar="AGE",
+    is_flag=False,
+    flag_value="15m",
+    default=None,
+    help="List instead the live runs nothing moved for AGE (default 15m), "
+    "least recently updated first, with liveness columns and a hint for each.",
+)
 @json_option
 def runs_list(
     store_url: str,
@@ -73,9 +93,13 @@ def runs_list(
     tag: str | None,
     limit: int,
     cursor: str | None,
+    stale: str | None,
     as_json: bool,
 ) -> None:
-    """List runs, newest first, one page at a time."""
+    """List runs, newest first, one page at a time (or the stale ones: --stale)."""
+    if stale is not None:
+        _list_stale(store_url, stale, status, workflow, tag, limit, as_json)
+        return
 
     async def go() -> tuple[list[Any], str | None]:
         async with open_client(store_url) as engine:
@@ -102,6 +126,42 @@ def runs_list(
         console.print(Text(f"(more runs: add --cursor {cursor_text})", style="dim"))
     else:
         console.print(f"[dim]{len(found)} run(s); end of list[/dim]")
+
+
+def _list_stale(
+    store_url: str,
+    age: str,
+    status: str | None,
+    workflow: str | None,
+    tag: str | None,
+    limit: int,
+    as_json: bool,
+) -> None:
+    try:
+        age_ms = to_ms(age, name="--stale")
+    except ValueError as exc:
+        raise CliError(one_line(str(exc)), EXIT_USAGE) from None
+
+    async def go() -> list[Any]:
+        async with open_client(store_url) as engine:
+            return await find_stale(engine, age_ms, limit)
+
+    found = [
+        live
+        for live in run_sync(go())
+        if (status is None or live.run.status == status)
+        and (workflow is None or live.run.workflow == workflow)
+        and (tag is None or tag in live.run.tags)
+    ]
+    if as_json:
+        click.echo(json_text({"stale": [live.to_dict() for live in found]}))
+        return
+    console = make_console()
+    if not found:
+        console.print(f"No live run has been idle for {visible(age)} or more.")
+        return
+    console.print(liveness_table(found))
+    console.print(f"[dim]{len(found)} run(s) idle for {visible(age)} or more[/dim]")
 
 
 @runs.command("show")
@@ -167,3 +227,88 @@ def runs_cancel(store_url: str, run_id: str, as_json: bool) -> None:
 def cancel(store_url: str, run_id: str, as_json: bool) -> None:
     """Cancel a run. A finished run is left as it is."""
     _cancel(store_url, run_id, as_json)
+
+
+def _operate(store_url: str, run_id: str, action: Callable[[Engine], Awaitable[T]]) -> T:
+    """Run ``action`` on a client engine; an unknown run and a refused
+    operation (a run in the wrong status) become one-line errors."""
+
+    async def go() -> T:
+        async with open_client(store_url) as engine:
+            try:
+                return await action(engine)
+            except RunNotFound:
+                raise no_such_run(run_id, store_url) from None
+            except DurablyError as exc:
+                raise CliError(one_line(str(exc))) from None
+
+    return run_sync(go())
+
+
+@runs.command("retry")
+@store_option
+@click.argument("run_id")
+@json_option
+def runs_retry(store_url: str, run_id: str, as_json: bool) -> None:
+    """Run a failed or dead run again from where it failed.
+
+    Its failed steps (and failed children) run again; completed steps are
+    not re-executed. A worker of the application executes it.
+    """
+    run = _operate(store_url, run_id, lambda engine: engine.retry(run_id))
+    if as_json:
+        click.echo(json_text({"run": run_to_dict(run)}))
+    else:
+        click.echo(f"retrying run {visible(run_id)}: {run.status.value}; a worker executes it")
+
+
+@runs.command("resume")
+@store_option
+@click.argument("run_id")
+@json_option
+def runs_resume(store_url: str, run_id: str, as_json: bool) -> None:
+    """Give a live run a turn now (after a lost wake-up, say).
+
+    Its waits are not skipped: a run sleeping or waiting for a signal checks
+    and waits again. A blocked run goes back to pending for the workers to
+    look at again. A finished run is left as it is (retry a failed one).
+    """
+
+    async def resume(engine: Engine) -> tuple[Run, str]:
+        return await resume_run(engine, run_id)
+
+    run, action = _operate(store_url, run_id, resume)
+    if as_json:
+        click.echo(json_text({"run_id": run_id, "was": run.status.value, "action": action}))
+        return
+    shown = visible(run_id)
+    if action == "finished":
+        retry = " (durably runs retry runs it again)" * (
+            run.status in (RunStatus.FAILED, RunStatus.DEAD)
+        )
+        click.echo(f"run {shown} is {run.status.value}; left unchanged{retry}")
+    elif action == "queued":
+        click.echo(f"run {shown} is pending already; the next worker poll takes it")
+    elif action == "unblocked":
+        click.echo(f"run {shown} was blocked; pending again for a worker that registers it")
+    else:
+        click.echo(f"woke run {shown} (it was {run.status.value}); a worker gives it a turn")
+
+
+@runs.command("delete")
+@store_option
+@click.argument("run_id")
+@json_option
+def runs_delete(store_url: str, run_id: str, as_json: bool) -> None:
+    """Delete a finished run and its history (cancel a live run first)."""
+
+    async def delete(engine: Engine) -> bool:
+        if not await engine.delete_run(run_id):
+            raise RunNotFound(run_id)
+        return True
+
+    _operate(store_url, run_id, delete)
+    if as_json:
+        click.echo(json_text({"run_id": run_id, "deleted": True}))
+    else:
+        click.echo(f"deleted run {visible(run_id)}")
