@@ -8,6 +8,7 @@ program that embeds the worker instead of calling the command.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import signal as signals
@@ -24,12 +25,13 @@ from ._cli_common import (
     CliError,
     check_store_url,
     describe,
+    json_option,
     one_line,
     remember_url,
     run_sync,
     scrub_urls,
 )
-from ._cli_render import visible
+from ._cli_render import iso_time, visible
 from ._urls import redact_url
 from .engine import Engine
 
@@ -40,6 +42,23 @@ _log = logging.getLogger("durably.cli")
 
 class _StoppedEarly(Exception):
     """A second SIGTERM/SIGINT cut the worker's drain short."""
+
+
+class _JsonLogFormatter(logging.Formatter):
+    """``durably worker --json``: one JSON object a log line (``time`` as
+    ISO-8601 UTC, ``level``, ``logger``, ``message``, ``exception``), ASCII
+    only so no user value can drive the terminal, credentials scrubbed."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        data: dict[str, Any] = {
+            "time": iso_time(int(record.created * 1000)),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": scrub_urls(record.getMessage()),
+        }
+        if record.exc_info:
+            data["exception"] = scrub_urls(self.formatException(record.exc_info))
+        return json.dumps(data, ensure_ascii=True, default=str)
 
 
 class _LogFormatter(logging.Formatter):
@@ -131,6 +150,7 @@ class _LogFormatter(logging.Formatter):
     default="INFO",
     show_default=True,
 )
+@json_option
 def worker(
     app_spec: str,
     store_url: str | None,
@@ -142,6 +162,7 @@ def worker(
     concurrency: int | None,
     no_drive: bool,
     log_level: str,
+    as_json: bool,
 ) -> None:
     """Run the worker loop of an app's Engine until SIGTERM or SIGINT, and
     serve its step handlers (all of them, or those picked by --group/--steps).
@@ -154,7 +175,11 @@ def worker(
     closes the store and exits 0. A second signal stops without waiting.
     """
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(_LogFormatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
+    handler.setFormatter(
+        _JsonLogFormatter()
+        if as_json
+        else _LogFormatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s")
+    )
     logging.basicConfig(level=getattr(logging, log_level.upper()), handlers=[handler])
     if store_url:
         os.environ["DURABLY_DATABASE_URL"] = store_url

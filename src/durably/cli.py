@@ -28,6 +28,7 @@ Shell completion is click's: ``eval "$(_DURABLY_COMPLETE=bash_source durably)"``
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -35,9 +36,17 @@ from typing import NoReturn
 
 import click
 
-from ._cli_common import DEFAULT_STORE, EXIT_FAILURE, CliError, describe, one_line, scrub_urls
+from ._cli_common import (
+    DEFAULT_STORE,
+    EXIT_FAILURE,
+    CliError,
+    describe,
+    json_option,
+    one_line,
+    scrub_urls,
+)
 from ._cli_messages import events, signal_cmd
-from ._cli_render import visible
+from ._cli_render import json_text, make_console, visible
 from ._cli_runs import cancel, runs
 from ._cli_schedules import schedules
 from ._cli_start import start
@@ -65,7 +74,8 @@ def cli() -> None:
     help="Keep the demo's database, effects ledger and worker logs here "
     "(default: a temporary directory, removed afterwards).",
 )
-def demo(directory: Path | None) -> None:
+@json_option
+def demo(directory: Path | None, as_json: bool) -> None:
     """Kill a worker mid-run and watch the run finish anyway.
 
     An order workflow (reserve stock, wait for approval, charge the card,
@@ -75,7 +85,10 @@ def demo(directory: Path | None) -> None:
     """
     from ._demo import run_demo
 
-    code = run_demo(directory)
+    # With --json the show goes to stderr and stdout holds only the verdict.
+    code = run_demo(directory, make_console(stderr=True) if as_json else None)
+    if as_json:
+        click.echo(json_text({"ok": code == 0, "exit_code": code}))
     if code:
         raise click.exceptions.Exit(code)
 
@@ -99,13 +112,29 @@ _NO_ARGS_IS_HELP: type[click.UsageError] = getattr(
 )
 
 
-def _fail(message: str, code: int) -> NoReturn:
-    click.echo(f"durably: error: {visible(scrub_urls(one_line(message)))}", err=True)
+def _report(message: str, code: int, as_json: bool) -> NoReturn:
+    text = scrub_urls(one_line(message))
+    if as_json:
+        # Still one line on stderr, but one a program parses (ASCII: no escape
+        # sequence from a user value reaches the terminal).
+        error = {"error": {"message": text, "exit_code": code}}
+        click.echo(json.dumps(error, ensure_ascii=True), err=True)
+    else:
+        click.echo(f"durably: error: {visible(text)}", err=True)
     sys.exit(code)
 
 
 def main(argv: list[str] | None = None) -> NoReturn:
-    """Run the ``durably`` command (the console-script entry point)."""
+    """Run the ``durably`` command (the console-script entry point).
+
+    With ``--json`` among the arguments an error is reported as one line of
+    JSON on stderr, ``{"error": {"message": …, "exit_code": …}}``.
+    """
+    as_json = "--json" in (sys.argv[1:] if argv is None else argv)
+
+    def _fail(message: str, code: int) -> NoReturn:
+        _report(message, code, as_json)
+
     try:
         result = cli.main(args=argv, prog_name="durably", standalone_mode=False)
     except CliError as exc:
