@@ -120,6 +120,13 @@ def start(
         except AppLoadError as exc:
             raise CliError(one_line(str(exc)), EXIT_USAGE) from None
         configure_worker(engine, drive=False)  # start it; never execute it in this process
+        if workflow not in engine.workflows:
+            # The app knows its workflows: a name it lacks is a typo, not a remote one.
+            known = ", ".join(engine.workflows) or "none"
+            raise CliError(
+                f"{app_spec} registers no workflow {workflow!r} (it registers: {known})",
+                EXIT_USAGE,
+            )
         try:
             return await _start(engine)
         finally:
