@@ -4,6 +4,7 @@ command in a subprocess (``python -m durably``), on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -363,7 +364,15 @@ def test_hostile_input_is_one_line(tmp_path: Path, db: str) -> None:
         assert message in error["message"], error
 
 
-def test_shell_completion() -> None:
+async def _seed_for_completion(url: str) -> None:
+    async with client(url) as engine:
+        for run_id in ("order-1", "order-2", "other", "order-\x1b[2J"):
+            await engine.start("approval", "o", run_id=run_id)
+
+
+def test_shell_completion(db: str) -> None:
+    asyncio.run(_seed_for_completion(db))
+
     def complete(words: str, cword: int) -> list[str]:
         env = {**_env(), "COMP_WORDS": words, "COMP_CWORD": str(cword),
                "_DURABLY_COMPLETE": "bash_complete"}  # fmt: skip
@@ -372,11 +381,14 @@ def test_shell_completion() -> None:
             timeout=60, check=False,
         )  # fmt: skip
         assert result.returncode == 0, result.stderr
-        return [line.split(",", 1)[1] for line in result.stdout.splitlines()]
+        return [line.split(",", 1)[1] for line in result.stdout.splitlines() if line]
 
     assert "start" in complete("durably st", 1)
     assert {"retry", "resume", "delete", "list", "show"} <= set(complete("durably runs ", 2))
     assert "--stale" in complete("durably runs list --st", 3)
+    # Run ids from the store (the newest, by prefix); one with an escape is never offered.
+    assert sorted(complete(f"durably runs show --store {db} ord", 5)) == ["order-1", "order-2"]
+    assert complete("durably runs retry --store sqlite:///no/such.db ord", 5) == []
     script = subprocess.run(
         [sys.executable, "-m", "durably"],
         capture_output=True,

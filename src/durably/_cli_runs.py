@@ -16,13 +16,16 @@ The commands talk to the store only (``--store URL``, ``DURABLY_DATABASE_URL``).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import click
+from click.shell_completion import CompletionItem
 from rich.text import Text
 
 from ._cli_common import (
+    DEFAULT_STORE,
     EXIT_USAGE,
     CliError,
     json_option,
@@ -48,9 +51,44 @@ from .engine import Engine, RunNotFound
 from .errors import DurablyError
 from .model import Run, RunStatus
 
-__all__ = ["cancel", "no_such_run", "runs"]
+__all__ = ["cancel", "no_such_run", "run_id_argument", "runs"]
 
 T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
+
+# How many of the newest runs shell completion offers (one query, no scan).
+_COMPLETIONS = 200
+
+
+def _complete_run_id(
+    ctx: click.Context, param: click.Parameter, incomplete: str
+) -> list[CompletionItem]:
+    """Shell completion of a RUN_ID: the newest runs of the store whose id
+    starts with what was typed. Completion must never print an error, so any
+    failure (no store, a store that cannot be opened) completes nothing."""
+    store_url = ctx.params.get("store_url") or os.environ.get("DURABLY_DATABASE_URL")
+
+    async def newest() -> list[str]:
+        async with open_client(store_url or DEFAULT_STORE) as engine:
+            page = await engine.list_runs(limit=_COMPLETIONS)
+            return [run.run_id for run in page.runs]
+
+    try:
+        ids = run_sync(newest())
+    except Exception:
+        return []
+    # An id with control characters is never offered: the shell would put
+    # them on the command line (and a newline splits the completions).
+    return [
+        CompletionItem(run_id)
+        for run_id in ids
+        if run_id.startswith(incomplete) and visible(run_id) == run_id
+    ]
+
+
+def run_id_argument(fn: F) -> F:
+    """The ``RUN_ID`` argument, completed from the store's newest runs."""
+    return click.argument("run_id", shell_complete=_complete_run_id)(fn)
 
 
 def no_such_run(run_id: str, store_url: str) -> CliError:
@@ -166,7 +204,7 @@ def _list_stale(
 
 @runs.command("show")
 @store_option
-@click.argument("run_id")
+@run_id_argument
 @json_option
 def runs_show(store_url: str, run_id: str, as_json: bool) -> None:
     """Show a run and its step timeline."""
@@ -213,7 +251,7 @@ def _cancel(store_url: str, run_id: str, as_json: bool) -> None:
 
 @runs.command("cancel")
 @store_option
-@click.argument("run_id")
+@run_id_argument
 @json_option
 def runs_cancel(store_url: str, run_id: str, as_json: bool) -> None:
     """Cancel a run (same as 'durably cancel')."""
@@ -222,7 +260,7 @@ def runs_cancel(store_url: str, run_id: str, as_json: bool) -> None:
 
 @click.command("cancel")
 @store_option
-@click.argument("run_id")
+@run_id_argument
 @json_option
 def cancel(store_url: str, run_id: str, as_json: bool) -> None:
     """Cancel a run. A finished run is left as it is."""
@@ -247,7 +285,7 @@ def _operate(store_url: str, run_id: str, action: Callable[[Engine], Awaitable[T
 
 @runs.command("retry")
 @store_option
-@click.argument("run_id")
+@run_id_argument
 @json_option
 def runs_retry(store_url: str, run_id: str, as_json: bool) -> None:
     """Run a failed or dead run again from where it failed.
@@ -264,7 +302,7 @@ def runs_retry(store_url: str, run_id: str, as_json: bool) -> None:
 
 @runs.command("resume")
 @store_option
-@click.argument("run_id")
+@run_id_argument
 @json_option
 def runs_resume(store_url: str, run_id: str, as_json: bool) -> None:
     """Give a live run a turn now (after a lost wake-up, say).
@@ -297,7 +335,7 @@ def runs_resume(store_url: str, run_id: str, as_json: bool) -> None:
 
 @runs.command("delete")
 @store_option
-@click.argument("run_id")
+@run_id_argument
 @json_option
 def runs_delete(store_url: str, run_id: str, as_json: bool) -> None:
     """Delete a finished run and its history (cancel a live run first)."""
