@@ -115,6 +115,18 @@ async def test_start_later_and_with_the_version_the_workers_run(db: str) -> None
     assert first_of_its_kind["run"]["workflow_version"] == "1"
 
 
+async def test_start_a_run_id_with_control_characters(db: str) -> None:
+    evil = "evil\x1b]8;;http://x\x07\u202e"
+    started = await acli("start", "pipeline", "--run-id", evil, "--store", db)
+    assert started.returncode == 0, started.stderr
+    assert "\x1b" not in started.stdout and "\u202e" not in started.stdout
+    assert "evil\\x1b]8;;http://x\\x07\\u202e" in started.stdout
+    data = as_json(await acli("start", "pipeline", "--run-id", evil, "--json", "--store", db))
+    assert (data["run"]["run_id"], data["created"]) == (evil, False)  # JSON keeps the id exact
+    listed = await acli("runs", "list", "--stale", "0s", "--store", db)
+    assert "\x1b" not in listed.stdout and "evil\\x1b" in listed.stdout
+
+
 async def test_start_through_the_app_checks_the_workflow(db: str) -> None:
     started = await acli("start", "pipeline", '"o1"', "--app", "cli_app", "--store", db, cwd=APPS)
     assert started.returncode == 0, started.stderr
@@ -254,6 +266,10 @@ async def _stale_lists_idle_runs_with_hints(url: str) -> None:
     only = as_json(await acli("runs", "list", "--stale", "1h", "--status", "pending", "--json",
                               "--store", url))  # fmt: skip
     assert [e["run"]["run_id"] for e in only["stale"]] == ["nobody-took-it"]
+    # The filters choose among every stale run before the page is cut.
+    first = as_json(await acli("runs", "list", "--stale", "1h", "--status", "suspended",
+                               "--limit", "1", "--json", "--store", url))  # fmt: skip
+    assert [e["run"]["run_id"] for e in first["stale"]] == ["wants-event"]
     none = await acli("runs", "list", "--stale", "--store", url)  # default: 15m
     assert "nobody-took-it" in none.stdout
     quiet = await acli("runs", "list", "--stale", "3h", "--store", url)

@@ -17,7 +17,7 @@ cheap on a store holding many runs.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from rich import box
@@ -29,6 +29,10 @@ from .engine import Engine
 from .model import Checkpoint, CheckpointStatus, Run, RunStatus
 
 __all__ = ["Liveness", "find_stale", "liveness_table"]
+
+# Ids each query returns at most: filters (--status, --workflow, --tag) and
+# the page size apply to the runs found, so a query reads more than a page.
+_SCAN = 1000
 
 _WAITING = frozenset({CheckpointStatus.PENDING, CheckpointStatus.RUNNING})
 
@@ -66,33 +70,44 @@ class Liveness:
         }
 
 
-async def find_stale(engine: Engine, age_ms: int, limit: int) -> list[Liveness]:
-    """The live runs (every namespace) stale for at least ``age_ms``, least
-    recently updated first, at most ``limit``."""
+async def find_stale(
+    engine: Engine,
+    age_ms: int,
+    limit: int,
+    *,
+    keep: Callable[[Run], bool] = lambda run: True,
+) -> list[Liveness]:
+    """The live runs (every namespace) stale for at least ``age_ms`` that
+    ``keep`` accepts, least recently updated first, at most ``limit``."""
     store = engine.store
     now = engine.clock.now_ms()
     before = now - age_ms
     ids: dict[str, None] = {}
     # Outside no workflow = every run: pending and untaken, or suspended and due,
     # since ``before`` (what a worker would mark blocked if it lacked the workflow).
-    for run_id in await store.list_unclaimed(before, limit, workflows=frozenset()):
+    for run_id in await store.list_unclaimed(before, _SCAN, workflows=frozenset()):
         ids[run_id] = None
-    for run_id in await store.list_orphans(before, limit):
+    for run_id in await store.list_orphans(before, _SCAN):
         ids[run_id] = None
-    for run_id in await store.list_stalled(before, limit):
+    for run_id in await store.list_stalled(before, _SCAN):
         ids[run_id] = None
-    blocked = await engine.list_runs(status=RunStatus.BLOCKED, limit=min(limit, 1000))
+    blocked = await engine.list_runs(status=RunStatus.BLOCKED, limit=_SCAN)
     for run in blocked.runs:
         ids[run.run_id] = None
+    stale = sorted(
+        (
+            run
+            for run in await store.get_runs(list(ids))
+            if not run.status.is_terminal and run.updated_at <= before and keep(run)
+        ),
+        key=lambda run: (run.updated_at, run.run_id),
+    )[:limit]
     found: list[Liveness] = []
-    for run in await store.get_runs(list(ids)):
-        if run.status.is_terminal or run.updated_at > before:
-            continue
+    for run in stale:  # the history of the runs shown only
         checkpoints = (await store.load_checkpoints(run.run_id)).values()
         step, since = _oldest_waiting(checkpoints)
         found.append(Liveness(run, now - run.updated_at, step, since, _hint(run, step, since, now)))
-    found.sort(key=lambda live: (live.run.updated_at, live.run.run_id))
-    return found[:limit]
+    return found
 
 
 def _oldest_waiting(checkpoints: Iterable[Checkpoint]) -> tuple[Checkpoint | None, int | None]:

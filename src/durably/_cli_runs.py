@@ -35,7 +35,7 @@ from ._cli_common import (
     run_sync,
     store_option,
 )
-from ._cli_liveness import find_stale, liveness_table
+from ._cli_liveness import Liveness, find_stale, liveness_table
 from ._cli_render import (
     checkpoint_to_dict,
     json_text,
@@ -180,17 +180,18 @@ def _list_stale(
     except ValueError as exc:
         raise CliError(one_line(str(exc)), EXIT_USAGE) from None
 
-    async def go() -> list[Any]:
-        async with open_client(store_url) as engine:
-            return await find_stale(engine, age_ms, limit)
+    def keep(run: Run) -> bool:
+        return (
+            (status is None or run.status == status)
+            and (workflow is None or run.workflow == workflow)
+            and (tag is None or tag in run.tags)
+        )
 
-    found = [
-        live
-        for live in run_sync(go())
-        if (status is None or live.run.status == status)
-        and (workflow is None or live.run.workflow == workflow)
-        and (tag is None or tag in live.run.tags)
-    ]
+    async def go() -> list[Liveness]:
+        async with open_client(store_url) as engine:
+            return await find_stale(engine, age_ms, limit, keep=keep)
+
+    found = run_sync(go())
     if as_json:
         click.echo(json_text({"stale": [live.to_dict() for live in found]}))
         return
