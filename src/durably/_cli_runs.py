@@ -101,7 +101,7 @@ def runs() -> None:
     """List, inspect and operate runs."""
 
 
-@runs.command("list")
+@runs.command("list", short_help="List runs, or the stale ones (--stale).")
 @store_option
 @click.option(
     "--status", type=click.Choice([s.value for s in RunStatus]), help="Only runs in this status."

@@ -59,7 +59,7 @@ def parse_start_at(text: str) -> datetime | Duration:
     return moment
 
 
-@click.command("start")
+@click.command("start", short_help="Start a run of a workflow by name.")
 @store_option
 @click.argument("workflow")
 @click.argument("payload", required=False, metavar="[JSON]")

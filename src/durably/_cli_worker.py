@@ -80,7 +80,7 @@ class _LogFormatter(logging.Formatter):
         return visible(super().formatStack(stack_info), keep="\n")
 
 
-@click.command("worker")
+@click.command("worker", short_help="Run an app's worker until SIGTERM, then drain.")
 @click.option(
     "--app",
     "app_spec",

@@ -55,7 +55,11 @@ from ._cli_worker import configure_worker, serve, worker
 __all__ = ["DEFAULT_STORE", "CliError", "cli", "configure_worker", "main", "serve"]
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.group(
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+    epilog="Every command takes --json. Shell completion (bash; zsh_source, fish_source "
+    'for the others): eval "$(_DURABLY_COMPLETE=bash_source durably)"',
+)
 @click.version_option(package_name="durably", prog_name="durably")
 def cli() -> None:
     """durably: durable execution for Python.
