@@ -81,8 +81,9 @@ def parse_start_at(text: str) -> datetime | Duration:
     "--app",
     "app_spec",
     metavar="MODULE[:ATTR]",
-    help="Start through this application's Engine (it checks the input); "
-    "its store is used. The attribute defaults to 'engine'.",
+    help="Start through this application's Engine: it checks the name and input and "
+    "applies the workflow's execution_timeout (a run started by name alone has "
+    "none); its store is used. The attribute defaults to 'engine'.",
 )
 @json_option
 def start(
