@@ -238,6 +238,18 @@ async def _seed_stale(url: str) -> None:
     producer = _cli_app().register(durably.Engine(url, clock=past, consumers="never"))
     async with producer:
         await producer.start("pipeline", "o3", run_id="nobody-took-it")
+        await producer.start("pipeline", "o8", run_id="orphan")
+        # Its worker died holding it (twice now): the lease ran out long ago.
+        changes = {
+            "status": RunStatus.RUNNING,
+            "locked_by": "worker-7",
+            "locked_until": past.now_ms() + 30_000,
+            "recovery_attempts": 2,
+        }
+        now = past.now_ms()
+        assert await producer.store.update_run_if(
+            "orphan", frozenset({RunStatus.PENDING}), changes, now
+        )
     async with client(url) as fresh:
         await fresh.start("pipeline", "o4", run_id="just-started")
 
@@ -246,7 +258,11 @@ async def _stale_lists_idle_runs_with_hints(url: str) -> None:
     await _seed_stale(url)
     data = as_json(await acli("runs", "list", "--stale", "1h", "--json", "--store", url))
     by_id = {entry["run"]["run_id"]: entry for entry in data["stale"]}
-    assert set(by_id) == {"wants-signal", "wants-event", "nobody-took-it"}
+    assert set(by_id) == {"wants-signal", "wants-event", "nobody-took-it", "orphan"}
+    orphan = by_id["orphan"]
+    assert orphan["recovery_attempts"] == 2
+    assert "worker-7 stopped renewing the lease" in orphan["hint"]
+    assert "recovered 2 time(s)" in orphan["hint"]
     pending = by_id["nobody-took-it"]
     assert pending["idle_seconds"] >= 7000
     assert pending["recovery_attempts"] == 0
@@ -266,6 +282,9 @@ async def _stale_lists_idle_runs_with_hints(url: str) -> None:
     only = as_json(await acli("runs", "list", "--stale", "1h", "--status", "pending", "--json",
                               "--store", url))  # fmt: skip
     assert [e["run"]["run_id"] for e in only["stale"]] == ["nobody-took-it"]
+    running = as_json(await acli("runs", "list", "--stale", "1h", "--status", "running", "--json",
+                                 "--store", url))  # fmt: skip
+    assert [e["run"]["run_id"] for e in running["stale"]] == ["orphan"]
     # The filters choose among every stale run before the page is cut.
     first = as_json(await acli("runs", "list", "--stale", "1h", "--status", "suspended",
                                "--limit", "1", "--json", "--store", url))  # fmt: skip

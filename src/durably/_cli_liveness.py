@@ -126,6 +126,18 @@ def _ago(ms: int | None, now: int) -> str:
 
 
 def _hint(run: Run, step: Checkpoint | None, since: int | None, now: int) -> str:
+    hint = _what_to_do(run, step, since, now)
+    if run.recovery_attempts:
+        # Each recovery is a worker that died holding the run: its turns may be
+        # what kills them (memory, a native crash), not bad luck.
+        hint += (
+            f" (recovered {run.recovery_attempts} time(s) after its worker died: "
+            "check the worker logs for what killed them)"
+        )
+    return hint
+
+
+def _what_to_do(run: Run, step: Checkpoint | None, since: int | None, now: int) -> str:
     idle = format_duration(now - run.updated_at)
     name = visible(run.workflow)
     if run.status is RunStatus.BLOCKED:
@@ -139,12 +151,9 @@ def _hint(run: Run, step: Checkpoint | None, since: int | None, now: int) -> str
             f"(durably worker --app …) with workflow {name} registered?"
         )
     if run.status is RunStatus.RUNNING:
-        recovered = f"; recovered {run.recovery_attempts} time(s) already" * bool(
-            run.recovery_attempts
-        )
         return (
             f"its worker {visible(run.locked_by or '?')} stopped renewing the lease "
-            f"(crashed?); no worker has recovered it for {idle}: is one running?{recovered}"
+            f"(crashed?); no worker has recovered it for {idle}: is one running?"
         )
     if step is not None and step.kind in ("signal", "event"):
         what, _, key = step.name.partition(":")
