@@ -13,7 +13,10 @@ Commands::
     durably demo                               crash a worker mid-run and watch it recover
 
 Each command lives in a ``_cli_*`` module and is attached below with one
-``add_command`` line. The store comes from ``--store URL``, else
+line: ``cli.add_command(cmd)``, or ``runs.add_command(cmd)`` for a
+``durably runs …`` subcommand. A command takes ``@store_option`` and
+``@json_option`` (``_cli_common``) and opens the store with ``open_client``;
+it raises :class:`CliError` for a one-line failure. The store comes from ``--store URL``, else
 ``DURABLY_DATABASE_URL``, else ``sqlite:///durably.db`` — the same default as
 ``durably.Engine()``. Every command takes ``--json``.
 
@@ -97,6 +100,7 @@ def demo(directory: Path | None, as_json: bool) -> None:
         raise click.exceptions.Exit(code)
 
 
+# One line a command (a ``durably runs …`` subcommand: ``runs.add_command(cmd)``).
 cli.add_command(worker)
 cli.add_command(start)
 cli.add_command(runs)
