@@ -22,6 +22,7 @@ from ._options import EngineOptions
 from ._registry import Registry
 from ._routing import RunRouter
 from ._start import StartRun
+from ._step_faults import StepFaults
 from ._threads import StepThreads
 from ._turns import TurnDriver
 from ._watch import RunWatcher
@@ -56,6 +57,7 @@ class Parts:
     events: EventRouter
     worker: Worker
     lifecycle: Lifecycle
+    faults: StepFaults
 
 
 def wire(
@@ -99,7 +101,8 @@ def wire(
         transport,
         has_flow_queues=registry.has_queues,
     )
-    step_server = StepServer(transport, threads, children.ended_runs)
+    faults = StepFaults()
+    step_server = StepServer(transport, threads, children.ended_runs, faults)
     services = Services(
         store=store,
         clock=clock,
@@ -112,6 +115,7 @@ def wire(
         steps=steps,
         redispatch_ms=options.redispatch_ms,
         redispatch_max=options.remote_redispatch_max,
+        faults=faults,
     )
     turns = TurnDriver(
         store,
@@ -177,4 +181,5 @@ def wire(
         events=events,
         worker=worker,
         lifecycle=lifecycle,
+        faults=faults,
     )

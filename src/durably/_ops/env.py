@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from .._replay import CloseReason, Turn
+from .._step_faults import StepFaults
 from .._threads import StepThreads
 from ..clock import Clock
 from ..errors import _TurnClosed
@@ -50,6 +51,7 @@ class Services:
     steps: StepDispatcher
     redispatch_ms: int | None
     redispatch_max: int
+    faults: StepFaults
 
 
 class TurnEnv:

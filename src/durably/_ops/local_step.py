@@ -66,6 +66,7 @@ async def local_step(
             else:
                 await turn.flush()
             try:
+                env.services.faults.starting(name)
                 result = await env.call(fn, args)
                 output = codec.to_jsonable(result, "step result")
             except Exception as exc:
@@ -110,6 +111,11 @@ async def local_step(
                     finished_at=clock.now_ms(),
                 )
             )
+            if env.services.faults.crash_due(name):
+                # A simulated crash: the result is durable, then this process
+                # writes nothing more, as if it had died (the run stays leased).
+                await turn.flush()
+                env.fence_lost()
             return output
     raise AssertionError("unreachable")  # pragma: no cover
 

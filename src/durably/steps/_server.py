@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable, Collection, Iterable
 from typing import Any
 
 from .._aio import wait_event
+from .._step_faults import StepFaults
 from .._threads import StepThreads
 from ..clock import wall_ms
 from ..transports.base import Transport
@@ -58,8 +59,10 @@ class StepServer:
         transport: Transport,
         threads: StepThreads,
         cancelled_runs: CancelCheck,
+        faults: StepFaults | None = None,
     ) -> None:
         self._transport = transport
+        self._faults = StepFaults() if faults is None else faults
         self._threads = threads
         self._cancelled_runs = cancelled_runs
         self._by_token: dict[str, StepDefinition] = {}
@@ -122,6 +125,7 @@ class StepServer:
         self, definition: StepDefinition, task: StepTask, log: StepLogger, started: int
     ) -> StepResult:
         try:
+            self._faults.starting(task.name)
             data = definition.parse_input(task.input)
             args = (data, log) if definition.takes_logger else (data,)
             if inspect.iscoroutinefunction(definition.fn):
