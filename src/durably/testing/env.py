@@ -33,6 +33,7 @@ _MISSING: Any = object()
 _STILL_POLLS = 20
 _MAX_ROUNDS = 10_000
 _SETTLE_TIMEOUT = 30.0
+_CONFIRM_S = 0.01
 
 
 class TestEnv:
@@ -160,6 +161,7 @@ class TestEnv:
         nothing to do and nothing executes. A turn that waits on the virtual
         clock (a retry's backoff) counts as idle: :meth:`advance` moves it on."""
         engine = self.engine
+        quiet = 0
         for _ in range(_MAX_ROUNDS):
             worked = 0
             for phase in (
@@ -171,10 +173,19 @@ class TestEnv:
             ):
                 worked += await phase()
             executing = await self._settle()
-            if not worked and not executing and not await self._steps_out():
-                return
-            if not worked and executing:
+            if worked:
+                quiet = 0
+            elif executing:
                 return  # every executing turn waits on the virtual clock
+            elif await self._steps_out():
+                quiet = 0
+            else:
+                # Quiet twice, a moment apart: a step result saved just now
+                # wakes its run a few loop iterations (or a round trip) later.
+                quiet += 1
+                if quiet == 2:
+                    return
+                await asyncio.sleep(_CONFIRM_S)
         raise RuntimeError(f"still busy after {_MAX_ROUNDS} rounds: a run keeps waking itself")
 
     async def _settle(self) -> bool:
