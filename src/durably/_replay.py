@@ -149,7 +149,10 @@ class Turn:
                     f"run {self.run.run_id!r}: position {seq} holds {recorded.kind} "
                     f"{recorded.name!r} in history, but the workflow now calls {kind} "
                     f"{name!r}. Register changed workflows under a new version or guard "
-                    "the change with ctx.patched()."
+                    "the change with ctx.patched().",
+                    seq=seq,
+                    history=(str(recorded.kind), recorded.name),
+                    found=(str(kind), name),
                 )
             )
         return seq, recorded

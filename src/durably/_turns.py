@@ -187,6 +187,27 @@ class TurnDriver:
         # sees what a second start_turn would (the run is leased: None).
         return [leased.pop(run_id, None) for run_id in run_ids]
 
+    async def replay_only(
+        self, run: Run, checkpoints: dict[int, Checkpoint]
+    ) -> tuple[TurnOutcome, Turn]:
+        """Replay ``run``'s history against the body registered for it, executing
+        nothing new: every operation past the history parks (as in a
+        compensating cancel's replay), no undo runs and no outcome is written.
+        The turn's ``failure`` holds a :class:`NondeterminismError` where the
+        body and the history differ (``durably.testing.assert_replayable``)."""
+        definition = self._registry.get(run.workflow, run.workflow_version)
+        value = definition.parse_input(run.input)
+        turn = Turn(
+            run, checkpoints, self._owner(), self._clock.now_ms, 0, self._options().lease_ms
+        )
+        turn.unwinding = True
+        ctx = WorkflowContext(turn, self._services, Saga())
+        if definition.takes_input:
+            outcome = await turn.execute(lambda: definition.fn(ctx, value))
+        else:
+            outcome = await turn.execute(lambda: definition.fn(ctx))
+        return outcome, turn
+
     async def _turn(
         self, run: Run, checkpoints: dict[int, Checkpoint]
     ) -> tuple[TurnOutcome, Turn | None]:

@@ -7,6 +7,8 @@ Commands::
     durably runs show RUN_ID                   a run and its step timeline
     durably signal TOKEN [JSON]                deliver a signal (buffered if nobody waits)
     durably cancel RUN_ID                      cancel a run
+    durably runs export RUN_ID                 a run and its checkpoints as JSON
+    durably replay-check --app mod:engine H.json  does the current code replay it?
     durably demo                               crash a worker mid-run and watch it recover
 
 The store comes from ``--store URL``, else ``DURABLY_DATABASE_URL``, else
@@ -49,6 +51,7 @@ from ._cli_common import (
     scrub_urls,
     store_option,
 )
+from ._cli_export import add_commands
 from ._cli_render import (
     checkpoint_to_dict,
     json_text,
@@ -579,6 +582,7 @@ def _fail(message: str, code: int) -> NoReturn:
 
 
 cli.add_command(schedules)
+add_commands(cli, runs)
 
 
 def main(argv: list[str] | None = None) -> NoReturn:

@@ -10,5 +10,14 @@ from .._step_faults import InjectedFault
 from ._eventually import eventually
 from .clock import VirtualClock
 from .env import TestEnv
+from .replay import ReplayMismatch, ReplayReport, assert_replayable
 
-__all__ = ["InjectedFault", "TestEnv", "VirtualClock", "eventually"]
+__all__ = [
+    "InjectedFault",
+    "ReplayMismatch",
+    "ReplayReport",
+    "TestEnv",
+    "VirtualClock",
+    "assert_replayable",
+    "eventually",
+]
