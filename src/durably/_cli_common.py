@@ -7,7 +7,6 @@ this module; it imports none of them.
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -16,6 +15,7 @@ from typing import Any, TypeVar
 
 import click
 
+from ._logs import engine_logger
 from ._urls import redact_url, scrub
 from .engine import Engine
 from .stores.sqlite import sqlite_path_from_url
@@ -45,7 +45,7 @@ EXIT_USAGE = 2
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-_log = logging.getLogger("durably.cli")
+_log = engine_logger("durably.cli")
 
 # The store URLs this process was given: scrub_urls hides their credentials in
 # any message, including ones a database driver built from the raw URL.

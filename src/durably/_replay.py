@@ -105,6 +105,7 @@ class Turn:
         self.lease_until = run.locked_until
         """When the lease as last confirmed by the store runs out (engine clock)."""
         self._next_seq = 0
+        self._history_end = max(checkpoints, default=-1) + 1
         self._parked: dict[int, tuple[int | None, bool]] = {}
         self._park_futures: list[asyncio.Future[None]] = []
         self._in_flight = 0
@@ -132,6 +133,12 @@ class Turn:
     def next_seq(self) -> int:
         """The position the next operation will take."""
         return self._next_seq
+
+    @property
+    def replaying(self) -> bool:
+        """Whether the body is re-executing code a previous turn ran: positions
+        recorded before this turn lie ahead of it."""
+        return self._next_seq < self._history_end
 
     def allocate(self, name: str, kind: CheckpointKind) -> tuple[int, Checkpoint | None]:
         """Take the next position and return it with its recorded checkpoint.

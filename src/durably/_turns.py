@@ -11,13 +11,13 @@ parent, its waiters and its failure handlers.
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from ._batch import BatchCall
 from ._children import next_link_id
 from ._faults import FailureLog, is_infrastructure_error
+from ._logs import RUN_CONTEXT, LogContext, engine_logger
 from ._ops.saga import Saga
 from ._replay import CloseReason, Turn, TurnEnd, TurnOutcome, error_info
 from .context import WorkflowContext
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Leased", "TurnDriver"]
 
-_log = logging.getLogger("durably")
+_log = engine_logger("durably")
 
 Leased = tuple[Run, dict[int, Checkpoint]]
 """A run leased for a turn, with the checkpoints that turn replays."""
@@ -82,6 +82,9 @@ class TurnDriver:
     async def execute(self, run_id: str, wake: bool) -> None:
         """The executor's handler: lease ``run_id`` (unless a start already
         did) and drive its turns until it lets go."""
+        # The executor's task copied its submitter's context: a run started
+        # by another run's turn must not log under that run's id.
+        RUN_CONTEXT.set(LogContext(run_id))
         preleased = self._router.preleased.pop(run_id, None)
         if preleased is not None:
             await self.drive(preleased, {})
@@ -120,6 +123,13 @@ class TurnDriver:
 
     async def drive(self, run: Run, checkpoints: dict[int, Checkpoint]) -> None:
         """Execute turns of a leased run until one settles without a wake."""
+        context = RUN_CONTEXT.set(LogContext(run.run_id, run.workflow))
+        try:
+            await self._drive(run, checkpoints)
+        finally:
+            RUN_CONTEXT.reset(context)
+
+    async def _drive(self, run: Run, checkpoints: dict[int, Checkpoint]) -> None:
         pool = self._options().namespace
         if pool is not None and run.namespace != pool:
             # Woken here by a signal or a child, but it belongs to another

@@ -8,7 +8,6 @@ engine (a test's fault injection) is the one they call where they look it up lat
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +16,7 @@ from ._children import ChildRuns
 from ._events import EventRouter
 from ._hooks import Hooks
 from ._lifecycle import Lifecycle
+from ._logs import engine_logger
 from ._ops.env import Services
 from ._options import EngineOptions
 from ._registry import Registry
@@ -109,7 +109,7 @@ def wire(
         threads=threads,
         track_start=options.track_start,
         default_retry=RetryPolicy(),
-        logger=logging.getLogger("durably.workflow"),
+        logger=engine_logger("durably.workflow"),
         spawn_children=children.spawn,
         cancel_runs=children.cancel_runs,
         steps=steps,

@@ -62,6 +62,7 @@ from ._cli_render import (
     visible,
 )
 from ._cli_schedules import schedules
+from ._logs import engine_logger
 from ._urls import redact_url
 from .engine import Engine, RunNotFound
 from .errors import DurablyError
@@ -71,7 +72,7 @@ __all__ = ["DEFAULT_STORE", "CliError", "cli", "main"]
 
 T = TypeVar("T")
 
-_log = logging.getLogger("durably.cli")
+_log = engine_logger("durably.cli")
 
 
 class _StoppedEarly(Exception):

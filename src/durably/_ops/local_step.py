@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from .. import _codec as codec
+from .._logs import RUN_CONTEXT, with_step
 from .._replay import error_info
 from ..errors import FatalError, StepFailed
 from ..model import Checkpoint, CheckpointKind, CheckpointStatus
@@ -67,7 +68,11 @@ async def local_step(
                 await turn.flush()
             try:
                 env.services.faults.starting(name)
-                result = await env.call(fn, args)
+                step_context = with_step(name)
+                try:
+                    result = await env.call(fn, args)
+                finally:
+                    RUN_CONTEXT.reset(step_context)
                 output = codec.to_jsonable(result, "step result")
             except Exception as exc:
                 turn.ensure_open()
