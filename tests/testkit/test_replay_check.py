@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -181,3 +182,43 @@ async def test_the_cli_exports_a_history_and_checks_it(tmp_path: Path) -> None:
 
     missing = durably_cli("runs", "export", "nope", "--store", url)
     assert missing.returncode == 1 and "no run with id 'nope'" in missing.stderr
+
+
+async def test_a_history_with_children_dispatched_steps_and_gather_replays_without_effects() -> (
+    None
+):
+    served: list[str] = []
+
+    def register(engine: durably.Engine) -> None:
+        @engine.step("label")
+        def label(order: str) -> str:
+            served.append(order)
+            return f"label {order}"
+
+        @engine.workflow("child")
+        async def child(ctx: durably.WorkflowContext, n: int) -> int:
+            return n * 2
+
+        @engine.workflow("order")
+        async def order(ctx: durably.WorkflowContext, order_id: str) -> Any:
+            doubled, tag = await asyncio.gather(
+                ctx.child("child", 21, run_id=f"{ctx.run_id}:c"),
+                ctx.local_step("tag", step("tag")),
+            )
+            printed = await ctx.step(label, order_id)
+            await ctx.wait_for_signal(f"ship:{ctx.run_id}")
+            return [doubled, tag, printed]
+
+    async with TestEnv(register) as env:
+        run_id = await env.start("order", "o-9")
+        await env.assert_status(run_id, "suspended")  # waiting for the signal
+        run = await env.engine.get_run(run_id)
+        assert run is not None
+        history = history_to_json(run, await env.history(run_id))
+    assert [c["kind"] for c in history["checkpoints"]] == ["child", "local", "step", "signal"]
+
+    EXECUTED.clear()
+    served.clear()
+    report = await assert_replayable(register, history)
+    assert report.positions == 4 and report.parked
+    assert EXECUTED == [] and served == []

@@ -50,7 +50,9 @@ class TestEnv:
             await env.assert_completed(run_id, output="converted")
 
     The engine it builds has ``reconcile=0`` (no fallback wake every 5 minutes
-    of virtual time while a run waits for a signal) and a stable instance id.
+    of virtual time while a run waits for a signal; give an engine you pass
+    ``reconcile=0`` too, or ``advance`` stops at each of those wakes) and a
+    stable instance id.
     Nothing here sleeps for real: runs advance only through the calls below.
     """
 
