@@ -122,6 +122,31 @@ async def test_a_daily_schedule_fires_once_per_window_crossed() -> None:
         assert {run.status for run in runs.runs} == {durably.RunStatus.COMPLETED}
 
 
+async def test_events_reach_waiters_and_start_triggered_runs() -> None:
+    def register(engine: durably.Engine) -> None:
+        @engine.workflow("on-paid", on_event="paid")
+        async def on_paid(ctx: durably.WorkflowContext, payload: dict[str, str]) -> str:
+            return payload["order"]
+
+        @engine.workflow("await-paid")
+        async def await_paid(ctx: durably.WorkflowContext, order: str) -> str:
+            try:
+                paid = await ctx.wait_for_event("paid", match={"order": order}, timeout="1h")
+            except durably.EventTimeout:
+                return "unpaid"
+            return str(paid["order"])
+
+    async with TestEnv(register) as env:
+        waiting = await env.start("await-paid", "o-1")
+        expiring = await env.start("await-paid", "o-2")
+        assert await env.publish_event("paid", {"order": "o-1"}) == 2  # one waiter, one start
+        await env.assert_completed(waiting, output="o-1")
+        await env.advance("1h")
+        await env.assert_completed(expiring, output="unpaid")
+        started = await env.engine.list_runs(workflow="on-paid")
+        assert [run.output for run in started.runs] == ["o-1"]
+
+
 async def test_an_execution_timeout_cancels_the_run_at_its_deadline() -> None:
     def register(engine: durably.Engine) -> None:
         @engine.workflow("slow", execution_timeout="1h")

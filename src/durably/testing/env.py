@@ -145,6 +145,12 @@ class TestEnv:
         await self.run_until_idle()
         return receiver
 
+    async def publish_event(self, name: str, payload: Any = None, **options: Any) -> int:
+        """Publish an event (:meth:`Engine.publish_event`) and run until idle."""
+        received = await self.engine.publish_event(name, payload, **options)
+        await self.run_until_idle()
+        return received
+
     async def advance(self, duration: Duration) -> None:
         """Move the clock forward by ``duration``, stopping at every moment
         something is due on the way and running what it wakes until idle."""
