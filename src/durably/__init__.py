@@ -7,6 +7,7 @@ work. Start here: :class:`Engine` and :class:`WorkflowContext`.
 
 from __future__ import annotations
 
+from ._logs import RunContextFilter
 from .context import ChildCall, Settled, WorkflowContext
 from .durations import Duration
 from .engine import Engine, RunNotFound
@@ -47,6 +48,7 @@ __all__ = [
     "RetryPolicy",
     "Run",
     "RunCancelled",
+    "RunContextFilter",
     "RunNotFound",
     "RunPage",
     "RunResult",

@@ -14,12 +14,12 @@ write outside a turn (a cancel, an execution timeout) goes through
 from __future__ import annotations
 
 import asyncio
-import logging
 import re
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ._batch import BatchCall
+from ._logs import engine_logger
 from ._replay import CloseReason, error_info
 from .errors import DurablyError, SchemaValidationError, WorkflowNotRegistered
 from .model import (
@@ -52,7 +52,7 @@ __all__ = [
     "next_link_id",
 ]
 
-_log = logging.getLogger("durably")
+_log = engine_logger("durably")
 
 LIVE = frozenset({RunStatus.PENDING, RunStatus.RUNNING, RunStatus.SUSPENDED, RunStatus.BLOCKED})
 """The statuses a run can still leave."""

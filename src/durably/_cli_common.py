@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import os
 import sys
 from collections.abc import AsyncIterator, Callable, Coroutine
@@ -21,6 +20,7 @@ from typing import Any, TypeVar
 import click
 
 from . import _codec as codec
+from ._logs import engine_logger
 from ._names import check_name
 from ._start import check_start, check_tags, new_run_id, start_time
 from ._urls import redact_url, scrub
@@ -64,7 +64,7 @@ EXIT_USAGE = 2
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
 
-_log = logging.getLogger("durably.cli")
+_log = engine_logger("durably.cli")
 
 # The store URLs this process was given: scrub_urls hides their credentials in
 # any message, including ones a database driver built from the raw URL.

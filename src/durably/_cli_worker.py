@@ -32,12 +32,13 @@ from ._cli_common import (
     scrub_urls,
 )
 from ._cli_render import iso_time, visible
+from ._logs import engine_logger
 from ._urls import redact_url
 from .engine import Engine
 
 __all__ = ["configure_worker", "serve", "worker"]
 
-_log = logging.getLogger("durably.cli")
+_log = engine_logger("durably.cli")
 
 
 class _StoppedEarly(Exception):

@@ -11,13 +11,13 @@ parent, its waiters and its failure handlers.
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from ._batch import BatchCall
 from ._children import next_link_id
 from ._faults import FailureLog, is_infrastructure_error
+from ._logs import RUN_CONTEXT, LogContext, engine_logger
 from ._ops.saga import Saga
 from ._replay import CloseReason, Turn, TurnEnd, TurnOutcome, error_info
 from .context import WorkflowContext
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Leased", "TurnDriver"]
 
-_log = logging.getLogger("durably")
+_log = engine_logger("durably")
 
 Leased = tuple[Run, dict[int, Checkpoint]]
 """A run leased for a turn, with the checkpoints that turn replays."""
@@ -82,6 +82,9 @@ class TurnDriver:
     async def execute(self, run_id: str, wake: bool) -> None:
         """The executor's handler: lease ``run_id`` (unless a start already
         did) and drive its turns until it lets go."""
+        # The executor's task copied its submitter's context: a run started
+        # by another run's turn must not log under that run's id.
+        RUN_CONTEXT.set(LogContext(run_id))
         preleased = self._router.preleased.pop(run_id, None)
         if preleased is not None:
             await self.drive(preleased, {})
@@ -120,6 +123,13 @@ class TurnDriver:
 
     async def drive(self, run: Run, checkpoints: dict[int, Checkpoint]) -> None:
         """Execute turns of a leased run until one settles without a wake."""
+        context = RUN_CONTEXT.set(LogContext(run.run_id, run.workflow))
+        try:
+            await self._drive(run, checkpoints)
+        finally:
+            RUN_CONTEXT.reset(context)
+
+    async def _drive(self, run: Run, checkpoints: dict[int, Checkpoint]) -> None:
         pool = self._options().namespace
         if pool is not None and run.namespace != pool:
             # Woken here by a signal or a child, but it belongs to another
@@ -186,6 +196,27 @@ class TurnDriver:
         # An id asked twice in one batch gets its turn once: the second asker
         # sees what a second start_turn would (the run is leased: None).
         return [leased.pop(run_id, None) for run_id in run_ids]
+
+    async def replay_only(
+        self, run: Run, checkpoints: dict[int, Checkpoint]
+    ) -> tuple[TurnOutcome, Turn]:
+        """Replay ``run``'s history against the body registered for it, executing
+        nothing new: every operation past the history parks (as in a
+        compensating cancel's replay), no undo runs and no outcome is written.
+        The turn's ``failure`` holds a :class:`NondeterminismError` where the
+        body and the history differ (``durably.testing.assert_replayable``)."""
+        definition = self._registry.get(run.workflow, run.workflow_version)
+        value = definition.parse_input(run.input)
+        turn = Turn(
+            run, checkpoints, self._owner(), self._clock.now_ms, 0, self._options().lease_ms
+        )
+        turn.unwinding = True
+        ctx = WorkflowContext(turn, self._services, Saga())
+        if definition.takes_input:
+            outcome = await turn.execute(lambda: definition.fn(ctx, value))
+        else:
+            outcome = await turn.execute(lambda: definition.fn(ctx))
+        return outcome, turn
 
     async def _turn(
         self, run: Run, checkpoints: dict[int, Checkpoint]

@@ -8,7 +8,6 @@ engine (a test's fault injection) is the one they call where they look it up lat
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -17,11 +16,13 @@ from ._children import ChildRuns
 from ._events import EventRouter
 from ._hooks import Hooks
 from ._lifecycle import Lifecycle
+from ._logs import engine_logger
 from ._ops.env import Services
 from ._options import EngineOptions
 from ._registry import Registry
 from ._routing import RunRouter
 from ._start import StartRun
+from ._step_faults import StepFaults
 from ._threads import StepThreads
 from ._turns import TurnDriver
 from ._watch import RunWatcher
@@ -56,6 +57,7 @@ class Parts:
     events: EventRouter
     worker: Worker
     lifecycle: Lifecycle
+    faults: StepFaults
 
 
 def wire(
@@ -99,19 +101,21 @@ def wire(
         transport,
         has_flow_queues=registry.has_queues,
     )
-    step_server = StepServer(transport, threads, children.ended_runs)
+    faults = StepFaults()
+    step_server = StepServer(transport, threads, children.ended_runs, faults)
     services = Services(
         store=store,
         clock=clock,
         threads=threads,
         track_start=options.track_start,
         default_retry=RetryPolicy(),
-        logger=logging.getLogger("durably.workflow"),
+        logger=engine_logger("durably.workflow"),
         spawn_children=children.spawn,
         cancel_runs=children.cancel_runs,
         steps=steps,
         redispatch_ms=options.redispatch_ms,
         redispatch_max=options.remote_redispatch_max,
+        faults=faults,
     )
     turns = TurnDriver(
         store,
@@ -177,4 +181,5 @@ def wire(
         events=events,
         worker=worker,
         lifecycle=lifecycle,
+        faults=faults,
     )

@@ -11,7 +11,6 @@ the executor asking for more work while a backlog drains.
 from __future__ import annotations
 
 import asyncio
-import logging
 import random
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
@@ -19,6 +18,7 @@ from typing import TYPE_CHECKING
 from ._aio import wait_event
 from ._faults import FailureLog
 from ._hooks import call_safely
+from ._logs import engine_logger
 from ._notices import StoreNotice
 from ._replay import CloseReason
 from .model import TERMINAL_STATUSES, RunStatus
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
 __all__ = ["RECOVERY_BATCH", "Phase", "Worker"]
 
-_log = logging.getLogger("durably")
+_log = engine_logger("durably")
 
 Phase = tuple[Callable[[], Awaitable[int]], int]
 """A worker phase and the batch one pass of it claims when full (``0``: it

@@ -10,6 +10,8 @@ Commands::
     durably events publish NAME [JSON]         publish an event to the runs waiting for it
     durably cancel RUN_ID                      cancel a run
     durably schedules list|pause|resume|trigger|remove
+    durably runs export RUN_ID                 a run and its checkpoints as JSON
+    durably replay-check --app mod:engine H.json  does the current code replay it?
     durably demo                               crash a worker mid-run and watch it recover
 
 Each command lives in a ``_cli_*`` module and is attached below with one
@@ -48,6 +50,7 @@ from ._cli_common import (
     one_line,
     scrub_urls,
 )
+from ._cli_export import add_commands
 from ._cli_messages import events, signal_cmd
 from ._cli_render import json_text, make_console, visible
 from ._cli_runs import cancel, runs
@@ -108,6 +111,7 @@ cli.add_command(cancel)
 cli.add_command(signal_cmd)
 cli.add_command(events)
 cli.add_command(schedules)
+add_commands(cli, runs)
 
 
 # -- entry point --------------------------------------------------------------------------

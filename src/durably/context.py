@@ -413,7 +413,10 @@ class WorkflowContext:
             raise turn.halt(
                 NondeterminismError(
                     f"run {self.run_id!r}: position {turn.next_seq} holds {recorded.name!r}, "
-                    f"but the workflow now asks for {name!r}"
+                    f"but the workflow now asks for {name!r}",
+                    seq=turn.next_seq,
+                    history=(str(recorded.kind), recorded.name),
+                    found=(str(CheckpointKind.PATCH), name),
                 )
             )
         seq, recorded = turn.allocate(name, CheckpointKind.PATCH)

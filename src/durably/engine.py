@@ -174,6 +174,7 @@ class Engine:
         self._children, self._step_server = parts.children, parts.step_server
         self._turns, self._scheduler, self._events = parts.turns, parts.scheduler, parts.events
         self._worker, self._lifecycle = parts.worker, parts.lifecycle
+        self._step_faults = parts.faults  # what durably.testing.TestEnv arranges
         self._router.worker_looping = lambda: self._worker.looping
 
     # -- options

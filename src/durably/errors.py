@@ -154,6 +154,31 @@ class NondeterminismError(DurablyError):
 
     code = "nondeterminism"
 
+    def __init__(
+        self,
+        message: str,
+        *,
+        seq: int | None = None,
+        history: tuple[str, str] | None = None,
+        found: tuple[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.seq = seq
+        """The first position where the body and its history differ."""
+        self.history = history
+        """``(kind, name)`` recorded at :attr:`seq`."""
+        self.found = found
+        """``(kind, name)`` the body now calls there (``None``: it calls nothing)."""
+        self.details = (
+            None
+            if seq is None
+            else {
+                "seq": seq,
+                "history": None if history is None else {"kind": history[0], "name": history[1]},
+                "found": None if found is None else {"kind": found[0], "name": found[1]},
+            }
+        )
+
 
 class RunCancelled(DurablyError):
     """The run was cancelled while the body was executing."""

@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from .. import _codec as codec
+from .._logs import RUN_CONTEXT, with_step
 from .._replay import error_info
 from ..errors import FatalError, StepFailed
 from ..model import Checkpoint, CheckpointKind, CheckpointStatus
@@ -66,7 +67,12 @@ async def local_step(
             else:
                 await turn.flush()
             try:
-                result = await env.call(fn, args)
+                env.services.faults.starting(name)
+                step_context = with_step(name)
+                try:
+                    result = await env.call(fn, args)
+                finally:
+                    RUN_CONTEXT.reset(step_context)
                 output = codec.to_jsonable(result, "step result")
             except Exception as exc:
                 turn.ensure_open()
@@ -110,6 +116,11 @@ async def local_step(
                     finished_at=clock.now_ms(),
                 )
             )
+            if env.services.faults.crash_due(name):
+                # A simulated crash: the result is durable, then this process
+                # writes nothing more, as if it had died (the run stays leased).
+                await turn.flush()
+                env.fence_lost()
             return output
     raise AssertionError("unreachable")  # pragma: no cover
 

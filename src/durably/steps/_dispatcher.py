@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from .._logs import engine_logger
 from ..clock import Clock
 from ..model import TERMINAL_STATUSES, CheckpointKind, CheckpointStatus, Run
 from ..stores.base import CheckpointStore, FlowStore, Resolution
@@ -28,7 +28,7 @@ from .definition import StepDefinition
 
 __all__ = ["LiveStep", "StepDispatcher"]
 
-_log = logging.getLogger("durably.dispatch")
+_log = engine_logger("durably.dispatch")
 _MAX_THROTTLE_ENTRIES = 50_000
 
 

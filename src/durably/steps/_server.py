@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import logging
 import time
 from collections.abc import Awaitable, Callable, Collection, Iterable
 from typing import Any
 
 from .._aio import wait_event
+from .._logs import RUN_CONTEXT, LogContext, engine_logger
+from .._step_faults import StepFaults
 from .._threads import StepThreads
 from ..clock import wall_ms
 from ..transports.base import Transport
@@ -25,7 +26,7 @@ from .definition import BEAT_INTERVAL_S, StepDefinition, StepLogger, failure_of
 
 __all__ = ["StepServer", "served_tokens"]
 
-_log = logging.getLogger("durably.worker")
+_log = engine_logger("durably.worker")
 _CANCEL_POLL_S = 1.0
 
 CancelCheck = Callable[[list[str]], Awaitable[set[str]]]
@@ -58,8 +59,10 @@ class StepServer:
         transport: Transport,
         threads: StepThreads,
         cancelled_runs: CancelCheck,
+        faults: StepFaults | None = None,
     ) -> None:
         self._transport = transport
+        self._faults = StepFaults() if faults is None else faults
         self._threads = threads
         self._cancelled_runs = cancelled_runs
         self._by_token: dict[str, StepDefinition] = {}
@@ -91,6 +94,13 @@ class StepServer:
 
     async def handle(self, task: StepTask) -> None:
         """Run one task and send its result (never raises for a handler failure)."""
+        context = RUN_CONTEXT.set(LogContext(task.run_id, None, task.name))
+        try:
+            await self._handle(task)
+        finally:
+            RUN_CONTEXT.reset(context)
+
+    async def _handle(self, task: StepTask) -> None:
         definition = self._by_token.get(task.group)
         if definition is None or definition.name != task.name:
             await self._transport.send_result(StepResult.no_handler(task))
@@ -122,6 +132,7 @@ class StepServer:
         self, definition: StepDefinition, task: StepTask, log: StepLogger, started: int
     ) -> StepResult:
         try:
+            self._faults.starting(task.name)
             data = definition.parse_input(task.input)
             args = (data, log) if definition.takes_logger else (data,)
             if inspect.iscoroutinefunction(definition.fn):
