@@ -17,7 +17,7 @@ from pathlib import Path
 import click
 
 from ._cli_app import AppLoadError, load_engine
-from ._cli_common import EXIT_USAGE, CliError, open_client, store_option
+from ._cli_common import EXIT_USAGE, CliError, json_option, open_client, store_option
 from ._cli_render import json_text
 from ._history import history_to_json
 from ._urls import redact_url
@@ -28,9 +28,13 @@ __all__ = ["add_commands"]
 
 @click.command("export")
 @store_option
+@json_option
 @click.argument("run_id")
-def runs_export(store_url: str, run_id: str) -> None:
-    """Print a run and its checkpoints as JSON (for replay-check and assert_replayable)."""
+def runs_export(store_url: str, as_json: bool, run_id: str) -> None:
+    """Print a run and its checkpoints as JSON (for replay-check and assert_replayable).
+
+    The output is JSON with or without ``--json``: the export format keeps the
+    stored epoch-millisecond times, exactly as replay reads them back."""
 
     async def go() -> str:
         async with open_client(store_url) as engine:
@@ -50,8 +54,9 @@ def runs_export(store_url: str, run_id: str) -> None:
     metavar="MODULE:ENGINE",
     help="The application's engine, with the workflows as they are now.",
 )
+@json_option
 @click.argument("histories", nargs=-1, required=True, type=click.Path(path_type=Path))
-def replay_check(app_spec: str, histories: tuple[Path, ...]) -> None:
+def replay_check(app_spec: str, as_json: bool, histories: tuple[Path, ...]) -> None:
     """Check that the current code replays each exported history (exit 1 if not)."""
     try:
         engine = load_engine(app_spec)
@@ -66,6 +71,21 @@ def replay_check(app_spec: str, histories: tuple[Path, ...]) -> None:
                 raise CliError(str(exc)) from None
             except ValueError as exc:
                 raise CliError(str(exc), EXIT_USAGE) from None
+            if as_json:
+                click.echo(
+                    json_text(
+                        {
+                            "path": str(path),
+                            "ok": True,
+                            "run_id": report.run_id,
+                            "workflow": report.workflow,
+                            "version": report.version,
+                            "positions": report.positions,
+                            "parked": report.parked,
+                        }
+                    )
+                )
+                continue
             more = ", then parks on new code" if report.parked else ""
             click.echo(
                 f"ok {path}: run {report.run_id} ({report.workflow} v{report.version}) "
