@@ -7,7 +7,7 @@ work. Start here: :class:`Engine` and :class:`WorkflowContext`.
 
 from __future__ import annotations
 
-from .context import ChildCall, Settled, WorkflowContext
+from .context import ChildCall, Settled, Webhook, WorkflowContext
 from .durations import Duration
 from .engine import Engine, RunNotFound
 from .errors import (
@@ -61,6 +61,7 @@ __all__ = [
     "StepRef",
     "Transport",
     "TransportError",
+    "Webhook",
     "WorkflowContext",
     "WorkflowNotRegistered",
     "WrongEventLoop",

@@ -112,6 +112,7 @@ def wire(
         steps=steps,
         redispatch_ms=options.redispatch_ms,
         redispatch_max=options.remote_redispatch_max,
+        webhook_base_url=options.webhook_base_url,
     )
     turns = TurnDriver(
         store,

@@ -30,6 +30,7 @@ from ._children import RunNotFound
 from ._hooks import EvictHook, Handler, StalledHook
 from ._names import check_name
 from ._options import Consumers, EngineOptions, Option, SettableOption
+from ._outside import OutsideCalls, task_failure, task_result
 from ._registry import WorkflowDef
 from ._run_queue import RunQueue
 from ._start import check_signal, check_start, check_tags, new_run
@@ -107,6 +108,9 @@ class Engine:
             ``remote_step_lost``.
         heartbeat_persist_throttle: at most one heartbeat per step is written
             to the store per this window.
+        webhook_base_url: where :func:`durably.webhooks.app` is reachable from
+            outside (``https://api.example.com/hooks``); ``ctx.webhook()`` then
+            gives a full ``url`` besides the token.
     """
 
     def __init__(
@@ -137,6 +141,7 @@ class Engine:
         remote_redispatch: Duration | None = None,
         remote_redispatch_max: int = 3,
         heartbeat_persist_throttle: Duration = "10s",
+        webhook_base_url: str | None = None,
     ) -> None:
         # Taken first, while the locals are exactly the parameters: the keywords
         # are EngineOptions' fields, by name.
@@ -174,6 +179,7 @@ class Engine:
         self._children, self._step_server = parts.children, parts.step_server
         self._turns, self._scheduler, self._events = parts.turns, parts.scheduler, parts.events
         self._worker, self._lifecycle = parts.worker, parts.lifecycle
+        self._outside = OutsideCalls(self.store, self.signal, self._router.wake)
         self._router.worker_looping = lambda: self._worker.looping
 
     # -- options
@@ -544,6 +550,64 @@ class Engine:
         if run_id is not None:
             await self._router.wake(run_id)
         return run_id
+
+    async def get_value(self, run_id: str, key: str, default: Any = None) -> Any:
+        """The last value the run published with ``ctx.set_value(key, ...)``, or ``default``.
+
+        Reads history only: no effect on the run, and it works while the run
+        waits and after it ended. Raises :class:`RunNotFound` for an unknown run.
+        """
+        if not isinstance(key, str) or not key:
+            raise ValueError("get_value needs a non-empty key")
+        await self.open()
+        return await self._outside.get_value(run_id, key, default)
+
+    async def complete_task(self, token: str, result: Any = None) -> bool:
+        """Complete the ``ctx.task`` whose dispatch was given ``token``: its await returns
+        ``result``.
+
+        Returns ``False``, changing nothing, when the task was already
+        completed or failed, or its run ended (a duplicate completion is a
+        no-op). Raises ``ValueError`` for a token no task was given.
+        """
+        check_signal(token, result)
+        await self.open()
+        return await self._outside.complete_task(token, task_result(result))
+
+    async def fail_task(
+        self, token: str, message: str, *, code: str | None = None, details: Any = None
+    ) -> bool:
+        """Fail the ``ctx.task`` whose dispatch was given ``token``: its await raises
+        :class:`FatalError` (``message``, ``code``, ``details``).
+
+        Returns ``False`` when the task was already answered or its run ended.
+        """
+        if not isinstance(message, str):
+            raise TypeError("fail_task: message must be a string")
+        payload = task_failure(message, code, details)
+        check_signal(token, payload)
+        await self.open()
+        return await self._outside.complete_task(token, payload)
+
+    async def deliver_webhook(self, token: str, body: Any = None) -> bool:
+        """Hand ``body`` to the ``ctx.webhook()`` whose token is ``token``.
+
+        For your own HTTP route (or use :func:`durably.webhooks.app`). Returns
+        ``False``, delivering nothing, for a token no live run's webhook has;
+        the secret in it is compared in constant time.
+        """
+        await self.open()
+        return await self._outside.deliver_webhook(token, body)
+
+    async def resume(self, run_id: str) -> bool:
+        """Release the run from its ``ctx.breakpoint`` and wake it now.
+
+        A run not at a breakpoint is just woken (a sleeping run checks its
+        timer again and sleeps on). Returns ``False`` for an ended run, which
+        is left alone; raises :class:`RunNotFound` for an unknown one.
+        """
+        await self.open()
+        return await self._outside.resume(run_id)
 
     async def cancel(self, run_id: str, *, compensate: bool = False) -> RunStatus:
         """Cancel a run and, recursively, its live children; return the run's

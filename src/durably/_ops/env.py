@@ -50,6 +50,7 @@ class Services:
     steps: StepDispatcher
     redispatch_ms: int | None
     redispatch_max: int
+    webhook_base_url: str | None = None
 
 
 class TurnEnv:
