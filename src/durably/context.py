@@ -10,6 +10,7 @@ operations themselves live in :mod:`durably._ops`, one module per family.
 
 from __future__ import annotations
 
+import inspect
 import random as _random
 import uuid as _uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -26,6 +27,7 @@ from ._ops.fan import ChildCall, Settled, gather
 from ._ops.local_step import local_step, recorded_value
 from ._ops.saga import Saga
 from ._ops.step import StepCall, StepRunner
+from ._ops.transaction import transaction
 from ._ops.waits import check_match, check_name, timer, wait_for_event, wait_for_signal
 from ._replay import Turn
 from .durations import Duration, to_ms
@@ -34,6 +36,7 @@ from .model import CheckpointKind, CheckpointStatus
 from .retry import RetryPolicy
 from .steps import StepDefinition, StepPolicy, StepRef
 from .steps.definition import check_policy
+from .stores.base import TransactionStore
 
 __all__ = ["ChildCall", "Settled", "Webhook", "WorkflowContext"]
 
@@ -165,6 +168,59 @@ class WorkflowContext:
         if compensate is None:
             return step
         return self._saga.with_undo(seq, name, compensate, step)
+
+    def transaction(
+        self,
+        name: str,
+        fn: Callable[..., Any],
+        *args: Any,
+        retries: int | None = None,
+        backoff: str | None = None,
+        backoff_base: Duration | None = None,
+        backoff_max: Duration | None = None,
+        jitter: bool | None = None,
+    ) -> Awaitable[Any]:
+        """Run ``fn(connection, *args)`` inside the store's own database transaction,
+        the one that records this step's result: exactly once for writes to your
+        own tables in the same database.
+
+        On PostgreSQL ``fn`` is an ``async`` function given an asyncpg
+        connection; on SQLite a plain function given a ``sqlite3.Connection``
+        (it runs on the store's writer thread: keep it short). Do not commit or
+        roll back yourself. If ``fn`` raises, its writes are rolled back with
+        the checkpoint and the step is retried like a local step (``retries``,
+        ``backoff``…); a :class:`FatalError` is never retried. A crash at any
+        point leaves both the writes and the checkpoint, or neither. Refused on
+        ``memory://``, which has no database to share.
+        """
+        if not isinstance(name, str) or not name:
+            raise ValueError("a transaction needs a non-empty name")
+        check_key(name, "transaction name")
+        if not callable(fn):
+            raise TypeError(f"transaction {name!r}: {fn!r} is not callable")
+        store = self._env.store
+        if not isinstance(store, TransactionStore):
+            raise TypeError(
+                f"transaction {name!r}: ctx.transaction needs a SQL store (sqlite:// or "
+                f"postgresql://) whose database your writes share; {type(store).__name__} has none"
+            )
+        if store.async_transactions != inspect.iscoroutinefunction(fn):
+            wanted = (
+                "an async function taking an asyncpg connection"
+                if store.async_transactions
+                else "a plain (sync) function taking a sqlite3.Connection"
+            )
+            raise TypeError(f"transaction {name!r}: on {type(store).__name__} fn must be {wanted}")
+        policy = RetryPolicy.build(
+            retries,
+            backoff,
+            backoff_base,
+            backoff_max,
+            jitter,
+            default=self._env.services.default_retry,
+        )
+        seq, recorded = self._turn.allocate(name, CheckpointKind.TRANSACTION)
+        return transaction(self._env, store, seq, name, fn, args, policy, recorded)
 
     def side_effect(self, fn: Callable[..., T | Awaitable[T]], *args: Any) -> Awaitable[T]:
         """Run ``fn(*args)`` once and record its value (no retries, no running checkpoint).

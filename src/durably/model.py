@@ -112,6 +112,8 @@ class CheckpointKind(StrEnum):
     """``ctx.webhook``: the secret token of a webhook."""
     TASK = "task"
     """``ctx.task``: an external task's token and its dispatch."""
+    TRANSACTION = "transaction"
+    """``ctx.transaction``: app writes committed with their checkpoint."""
 
 
 @dataclass(slots=True)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -904,6 +905,33 @@ class PostgresStore:
                 _UPSERT_CHECKPOINT, [checkpoint_params(cp) for cp in checkpoints]
             )
         return True
+
+    async_transactions = True
+    """``ctx.transaction`` functions here are async (asyncpg)."""
+
+    async def transact(
+        self,
+        run_id: str,
+        owner: str,
+        fn: Callable[[Any], Any],
+        checkpoint_for: Callable[[Any], Checkpoint],
+    ) -> tuple[bool, Any]:
+        """``ctx.transaction`` on PostgreSQL: ``await fn(asyncpg connection)`` inside
+        the transaction that writes the checkpoint."""
+        async with self._db.transaction() as conn:
+            # FOR SHARE holds off a takeover until the commit: the lease is
+            # still ours when the app's writes and the checkpoint land.
+            if not await conn.fetchval(_HOLD_LEASE, run_id, owner):
+                return False, None
+            value = fn(conn)
+            if not inspect.isawaitable(value):
+                raise TypeError(
+                    "on PostgreSQL, ctx.transaction's function is an async function "
+                    "taking an asyncpg connection"
+                )
+            checkpoint = checkpoint_for(await value)
+            await conn.execute(_UPSERT_CHECKPOINT, *checkpoint_params(checkpoint))
+        return True, checkpoint.output
 
     async def delete_checkpoints(self, run_id: str, seqs: list[int]) -> None:
         """Forget the given checkpoints."""
