@@ -517,6 +517,11 @@ class MemoryStore(MemoryWaits):
         held = slots.get(step_id)
         if held is not None and held.released_at is None:
             return None
+        for slot in slots.values():
+            run = self._runs.get(slot.run_id)
+            if slot.released_at is None and run is not None and run.status in TERMINAL_STATUSES:
+                # Its run ended without freeing it (the process died in between).
+                slot.released_at = now
         waiters = self._flow_waiters.setdefault(queue, {})
         for stale in [k for k, w in waiters.items() if w.seen_at < now - 3 * request.retry_ms]:
             del waiters[stale]

@@ -1080,6 +1080,9 @@ class PostgresStore:
         window = now - request.rate_period_ms
         async with self._db.transaction() as conn:
             await conn.execute(_LOCK_TOKEN, _flow_lock(queue))
+            # Free the slots of runs that ended without freeing them (their
+            # process died between the terminal write and the release).
+            await conn.execute(_FREE_ENDED_SLOTS, queue, now, _TERMINAL)
             row = await conn.fetchrow(
                 _ASK_FOR_SLOT,
                 queue,
@@ -1587,6 +1590,12 @@ _ASK_FOR_SLOT = """
         count(*) FILTER (WHERE released_at IS NULL) AS held,
         count(*) FILTER (WHERE acquired_at > $4) AS recent
     FROM durably_flow_slots WHERE queue = $1
+"""
+
+_FREE_ENDED_SLOTS = """
+    UPDATE durably_flow_slots s SET released_at = $2 FROM durably_runs r
+    WHERE s.queue = $1 AND s.released_at IS NULL AND r.id = s.run_id
+      AND r.status = ANY($3::text[])
 """
 
 _TAKE_SLOT = """

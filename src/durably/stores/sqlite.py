@@ -1345,6 +1345,14 @@ def _try_admit(conn: sqlite3.Connection, request: Admission, now: int) -> int | 
         (queue, step_id),
     ).fetchone():
         return None
+    # Free the slots of runs that ended without freeing them (their process
+    # died between the terminal write and the release).
+    conn.execute(
+        "UPDATE durably_flow_slots SET released_at = ? WHERE queue = ? AND released_at IS NULL "
+        "AND EXISTS (SELECT 1 FROM durably_runs r WHERE r.id = durably_flow_slots.run_id "
+        f"AND r.status IN ({_TERMINAL_SQL}))",
+        (now, queue),
+    )
     conn.execute(
         "DELETE FROM durably_flow_waiters WHERE queue = ? AND seen_at < ?",
         (queue, now - 3 * request.retry_ms),

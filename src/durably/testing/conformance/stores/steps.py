@@ -528,6 +528,23 @@ async def test_release_slots_frees_a_finished_runs_slots_and_waits(store: StateS
     assert await store.release_slots("unknown", NOW + 9) == 0
 
 
+async def test_a_slot_held_by_a_run_that_ended_is_free(store: StateStore) -> None:
+    """A process that dies between a run's terminal write and freeing its slots
+    must not hold the queue's capacity forever (a singleton key blocked for good)."""
+    await suspended(store, "next")
+    await store.create_run(_make_run("gone", RunStatus.PENDING))
+    assert await store.try_admit(ask("gone:1", concurrency=1), NOW) is None
+    assert await store.try_admit(ask("next:1", concurrency=1), NOW + 1) == NOW + 1001
+
+    assert await store.update_run_if(
+        "gone", frozenset({RunStatus.PENDING}), {"status": "completed"}, NOW + 2
+    )
+
+    assert await store.try_admit(ask("next:1", concurrency=1), NOW + 3) is None
+    # the live holder still counts
+    assert await store.try_admit(ask("third:1", concurrency=1), NOW + 4) == NOW + 1004
+
+
 async def test_wakes_spare_runs_that_ended(store: StateStore) -> None:
     await suspended(store, "h")
     await store.create_run(_make_run("ended", RunStatus.CANCELLED))
