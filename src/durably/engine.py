@@ -33,12 +33,13 @@ from ._options import Consumers, EngineOptions, Option, SettableOption
 from ._outside import OutsideCalls, task_failure, task_result
 from ._registry import WorkflowDef
 from ._run_queue import RunQueue
+from ._singletons import Singleton, count_live, singleton_tag
 from ._start import check_signal, check_start, check_tags, new_run
 from ._wiring import wire
 from ._worker import RECOVERY_BATCH, Phase
 from .clock import Clock, SystemClock
 from .durations import Duration
-from .errors import DurablyError, SchemaValidationError
+from .errors import DurablyError, SchemaValidationError, SingletonQueueFull
 from .model import (
     TERMINAL_STATUSES,
     Checkpoint,
@@ -260,6 +261,9 @@ class Engine:
         execution_timeout: Duration | None = None,
         schedule: str | Mapping[str, Any] | None = None,
         on_event: str | Sequence[str] | None = None,
+        singleton: Callable[[Any], Any] | None = None,
+        limit: int = 1,
+        max_queue: int | None = None,
     ) -> Callable[[F], F]:
         """Decorator registering ``async def fn(ctx, input)`` as workflow ``name``.
 
@@ -271,11 +275,25 @@ class Engine:
         (``{"every": "15m"}``, ``{"cron": "0 9 * * 1-5", "tz": "Europe/Paris"}``).
         ``on_event`` starts a run (input: the payload) for every publish of
         that event name (or names); see :meth:`on_event`.
+
+        ``singleton`` (a function of the input returning a key) allows at most
+        ``limit`` live runs per key across every engine on the store; later
+        runs wait, ``suspended``, and start in order as earlier ones end.
+        With ``max_queue``, ``start`` raises :class:`SingletonQueueFull` when
+        the key already has ``limit + max_queue`` live runs, before creating
+        anything.
         """
 
         def decorate(fn: F) -> F:
             self.register(
-                name, fn, version=version, input=input, execution_timeout=execution_timeout
+                name,
+                fn,
+                version=version,
+                input=input,
+                execution_timeout=execution_timeout,
+                singleton=singleton,
+                limit=limit,
+                max_queue=max_queue,
             )
             if schedule is not None:
                 options = {"cron": schedule} if isinstance(schedule, str) else dict(schedule)
@@ -294,6 +312,9 @@ class Engine:
         version: str = "1",
         input: Any = None,
         execution_timeout: Duration | None = None,
+        singleton: Callable[[Any], Any] | None = None,
+        limit: int = 1,
+        max_queue: int | None = None,
     ) -> None:
         """Register ``fn`` as version ``version`` of workflow ``name``.
 
@@ -303,7 +324,12 @@ class Engine:
         """
         self._registry.add(
             WorkflowDef.build(
-                name, fn, version=version, input=input, execution_timeout=execution_timeout
+                name,
+                fn,
+                version=version,
+                input=input,
+                execution_timeout=execution_timeout,
+                singleton=Singleton.build(singleton, limit, max_queue),
             )
         )
 
@@ -518,6 +544,8 @@ class Engine:
         check_start(run_id, priority)
         clean_tags = check_tags(tags)
         await self.open()
+        if definition.singleton is not None:
+            clean_tags = await self._singleton_tags(definition, stored_input, run_id, clean_tags)
         run = new_run(
             definition,
             stored_input,
@@ -529,6 +557,23 @@ class Engine:
             now=self.clock.now_ms(),
         )
         return await self._router.insert(run, self.instance_id, self.lease_ms)
+
+    async def _singleton_tags(
+        self, definition: WorkflowDef, stored_input: Any, run_id: str | None, tags: list[str]
+    ) -> list[str]:
+        """Tag a singleton run with its key, refusing it if the key's queue is full."""
+        singleton = definition.singleton
+        assert singleton is not None
+        key = singleton.key(definition.name, definition.parse_input(stored_input))
+        tag = singleton_tag(definition.name, key)
+        if singleton.max_queue is not None and (
+            run_id is None or await self.store.get_run(run_id) is None
+        ):
+            bound = singleton.limit + singleton.max_queue
+            live = await count_live(self.store, definition.name, tag, bound)
+            if live >= bound:
+                raise SingletonQueueFull(definition.name, key, live)
+        return [*tags, tag] if tag not in tags else tags
 
     async def signal(self, token: str, payload: Any = None) -> str | None:
         """Deliver ``payload`` to the run waiting on ``token``.

@@ -201,6 +201,9 @@ class Admission:
     """Waiters are taken round-robin across keys (the run id when ``None``)."""
     retry_ms: int = 1000
     """When a refused step asks again; a waiter not seen for three of these is dropped."""
+    enqueued_at: int | None = None
+    """Its place in line (epoch ms; ``None``: when it first asks). A singleton run
+    gives its creation time, so runs are admitted in the order they were created."""
 
 
 @runtime_checkable

@@ -542,12 +542,22 @@ class MemoryStore(MemoryWaits):
             request.run_id,
             request.priority,
             key,
-            waiter.enqueued_at if waiter is not None else now,
+            waiter.enqueued_at
+            if waiter is not None
+            else (now if request.enqueued_at is None else request.enqueued_at),
             now,
         )
         admitted = free is None
         if free is not None and free > 0:
-            admitted = step_id in self._waiters_in_order(queue)[:free]
+            first = self._waiters_in_order(queue)[:free]
+            admitted = step_id in first
+            if not admitted:
+                # Room, but for waiters ahead of this one: wake them, in case the
+                # release that made the room woke nobody (it found its slot freed).
+                for ahead in first:
+                    run = self._runs.get(waiters[ahead].run_id)
+                    if run is not None and run.status not in TERMINAL_STATUSES:
+                        run.wake_requested_at = now
         if not admitted:
             return now + request.retry_ms
         del waiters[step_id]

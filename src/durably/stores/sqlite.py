@@ -1382,12 +1382,29 @@ def _try_admit(conn: sqlite3.Connection, request: Admission, now: int) -> int | 
         "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (queue, step_id) DO UPDATE SET "
         "run_id = excluded.run_id, priority = excluded.priority, "
         "fairness_key = excluded.fairness_key, seen_at = excluded.seen_at",
-        (queue, step_id, request.run_id, request.priority, key, now, now),
+        (
+            queue,
+            step_id,
+            request.run_id,
+            request.priority,
+            key,
+            now if request.enqueued_at is None else request.enqueued_at,
+            now,
+        ),
     )
     admitted = free is None
     if free is not None and free > 0:
         first = conn.execute(_WAITERS_IN_ORDER, (queue, queue, free)).fetchall()
         admitted = any(row[0] == step_id for row in first)
+        if not admitted:
+            # Room, but for waiters ahead of this one: wake them, in case the
+            # release that made the room woke nobody (it found its slot freed).
+            for row in first:
+                conn.execute(
+                    "UPDATE durably_runs SET wake_requested_at = ? "
+                    f"WHERE id = ? AND status NOT IN ({_TERMINAL_SQL})",
+                    (now, row[1]),
+                )
     if not admitted:
         return now + request.retry_ms
     conn.execute(
