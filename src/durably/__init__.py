@@ -8,7 +8,7 @@ work. Start here: :class:`Engine` and :class:`WorkflowContext`.
 from __future__ import annotations
 
 from ._logs import RunContextFilter
-from .context import ChildCall, Settled, WorkflowContext
+from .context import ChildCall, Settled, Webhook, WorkflowContext
 from .durations import Duration
 from .engine import Engine, RunNotFound
 from .errors import (
@@ -21,6 +21,7 @@ from .errors import (
     RunCancelled,
     SchemaValidationError,
     SignalTimeout,
+    SingletonQueueFull,
     StepFailed,
     WorkflowNotRegistered,
     WrongEventLoop,
@@ -58,11 +59,13 @@ __all__ = [
     "SchemaValidationError",
     "Settled",
     "SignalTimeout",
+    "SingletonQueueFull",
     "StepFailed",
     "StepLogger",
     "StepRef",
     "Transport",
     "TransportError",
+    "Webhook",
     "WorkflowContext",
     "WorkflowNotRegistered",
     "WrongEventLoop",

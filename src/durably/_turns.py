@@ -229,6 +229,15 @@ class TurnDriver:
             return TurnOutcome(TurnEnd.CLOSED), None
         try:
             value = definition.parse_input(run.input)
+            singleton = definition.singleton
+            if singleton is not None:
+                key = singleton.key(definition.name, value)
+                admission = singleton.admission(definition.name, key, run.run_id, run.created_at)
+                ask_again = await self._store.try_admit(admission, self._clock.now_ms())
+                if ask_again is not None:
+                    # The key has its ``limit`` live runs: wait, executing
+                    # nothing; the end of one of them wakes the first waiter.
+                    return TurnOutcome(TurnEnd.SUSPENDED, wake_at=ask_again), None
         except SchemaValidationError as exc:
             return TurnOutcome(TurnEnd.FAILED, error=error_info(exc)), None
         missing_children = await self._children.reconcile(run, checkpoints)

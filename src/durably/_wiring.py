@@ -116,6 +116,7 @@ def wire(
         redispatch_ms=options.redispatch_ms,
         redispatch_max=options.remote_redispatch_max,
         faults=faults,
+        webhook_base_url=options.webhook_base_url,
     )
     turns = TurnDriver(
         store,

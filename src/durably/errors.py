@@ -21,6 +21,7 @@ __all__ = [
     "RunCancelled",
     "SchemaValidationError",
     "SignalTimeout",
+    "SingletonQueueFull",
     "StepFailed",
     "UnstorableValue",
     "WorkflowNotRegistered",
@@ -190,6 +191,21 @@ class WorkflowNotRegistered(DurablyError):
     """``start`` named a workflow (or version) this engine does not know."""
 
     code = "workflow_not_registered"
+
+
+class SingletonQueueFull(DurablyError):
+    """``start`` of a singleton workflow whose key already has ``limit`` live runs
+    and ``max_queue`` waiting: refused before the run is created."""
+
+    code = "singleton_queue_full"
+
+    def __init__(self, workflow: str, key: str, live: int) -> None:
+        super().__init__(
+            f"workflow {workflow!r}: key {key!r} already has {live} live or queued runs"
+        )
+        self.workflow = workflow
+        self.key = key
+        self.live = live
 
 
 class WrongEventLoop(DurablyError, RuntimeError):

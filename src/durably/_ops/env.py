@@ -52,6 +52,7 @@ class Services:
     redispatch_ms: int | None
     redispatch_max: int
     faults: StepFaults
+    webhook_base_url: str | None = None
 
 
 class WorkflowLogger(logging.LoggerAdapter[logging.Logger]):
