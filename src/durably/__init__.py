@@ -7,6 +7,8 @@ work. Start here: :class:`Engine` and :class:`WorkflowContext`.
 
 from __future__ import annotations
 
+from ._intercept import Interceptor, StepInfo, TurnInfo
+from ._lifecycle_events import EventKind, LifecycleEvent, Subscription
 from .context import ChildCall, Settled, WorkflowContext
 from .durations import Duration
 from .engine import Engine, RunNotFound
@@ -40,9 +42,12 @@ __all__ = [
     "DurablyError",
     "Duration",
     "Engine",
+    "EventKind",
     "EventTimeout",
     "FatalError",
     "GatherFailed",
+    "Interceptor",
+    "LifecycleEvent",
     "NondeterminismError",
     "RetryPolicy",
     "Run",
@@ -57,10 +62,13 @@ __all__ = [
     "Settled",
     "SignalTimeout",
     "StepFailed",
+    "StepInfo",
     "StepLogger",
     "StepRef",
+    "Subscription",
     "Transport",
     "TransportError",
+    "TurnInfo",
     "WorkflowContext",
     "WorkflowNotRegistered",
     "WrongEventLoop",

@@ -21,13 +21,15 @@ import dataclasses
 import os
 import socket
 import uuid
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from datetime import datetime
 from types import TracebackType
 from typing import Any, TypeVar, Unpack
 
 from ._children import RunNotFound
 from ._hooks import EvictHook, Handler, StalledHook
+from ._intercept import Interceptor, StepInterceptor
+from ._lifecycle_events import EventKind, Subscription
 from ._names import check_name
 from ._options import Consumers, EngineOptions, Option, SettableOption
 from ._registry import WorkflowDef
@@ -107,6 +109,9 @@ class Engine:
             ``remote_step_lost``.
         heartbeat_persist_throttle: at most one heartbeat per step is written
             to the store per this window.
+        publish_events: broadcast this engine's lifecycle events on the
+            store's channel (PostgreSQL ``NOTIFY``), so :meth:`subscribe` in
+            other processes sees them.
     """
 
     def __init__(
@@ -137,6 +142,7 @@ class Engine:
         remote_redispatch: Duration | None = None,
         remote_redispatch_max: int = 3,
         heartbeat_persist_throttle: Duration = "10s",
+        publish_events: bool = False,
     ) -> None:
         # Taken first, while the locals are exactly the parameters: the keywords
         # are EngineOptions' fields, by name.
@@ -174,6 +180,7 @@ class Engine:
         self._children, self._step_server = parts.children, parts.step_server
         self._turns, self._scheduler, self._events = parts.turns, parts.scheduler, parts.events
         self._worker, self._lifecycle = parts.worker, parts.lifecycle
+        self._hub, self._intercept = parts.hub, parts.intercept
         self._router.worker_looping = lambda: self._worker.looping
 
     # -- options
@@ -431,6 +438,45 @@ class Engine:
             self._registry.steps(), self.namespace, self.serve_steps, self.serve_groups
         )
 
+    # -- observing (durably._lifecycle_events, durably._intercept) ---------------------------
+
+    def subscribe(
+        self,
+        *,
+        run_id: str | None = None,
+        kinds: Collection[EventKind | str] | None = None,
+        maxsize: int = 1000,
+        remote: bool = True,
+    ) -> Subscription:
+        """Receive this engine's lifecycle events from now on.
+
+        Iterate it (``async for event in engine.subscribe(): ...``), inside
+        ``async with`` to unsubscribe on exit (or call ``close()``); it ends
+        when the engine closes. Filter by ``run_id`` and by ``kinds``
+        (:class:`EventKind` values such as ``"step.completed"``). At most
+        ``maxsize`` events wait for a slow reader; the ones that find no room
+        are dropped and counted in ``dropped``, so a reader never slows a run.
+        With ``remote`` (the default) it also hears the events other
+        processes' engines publish (``publish_events=True``) on a PostgreSQL
+        store.
+        """
+        return self._hub.subscribe(run_id=run_id, kinds=kinds, maxsize=maxsize, remote=remote)
+
+    def use(self, interceptor: Interceptor | StepInterceptor) -> None:
+        """Register an :class:`Interceptor` (or a bare ``async def
+        intercept_step(info, call_next)``).
+
+        Interceptors form an onion: the first registered is the outermost.
+        Step interceptors wrap each attempt of a local step (in the turn) and
+        of a served step (where its handler runs), never a step replayed from
+        history; turn interceptors wrap each turn; an ``on_event`` method
+        hears every lifecycle event of this process. Register them before the
+        engine starts.
+        """
+        listener = self._intercept.add(interceptor)
+        if listener is not None:
+            self._hub.add_listener(listener)
+
     # -- lifecycle ------------------------------------------------------------------------
 
     async def open(self) -> None:
@@ -522,6 +568,8 @@ class Engine:
             start_at=start_at,
             now=self.clock.now_ms(),
         )
+        if self._intercept.starts:
+            self._intercept.stamp(run)
         return await self._router.insert(run, self.instance_id, self.lease_ms)
 
     async def signal(self, token: str, payload: Any = None) -> str | None:
@@ -542,6 +590,10 @@ class Engine:
         await self.open()
         run_id = await self.store.send_signal(token, payload, self.clock.now_ms())
         if run_id is not None:
+            if self._hub.active:
+                self._hub.event(
+                    EventKind.SIGNAL_DELIVERED, run_id, self.clock.now_ms(), token=token
+                )
             await self._router.wake(run_id)
         return run_id
 

@@ -15,6 +15,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
+from .._intercept import Interceptors
+from .._lifecycle_events import EventHub
 from .._replay import CloseReason, Turn
 from .._threads import StepThreads
 from ..clock import Clock
@@ -50,6 +52,8 @@ class Services:
     steps: StepDispatcher
     redispatch_ms: int | None
     redispatch_max: int
+    intercept: Interceptors
+    events: EventHub
 
 
 class TurnEnv:

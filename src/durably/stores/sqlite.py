@@ -216,7 +216,7 @@ class SqliteStore:
         def op(conn: sqlite3.Connection) -> tuple[Run, bool]:
             cur = conn.execute(
                 f"INSERT INTO durably_runs ({RUN_COLUMNS}) "
-                "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT (id) DO NOTHING",
+                "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT (id) DO NOTHING",
                 run_params(run),
             )
             if cur.rowcount == 1:
@@ -236,7 +236,7 @@ class SqliteStore:
             for row in params:
                 cur = conn.execute(
                     f"INSERT INTO durably_runs ({RUN_COLUMNS}) "
-                    "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?) "
+                    "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?) "
                     "ON CONFLICT (id) DO NOTHING",
                     row,
                 )
