@@ -1313,6 +1313,22 @@ class PostgresStore:
         )
         return [codec.loads(row[0]) for row in rows]
 
+    async def count_pending(self, namespace: str | None = None) -> int:
+        """Pending runs (in ``namespace``)."""
+        found = await self._db.pool().fetchval(
+            "SELECT count(*) FROM durably_runs WHERE status = 'pending' "
+            "AND ($1::text IS NULL OR namespace = $1)",
+            namespace,
+        )
+        return int(found)
+
+    async def count_flow_waiters(self) -> dict[str, int]:
+        """Steps waiting for admission, by queue."""
+        rows = await self._db.pool().fetch(
+            "SELECT queue, count(*) AS n FROM durably_flow_waiters GROUP BY queue"
+        )
+        return {row["queue"]: int(row["n"]) for row in rows}
+
     async def expire_buffered(self, before: int, limit: int) -> int:
         """Delete up to ``limit`` buffered signals and events created before ``before``."""
         pool = self._db.pool()

@@ -1036,6 +1036,27 @@ class SqliteStore:
 
         return await self._db.run(op)
 
+    async def count_pending(self, namespace: str | None = None) -> int:
+        """Pending runs (in ``namespace``)."""
+        ns, ns_params = _namespace(namespace)
+
+        def op(conn: sqlite3.Connection) -> int:
+            sql = f"SELECT count(*) FROM durably_runs WHERE status = 'pending'{ns}"
+            return int(conn.execute(sql, ns_params).fetchone()[0])
+
+        return await self._db.run(op)
+
+    async def count_flow_waiters(self) -> dict[str, int]:
+        """Steps waiting for admission, by queue."""
+
+        def op(conn: sqlite3.Connection) -> dict[str, int]:
+            rows = conn.execute(
+                "SELECT queue, count(*) FROM durably_flow_waiters GROUP BY queue"
+            ).fetchall()
+            return {row[0]: int(row[1]) for row in rows}
+
+        return await self._db.run(op)
+
     async def expire_buffered(self, before: int, limit: int) -> int:
         """Delete up to ``limit`` buffered signals and events created before ``before``."""
 
