@@ -477,6 +477,18 @@ class Engine:
         if listener is not None:
             self._hub.add_listener(listener)
 
+    @property
+    def turns_executing(self) -> int:
+        """Turns executing in this process now."""
+        executor = self._router.executor
+        return 0 if executor is None else executor.busy
+
+    @property
+    def turns_waiting(self) -> int:
+        """Turns waiting here for a slot (``max_concurrent_runs`` are busy)."""
+        executor = self._router.executor
+        return 0 if executor is None else executor.waiting
+
     # -- lifecycle ------------------------------------------------------------------------
 
     async def open(self) -> None:
