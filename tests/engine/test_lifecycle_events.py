@@ -264,3 +264,24 @@ def test_a_broadcast_event_fits_the_notice_bound() -> None:
     )
     assert LifecycleEvent.from_notice("{not json") is None
     assert LifecycleEvent.from_notice('{"kind": "nope", "run_id": "r", "at": 1}') is None
+
+
+async def test_a_buffered_signal_is_told_when_its_wait_takes_it(make_engine: EngineFactory) -> None:
+    engine = make_engine()
+
+    @engine.workflow("late")
+    async def late(ctx: durably.WorkflowContext) -> Any:
+        return await ctx.wait_for_signal("early-token")
+
+    async with engine:
+        assert await engine.signal("early-token", "hi") is None  # nobody waits: buffered
+        sub = engine.subscribe(kinds=["signal.delivered", "run.completed"])
+        await engine.start("late", run_id="late")
+        events = await _collect(sub, EventKind.RUN_COMPLETED)
+    delivered = events[0]
+    assert (delivered.kind, delivered.run_id, delivered.token, delivered.seq) == (
+        EventKind.SIGNAL_DELIVERED,
+        "late",
+        "early-token",
+        0,
+    )
