@@ -4,7 +4,10 @@ by a real ``durably worker --metrics-port`` subprocess."""
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
+import subprocess
+import sys
 import urllib.request
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
@@ -22,6 +25,8 @@ from durably.testing import eventually
 from .conftest import SpawnWorker
 
 pytestmark = pytest.mark.timeout(180)
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _free_port() -> int:
@@ -118,3 +123,24 @@ async def test_a_durably_worker_serves_metrics_on_its_port(
 
     scraped = await eventually(lambda: asyncio.to_thread(scraped_all), what="the scrape")
     assert scraped[("durably_step_queue_seconds_count", (("step", "observed.work"),))] == 3
+
+
+@pytest.mark.parametrize("where", ["nope", "127.0.0.1:0", "99999"])
+def test_a_bad_metrics_port_is_one_line_of_error(where: str, tmp_path: Path) -> None:
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    env.pop("DURABLY_DATABASE_URL", None)
+    command = [sys.executable, "-m", "durably", "worker", "--app", "observed_app:engine"]
+    done = subprocess.run(
+        [*command, "--store", f"sqlite:///{tmp_path / 'w.db'}", "--metrics-port", where],
+        cwd=ROOT / "tests" / "apps",
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"durably: error: --metrics-port needs [HOST:]PORT, not {where!r}"
+    )
+    assert "Traceback" not in done.stderr
