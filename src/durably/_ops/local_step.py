@@ -68,8 +68,8 @@ async def local_step(
                     env.save_later(running)
             else:
                 await turn.flush()
-            attempt_at = clock.now_ms()
-            if events.active:
+            attempt_at = clock.now_ms() if events.active else None
+            if attempt_at is not None:
                 events.event(
                     EventKind.STEP_STARTED,
                     env.run_id,
@@ -99,7 +99,7 @@ async def local_step(
                         step=name,
                         seq=seq,
                         attempt=attempts,
-                        duration_ms=at - attempt_at,
+                        duration_ms=None if attempt_at is None else at - attempt_at,
                         error=error_info(exc),
                         final=fatal or retry_number == policy.retries,
                     )
@@ -140,7 +140,7 @@ async def local_step(
                     step=name,
                     seq=seq,
                     attempt=attempts,
-                    duration_ms=at - attempt_at,
+                    duration_ms=None if attempt_at is None else at - attempt_at,
                 )
             env.save_later(
                 env.checkpoint(
