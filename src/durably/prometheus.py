@@ -139,6 +139,9 @@ class Metrics(Interceptor):
             "durably_turns_waiting", "Turns waiting for a slot in this process.", registry=r
         )
         self._queues: set[str] = set()
+        # Labelled children by label values: prometheus_client's labels() takes
+        # a lock and builds a key on every call, and events come per step.
+        self._children: dict[tuple[Any, ...], Any] = {}
         self._handlers: dict[EventKind, Callable[[LifecycleEvent], None]] = {
             EventKind.RUN_STARTED: self._started,
             EventKind.STEP_COMPLETED: self._step,
@@ -157,25 +160,33 @@ class Metrics(Interceptor):
         if handler is not None:
             handler(event)
 
+    def _child(self, metric: Any, *labels: str) -> Any:
+        key = (id(metric), *labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
+
     def _started(self, event: LifecycleEvent) -> None:
         workflow = event.workflow or ""
-        self.turns.labels(workflow).inc()
+        self._child(self.turns, workflow).inc()
         if not event.resumed:
-            self.runs_started.labels(workflow).inc()
+            self._child(self.runs_started, workflow).inc()
 
     def _ended(self, event: LifecycleEvent) -> None:
-        self.runs_ended.labels(event.workflow or "", _ENDS[event.kind]).inc()
+        self._child(self.runs_ended, event.workflow or "", _ENDS[event.kind]).inc()
 
     def _step(self, event: LifecycleEvent) -> None:
         if event.duration_ms is None:
             return
         status = "completed" if event.kind is EventKind.STEP_COMPLETED else "failed"
         kind = "served" if event.served else "local"
-        self.step_duration.labels(event.step or "", kind, status).observe(event.duration_ms / 1000)
+        child = self._child(self.step_duration, event.step or "", kind, status)
+        child.observe(event.duration_ms / 1000)
 
     def _queued(self, event: LifecycleEvent) -> None:
         if event.queue_ms is not None:
-            self.step_queue.labels(event.step or "").observe(event.queue_ms / 1000)
+            self._child(self.step_queue, event.step or "").observe(event.queue_ms / 1000)
 
     def _timer(self, event: LifecycleEvent) -> None:
         if event.lag_ms is not None:
