@@ -151,14 +151,41 @@ class LifecycleEvent:
             body = json.loads(text)
             kind = EventKind(body.pop("kind"))
             values = {k: v for k, v in body.items() if k in _WIRE_FIELDS}
-            return cls(kind=kind, local=False, **values)
+            event = cls(kind=kind, local=False, **values)
         except (ValueError, TypeError, KeyError, AttributeError):
             return None
+        # Anyone on the database may NOTIFY: pass on only well-typed events.
+        typed = all(
+            getattr(event, name) is None or isinstance(getattr(event, name), kinds)
+            for name, kinds in _WIRE_TYPES.items()
+        )
+        return event if typed and isinstance(event.run_id, str) else None
 
 
 _WIRE_FIELDS = frozenset(
     f for f in LifecycleEvent.__dataclass_fields__ if f not in ("kind", "local")
 )
+
+
+_INT = (int,)
+_TEXT = (str,)
+_WIRE_TYPES: dict[str, tuple[type, ...]] = {
+    "at": _INT,
+    "workflow": _TEXT,
+    "step": _TEXT,
+    "seq": _INT,
+    "attempt": _INT,
+    "duration_ms": _INT,
+    "queue_ms": _INT,
+    "error": (dict,),
+    "lag_ms": _INT,
+    "token": _TEXT,
+    "resumed": (bool,),
+    "final": (bool,),
+    "served": (bool,),
+    "origin": _TEXT,
+    "partial": (bool,),
+}
 
 
 def _dump(body: dict[str, Any]) -> str:

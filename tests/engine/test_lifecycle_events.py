@@ -264,6 +264,13 @@ def test_a_broadcast_event_fits_the_notice_bound() -> None:
     )
     assert LifecycleEvent.from_notice("{not json") is None
     assert LifecycleEvent.from_notice('{"kind": "nope", "run_id": "r", "at": 1}') is None
+    assert LifecycleEvent.from_notice('{"kind": "run.started", "run_id": 5, "at": 1}') is None
+    assert LifecycleEvent.from_notice('{"kind": "run.started", "run_id": "r", "at": "x"}') is None
+    assert (
+        LifecycleEvent.from_notice('{"kind": "run.started", "run_id": "r", "at": 1, "seq": []}')
+        is None
+    )
+    assert LifecycleEvent.from_notice('{"kind": "run.started", "run_id": "r"}') is None
 
 
 async def test_a_buffered_signal_is_told_when_its_wait_takes_it(make_engine: EngineFactory) -> None:
