@@ -72,12 +72,15 @@ class Interceptor:
 
     async def intercept_step(self, info: StepInfo, call_next: CallNext) -> Any:
         """Wrap one attempt of a step: return (or change) what ``call_next()``
-        returns, or raise. Runs where the step executes, never on replay."""
+        returns, or raise. Runs where the step executes, never on replay; an
+        exception raised here fails the attempt as the step's own would."""
         return await call_next()
 
     async def intercept_turn(self, info: TurnInfo, call_next: CallNext) -> Any:
         """Wrap one turn; return what ``call_next()`` returns, unchanged. The
-        turn's workflow code, and so its steps' interceptors, run inside it."""
+        turn's workflow code, and so its steps' interceptors, run inside it.
+        An exception raised here is logged, and the turn runs (or its outcome
+        stands) as if this interceptor were not there."""
         return await call_next()
 
     def start_context(self, run: Run) -> str | None:

@@ -199,13 +199,26 @@ class TurnDriver:
             run.run_id, run.workflow, run.workflow_version, run.trace_context, bool(checkpoints)
         )
 
-        async def call() -> tuple[TurnOutcome, Turn | None]:
-            done = await self._turn(run, checkpoints)
-            info.outcome = done[0].end.value
-            return done
+        called: list[bool] = []
+        done: list[tuple[TurnOutcome, Turn | None]] = []
 
-        result: tuple[TurnOutcome, Turn | None] = await intercept.run_turn(info, call)
-        return result
+        async def call() -> tuple[TurnOutcome, Turn | None]:
+            called.append(True)
+            result = await self._turn(run, checkpoints)
+            info.outcome = result[0].end.value
+            done.append(result)
+            return result
+
+        try:
+            outcome: tuple[TurnOutcome, Turn | None] = await intercept.run_turn(info, call)
+            return outcome
+        except Exception:
+            if called and not done:
+                raise  # the turn's own failure (a store outage), not an interceptor's
+            # An interceptor's bug must not strand the run under our lease: the
+            # turn runs (or its outcome stands) as if it were not there.
+            _log.exception("a turn interceptor failed on run %s", run.run_id)
+            return done[0] if done else await self._turn(run, checkpoints)
 
     async def _turn(
         self, run: Run, checkpoints: dict[int, Checkpoint]

@@ -292,3 +292,31 @@ async def test_a_buffered_signal_is_told_when_its_wait_takes_it(make_engine: Eng
         "early-token",
         0,
     )
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+async def test_a_failing_turn_interceptor_never_strands_a_run(
+    make_engine: EngineFactory, when: str
+) -> None:
+    engine = make_engine()
+    seen: list[str | None] = []
+
+    class Buggy(durably.Interceptor):
+        async def intercept_turn(self, info: durably.TurnInfo, call_next: Any) -> Any:
+            if when == "after":
+                await call_next()
+                seen.append(info.outcome)
+            raise RuntimeError(f"bug {when} the turn")
+
+    engine.use(Buggy())
+
+    @engine.workflow("sturdy")
+    async def sturdy(ctx: durably.WorkflowContext) -> str:
+        await ctx.local_step("one", lambda: 1)
+        return "ok"
+
+    async with engine:
+        run = await engine.start("sturdy")
+        result = await engine.wait_for_run(run.run_id, terminal=True, timeout=30)
+    assert result.output == "ok"
+    assert seen == ([] if when == "before" else ["completed"])
