@@ -15,6 +15,7 @@ engine without interceptors pays one attribute read per step.
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -24,6 +25,8 @@ from .model import Run
 from .wire import StepTask
 
 __all__ = ["CallNext", "Interceptor", "Interceptors", "StepInfo", "StepInterceptor", "TurnInfo"]
+
+_log = logging.getLogger("durably")
 
 CallNext = Callable[[], Awaitable[Any]]
 """Runs the rest of the chain (the next interceptor, then the step or turn itself)."""
@@ -84,8 +87,8 @@ class Interceptor:
         return await call_next()
 
     def start_context(self, run: Run) -> str | None:
-        """Return a trace context to store on ``run`` as it is created (by
-        ``start`` or as a child), or ``None`` to leave it as it is."""
+        """Return a trace context to store on ``run`` as ``engine.start``
+        creates it (children inherit their parent's), or ``None``."""
         return None
 
     def outbound_task(self, task: StepTask) -> None:
@@ -141,17 +144,26 @@ class Interceptors:
         return await _onion(self.turns, info, call)
 
     def stamp(self, run: Run) -> None:
-        """Let the start hooks set the trace context of a run being created."""
+        """Let the start hooks set the trace context of a run being created
+        (one that raises is logged: a tracing bug must not refuse a start)."""
         for hook in self.starts:
-            found = hook(run)
+            try:
+                found = hook(run)
+            except Exception:
+                _log.exception("an interceptor's start_context failed")
+                continue
             if found is not None:
                 run.trace_context = found
 
     def prepare(self, tasks: list[StepTask]) -> None:
-        """Let the outbound hooks adjust tasks about to be sent."""
+        """Let the outbound hooks adjust tasks about to be sent (one that
+        raises is logged: the task goes out as it is)."""
         for hook in self.outbound:
             for task in tasks:
-                hook(task)
+                try:
+                    hook(task)
+                except Exception:
+                    _log.exception("an interceptor's outbound_task failed")
 
 
 def _onion(

@@ -320,3 +320,31 @@ async def test_a_failing_turn_interceptor_never_strands_a_run(
         result = await engine.wait_for_run(run.run_id, terminal=True, timeout=30)
     assert result.output == "ok"
     assert seen == ([] if when == "before" else ["completed"])
+
+
+async def test_failing_start_and_outbound_hooks_are_logged_not_raised(
+    make_engine: EngineFactory,
+) -> None:
+    engine = make_engine(transport="local://")
+
+    class Buggy(durably.Interceptor):
+        def start_context(self, run: durably.Run) -> str | None:
+            raise RuntimeError("start hook bug")
+
+        def outbound_task(self, task: Any) -> None:
+            raise RuntimeError("outbound hook bug")
+
+    engine.use(Buggy())
+
+    @engine.step("served")
+    def served(data: int) -> int:
+        return data * 3
+
+    @engine.workflow("dispatches")
+    async def dispatches(ctx: durably.WorkflowContext) -> Any:
+        return await ctx.step(served, 2)
+
+    async with engine:
+        run = await engine.start("dispatches")
+        result = await engine.wait_for_run(run.run_id, terminal=True, timeout=30)
+    assert result.output == 6 and run.trace_context is None
