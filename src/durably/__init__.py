@@ -7,6 +7,8 @@ work. Start here: :class:`Engine` and :class:`WorkflowContext`.
 
 from __future__ import annotations
 
+from ._intercept import Interceptor, StepInfo, TurnInfo
+from ._lifecycle_events import EventKind, LifecycleEvent, Subscription
 from ._logs import RunContextFilter
 from .context import ChildCall, Settled, Webhook, WorkflowContext
 from .durations import Duration
@@ -42,9 +44,12 @@ __all__ = [
     "DurablyError",
     "Duration",
     "Engine",
+    "EventKind",
     "EventTimeout",
     "FatalError",
     "GatherFailed",
+    "Interceptor",
+    "LifecycleEvent",
     "NondeterminismError",
     "RetryPolicy",
     "Run",
@@ -61,10 +66,13 @@ __all__ = [
     "SignalTimeout",
     "SingletonQueueFull",
     "StepFailed",
+    "StepInfo",
     "StepLogger",
     "StepRef",
+    "Subscription",
     "Transport",
     "TransportError",
+    "TurnInfo",
     "Webhook",
     "WorkflowContext",
     "WorkflowNotRegistered",

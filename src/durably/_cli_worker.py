@@ -15,6 +15,7 @@ import signal as signals
 import sys
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import click
@@ -146,6 +147,14 @@ class _LogFormatter(logging.Formatter):
     "drive=False does (a step-worker pool beside the processes that drive runs).",
 )
 @click.option(
+    "--metrics-port",
+    "metrics_at",
+    default=None,
+    metavar="[HOST:]PORT",
+    help="Serve Prometheus metrics at http://HOST:PORT/metrics (HOST defaults to "
+    "0.0.0.0; needs durably[prometheus]).",
+)
+@click.option(
     "--log-level",
     type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
     default="INFO",
@@ -162,6 +171,7 @@ def worker(
     step_names: str | None,
     concurrency: int | None,
     no_drive: bool,
+    metrics_at: str | None,
     log_level: str,
     as_json: bool,
 ) -> None:
@@ -222,8 +232,9 @@ def worker(
             "--group/--steps)",
             EXIT_USAGE,
         )
+    sample = _serve_metrics(engine, metrics_at) if metrics_at is not None else None
     try:
-        run_sync(serve(engine))
+        run_sync(serve(engine, sample))
     except _StoppedEarly:
         message = "stopped by a second signal before the drain finished"
         _exit_now_if_steps_linger(130, message)
@@ -290,8 +301,38 @@ def configure_worker(
         engine.drive = drive
 
 
-async def serve(engine: Engine) -> None:
+def _serve_metrics(engine: Engine, where: str) -> Callable[[], Awaitable[None]]:
+    """Serve ``engine``'s Prometheus metrics on ``[HOST:]PORT``; return the
+    sampling of its gauges, which the worker runs while it serves."""
+    host, _, port_text = where.rpartition(":")
+    try:
+        port = int(port_text)
+        if not 0 < port < 65536:
+            raise ValueError
+    except ValueError:
+        raise CliError(f"--metrics-port needs [HOST:]PORT, not {where!r}", EXIT_USAGE) from None
+    try:
+        from . import prometheus
+    except ImportError:
+        raise CliError(
+            "--metrics-port needs prometheus-client: pip install 'durably[prometheus]'",
+            EXIT_USAGE,
+        ) from None
+    metrics = prometheus.metrics()
+    engine.use(metrics)
+    try:
+        metrics.serve(port, host or "0.0.0.0")
+    except OSError as exc:
+        raise CliError(f"cannot serve metrics on {where}: {describe(exc)}") from None
+    _log.info("metrics at http://%s:%d/metrics", host or "0.0.0.0", port)
+
+    return lambda: metrics.sampling(engine, 5.0)
+
+
+async def serve(engine: Engine, background: Callable[[], Awaitable[None]] | None = None) -> None:
     """Run ``engine``'s worker loop until SIGTERM/SIGINT, then drain and close it.
+
+    ``background()`` runs while the worker serves (cancelled when it stops).
 
     A second signal cancels the drain (the engine is left unclosed: its runs'
     leases expire, or a worker restarted with the same ``instance_id`` reclaims
@@ -301,6 +342,7 @@ async def serve(engine: Engine) -> None:
     stop = asyncio.Event()
     main_task = asyncio.current_task()
     received: list[str] = []
+    running: asyncio.Future[None] | None = None
 
     def on_signal(sig: signals.Signals) -> None:
         received.append(sig.name)
@@ -334,7 +376,11 @@ async def serve(engine: Engine) -> None:
             redact_url(engine.store.url),
             engine.poll_interval,
         )
+        if background is not None:
+            running = asyncio.ensure_future(background())
         await stop.wait()
+        if running is not None:
+            running.cancel()  # a sample must not reopen the engine being closed
         started = time.monotonic()
         await engine.drain(engine.drain_timeout)
         await engine.close()
@@ -346,5 +392,7 @@ async def serve(engine: Engine) -> None:
             raise _StoppedEarly from None
         raise
     finally:
+        if running is not None:
+            running.cancel()
         for sig in (signals.SIGTERM, signals.SIGINT):
             loop.remove_signal_handler(sig)

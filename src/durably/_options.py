@@ -69,6 +69,7 @@ class EngineOptions:
     remote_redispatch_max: int = 3
     heartbeat_persist_throttle: Duration = "10s"
     webhook_base_url: str | None = None
+    publish_events: bool = False
 
     lease_ms: int = field(init=False)
     """How long a turn's lease lasts without renewal."""

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 from ._batch import BatchCall
 from ._children import next_link_id
 from ._faults import FailureLog, is_infrastructure_error
+from ._intercept import TurnInfo
+from ._lifecycle_events import RUN_OUTCOMES, EventKind
 from ._logs import RUN_CONTEXT, LogContext, engine_logger
 from ._ops.saga import Saga
 from ._replay import CloseReason, Turn, TurnEnd, TurnOutcome, error_info
@@ -141,7 +143,7 @@ class TurnDriver:
         leased: Leased | None = (run, checkpoints)
         while leased is not None:
             try:
-                outcome, turn = await self._turn(*leased)
+                outcome, turn = await self._intercepted_turn(*leased)
                 if turn is not None and turn.store_error is not None:
                     leased = await self._resume(run.run_id, turn.store_error)
                     continue
@@ -218,6 +220,37 @@ class TurnDriver:
             outcome = await turn.execute(lambda: definition.fn(ctx))
         return outcome, turn
 
+    async def _intercepted_turn(
+        self, run: Run, checkpoints: dict[int, Checkpoint]
+    ) -> tuple[TurnOutcome, Turn | None]:
+        intercept = self._services.intercept
+        if not intercept.turns:
+            return await self._turn(run, checkpoints)
+        info = TurnInfo(
+            run.run_id, run.workflow, run.workflow_version, run.trace_context, bool(checkpoints)
+        )
+
+        called: list[bool] = []
+        done: list[tuple[TurnOutcome, Turn | None]] = []
+
+        async def call() -> tuple[TurnOutcome, Turn | None]:
+            called.append(True)
+            result = await self._turn(run, checkpoints)
+            info.outcome = result[0].end.value
+            done.append(result)
+            return result
+
+        try:
+            outcome: tuple[TurnOutcome, Turn | None] = await intercept.run_turn(info, call)
+            return outcome
+        except Exception:
+            if called and not done:
+                raise  # the turn's own failure (a store outage), not an interceptor's
+            # An interceptor's bug must not strand the run under our lease: the
+            # turn runs (or its outcome stands) as if it were not there.
+            _log.exception("a turn interceptor failed on run %s", run.run_id)
+            return done[0] if done else await self._turn(run, checkpoints)
+
     async def _turn(
         self, run: Run, checkpoints: dict[int, Checkpoint]
     ) -> tuple[TurnOutcome, Turn | None]:
@@ -252,6 +285,15 @@ class TurnDriver:
             options.lease_ms,
         )
         turn.missing_children = missing_children
+        events = self._services.events
+        if events.active:
+            events.event(
+                EventKind.RUN_STARTED,
+                run.run_id,
+                self._clock.now_ms(),
+                workflow=run.workflow,
+                resumed=bool(checkpoints),
+            )
         saga = Saga()
         ctx = WorkflowContext(turn, self._services, saga)
         active = self._router.active
@@ -305,6 +347,10 @@ class TurnDriver:
         run_id, now = run.run_id, self._clock.now_ms()
         owner, lease_ms = self._owner(), self._options().lease_ms
         if outcome.end is TurnEnd.CLOSED:
+            if turn is not None and turn.fenced and self._services.events.active:
+                self._services.events.event(
+                    EventKind.RUN_FENCED, run_id, now, workflow=run.workflow
+                )
             if turn is None:
                 # Not executable here: hand it back as pending for an instance
                 # that registers its workflow and version.
@@ -373,6 +419,15 @@ class TurnDriver:
                 return None
             return again, await self._store.load_checkpoints(run_id)
         if result is SettleResult.SETTLED:
+            if self._services.events.active:
+                self._services.events.event(
+                    RUN_OUTCOMES[status],
+                    run_id,
+                    now,
+                    workflow=run.workflow,
+                    duration_ms=now - run.created_at if status in TERMINAL_STATUSES else None,
+                    error=outcome.error if status is not RunStatus.COMPLETED else None,
+                )
             if status is RunStatus.FAILED and outcome.error:
                 _log.warning(
                     "run %s (%s) failed: %s", run_id, run.workflow, outcome.error.get("message")

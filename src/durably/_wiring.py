@@ -15,10 +15,14 @@ from typing import Any
 from ._children import ChildRuns
 from ._events import EventRouter
 from ._hooks import Hooks
+from ._intercept import Interceptors
 from ._lifecycle import Lifecycle
+from ._lifecycle_events import EventHub
 from ._logs import engine_logger
+from ._notices import StoreNotice
 from ._ops.env import Services
 from ._options import EngineOptions
+from ._queue import MessageStore
 from ._registry import Registry
 from ._routing import RunRouter
 from ._start import StartRun
@@ -58,6 +62,8 @@ class Parts:
     worker: Worker
     lifecycle: Lifecycle
     faults: StepFaults
+    hub: EventHub
+    intercept: Interceptors
 
 
 def wire(
@@ -80,6 +86,8 @@ def wire(
     ``settings()`` and ``owner()`` at each use, for what may change before
     a start."""
     hooks = Hooks()
+    hub = events_hub(store, owner, open, publish=options.publish_events)
+    intercept = Interceptors()
     registry = Registry()
     threads = StepThreads(options.step_threads)
     watcher = RunWatcher(store.get_runs)
@@ -92,6 +100,8 @@ def wire(
         options.heartbeat_throttle_ms,
         step=registry.step,
         queue=registry.queue,
+        intercept=intercept,
+        events=hub,
     )
     children = ChildRuns(
         store,
@@ -100,9 +110,10 @@ def wire(
         router,
         transport,
         has_flow_queues=registry.has_queues,
+        events=hub,
     )
     faults = StepFaults()
-    step_server = StepServer(transport, threads, children.ended_runs, faults)
+    step_server = StepServer(transport, threads, children.ended_runs, intercept, hub, faults)
     services = Services(
         store=store,
         clock=clock,
@@ -117,6 +128,8 @@ def wire(
         redispatch_max=options.remote_redispatch_max,
         faults=faults,
         webhook_base_url=options.webhook_base_url,
+        intercept=intercept,
+        events=hub,
     )
     turns = TurnDriver(
         store,
@@ -151,6 +164,7 @@ def wire(
         options=settings,
         owner=owner,
         executable=registry.executable,
+        events=hub,
     )
     lifecycle = Lifecycle(
         store,
@@ -167,6 +181,7 @@ def wire(
         served=served,
         options=settings,
         owner=owner,
+        close_events=hub.close,
     )
     return Parts(
         hooks=hooks,
@@ -183,4 +198,24 @@ def wire(
         worker=worker,
         lifecycle=lifecycle,
         faults=faults,
+        hub=hub,
+        intercept=intercept,
     )
+
+
+def events_hub(
+    store: StateStore,
+    owner: Callable[[], str],
+    open: Callable[[], Awaitable[None]],
+    *,
+    publish: bool,
+) -> EventHub:
+    """The engine's lifecycle events; across processes through the store's
+    broadcasts, when it keeps a message queue (SQLite: this process only)."""
+    hub = EventHub(owner, StoreNotice.EVENT)
+    if isinstance(store, MessageStore):
+        messages = store.messages
+        hub.connect(listen=lambda listener: messages().listen(listener), open=open)
+        if publish:
+            hub.publish_with(lambda kind, notices: messages().broadcast(kind, notices))
+    return hub

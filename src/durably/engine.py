@@ -21,13 +21,15 @@ import dataclasses
 import os
 import socket
 import uuid
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from datetime import datetime
 from types import TracebackType
 from typing import Any, TypeVar, Unpack
 
 from ._children import RunNotFound
 from ._hooks import EvictHook, Handler, StalledHook
+from ._intercept import Interceptor, StepInterceptor
+from ._lifecycle_events import EventKind, Subscription
 from ._names import check_name
 from ._options import Consumers, EngineOptions, Option, SettableOption
 from ._outside import OutsideCalls, task_failure, task_result
@@ -112,6 +114,9 @@ class Engine:
         webhook_base_url: where :func:`durably.webhooks.app` is reachable from
             outside (``https://api.example.com/hooks``); ``ctx.webhook()`` then
             gives a full ``url`` besides the token.
+        publish_events: broadcast this engine's lifecycle events on the
+            store's channel (PostgreSQL ``NOTIFY``), so :meth:`subscribe` in
+            other processes sees them.
     """
 
     def __init__(
@@ -143,6 +148,7 @@ class Engine:
         remote_redispatch_max: int = 3,
         heartbeat_persist_throttle: Duration = "10s",
         webhook_base_url: str | None = None,
+        publish_events: bool = False,
     ) -> None:
         # Taken first, while the locals are exactly the parameters: the keywords
         # are EngineOptions' fields, by name.
@@ -182,6 +188,7 @@ class Engine:
         self._worker, self._lifecycle = parts.worker, parts.lifecycle
         self._step_faults = parts.faults  # what durably.testing.TestEnv arranges
         self._outside = OutsideCalls(self.store, self.signal, self._router.wake)
+        self._hub, self._intercept = parts.hub, parts.intercept
         self._router.worker_looping = lambda: self._worker.looping
 
     # -- options
@@ -464,6 +471,57 @@ class Engine:
             self._registry.steps(), self.namespace, self.serve_steps, self.serve_groups
         )
 
+    # -- observing (durably._lifecycle_events, durably._intercept) ---------------------------
+
+    def subscribe(
+        self,
+        *,
+        run_id: str | None = None,
+        kinds: Collection[EventKind | str] | None = None,
+        maxsize: int = 1000,
+        remote: bool = True,
+    ) -> Subscription:
+        """Receive this engine's lifecycle events from now on.
+
+        Iterate it (``async for event in engine.subscribe(): ...``), inside
+        ``async with`` to unsubscribe on exit (or call ``close()``); it ends
+        when the engine closes. Filter by ``run_id`` and by ``kinds``
+        (:class:`EventKind` values such as ``"step.completed"``). At most
+        ``maxsize`` events wait for a slow reader; the ones that find no room
+        are dropped and counted in ``dropped``, so a reader never slows a run.
+        With ``remote`` (the default) it also hears the events other
+        processes' engines publish (``publish_events=True``) on a PostgreSQL
+        store.
+        """
+        return self._hub.subscribe(run_id=run_id, kinds=kinds, maxsize=maxsize, remote=remote)
+
+    def use(self, interceptor: Interceptor | StepInterceptor) -> None:
+        """Register an :class:`Interceptor` (or a bare ``async def
+        intercept_step(info, call_next)``).
+
+        Interceptors form an onion: the first registered is the outermost.
+        Step interceptors wrap each attempt of a local step (in the turn) and
+        of a served step (where its handler runs), never a step replayed from
+        history; turn interceptors wrap each turn; an ``on_event`` method
+        hears every lifecycle event of this process. Register them before the
+        engine starts.
+        """
+        listener = self._intercept.add(interceptor)
+        if listener is not None:
+            self._hub.add_listener(listener)
+
+    @property
+    def turns_executing(self) -> int:
+        """Turns executing in this process now."""
+        executor = self._router.executor
+        return 0 if executor is None else executor.busy
+
+    @property
+    def turns_waiting(self) -> int:
+        """Turns waiting here for a slot (``max_concurrent_runs`` are busy)."""
+        executor = self._router.executor
+        return 0 if executor is None else executor.waiting
+
     # -- lifecycle ------------------------------------------------------------------------
 
     async def open(self) -> None:
@@ -557,6 +615,8 @@ class Engine:
             start_at=start_at,
             now=self.clock.now_ms(),
         )
+        if self._intercept.starts:
+            self._intercept.stamp(run)
         return await self._router.insert(run, self.instance_id, self.lease_ms)
 
     async def _singleton_tags(
@@ -594,6 +654,10 @@ class Engine:
         await self.open()
         run_id = await self.store.send_signal(token, payload, self.clock.now_ms())
         if run_id is not None:
+            if self._hub.active:
+                self._hub.event(
+                    EventKind.SIGNAL_DELIVERED, run_id, self.clock.now_ms(), token=token
+                )
             await self._router.wake(run_id)
         return run_id
 

@@ -143,6 +143,9 @@ class Run:
     :class:`CancelMode` value (stored as the plain string), or ``None``."""
     created_at: int = 0
     updated_at: int = 0
+    trace_context: str | None = None
+    """The W3C ``traceparent`` a tracing interceptor stored when the run was
+    created: every turn of the run, in any process, continues that trace."""
 
     def replace(self, **changes: Any) -> Run:
         """Return a copy with ``changes`` applied."""

@@ -15,6 +15,8 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
+from .._intercept import Interceptors
+from .._lifecycle_events import EventHub
 from .._replay import CloseReason, Turn
 from .._step_faults import StepFaults
 from .._threads import StepThreads
@@ -52,6 +54,8 @@ class Services:
     redispatch_ms: int | None
     redispatch_max: int
     faults: StepFaults
+    intercept: Interceptors
+    events: EventHub
     webhook_base_url: str | None = None
 
 

@@ -212,4 +212,9 @@ MIGRATIONS: list[str] = [
         ON durably_signal_waiters (run_id, seq, token);
     CREATE INDEX durably_signal_waiters_token ON durably_signal_waiters (token, id);
     """,
+    # 7: the trace context a tracing interceptor stores on a run at its start,
+    # continued by every turn of the run in any process
+    """
+    ALTER TABLE durably_runs ADD COLUMN trace_context TEXT;
+    """,
 ]

@@ -666,6 +666,13 @@ class StoreInspector(Protocol):
     async def list_buffered_events(self, name: str) -> list[Any]:
         """Payloads buffered on event ``name``, oldest first (for inspection)."""
 
+    async def count_pending(self, namespace: str | None = None) -> int:
+        """How many runs are ``pending`` (in ``namespace``; ``None``: all)."""
+
+    async def count_flow_waiters(self) -> dict[str, int]:
+        """How many steps wait for admission, by flow-control queue (queues
+        without a waiter are left out)."""
+
 
 @runtime_checkable
 class TransactionStore(Protocol):

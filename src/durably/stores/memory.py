@@ -564,6 +564,16 @@ class MemoryStore(MemoryWaits):
         slots[step_id] = _Slot(request.run_id, key, now, None)
         return None
 
+    async def count_pending(self, namespace: str | None = None) -> int:
+        """Pending runs (in ``namespace``)."""
+        return sum(
+            1 for r in self._runs.values() if r.status is RunStatus.PENDING and _in(r, namespace)
+        )
+
+    async def count_flow_waiters(self) -> dict[str, int]:
+        """Steps waiting for admission, by queue."""
+        return {queue: len(waiters) for queue, waiters in self._flow_waiters.items() if waiters}
+
     async def release_slots(self, run_id: str, now: int) -> int:
         """Free the run's slots, drop its waiters, wake each queue's next waiter."""
         freed = 0

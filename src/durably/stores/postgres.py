@@ -89,13 +89,13 @@ __all__ = ["PostgresStore"]
 _SELECT_RUN = RUN_COLUMNS.replace(" tags,", " tags::text AS tags,")
 _INSERT_RUN = (
     f"INSERT INTO durably_runs ({RUN_COLUMNS}) VALUES "
-    "($1,$2,$3,$4,$5,$6,$7,$8,$9,$10::jsonb,$11,$12,$13,$14,$15,$16,$17,$18,$19,$20,$21) "
+    "($1,$2,$3,$4,$5,$6,$7,$8,$9,$10::jsonb,$11,$12,$13,$14,$15,$16,$17,$18,$19,$20,$21,$22) "
     "ON CONFLICT (id) DO NOTHING RETURNING true"
 )
 # A pending run is announced, so an idle instance polls for it at once.
 _INSERT_PENDING_RUN = (
     f"WITH ins AS ({_INSERT_RUN.removesuffix('RETURNING true')}RETURNING id) "
-    f"SELECT (SELECT pg_notify($22, '{StoreNotice.PENDING}:' || {notice_argument('id')})) "
+    f"SELECT (SELECT pg_notify($23, '{StoreNotice.PENDING}:' || {notice_argument('id')})) "
     "IS NULL FROM ins"
 )
 _HISTORY = (
@@ -326,7 +326,7 @@ class PostgresStore:
                     "$5::text[], $6::text[], $7::text[], $8::text[], $9::text[], $10::jsonb[], "
                     "$11::integer[], $12::bigint[], $13::bigint[], $14::text[], $15::bigint[], "
                     "$16::integer[], $17::bigint[], $18::bigint[], $19::bigint[], "
-                    "$20::integer[], $21::text[]) "
+                    "$20::integer[], $21::text[], $22::text[]) "
                     "ON CONFLICT (id) DO NOTHING RETURNING id",
                     *[list(column) for column in columns],
                 )
@@ -1357,6 +1357,22 @@ class PostgresStore:
             "SELECT payload FROM durably_buffered_events WHERE name = $1 ORDER BY id", name
         )
         return [codec.loads(row[0]) for row in rows]
+
+    async def count_pending(self, namespace: str | None = None) -> int:
+        """Pending runs (in ``namespace``)."""
+        found = await self._db.pool().fetchval(
+            "SELECT count(*) FROM durably_runs WHERE status = 'pending' "
+            "AND ($1::text IS NULL OR namespace = $1)",
+            namespace,
+        )
+        return int(found)
+
+    async def count_flow_waiters(self) -> dict[str, int]:
+        """Steps waiting for admission, by queue."""
+        rows = await self._db.pool().fetch(
+            "SELECT queue, count(*) AS n FROM durably_flow_waiters GROUP BY queue"
+        )
+        return {row["queue"]: int(row["n"]) for row in rows}
 
     async def expire_buffered(self, before: int, limit: int) -> int:
         """Delete up to ``limit`` buffered signals and events created before ``before``."""

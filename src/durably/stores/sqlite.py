@@ -217,7 +217,7 @@ class SqliteStore:
         def op(conn: sqlite3.Connection) -> tuple[Run, bool]:
             cur = conn.execute(
                 f"INSERT INTO durably_runs ({RUN_COLUMNS}) "
-                "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT (id) DO NOTHING",
+                "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT (id) DO NOTHING",
                 run_params(run),
             )
             if cur.rowcount == 1:
@@ -237,7 +237,7 @@ class SqliteStore:
             for row in params:
                 cur = conn.execute(
                     f"INSERT INTO durably_runs ({RUN_COLUMNS}) "
-                    "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?) "
+                    "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?) "
                     "ON CONFLICT (id) DO NOTHING",
                     row,
                 )
@@ -1077,6 +1077,27 @@ class SqliteStore:
                 "SELECT payload FROM durably_buffered_events WHERE name = ? ORDER BY id", (name,)
             )
             return [codec.loads(row[0]) for row in rows]
+
+        return await self._db.run(op)
+
+    async def count_pending(self, namespace: str | None = None) -> int:
+        """Pending runs (in ``namespace``)."""
+        ns, ns_params = _namespace(namespace)
+
+        def op(conn: sqlite3.Connection) -> int:
+            sql = f"SELECT count(*) FROM durably_runs WHERE status = 'pending'{ns}"
+            return int(conn.execute(sql, ns_params).fetchone()[0])
+
+        return await self._db.run(op)
+
+    async def count_flow_waiters(self) -> dict[str, int]:
+        """Steps waiting for admission, by queue."""
+
+        def op(conn: sqlite3.Connection) -> dict[str, int]:
+            rows = conn.execute(
+                "SELECT queue, count(*) FROM durably_flow_waiters GROUP BY queue"
+            ).fetchall()
+            return {row[0]: int(row[1]) for row in rows}
 
         return await self._db.run(op)
 

@@ -376,6 +376,16 @@ async def test_try_admit_caps_concurrency(store: StateStore) -> None:
     assert await store.try_admit(ask("c:1", queue="other", concurrency=2), NOW + 3) is None
 
 
+async def test_count_flow_waiters_counts_refused_steps_by_queue(store: StateStore) -> None:
+    await suspended(store, "a", "b", "c", "d")
+    assert await store.count_flow_waiters() == {}
+    assert await store.try_admit(ask("a:1", concurrency=1), NOW) is None
+    assert await store.try_admit(ask("b:1", concurrency=1), NOW + 1) is not None
+    assert await store.try_admit(ask("c:1", concurrency=1), NOW + 2) is not None
+    assert await store.try_admit(ask("d:1", queue="other", concurrency=1), NOW + 3) is None
+    assert await store.count_flow_waiters() == {"q": 2}
+
+
 async def test_try_admit_is_idempotent_for_a_step_holding_a_slot(store: StateStore) -> None:
     assert await store.try_admit(ask("a:1", concurrency=2), NOW) is None
 
