@@ -7,6 +7,7 @@ work. Start here: :class:`Engine` and :class:`WorkflowContext`.
 
 from __future__ import annotations
 
+from .client import Client
 from .context import ChildCall, Settled, WorkflowContext
 from .durations import Duration
 from .engine import Engine, RunNotFound
@@ -18,6 +19,7 @@ from .errors import (
     GatherFailed,
     NondeterminismError,
     RunCancelled,
+    RunFailed,
     SchemaValidationError,
     SignalTimeout,
     StepFailed,
@@ -25,6 +27,7 @@ from .errors import (
     WrongEventLoop,
     is_control_flow,
 )
+from .handle import RunHandle
 from .model import Checkpoint, CheckpointStatus, Run, RunResult, RunStatus
 from .retry import RetryPolicy
 from .schedules import Schedule, ScheduleNotFound
@@ -37,6 +40,7 @@ __all__ = [
     "CheckpointStatus",
     "ChildCall",
     "ChildFailed",
+    "Client",
     "DurablyError",
     "Duration",
     "Engine",
@@ -47,6 +51,8 @@ __all__ = [
     "RetryPolicy",
     "Run",
     "RunCancelled",
+    "RunFailed",
+    "RunHandle",
     "RunNotFound",
     "RunPage",
     "RunResult",
