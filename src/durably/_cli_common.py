@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import click
 
 from ._urls import redact_url, scrub
-from .engine import Engine
+from .client import Client
 from .stores.sqlite import sqlite_path_from_url
 
 __all__ = [
@@ -127,8 +127,8 @@ def sqlite_file(url: str) -> str | None:
 
 
 @asynccontextmanager
-async def open_client(store_url: str) -> AsyncIterator[Engine]:
-    """An opened ``Engine(store=store_url, drive=False)`` for client commands.
+async def open_client(store_url: str) -> AsyncIterator[Client]:
+    """An opened :class:`~durably.Client` on ``store_url`` for client commands.
 
     It never executes runs. A SQLite file that does not exist is an error here
     (rather than silently creating an empty database from a mistyped path).
@@ -139,17 +139,17 @@ async def open_client(store_url: str) -> AsyncIterator[Engine]:
             f"no SQLite database at {path!r} (pass --store URL or set DURABLY_DATABASE_URL)"
         )
     try:
-        engine = Engine(store=store_url, drive=False)
+        client = Client(store_url)
     except ValueError as exc:
         raise CliError(one_line(str(exc)), EXIT_USAGE) from None
     try:
-        await engine.open()
+        await client.open()
     except Exception as exc:
         raise CliError(f"cannot open the store {redact_url(store_url)}: {describe(exc)}") from None
     try:
-        yield engine
+        yield client
     finally:
         try:
-            await engine.close()
+            await client.close()
         except Exception as exc:  # closing must not mask the command's own outcome
             _log.debug("closing the store failed: %s", exc)

@@ -26,7 +26,7 @@ from rich.text import Text
 
 from ._cli_common import CliError, open_client, store_option
 from ._cli_render import abbreviate, format_time, json_text, make_console, plain, visible
-from .engine import Engine
+from .client import Client
 from .errors import DurablyError
 from .schedules import Schedule, ScheduleNotFound
 
@@ -35,14 +35,14 @@ __all__ = ["schedules", "schedules_table"]
 T = TypeVar("T")
 
 
-def _with_engine(store_url: str, action: Callable[[Engine], Awaitable[T]]) -> T:
-    """Run ``action`` on a client engine opened on ``store_url``; an unknown
+def _with_client(store_url: str, action: Callable[[Client], Awaitable[T]]) -> T:
+    """Run ``action`` on a client opened on ``store_url``; an unknown
     schedule becomes a one-line CLI error."""
 
     async def go() -> T:
-        async with open_client(store_url) as engine:
+        async with open_client(store_url) as client:
             try:
-                return await action(engine)
+                return await action(client)
             except ScheduleNotFound as exc:
                 raise CliError(str(exc)) from None
 
@@ -111,10 +111,10 @@ def schedules() -> None:
 def schedules_list(store_url: str, as_json: bool) -> None:
     """List every schedule (all namespaces) with its state and next window."""
 
-    async def load(engine: Engine) -> list[Schedule]:
-        return [Schedule.from_record(r) for r in await engine.store.list_schedules()]
+    async def load(client: Client) -> list[Schedule]:
+        return [Schedule.from_record(r) for r in await client.store.list_schedules()]
 
-    found = _with_engine(store_url, load)
+    found = _with_client(store_url, load)
     if as_json:
         click.echo(json_text([s.to_dict() for s in found]))
         return
@@ -130,7 +130,7 @@ def schedules_list(store_url: str, as_json: bool) -> None:
 @click.argument("name")
 def schedules_pause(store_url: str, name: str) -> None:
     """Stop firing NAME until it is resumed (for every instance, across restarts)."""
-    _with_engine(store_url, lambda engine: engine.pause_schedule(name))
+    _with_client(store_url, lambda client: client.pause_schedule(name))
     click.echo(f"paused schedule {visible(name)}")
 
 
@@ -139,7 +139,7 @@ def schedules_pause(store_url: str, name: str) -> None:
 @click.argument("name")
 def schedules_resume(store_url: str, name: str) -> None:
     """Fire NAME again from its next window (windows missed while paused are skipped)."""
-    resumed = _with_engine(store_url, lambda engine: engine.resume_schedule(name))
+    resumed = _with_client(store_url, lambda client: client.resume_schedule(name))
     click.echo(f"resumed schedule {visible(name)}; next window {format_time(resumed.next_fire_at)}")
 
 
@@ -153,15 +153,15 @@ def schedules_trigger(store_url: str, name: str) -> None:
     application (which has the workflow registered) starts it.
     """
 
-    async def trigger(engine: Engine) -> str:
+    async def trigger(client: Client) -> str:
         try:
-            return await engine.trigger_schedule(name)
+            return await client.trigger_schedule(name)
         except ScheduleNotFound:
             raise
         except DurablyError as exc:
             raise CliError(str(exc)) from None
 
-    run_id = _with_engine(store_url, trigger)
+    run_id = _with_client(store_url, trigger)
     click.echo(
         f"queued run {visible(run_id)} of schedule {visible(name)}; "
         "a worker starts it on its next pass"
@@ -174,6 +174,6 @@ def schedules_trigger(store_url: str, name: str) -> None:
 def schedules_remove(store_url: str, name: str) -> None:
     """Delete schedule NAME (runs it started are kept). A schedule declared in
     the application's code comes back when the application starts again."""
-    if not _with_engine(store_url, lambda engine: engine.remove_schedule(name)):
+    if not _with_client(store_url, lambda client: client.remove_schedule(name)):
         raise CliError(f"no schedule named {name!r}")
     click.echo(f"removed schedule {visible(name)}")

@@ -152,9 +152,9 @@ def runs_list(
     """List runs, newest first, one page at a time."""
 
     async def go() -> tuple[list[Any], str | None]:
-        async with open_client(store_url) as engine:
+        async with open_client(store_url) as client:
             try:
-                page = await engine.list_runs(
+                page = await client.list_runs(
                     status=status, workflow=workflow, tag=tag, limit=limit, cursor=cursor
                 )
             except ValueError as exc:
@@ -186,11 +186,11 @@ def runs_show(store_url: str, run_id: str, as_json: bool) -> None:
     """Show a run and its step timeline."""
 
     async def go() -> tuple[Any, list[Any]]:
-        async with open_client(store_url) as engine:
-            run = await engine.get_run(run_id)
+        async with open_client(store_url) as client:
+            run = await client.get_run(run_id)
             if run is None:
                 raise CliError(f"no run with id {run_id!r} in {redact_url(store_url)}")
-            return run, await engine.history(run_id)
+            return run, await client.history(run_id)
 
     run, checkpoints = _run(go())
     if as_json:
@@ -203,9 +203,9 @@ def runs_show(store_url: str, run_id: str, as_json: bool) -> None:
 
 def _cancel(store_url: str, run_id: str) -> None:
     async def go() -> RunStatus:
-        async with open_client(store_url) as engine:
+        async with open_client(store_url) as client:
             try:
-                return await engine.cancel(run_id)
+                return await client.cancel(run_id)
             except RunNotFound:
                 raise CliError(f"no run with id {run_id!r} in {redact_url(store_url)}") from None
 
@@ -255,9 +255,9 @@ def signal_cmd(store_url: str, token: str, payload: str | None) -> None:
             raise CliError(f"the payload is not valid JSON: {exc}", EXIT_USAGE) from None
 
     async def go() -> str | None:
-        async with open_client(store_url) as engine:
+        async with open_client(store_url) as client:
             try:
-                return await engine.signal(token, value)
+                return await client.signal(token, value)
             except (ValueError, DurablyError) as exc:
                 raise CliError(one_line(str(exc)), EXIT_USAGE) from None
 

@@ -31,6 +31,7 @@ from .engine import Engine
 from .errors import SchemaValidationError, WorkflowNotRegistered
 from .handle import RunHandle
 from .model import Checkpoint, Run, RunResult, RunStatus
+from .schedules import Schedule
 from .stores import RunPage, StateStore
 from .transports import Transport
 
@@ -257,6 +258,33 @@ class Client:
     async def history(self, run_id: str) -> list[Checkpoint]:
         """The run's checkpoints in seq order."""
         return await self._engine.history(run_id)
+
+    # -- schedules ------------------------------------------------------------------------
+
+    async def list_schedules(self) -> list[Schedule]:
+        """This namespace's schedules with their state, by name."""
+        return await self._engine.list_schedules()
+
+    async def get_schedule(self, name: str) -> Schedule | None:
+        """A schedule with its state, or ``None``."""
+        return await self._engine.get_schedule(name)
+
+    async def pause_schedule(self, name: str) -> Schedule:
+        """Stop firing ``name`` until resumed (see ``Engine.pause_schedule``)."""
+        return await self._engine.pause_schedule(name)
+
+    async def resume_schedule(self, name: str) -> Schedule:
+        """Fire ``name`` again from its next window (see ``Engine.resume_schedule``)."""
+        return await self._engine.resume_schedule(name)
+
+    async def trigger_schedule(self, name: str) -> str:
+        """Queue a run of schedule ``name`` now, for the next firing pass of an
+        engine that has its workflow (see ``Engine.trigger_schedule``); its run id."""
+        return await self._engine.trigger_schedule(name)
+
+    async def remove_schedule(self, name: str) -> bool:
+        """Delete a schedule; ``False`` if there was none."""
+        return await self._engine.remove_schedule(name)
 
     async def _require(self, run_id: str) -> Run:
         run = await self.get_run(run_id)
