@@ -7,7 +7,7 @@ work. Start here: :class:`Engine` and :class:`WorkflowContext`.
 
 from __future__ import annotations
 
-from .client import Client
+from .client import Client, SyncClient, SyncRunHandle
 from .context import ChildCall, Settled, WorkflowContext
 from .durations import Duration
 from .engine import Engine, RunNotFound
@@ -65,6 +65,8 @@ __all__ = [
     "StepFailed",
     "StepLogger",
     "StepRef",
+    "SyncClient",
+    "SyncRunHandle",
     "Transport",
     "TransportError",
     "WorkflowContext",

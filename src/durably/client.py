@@ -8,20 +8,21 @@ engines that execute runs exactly as a producer engine's does (the run queue
 on ``db://`` and ``redis://``, store notices on PostgreSQL, the poll
 otherwise), and a cancel reaches the turn running it the same way.
 
-:class:`SyncClient` (in :mod:`durably._sync_client`) is the same surface for
-synchronous code.
+:class:`SyncClient` is the same surface for synchronous code, on an event
+loop of its own (:mod:`durably._client_loop`).
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
 from datetime import datetime
 from types import TracebackType
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from . import _codec as codec
 from ._children import RunNotFound
+from ._client_loop import LoopThread
 from ._names import check_name
 from ._registry import UNPINNED, check_version, validate_input
 from ._start import check_signal
@@ -35,7 +36,10 @@ from .schedules import Schedule
 from .stores import RunPage, StateStore
 from .transports import Transport
 
-__all__ = ["Client"]
+__all__ = ["Client", "SyncClient", "SyncRunHandle"]
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 class Client:
@@ -291,3 +295,267 @@ class Client:
         if run is None:
             raise RunNotFound(f"run {run_id!r} not found")
         return run
+
+
+class SyncRunHandle(Generic[T]):
+    """:class:`~durably.RunHandle` for synchronous code (what
+    :meth:`SyncClient.start` returns): the same calls, blocking."""
+
+    __slots__ = ("_handle", "_loop")
+
+    def __init__(self, handle: RunHandle[T], loop: LoopThread) -> None:
+        self._handle = handle
+        self._loop = loop
+
+    @property
+    def run_id(self) -> str:
+        """The run's id."""
+        return self._handle.run_id
+
+    @property
+    def run(self) -> Run:
+        """The run as it was when started (a snapshot; :meth:`get` reads it again)."""
+        return self._handle.run
+
+    def result(self, *, timeout: float | None = None) -> T:
+        """Block until the run is terminal; its output (see :meth:`RunHandle.result`)."""
+        return self._loop.call(self._handle.result(timeout=timeout), "result")
+
+    def wait(self, *, terminal: bool = False, timeout: float | None = None) -> RunResult:
+        """Block until the run settles (see :meth:`RunHandle.wait`)."""
+        return self._loop.call(self._handle.wait(terminal=terminal, timeout=timeout), "wait")
+
+    def get(self) -> Run:
+        """The run as stored now."""
+        return self._loop.call(self._handle.get(), "get")
+
+    def status(self) -> RunStatus:
+        """The run's status now."""
+        return self._loop.call(self._handle.status(), "status")
+
+    def cancel(self, *, compensate: bool = False) -> RunStatus:
+        """Cancel the run; its status from before the call."""
+        return self._loop.call(self._handle.cancel(compensate=compensate), "cancel")
+
+    def __repr__(self) -> str:
+        return f"<SyncRunHandle {self.run_id!r} workflow={self.run.workflow!r}>"
+
+
+class SyncClient:
+    """:class:`Client` for synchronous code: Django and Flask views, scripts, shells.
+
+    The same calls, blocking, and safe from any number of threads at once:
+    the client lives on an event loop of its own in a daemon thread, so its
+    store connections (PostgreSQL's pool included) outlive every request.
+    Create one per process (at import or app start), share it, and close it
+    at exit — or use it as a context manager::
+
+        with durably.SyncClient(store=URL) as client:
+            client.start("checkout", order, run_id="checkout:42")
+
+    Calling it from a running event loop raises :class:`~durably.WrongEventLoop`
+    (it would block that loop): there, use :class:`Client`. Arguments as
+    :class:`Client`.
+    """
+
+    def __init__(
+        self,
+        store: str | StateStore | None = None,
+        *,
+        transport: str | Transport | None = None,
+        namespace: str | None = None,
+        schemas: Mapping[str, Any] | None = None,
+        strict: bool = False,
+        clock: Clock | None = None,
+    ) -> None:
+        self._client = Client(
+            store,
+            transport=transport,
+            namespace=namespace,
+            schemas=schemas,
+            strict=strict,
+            clock=clock,
+        )
+        self._loop = LoopThread("durably-sync-client")
+
+    @property
+    def client(self) -> Client:
+        """The async client underneath (use it only on this client's loop)."""
+        return self._client
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._loop.closed
+
+    def _call(self, coro: Coroutine[Any, Any, R], what: str) -> R:
+        return self._loop.call(coro, what)
+
+    def open(self) -> None:
+        """Connect the store now (otherwise the first call does)."""
+        self._call(self._client.open(), "open")
+
+    def close(self) -> None:
+        """Close the store and stop the loop thread. Idempotent."""
+        if self._loop.closed:
+            return
+        try:
+            self._call(self._client.close(), "close")
+        finally:
+            self._loop.stop()
+
+    def __enter__(self) -> SyncClient:
+        self.open()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def start(
+        self,
+        workflow: str,
+        input: Any = None,
+        *,
+        run_id: str | None = None,
+        start_at: datetime | Duration | None = None,
+        tags: list[str] | None = None,
+        priority: int = 0,
+        version: str | None = None,
+    ) -> SyncRunHandle[Any]:
+        """Create a run of ``workflow`` and return its handle (see :meth:`Client.start`)."""
+        handle = self._call(
+            self._client.start(
+                workflow,
+                input,
+                run_id=run_id,
+                start_at=start_at,
+                tags=tags,
+                priority=priority,
+                version=version,
+            ),
+            "start",
+        )
+        return SyncRunHandle(handle, self._loop)
+
+    def signal_with_start(
+        self,
+        workflow: str,
+        input: Any = None,
+        *,
+        run_id: str,
+        token: str,
+        payload: Any = None,
+        tags: list[str] | None = None,
+        priority: int = 0,
+    ) -> SyncRunHandle[Any]:
+        """Start ``run_id`` unless it exists, then signal it (see
+        :meth:`Client.signal_with_start`)."""
+        handle = self._call(
+            self._client.signal_with_start(
+                workflow,
+                input,
+                run_id=run_id,
+                token=token,
+                payload=payload,
+                tags=tags,
+                priority=priority,
+            ),
+            "signal_with_start",
+        )
+        return SyncRunHandle(handle, self._loop)
+
+    def retry_with_input(
+        self, run_id: str, input: Any, *, new_run_id: str | None = None
+    ) -> SyncRunHandle[Any]:
+        """A fresh run with corrected ``input`` (see :meth:`Client.retry_with_input`)."""
+        handle = self._call(
+            self._client.retry_with_input(run_id, input, new_run_id=new_run_id),
+            "retry_with_input",
+        )
+        return SyncRunHandle(handle, self._loop)
+
+    def get_handle(self, run_id: str) -> SyncRunHandle[Any]:
+        """A handle on an existing run (raises :class:`~durably.RunNotFound`)."""
+        return SyncRunHandle(self._call(self._client.get_handle(run_id), "get_handle"), self._loop)
+
+    def signal(self, token: str, payload: Any = None) -> str | None:
+        """Deliver ``payload`` to the run waiting on ``token`` (see :meth:`Client.signal`)."""
+        return self._call(self._client.signal(token, payload), "signal")
+
+    def publish_event(
+        self, name: str, payload: Any = None, *, id: str | None = None, buffer: bool = True
+    ) -> int:
+        """Publish event ``name`` (see :meth:`Client.publish_event`)."""
+        return self._call(
+            self._client.publish_event(name, payload, id=id, buffer=buffer), "publish_event"
+        )
+
+    def cancel(self, run_id: str, *, compensate: bool = False) -> RunStatus:
+        """Cancel a run (see :meth:`Client.cancel`)."""
+        return self._call(self._client.cancel(run_id, compensate=compensate), "cancel")
+
+    def retry(self, run_id: str) -> Run:
+        """Run a failed or dead run again from where it failed."""
+        return self._call(self._client.retry(run_id), "retry")
+
+    def wait_for_run(
+        self, run_id: str, *, terminal: bool = False, timeout: float | None = None
+    ) -> RunResult:
+        """Block until the run settles (see :meth:`Client.wait_for_run`)."""
+        return self._call(
+            self._client.wait_for_run(run_id, terminal=terminal, timeout=timeout), "wait_for_run"
+        )
+
+    def get_run(self, run_id: str) -> Run | None:
+        """The run, or ``None``."""
+        return self._call(self._client.get_run(run_id), "get_run")
+
+    def list_runs(
+        self,
+        *,
+        status: RunStatus | str | None = None,
+        workflow: str | None = None,
+        tag: str | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> RunPage:
+        """Runs newest first, filtered; pass ``page.next_cursor`` for the next page."""
+        return self._call(
+            self._client.list_runs(
+                status=status, workflow=workflow, tag=tag, limit=limit, cursor=cursor
+            ),
+            "list_runs",
+        )
+
+    def history(self, run_id: str) -> list[Checkpoint]:
+        """The run's checkpoints in seq order."""
+        return self._call(self._client.history(run_id), "history")
+
+    def list_schedules(self) -> list[Schedule]:
+        """This namespace's schedules with their state, by name."""
+        return self._call(self._client.list_schedules(), "list_schedules")
+
+    def get_schedule(self, name: str) -> Schedule | None:
+        """A schedule with its state, or ``None``."""
+        return self._call(self._client.get_schedule(name), "get_schedule")
+
+    def pause_schedule(self, name: str) -> Schedule:
+        """Stop firing ``name`` until resumed."""
+        return self._call(self._client.pause_schedule(name), "pause_schedule")
+
+    def resume_schedule(self, name: str) -> Schedule:
+        """Fire ``name`` again from its next window."""
+        return self._call(self._client.resume_schedule(name), "resume_schedule")
+
+    def trigger_schedule(self, name: str) -> str:
+        """Queue a run of schedule ``name`` now; its run id."""
+        return self._call(self._client.trigger_schedule(name), "trigger_schedule")
+
+    def remove_schedule(self, name: str) -> bool:
+        """Delete a schedule; ``False`` if there was none."""
+        return self._call(self._client.remove_schedule(name), "remove_schedule")
