@@ -381,3 +381,27 @@ async def test_a_start_from_a_client_wakes_the_executing_engine(
         handles = [await client.start("job", i, run_id=f"wake-{i}") for i in range(5)]
         assert [await h.result(timeout=30) for h in handles] == [1, 2, 3, 4, 5]
     await client.close()
+
+
+async def test_a_delayed_start_from_a_client_is_woken_by_the_timer_and_pinned(
+    make_engine: EngineFactory, store_url: str
+) -> None:
+    from durably.testing import VirtualClock
+
+    clock = VirtualClock()
+    worker = make_engine(clock=clock)
+
+    @worker.workflow("later", version="5")
+    async def later(ctx: durably.WorkflowContext) -> str:
+        return "woke"
+
+    client = client_for(store_url, worker, clock=clock)
+    handle = await client.start("later", run_id="later", start_at="1h")
+    assert handle.run.status is durably.RunStatus.SUSPENDED
+    await worker.open()
+    assert await worker.resume_due_timers() == 0
+    clock.advance("1h")
+    assert await worker.resume_due_timers() == 1
+    assert await handle.result(timeout=30) == "woke"
+    assert (await handle.get()).workflow_version == "5"
+    await client.close()
