@@ -149,3 +149,30 @@ def test_a_sync_client_refuses_calls_from_its_own_loop_too(tmp_path: Path) -> No
         assert len(outcome) == 1 and isinstance(outcome[0], durably.WrongEventLoop)
     finally:
         client.close()
+
+
+def _start_in_child(client: durably.SyncClient, handle: durably.SyncRunHandle[Any]) -> None:
+    started = client.start("double", 21, run_id="from-child")
+    assert started.run_id == "from-child"
+    with pytest.raises(durably.DurablyError, match="another process"):
+        handle.status()  # the parent's: refused rather than waiting forever
+    client.close()
+
+
+def test_a_sync_client_made_before_a_fork_works_in_the_child(store_url: str) -> None:
+    """gunicorn --preload, a multiprocessing pool: the loop thread stays in the
+    parent, so the child's first call starts one of its own instead of hanging."""
+    import multiprocessing
+
+    client = durably.SyncClient(store_url)
+    parents = client.start("double", 1, run_id="from-parent")
+    child = multiprocessing.get_context("fork").Process(
+        target=_start_in_child, args=(client, parents)
+    )
+    child.start()
+    child.join(60)
+    assert child.exitcode == 0
+    with worker_thread(store_url):
+        assert client.get_handle("from-child").result(timeout=30) == 42
+        assert parents.result(timeout=30) == 2
+    client.close()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import os
 import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -29,6 +30,7 @@ class LoopThread:
     def __init__(self, name: str) -> None:
         self._loop = asyncio.new_event_loop()
         self._closed = False
+        self._pid = os.getpid()
         self._lock = threading.Lock()
         self._pending: set[concurrent.futures.Future[Any]] = set()
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
@@ -65,6 +67,13 @@ class LoopThread:
                 f"SyncClient.{what}() was called from a running event loop, where blocking "
                 "would stall (or deadlock) it; in async code use durably.Client and await "
                 "its methods"
+            )
+        if os.getpid() != self._pid:
+            # Forked: the loop thread stayed in the parent; waiting on it would hang.
+            coro.close()
+            raise DurablyError(
+                f"SyncClient.{what}(): this object was made in another process (before a "
+                "fork); make a handle again from the SyncClient in this process"
             )
         with self._lock:
             if self._closed:

@@ -14,6 +14,8 @@ loop of its own (:mod:`durably._client_loop`).
 
 from __future__ import annotations
 
+import os
+import threading
 import uuid
 from collections.abc import Coroutine, Mapping
 from datetime import datetime
@@ -368,15 +370,42 @@ class SyncClient:
         strict: bool = False,
         clock: Clock | None = None,
     ) -> None:
-        self._client = Client(
-            store,
-            transport=transport,
-            namespace=namespace,
-            schemas=schemas,
-            strict=strict,
-            clock=clock,
-        )
+        def make() -> Client:
+            return Client(
+                store,
+                transport=transport,
+                namespace=namespace,
+                schemas=schemas,
+                strict=strict,
+                clock=clock,
+            )
+
+        self._make = make
+        self._async_client = make()
         self._loop = LoopThread("durably-sync-client")
+        self._pid = os.getpid()
+        self._fork_lock = threading.Lock()
+
+    @property
+    def _client(self) -> Client:
+        if self._pid != os.getpid():
+            self._after_fork()
+        return self._async_client
+
+    def _after_fork(self) -> None:
+        # A process forked after this client was made (gunicorn --preload, a
+        # multiprocessing pool) has no loop thread: a call would wait forever
+        # for it, and the parent's connections are not this process's. Start
+        # afresh here; the parent's client is left to the parent.
+        with self._fork_lock:
+            if self._pid == os.getpid():
+                return
+            closed = self._loop.closed
+            self._async_client = self._make()
+            self._loop = LoopThread("durably-sync-client")
+            self._pid = os.getpid()
+            if closed:
+                self._loop.stop()
 
     @property
     def client(self) -> Client:
@@ -397,10 +426,11 @@ class SyncClient:
 
     def close(self) -> None:
         """Close the store and stop the loop thread. Idempotent."""
+        client = self._client
         if self._loop.closed:
             return
         try:
-            self._call(self._client.close(), "close")
+            self._call(client.close(), "close")
         finally:
             self._loop.stop()
 
