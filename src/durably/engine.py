@@ -680,6 +680,11 @@ class Engine:
         await self.open()
         return await self.store.get_run(run_id)
 
+    async def get_handle(self, run_id: str) -> RunHandle[Any]:
+        """A :class:`RunHandle` on an existing run (raises :class:`RunNotFound`)."""
+        await self.open()
+        return RunHandle(await self._children.require(run_id), self)
+
     async def list_runs(
         self,
         *,
