@@ -2,7 +2,7 @@
 
 ``engine.start`` and ``client.start`` return a :class:`RunHandle`. It holds
 the run's id and the run as it was when started, and reaches the run through
-the engine or client that started it (the four calls of :class:`RunOps`), so
+the engine or client that started it (the three calls of :class:`RunOps`), so
 a handle made in a request handler works on whichever store that client uses.
 """
 
