@@ -5,8 +5,8 @@ A web request handler, a cron script or an admin tool starts runs by workflow
 leases. Underneath it is an :class:`~durably.Engine` that never drives
 (``drive=False, consumers="never"``), so a start from a client reaches the
 engines that execute runs exactly as a producer engine's does (the run queue
-on ``db://`` and ``redis://``, store notices on PostgreSQL, the poll
-otherwise), and a cancel reaches the turn running it the same way.
+of the ``db://`` transport, store notices on PostgreSQL, the poll otherwise),
+and a cancel reaches the turn running it the same way.
 
 :class:`SyncClient` is the same surface for synchronous code, on an event
 loop of its own (:mod:`durably._client_loop`).
@@ -50,8 +50,8 @@ class Client:
     Args:
         store: the store URL (or object) the executing engines use; defaults
             like :class:`~durably.Engine`'s (``DURABLY_DATABASE_URL``).
-        transport: the executing engines' transport URL (``db://``,
-            ``redis://…``): starts and wakes go through its run queue.
+        transport: the executing engines' transport URL: with ``db://``
+            starts and wakes go through its run queue.
         namespace: the pool new runs go to (default ``"default"``).
         schemas: ``{workflow name: input type}`` (a pydantic model, a
             dataclass, any validator): input is validated before the run is
