@@ -409,3 +409,28 @@ async def test_a_delayed_start_from_a_client_is_woken_by_the_timer_and_pinned(
     assert await handle.result(timeout=30) == "woke"
     assert (await handle.get()).workflow_version == "5"
     await client.close()
+
+
+async def test_a_run_cancelled_before_any_engine_took_it_never_executes(
+    make_engine: EngineFactory, store_url: str
+) -> None:
+    worker = make_engine()
+    executed = 0
+
+    @worker.workflow("job")
+    async def job(ctx: durably.WorkflowContext) -> str:
+        nonlocal executed
+        executed += 1
+        return "done"
+
+    client = client_for(store_url, worker)
+    handle = await client.start("job", run_id="never")
+    assert await handle.cancel() is durably.RunStatus.PENDING
+    async with worker:
+        with pytest.raises(durably.RunCancelled):
+            await handle.result(timeout=30)
+        after = await client.start("job", run_id="after")
+        assert await after.result(timeout=30) == "done"
+    await client.close()
+    assert executed == 1  # only "after": the worker's passes never took "never"
+    assert (await worker.get_run("never")).workflow_version == ""  # type: ignore[union-attr]
