@@ -8,10 +8,11 @@ a handle made in a request handler works on whichever store that client uses.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Any, Generic, Protocol, TypeVar, cast
 
-from ._children import RunNotFound
+from ._children import RunNotFound, continued_to
 from .errors import RunCancelled, RunFailed
 from .model import TERMINAL_STATUSES, Run, RunResult, RunStatus
 
@@ -65,21 +66,26 @@ class RunHandle(Generic[T]):
     async def result(self, *, timeout: float | None = None) -> T:
         """Wait until the run is terminal and return its output.
 
-        Raises :class:`~durably.RunCancelled` when it was cancelled,
-        :class:`~durably.RunFailed` when it failed or went dead (``error``
-        holds the stored failure), and :class:`TimeoutError` after
-        ``timeout`` seconds (the run is left alone).
+        A run that continued as new is followed to the end of its chain: the
+        output is the last link's. Raises :class:`~durably.RunCancelled` when
+        it was cancelled, :class:`~durably.RunFailed` when it failed or went
+        dead (``error`` holds the stored failure), and :class:`TimeoutError`
+        after ``timeout`` seconds (the run is left alone).
         """
-        outcome = await self._ops.wait_for_run(self.run_id, terminal=True, timeout=timeout)
+        run_id = self.run_id
+        async with asyncio.timeout(timeout):
+            outcome = await self._ops.wait_for_run(run_id, terminal=True)
+            while (link := continued_to(outcome)) is not None:
+                outcome = await self._ops.wait_for_run(link, terminal=True)
         if outcome.status is RunStatus.COMPLETED:
             if self._decode is None:
                 return cast(T, outcome.output)
             return self._decode(outcome.output)
         if outcome.status is RunStatus.CANCELLED:
             raise RunCancelled(
-                f"run {self.run_id!r} was cancelled", run_id=self.run_id, error=outcome.error
+                f"run {outcome.run_id!r} was cancelled", run_id=outcome.run_id, error=outcome.error
             )
-        raise RunFailed(self.run_id, outcome.status, outcome.error)
+        raise RunFailed(outcome.run_id, outcome.status, outcome.error)
 
     async def wait(self, *, terminal: bool = False, timeout: float | None = None) -> RunResult:
         """Wait until the run settles (terminal or suspended; only terminal

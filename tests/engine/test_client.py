@@ -434,3 +434,27 @@ async def test_a_run_cancelled_before_any_engine_took_it_never_executes(
     await client.close()
     assert executed == 1  # only "after": the worker's passes never took "never"
     assert (await worker.get_run("never")).workflow_version == ""  # type: ignore[union-attr]
+
+
+async def test_result_follows_a_run_that_continued_as_new_to_its_last_link(
+    make_engine: EngineFactory, store_url: str
+) -> None:
+    worker = make_engine()
+
+    @worker.workflow("count")
+    async def count(ctx: durably.WorkflowContext, n: int) -> int:
+        if n < 3:
+            ctx.continue_as_new(n + 1)
+        return n * 10
+
+    @worker.workflow("look-alike")
+    async def look_alike(ctx: durably.WorkflowContext) -> dict[str, str]:
+        return {"continued_as": "look-alike~1"}  # not a continuation: it names no link
+
+    client = client_for(store_url, worker)
+    async with worker:
+        assert await (await client.start("count", 0, run_id="c")).result(timeout=30) == 30
+        assert await (await worker.start(count, 2, run_id="d")).result(timeout=30) == 30
+        mimic = await client.start("look-alike", run_id="mimic")
+        assert await mimic.result(timeout=30) == {"continued_as": "look-alike~1"}
+    await client.close()
