@@ -539,6 +539,11 @@ class Engine:
         """
         if isinstance(workflow, str):
             definition = self._registry.get(workflow, version)
+        elif not callable(workflow):
+            raise TypeError(
+                "workflow must be a workflow name or the function @engine.workflow decorated, "
+                f"not {type(workflow).__name__}"
+            )
         else:
             definition = self._registry.of_function(workflow)
             if version is not None and version != definition.version:

@@ -323,6 +323,8 @@ async def test_engine_start_takes_the_decorated_function(make_engine: EngineFact
             await engine.start(stray)
         with pytest.raises(ValueError, match="version '1'"):
             await engine.start(double, 1, version="1")
+        with pytest.raises(TypeError, match="workflow name"):
+            await engine.start(42)  # type: ignore[call-overload]
         again = await engine.get_handle(handle.run_id)
         assert await again.result() == 42 and again.run.status is durably.RunStatus.COMPLETED
         with pytest.raises(durably.RunNotFound):
