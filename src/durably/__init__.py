@@ -10,6 +10,7 @@ from __future__ import annotations
 from ._intercept import Interceptor, StepInfo, TurnInfo
 from ._lifecycle_events import EventKind, LifecycleEvent, Subscription
 from ._logs import RunContextFilter
+from .client import Client, SyncClient, SyncRunHandle
 from .context import ChildCall, Settled, Webhook, WorkflowContext
 from .durations import Duration
 from .engine import Engine, RunNotFound
@@ -21,6 +22,7 @@ from .errors import (
     GatherFailed,
     NondeterminismError,
     RunCancelled,
+    RunFailed,
     SchemaValidationError,
     SignalTimeout,
     SingletonQueueFull,
@@ -29,6 +31,7 @@ from .errors import (
     WrongEventLoop,
     is_control_flow,
 )
+from .handle import RunHandle
 from .model import Checkpoint, CheckpointStatus, Run, RunResult, RunStatus
 from .retry import RetryPolicy
 from .schedules import Schedule, ScheduleNotFound
@@ -41,6 +44,7 @@ __all__ = [
     "CheckpointStatus",
     "ChildCall",
     "ChildFailed",
+    "Client",
     "DurablyError",
     "Duration",
     "Engine",
@@ -55,6 +59,8 @@ __all__ = [
     "Run",
     "RunCancelled",
     "RunContextFilter",
+    "RunFailed",
+    "RunHandle",
     "RunNotFound",
     "RunPage",
     "RunResult",
@@ -70,6 +76,8 @@ __all__ = [
     "StepLogger",
     "StepRef",
     "Subscription",
+    "SyncClient",
+    "SyncRunHandle",
     "Transport",
     "TransportError",
     "TurnInfo",
