@@ -112,6 +112,7 @@ def wire(
         steps=steps,
         redispatch_ms=options.redispatch_ms,
         redispatch_max=options.remote_redispatch_max,
+        child_output=registry.output_decoder,
     )
     turns = TurnDriver(
         store,

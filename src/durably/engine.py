@@ -251,6 +251,7 @@ class Engine:
         *,
         version: str = "1",
         input: Any = None,
+        output: Any = None,
         execution_timeout: Duration | None = None,
         schedule: str | Mapping[str, Any] | None = None,
         on_event: str | Sequence[str] | None = None,
@@ -259,17 +260,25 @@ class Engine:
 
         ``input`` may be a pydantic model, a dataclass or any callable that
         converts/validates the input; ``start`` rejects invalid input before a
-        run exists. ``execution_timeout`` cancels runs older than that.
-        ``schedule`` declares a schedule named after the workflow: a cron
-        expression (UTC), or a mapping of :meth:`schedule` options
-        (``{"every": "15m"}``, ``{"cron": "0 9 * * 1-5", "tz": "Europe/Paris"}``).
+        run exists. ``output`` (else the function's return annotation) is
+        the type its output is decoded into (see "Typed values" in the
+        README); an output that does not fit fails the run.
+        ``execution_timeout`` cancels runs older than that. ``schedule``
+        declares a schedule named after the workflow: a cron expression
+        (UTC), or a mapping of :meth:`schedule` options (``{"every": "15m"}``,
+        ``{"cron": "0 9 * * 1-5", "tz": "Europe/Paris"}``).
         ``on_event`` starts a run (input: the payload) for every publish of
         that event name (or names); see :meth:`on_event`.
         """
 
         def decorate(fn: F) -> F:
             self.register(
-                name, fn, version=version, input=input, execution_timeout=execution_timeout
+                name,
+                fn,
+                version=version,
+                input=input,
+                output=output,
+                execution_timeout=execution_timeout,
             )
             if schedule is not None:
                 options = {"cron": schedule} if isinstance(schedule, str) else dict(schedule)
@@ -287,6 +296,7 @@ class Engine:
         *,
         version: str = "1",
         input: Any = None,
+        output: Any = None,
         execution_timeout: Duration | None = None,
     ) -> None:
         """Register ``fn`` as version ``version`` of workflow ``name``.
@@ -297,7 +307,12 @@ class Engine:
         """
         self._registry.add(
             WorkflowDef.build(
-                name, fn, version=version, input=input, execution_timeout=execution_timeout
+                name,
+                fn,
+                version=version,
+                input=input,
+                output=output,
+                execution_timeout=execution_timeout,
             )
         )
 
@@ -352,8 +367,10 @@ class Engine:
 
         The handler takes ``(data)`` or ``(data, log: StepLogger)`` and may be
         sync (run in a thread) or async. ``input`` / ``output`` (a pydantic
-        model or dataclass) are validated where the handler runs; a failure
-        there is not retried. The other options are the defaults of every
+        model or dataclass; ``output`` defaults to the handler's return
+        annotation) are validated where the handler runs; a failure there is
+        not retried. A workflow awaiting the step receives its result decoded
+        into the output type. The other options are the defaults of every
         ``ctx.step`` call of it (see :meth:`WorkflowContext.step`); ``group``
         names the worker group that serves it (``durably worker --group``).
         The policy keywords (:class:`~durably.steps.StepPolicy`: ``retries``,

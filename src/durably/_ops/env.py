@@ -17,6 +17,7 @@ from typing import Any, NoReturn
 
 from .._replay import CloseReason, Turn
 from .._threads import StepThreads
+from .._typed import Decoder, identity
 from ..clock import Clock
 from ..errors import _TurnClosed
 from ..model import Checkpoint, CheckpointKind, CheckpointStatus, ErrorInfo, Run
@@ -50,6 +51,9 @@ class Services:
     steps: StepDispatcher
     redispatch_ms: int | None
     redispatch_max: int
+    child_output: Callable[[str], Decoder] = lambda _workflow: identity
+    """The decoder of a child workflow's output, by workflow name (its
+    registered default version's output type; plain data when unknown here)."""
 
 
 class TurnEnv:

@@ -14,6 +14,7 @@ from typing import Any
 
 from .. import _codec as codec
 from .._replay import error_info
+from .._typed import PLAIN, Misfit, Typed
 from ..errors import FatalError, StepFailed
 from ..model import Checkpoint, CheckpointKind, CheckpointStatus
 from ..retry import RetryPolicy
@@ -31,11 +32,17 @@ async def local_step(
     policy: RetryPolicy,
     track: bool,
     recorded: Checkpoint | None,
+    typed: Typed = PLAIN,
 ) -> Any:
-    """Run ``fn(*args)`` with ``policy``'s retries and checkpoint its result at ``seq``."""
+    """Run ``fn(*args)`` with ``policy``'s retries and checkpoint its result at ``seq``.
+
+    The body receives the stored result decoded as ``typed`` (its declared
+    type), live and on replay alike. A result that does not fit fails the
+    step without retries, as one no store can keep does.
+    """
     if recorded is not None:
         if recorded.status is CheckpointStatus.COMPLETED:
-            return recorded.output
+            return typed.decode(recorded.output)
         if recorded.status is CheckpointStatus.FAILED:
             raise StepFailed.from_error(name, recorded.error, recorded.attempts)
     turn, clock = env.turn, env.clock
@@ -67,10 +74,10 @@ async def local_step(
                 await turn.flush()
             try:
                 result = await env.call(fn, args)
-                output = codec.to_jsonable(result, "step result")
+                output, value = typed.store(result, "step result")
             except Exception as exc:
                 turn.ensure_open()
-                fatal = isinstance(exc, FatalError | codec.EncodeError)
+                fatal = isinstance(exc, FatalError | codec.EncodeError | Misfit)
                 if fatal or retry_number == policy.retries:
                     failure = error_info(exc)
                     await env.save(
@@ -110,7 +117,7 @@ async def local_step(
                     finished_at=clock.now_ms(),
                 )
             )
-            return output
+            return value
     raise AssertionError("unreachable")  # pragma: no cover
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypedDict, TypeVar
 
 from .. import _codec as codec
+from .. import _typed as typed
 from .._names import check_name, check_priority
 from ..clock import wall_ms
 from ..durations import Duration, to_ms
@@ -94,6 +95,11 @@ class StepDefinition:
     input_model: Any = None
     output_model: Any = None
     takes_logger: bool = False
+    output_type: Any = Any
+    """``output=``, else the handler's return annotation, else ``Any``."""
+    typed_output: typed.Typed = typed.PLAIN
+    """How a result is checked (where the handler runs) and decoded (in the
+    workflow awaiting it) as :attr:`output_type`."""
 
     def parse_input(self, data: Any) -> Any:
         """``data`` as the handler's input model (``SchemaValidationError`` if invalid)."""
@@ -105,13 +111,9 @@ class StepDefinition:
             raise SchemaValidationError(f"step {self.name!r}: invalid input: {exc}") from exc
 
     def dump_output(self, value: Any) -> Any:
-        """The handler's return value as JSON, validated against the output model."""
-        if self.output_model is not None:
-            try:
-                value = codec.parse_as(self.output_model, value)
-            except Exception as exc:
-                raise SchemaValidationError(f"step {self.name!r}: invalid output: {exc}") from exc
-        return codec.to_jsonable(value, "step result")
+        """The handler's return value as JSON, checked against the output type."""
+        data, _ = self.typed_output.store(value, "step result")  # Misfit: not retried
+        return data
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +159,8 @@ def define_step(
     if taken(name):
         raise ValueError(f"step {name!r} is already registered")
     timeout, pickup_timeout = policy.get("timeout"), policy.get("pickup_timeout")
+    typed.check_declared(output, f"step {name!r}")
+    output_type = typed.output_type_of(fn, output)
     return StepDefinition(
         name=name,
         fn=fn,
@@ -177,6 +181,8 @@ def define_step(
         input_model=input,
         output_model=output,
         takes_logger=takes_logger(fn),
+        output_type=output_type,
+        typed_output=typed.typed_for(output_type, f"the result of step {name!r}"),
     )
 
 
