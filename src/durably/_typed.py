@@ -37,6 +37,7 @@ __all__ = [
     "MissingPydantic",
     "Typed",
     "check_declared",
+    "clear_caches",
     "decoder_for",
     "identity",
     "is_plain",
@@ -117,13 +118,31 @@ def output_type_of(fn: Callable[..., Any] | None, declared: Any = None) -> Any:
     annotations = getattr(fn, "__annotations__", None)
     if isinstance(annotations, dict) and "return" not in annotations:
         return Any  # lambdas and unannotated functions: no lookup, no cache entry
+    # Keyed by the code and the annotation as written, not the function: a
+    # step function defined inside a body is a new object every run, and
+    # must neither miss the cache every time nor keep the closure (and its
+    # turn) alive in it. (functools.wraps wrappers share their code, not
+    # their annotation.)
+    code = getattr(fn, "__code__", None)
+    written = annotations.get("return") if isinstance(annotations, dict) else None
+    key = (code, written) if code is not None else fn
     try:
-        return _annotated_output(fn)
+        return _ANNOTATED[key]
+    except KeyError:
+        pass
     except TypeError:  # an unhashable callable
-        return _annotated_output.__wrapped__(fn)
+        return _annotated_output(fn)
+    tp = _annotated_output(fn)
+    if len(_ANNOTATED) >= _MAX_CACHED:
+        _ANNOTATED.clear()
+    _ANNOTATED[key] = tp
+    return tp
 
 
-@functools.lru_cache(maxsize=1024)
+_MAX_CACHED = 4096
+_ANNOTATED: dict[Any, Any] = {}
+
+
 def _annotated_output(fn: Callable[..., Any]) -> Any:
     tp = _return_annotation(fn)
     if is_plain(tp):
@@ -274,6 +293,12 @@ def _cached_adapter(tp: Any) -> Any:
         tuple[tp],
         config=pydantic.ConfigDict(**_BYTES_AS_BASE64),  # type: ignore[typeddict-item]
     )
+
+
+def clear_caches() -> None:
+    """Forget every cached adapter and annotation (tests that hide pydantic)."""
+    _cached_adapter.cache_clear()
+    _ANNOTATED.clear()
 
 
 def _adapter(tp: Any) -> Any:

@@ -309,8 +309,7 @@ def test_without_pydantic_a_declared_type_is_refused_at_registration(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setitem(sys.modules, "pydantic", None)  # import pydantic -> ImportError
-    _typed._cached_adapter.cache_clear()
-    _typed._annotated_output.cache_clear()
+    _typed.clear_caches()
     try:
         engine = durably.Engine("memory://")
         with pytest.raises(_typed.MissingPydantic, match=r"pip install 'durably\[pydantic\]'"):
@@ -330,8 +329,7 @@ def test_without_pydantic_a_declared_type_is_refused_at_registration(
         assert "plain" in engine.workflows
         assert _typed.output_type_of(make_parcel) is Any
     finally:
-        _typed._cached_adapter.cache_clear()
-        _typed._annotated_output.cache_clear()
+        _typed.clear_caches()
 
 
 def test_an_unusable_output_type_is_refused_at_registration() -> None:
@@ -346,3 +344,28 @@ def test_an_unusable_output_type_is_refused_at_registration() -> None:
 
 async def _noop(ctx: durably.WorkflowContext) -> None:
     return None
+
+
+def test_annotations_are_cached_by_code_and_written_return_type() -> None:
+    import functools
+
+    def logged(fn: Any) -> Any:
+        @functools.wraps(fn)
+        def wrapper(*args: Any) -> Any:
+            return fn(*args)
+
+        return wrapper
+
+    # Two wrappers share their code; each keeps its own declared type.
+    assert _typed.output_type_of(logged(make_receipt)) is Receipt
+    assert _typed.output_type_of(logged(make_parcel)) is Parcel
+
+    def closure(n: int) -> Any:
+        def inner() -> Parcel:
+            return make_parcel()
+
+        return inner
+
+    assert closure(1) is not closure(2)
+    assert _typed.output_type_of(closure(1)) is Parcel
+    assert _typed.output_type_of(closure(2)) is Parcel
