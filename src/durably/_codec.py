@@ -119,20 +119,26 @@ _FAST_DECODE = msgspec.json.Decoder().decode
 _FAST_ERRORS = (TypeError, ValueError, OverflowError, RecursionError)
 
 
-def _fast(value: Any) -> tuple[str, Any] | None:
-    """``(text, decoded)`` from msgspec, or ``None`` where the ``json`` path
-    must decide: a value msgspec refuses, or text with a ``null`` that is not
-    a ``None`` of the value's (msgspec writes NaN and infinity as ``null``)."""
+_UNDECODED: Any = object()
+
+
+def _fast(value: Any) -> tuple[bytes, Any] | None:
+    """``(text, decoded or _UNDECODED)`` from msgspec, or ``None`` where the
+    ``json`` path must decide: a value msgspec refuses, or text with a
+    ``null`` that is not a ``None`` of the value's (msgspec writes NaN and
+    infinity as ``null``). Only text holding a null is decoded here."""
     try:
         data = _FAST_ENCODE(value)
-        decoded = _FAST_DECODE(data)
     except _FAST_ERRORS:
         return None
+    if b"null" not in data:
+        return data, _UNDECODED
     # Plain data equals its decoding unless a float was not finite (NaN !=
     # anything; inf became None); anything else with a null takes the json path.
-    if b"null" in data and decoded != value:
+    decoded = _FAST_DECODE(data)
+    if decoded != value:
         return None
-    return data.decode(), decoded
+    return data, decoded
 
 
 def _reference_dumps(value: Any, field: str) -> str:
@@ -157,7 +163,7 @@ def dumps(value: Any, field: str = "value") -> str:
     """Encode ``value`` as compact JSON text; :class:`EncodeError` (naming
     ``field``) for a value no store can keep."""
     fast = _fast(value)
-    return fast[0] if fast is not None else _reference_dumps(value, field)
+    return fast[0].decode() if fast is not None else _reference_dumps(value, field)
 
 
 def check_text(text: str, field: str) -> None:
@@ -203,7 +209,8 @@ def to_jsonable(value: Any, field: str = "value") -> Any:
         return value
     fast = _fast(value)
     if fast is not None:
-        return fast[1]
+        data, decoded = fast
+        return _FAST_DECODE(data) if decoded is _UNDECODED else decoded
     text = _reference_dumps(value, field)
     try:
         return _DECODER.decode(text)
