@@ -14,7 +14,7 @@ import random as _random
 import uuid as _uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from datetime import UTC, datetime
-from typing import Any, TypeVar, Unpack
+from typing import Any, TypeVar, Unpack, overload
 
 from . import _codec as codec
 from ._names import check_name as check_key
@@ -164,6 +164,28 @@ class WorkflowContext:
             env, seq, "side_effect", CheckpointKind.SIDE_EFFECT, recorded, compute
         )
 
+    @overload
+    def step(
+        self,
+        step: StepRef[T],
+        input: Any = None,
+        *,
+        fairness_key: str | None = None,
+        context: Any = None,
+        output: None = None,
+        **policy: Unpack[StepPolicy],
+    ) -> Awaitable[T]: ...
+    @overload
+    def step(
+        self,
+        step: StepRef[Any] | str,
+        input: Any = None,
+        *,
+        fairness_key: str | None = None,
+        context: Any = None,
+        output: Any = None,
+        **policy: Unpack[StepPolicy],
+    ) -> Awaitable[Any]: ...
     def step(
         self,
         step: StepRef[Any] | str,

@@ -24,7 +24,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime
 from types import TracebackType
-from typing import Any, TypeVar, Unpack
+from typing import Any, TypeVar, Unpack, cast
 
 from ._children import RunNotFound
 from ._hooks import EvictHook, Handler, StalledHook
@@ -48,7 +48,14 @@ from .model import (
 from .schedules import Overlap, Schedule, ScheduleSpec
 from .steps._flow import FlowQueue
 from .steps._server import served_tokens
-from .steps.definition import StepDefinition, StepPolicy, StepRef, check_policy, define_step
+from .steps.definition import (
+    StepDecorator,
+    StepDefinition,
+    StepPolicy,
+    StepRef,
+    check_policy,
+    define_step,
+)
 from .stores import RunPage, RunQuery, StateStore, open_store
 from .transports import Transport, open_transport
 
@@ -361,7 +368,7 @@ class Engine:
         input: Any = None,
         output: Any = None,
         **policy: Unpack[StepPolicy],
-    ) -> Callable[[Callable[..., Any]], StepRef[Any]]:
+    ) -> StepDecorator:
         """Register a step handler served by ``name``; returns a :class:`StepRef`
         for ``ctx.step``.
 
@@ -383,7 +390,7 @@ class Engine:
         def decorate(fn: Callable[..., Any]) -> StepRef[Any]:
             return self.register_step(name, fn, group=group, input=input, output=output, **policy)
 
-        return decorate
+        return cast(StepDecorator, decorate)
 
     def register_step(
         self,

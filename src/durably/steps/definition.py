@@ -12,9 +12,9 @@ import asyncio
 import inspect
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypedDict, TypeVar
+from typing import Any, Generic, Protocol, TypedDict, TypeVar, overload
 
 from .. import _codec as codec
 from .. import _typed as typed
@@ -25,9 +25,10 @@ from ..errors import FatalError, SchemaValidationError
 from ..retry import RetryPolicy
 from ..wire import StepEvent
 
-__all__ = ["StepDefinition", "StepLogger", "StepPolicy", "StepRef"]
+__all__ = ["StepDecorator", "StepDefinition", "StepLogger", "StepPolicy", "StepRef"]
 
 T = TypeVar("T")
+R = TypeVar("R")
 
 BEAT_INTERVAL_S = 5.0
 """Seconds between a running handler's heartbeats (the logger's and the server's)."""
@@ -119,7 +120,11 @@ class StepDefinition:
 @dataclass(frozen=True, slots=True)
 class StepRef(Generic[T]):
     """What ``@engine.step`` returns: pass it to ``ctx.step`` (or call the
-    handler directly in a unit test via :attr:`fn`)."""
+    handler directly in a unit test via :attr:`fn`).
+
+    ``T`` is the handler's return type (an async handler's awaited one), so
+    ``await ctx.step(ref, ...)`` is typed as what the workflow receives.
+    """
 
     definition: StepDefinition
 
@@ -136,6 +141,16 @@ class StepRef(Generic[T]):
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Call the handler directly (tests, scripts) — nothing is dispatched."""
         return self.definition.fn(*args, **kwargs)
+
+
+class StepDecorator(Protocol):
+    """What ``@engine.step(...)`` returns: a decorator turning a handler
+    returning ``R`` (or an awaitable of ``R``) into a ``StepRef[R]``."""
+
+    @overload
+    def __call__(self, fn: Callable[..., Awaitable[R]], /) -> StepRef[R]: ...
+    @overload
+    def __call__(self, fn: Callable[..., R], /) -> StepRef[R]: ...
 
 
 def define_step(
