@@ -148,10 +148,12 @@ class WorkflowContext:
         """Run ``fn(*args)`` once and record its value (no retries, no running checkpoint).
 
         For cheap non-deterministic reads (a feature flag, a config value) whose
-        value the rest of the run must see consistently.
+        value the rest of the run must see consistently. The value comes back
+        as ``fn``'s return annotation, as :meth:`local_step`'s does.
         """
         if not callable(fn):
             raise TypeError(f"side_effect: {fn!r} is not callable")
+        typed = typed_for(output_type_of(fn), "the value of side_effect")
         seq, recorded = self._turn.allocate("side_effect", CheckpointKind.SIDE_EFFECT)
 
         env = self._env
@@ -161,7 +163,7 @@ class WorkflowContext:
             return await env.call(fn, args)
 
         return recorded_value(
-            env, seq, "side_effect", CheckpointKind.SIDE_EFFECT, recorded, compute
+            env, seq, "side_effect", CheckpointKind.SIDE_EFFECT, recorded, compute, typed
         )
 
     @overload

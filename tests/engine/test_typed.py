@@ -124,6 +124,7 @@ async def test_local_steps_return_their_declared_types_live_and_after_a_crash(
                 "stamps": await ctx.local_step("stamps", stamps),
                 "when": await ctx.local_step("when", when, output=datetime),
                 "id": await ctx.local_step("id", lambda: str(ORDER), output=UUID),
+                "read": await ctx.side_effect(stamps),
             }
             seen.append(values)
             await ctx.wait_for_signal("go")
@@ -140,6 +141,7 @@ async def test_local_steps_return_their_declared_types_live_and_after_a_crash(
         await second.signal("go", None)
         result = await second.wait_for_run("t", terminal=True, timeout=10)
     assert result.status is RunStatus.COMPLETED, result.error
+    assert executed.pop("stamps") == 2  # a step and a side effect
     assert set(executed.values()) == {1}  # the second body replayed, ran nothing
     live, replayed = seen
     assert live == replayed
@@ -152,6 +154,7 @@ async def test_local_steps_return_their_declared_types_live_and_after_a_crash(
         assert values["stamps"] == [PAID, PAID.replace(year=2027)]
         assert values["when"] == PAID.replace(microsecond=0)
         assert values["id"] == ORDER
+        assert values["read"] == [PAID, PAID.replace(year=2027)]
     # Stored as plain JSON, readable by any client.
     history = {cp.name: cp for cp in await second.history("t")}
     assert history["receipt"].output["total"] == "19.90"

@@ -128,15 +128,17 @@ async def recorded_value(
     kind: CheckpointKind,
     recorded: Checkpoint | None,
     compute: Callable[[], Awaitable[Any]],
+    typed: Typed = PLAIN,
 ) -> Any:
-    """Return the value recorded at ``seq``, or compute, record and return it."""
+    """Return the value recorded at ``seq``, or compute, record and return it
+    (decoded as ``typed``, the declared type, either way)."""
     if recorded is not None and recorded.status is CheckpointStatus.COMPLETED:
-        return recorded.output
+        return typed.decode(recorded.output)
     turn = env.turn
     if turn.unwinding:
         return await turn.park(seq, None, reconcile=False)
     with turn.in_flight():
-        value = codec.to_jsonable(await compute(), f"the value of {name}")
+        data, value = typed.store(await compute(), f"the value of {name}")
         now = env.clock.now_ms()
         env.save_later(
             env.checkpoint(
@@ -144,7 +146,7 @@ async def recorded_value(
                 name,
                 kind,
                 CheckpointStatus.COMPLETED,
-                output=value,
+                output=data,
                 attempts=1,
                 started_at=now,
                 finished_at=now,
