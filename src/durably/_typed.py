@@ -220,7 +220,19 @@ PLAIN = Typed(Any, identity, identity)
 def typed_for(tp: Any, what: str = "value") -> Typed:
     """The :class:`Typed` of ``tp``; ``what`` names the value in a misfit's
     message ("the result of step 'x'"). Plain JSON types get :data:`PLAIN`."""
-    if tp is None or is_plain(tp):
+    if tp is None or tp is Any:
+        return PLAIN
+    try:
+        return _cached_typed(tp, what)
+    except TypeError as exc:  # an unhashable annotation
+        if isinstance(exc, MissingPydantic) or "unhashable" not in str(exc):
+            raise
+    return _cached_typed.__wrapped__(tp, what)
+
+
+@functools.lru_cache(maxsize=4096)
+def _cached_typed(tp: Any, what: str) -> Typed:
+    if is_plain(tp):
         return PLAIN
     validate = _adapter(tp).validate_python
 
@@ -298,6 +310,7 @@ def _cached_adapter(tp: Any) -> Any:
 def clear_caches() -> None:
     """Forget every cached adapter and annotation (tests that hide pydantic)."""
     _cached_adapter.cache_clear()
+    _cached_typed.cache_clear()
     _ANNOTATED.clear()
 
 
