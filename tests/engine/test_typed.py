@@ -372,3 +372,31 @@ def test_annotations_are_cached_by_code_and_written_return_type() -> None:
     assert closure(1) is not closure(2)
     assert _typed.output_type_of(closure(1)) is Parcel
     assert _typed.output_type_of(closure(2)) is Parcel
+
+
+async def test_a_dispatched_result_that_does_not_fit_fails_where_the_handler_runs(
+    make_engine: EngineFactory,
+) -> None:
+    engine = make_engine(transport="memory://")
+    calls = 0
+
+    @engine.step("pack", retries=3)
+    def pack(data: Any) -> Parcel:
+        nonlocal calls
+        calls += 1
+        return {"weight_kg": "heavy"}  # type: ignore[return-value]
+
+    @engine.workflow("dispatch")
+    async def dispatch(ctx: durably.WorkflowContext) -> Any:
+        try:
+            return await ctx.step(pack)
+        except durably.StepFailed as failure:
+            return [failure.code, failure.message]
+
+    async with engine:
+        await engine.start("dispatch", run_id="d")
+        result = await engine.wait_for_run("d", terminal=True, timeout=15)
+    code, message = result.output
+    assert code == "schema_validation"
+    assert "does not fit the declared type Parcel" in message and "weight_kg" in message
+    assert calls == 1
