@@ -162,7 +162,14 @@ def _return_annotation(fn: Callable[..., Any]) -> Any:
         target = getattr(target, "__call__", target)  # noqa: B004 - a callable object's hints
     try:
         hints = typing.get_type_hints(target)
-    except Exception:  # a forward reference nothing resolves
+    except NameError:
+        # A class defined in the enclosing function (a string annotation under
+        # `from __future__ import annotations`) resolves from the closure.
+        try:
+            hints = typing.get_type_hints(target, localns=inspect.getclosurevars(target).nonlocals)
+        except Exception:
+            return Any
+    except Exception:  # an annotation typing cannot evaluate
         return Any
     tp = hints.get("return", Any)
     while typing.get_origin(tp) in _AWAITABLE_ORIGINS:

@@ -400,3 +400,19 @@ async def test_a_dispatched_result_that_does_not_fit_fails_where_the_handler_run
     assert code == "schema_validation"
     assert "does not fit the declared type Parcel" in message and "weight_kg" in message
     assert calls == 1
+
+
+def test_a_class_from_the_enclosing_function_resolves_through_the_closure() -> None:
+    class Local(pydantic.BaseModel):
+        n: int
+
+    def make() -> Local:  # a string annotation here: this module defers them
+        return Local(n=1)
+
+    assert _typed.output_type_of(make) is Local
+
+    def unrelated() -> None:
+        return None
+
+    unrelated.__annotations__["return"] = "Nowhere"  # a name nothing defines
+    assert _typed.output_type_of(unrelated) is Any
