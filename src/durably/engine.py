@@ -310,7 +310,8 @@ class Engine:
 
         Register several versions side by side during a breaking change: runs
         replay on the version they started with; new runs take the version
-        registered last.
+        registered last. ``input``, ``output`` and ``execution_timeout`` are
+        those of :meth:`workflow`.
         """
         self._registry.add(
             WorkflowDef.build(
