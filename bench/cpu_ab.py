@@ -7,6 +7,7 @@ fresh interpreter per sample, alternating the trees, so waiting for the CPU cost
 It sees the Python cost of the engine's hot path; it does not see the database's.
 
     python bench/cpu_ab.py --variants before=/tmp/before/src,after=src --store sqlite
+    python bench/cpu_ab.py ... --payload model   # each step returns an annotated pydantic model
 """
 
 from __future__ import annotations
@@ -23,7 +24,23 @@ _CHILD = r"""
 import asyncio, json, os, sys, time
 import durably
 
-N, K, STORE = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+N, K, STORE, PAYLOAD = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+
+if PAYLOAD == "model":
+    import datetime, decimal, pydantic
+
+    class Receipt(pydantic.BaseModel):
+        order: int
+        total: decimal.Decimal
+        paid_at: datetime.datetime
+        lines: list[str]
+
+    def step(i) -> Receipt:  # typed: decoded into Receipt where the tree can
+        return Receipt(order=i, total=decimal.Decimal("9.90"), lines=["a", "b"],
+                       paid_at=datetime.datetime(2026, 1, 1, tzinfo=datetime.timezone.utc))
+else:
+    def step(i):
+        return i
 
 async def main():
     engine = durably.Engine(STORE, poll_interval=0.2)
@@ -32,7 +49,7 @@ async def main():
     async def wf(ctx, n):
         total = 0
         for i in range(K):
-            total += await ctx.local_step(f"s{i}", lambda i=i: i)
+            await ctx.local_step(f"s{i}", step, i)
         return total
 
     async with engine:
@@ -50,12 +67,12 @@ asyncio.run(main())
 """
 
 
-def sample(src: str, n: int, k: int, store: str) -> float:
+def sample(src: str, n: int, k: int, store: str, payload: str = "int") -> float:
     with tempfile.TemporaryDirectory() as tmp:
         url = "memory://" if store == "memory" else f"sqlite:///{tmp}/b.db"
         env = {**os.environ, "PYTHONPATH": src}
         out = subprocess.run(
-            [sys.executable, "-c", _CHILD, str(n), str(k), url],
+            [sys.executable, "-c", _CHILD, str(n), str(k), url, payload],
             env=env,
             capture_output=True,
             text=True,
@@ -71,14 +88,25 @@ def main() -> None:
     p.add_argument("--n", type=int, default=300)
     p.add_argument("--k", type=int, default=5)
     p.add_argument("--repeat", type=int, default=5)
+    p.add_argument(
+        "--payload",
+        default="int",
+        choices=["int", "model"],
+        help="what each step returns: an int, or a pydantic model (a typed step)",
+    )
     args = p.parse_args()
     variants = [tuple(v.split("=", 1)) for v in args.variants.split(",")]
     samples: dict[str, list[float]] = {name: [] for name, _ in variants}
     for r in range(args.repeat):
         order = variants[r % len(variants) :] + variants[: r % len(variants)]
         for name, src in order:
-            samples[name].append(sample(os.path.abspath(src), args.n, args.k, args.store))
-    print(f"CPU µs per step, {args.store}, N={args.n} K={args.k}, {args.repeat} samples each")
+            samples[name].append(
+                sample(os.path.abspath(src), args.n, args.k, args.store, args.payload)
+            )
+    print(
+        f"CPU µs per step, {args.store}, N={args.n} K={args.k}, payload {args.payload}, "
+        f"{args.repeat} samples each"
+    )
     base = statistics.median(samples[variants[0][0]])
     for name, _ in variants:
         values = samples[name]

@@ -4,11 +4,12 @@ their input contracts), step handlers, and flow-control queues."""
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from . import _codec as codec
+from . import _typed as typed
 from ._names import check_name
 from ._singletons import Singleton
 from .durations import Duration, to_ms
@@ -87,6 +88,10 @@ class WorkflowDef:
     execution_timeout_ms: int | None = None
     takes_input: bool = True
     singleton: Singleton | None = None
+    output_type: Any = Any
+    """``output=``, else the function's return annotation, else ``Any``."""
+    typed_output: typed.Typed = typed.PLAIN
+    """How the output is checked, stored and decoded as :attr:`output_type`."""
 
     @classmethod
     def build(
@@ -98,12 +103,15 @@ class WorkflowDef:
         input: Any,
         execution_timeout: Duration | None,
         singleton: Singleton | None = None,
+        output: Any = None,
     ) -> WorkflowDef:
         """Validate ``engine.register``'s arguments and build the definition."""
         if not isinstance(name, str) or not name:
             raise ValueError("a workflow needs a non-empty name")
         check_name(name, "workflow name")
         check_version(version)
+        typed.check_declared(output, f"workflow {name!r}")
+        output_type = typed.output_type_of(fn, output)
         return cls(
             name=name,
             version=str(version),
@@ -116,7 +124,26 @@ class WorkflowDef:
             ),
             takes_input=takes_input(fn),
             singleton=singleton,
+            output_type=output_type,
+            typed_output=typed.typed_for(output_type, f"the output of workflow {name!r}"),
         )
+
+    @property
+    def decode_output(self) -> typed.Decoder:
+        """A run's stored output (JSON data) as :attr:`output_type`."""
+        return self.typed_output.decode
+
+    def call(self, ctx: Any, value: Any) -> Awaitable[Any]:
+        """The body's coroutine for one turn. Its output must fit the declared
+        type: one that does not fails the run with the validation error."""
+        body = self.fn(ctx, value) if self.takes_input else self.fn(ctx)
+        if self.typed_output.plain:
+            return cast(Awaitable[Any], body)
+        return self._checked(body)
+
+    async def _checked(self, body: Awaitable[Any]) -> Any:
+        data, _ = self.typed_output.store(await body, "workflow output")
+        return data
 
     def deadline_from(self, now_ms: int) -> int | None:
         """When a run of this version started at ``now_ms`` exceeds its
@@ -206,6 +233,14 @@ class Registry:
                 f"function {name} is registered as several workflows ({names}); pass the name"
             )
         return found[0]
+
+    def output_decoder(self, name: str) -> typed.Decoder:
+        """The decoder of workflow ``name``'s output (its default version's
+        output type), or plain data when it is not registered here."""
+        versions = self._by_name.get(name)
+        if not versions:
+            return typed.identity
+        return next(reversed(versions.values())).typed_output.decode
 
     def executable(self) -> frozenset[tuple[str, str]]:
         """Every registered ``(name, version)``: the runs an engine holding

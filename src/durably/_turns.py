@@ -302,10 +302,7 @@ class TurnDriver:
         active[run.run_id] = turn
         renewer = asyncio.create_task(self._renew(turn))
         try:
-            if definition.takes_input:
-                outcome = await turn.execute(lambda: definition.fn(ctx, value))
-            else:
-                outcome = await turn.execute(lambda: definition.fn(ctx))
+            outcome = await turn.execute(lambda: definition.call(ctx, value))
             if outcome.end is TurnEnd.CLOSED:
                 return outcome, turn
             unwind = turn.unwinding or (outcome.end is TurnEnd.FAILED and bool(saga))

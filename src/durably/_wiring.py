@@ -130,6 +130,7 @@ def wire(
         webhook_base_url=options.webhook_base_url,
         intercept=intercept,
         events=hub,
+        child_output=registry.output_decoder,
     )
     turns = TurnDriver(
         store,

@@ -15,7 +15,7 @@ import random as _random
 import uuid as _uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from datetime import UTC, datetime
-from typing import Any, TypeVar, Unpack
+from typing import Any, TypeVar, Unpack, overload
 from urllib.parse import quote
 
 from . import _codec as codec
@@ -30,6 +30,7 @@ from ._ops.step import StepCall, StepRunner
 from ._ops.transaction import transaction
 from ._ops.waits import check_match, check_name, timer, wait_for_event, wait_for_signal
 from ._replay import Turn
+from ._typed import Decoder, check_declared, identity, output_type_of, typed_for
 from .durations import Duration, to_ms
 from .errors import NondeterminismError, _ContinueAsNew
 from .model import CheckpointKind, CheckpointStatus
@@ -121,12 +122,16 @@ class WorkflowContext:
         jitter: bool | None = None,
         track_start: bool | None = None,
         compensate: Callable[..., Any] | None = None,
+        output: Any = None,
     ) -> Awaitable[T]:
         """Run ``fn(*args)`` in this process and checkpoint its result.
 
         ``fn`` may be a coroutine function or a plain function (run in a worker
-        thread so it cannot block the event loop). Its return value must be
-        JSON-serialisable (dataclasses and pydantic models are converted).
+        thread so it cannot block the event loop). Its return value is stored
+        as JSON (see "Typed values" in the README) and handed back decoded
+        into ``output`` or else ``fn``'s return annotation (a pydantic model,
+        dataclass, ``datetime``, ``Decimal``...), the same on the first run
+        and on replay; a result that does not fit fails the step (not retried).
 
         On failure it is retried ``retries`` more times (default 0) with
         ``backoff`` ``"exp"`` (default), ``"linear"`` or ``"fixed"`` from
@@ -163,8 +168,11 @@ class WorkflowContext:
         if compensate is not None and not callable(compensate):
             raise TypeError(f"local step {name!r}: compensate must be callable")
         track = self._env.services.track_start if track_start is None else track_start
+        if output is not None:
+            check_declared(output, f"local step {name!r}")
+        typed = typed_for(output_type_of(fn, output), f"the result of step {name!r}")
         seq, recorded = self._turn.allocate(name, CheckpointKind.LOCAL)
-        step = local_step(self._env, seq, name, fn, args, policy, track, recorded)
+        step = local_step(self._env, seq, name, fn, args, policy, track, recorded, typed)
         if compensate is None:
             return step
         return self._saga.with_undo(seq, name, compensate, step)
@@ -226,10 +234,12 @@ class WorkflowContext:
         """Run ``fn(*args)`` once and record its value (no retries, no running checkpoint).
 
         For cheap non-deterministic reads (a feature flag, a config value) whose
-        value the rest of the run must see consistently.
+        value the rest of the run must see consistently. The value comes back
+        as ``fn``'s return annotation, as :meth:`local_step`'s does.
         """
         if not callable(fn):
             raise TypeError(f"side_effect: {fn!r} is not callable")
+        typed = typed_for(output_type_of(fn), "the value of side_effect")
         seq, recorded = self._turn.allocate("side_effect", CheckpointKind.SIDE_EFFECT)
 
         env = self._env
@@ -239,9 +249,21 @@ class WorkflowContext:
             return await env.call(fn, args)
 
         return recorded_value(
-            env, seq, "side_effect", CheckpointKind.SIDE_EFFECT, recorded, compute
+            env, seq, "side_effect", CheckpointKind.SIDE_EFFECT, recorded, compute, typed
         )
 
+    @overload
+    def step(
+        self,
+        step: StepRef[T],
+        input: Any = None,
+        *,
+        fairness_key: str | None = None,
+        context: Any = None,
+        output: None = None,
+        **policy: Unpack[StepPolicy],
+    ) -> Awaitable[T]: ...
+    @overload
     def step(
         self,
         step: StepRef[Any] | str,
@@ -249,6 +271,17 @@ class WorkflowContext:
         *,
         fairness_key: str | None = None,
         context: Any = None,
+        output: Any = None,
+        **policy: Unpack[StepPolicy],
+    ) -> Awaitable[Any]: ...
+    def step(
+        self,
+        step: StepRef[Any] | str,
+        input: Any = None,
+        *,
+        fairness_key: str | None = None,
+        context: Any = None,
+        output: Any = None,
         **policy: Unpack[StepPolicy],
     ) -> Awaitable[Any]:
         """Dispatch a step by name to whichever worker serves it and return its result.
@@ -273,6 +306,10 @@ class WorkflowContext:
         first needs a slot there: a step not admitted suspends and asks again,
         ``priority`` first, round-robin across ``fairness_key`` (default: the
         run id).
+
+        The result comes back decoded into ``output``, else the registered
+        step's output type (its ``output=`` or its handler's return
+        annotation); a step served elsewhere, with neither, returns JSON data.
         """
         check_policy("WorkflowContext.step", policy)
         timeout, pickup_timeout = policy.get("timeout"), policy.get("pickup_timeout")
@@ -328,8 +365,14 @@ class WorkflowContext:
             fairness_key=fairness_key,
             context=context,
         )
+        if output is not None:
+            check_declared(output, f"ctx.step {name!r}")
+            decode = typed_for(output, f"the result of step {name!r}").decode
+        else:
+            decode = definition.typed_output.decode if definition is not None else identity
         seq, recorded = self._turn.allocate(name, CheckpointKind.STEP)
-        return StepRunner(self._env).run(seq, call, recorded)
+        result = StepRunner(self._env).run(seq, call, recorded)
+        return result if decode is identity else _decoded(result, decode)
 
     # -- deterministic sources -----------------------------------------------------------
 
@@ -542,6 +585,8 @@ class WorkflowContext:
 
         The child's id is ``run_id`` or ``<this run>.child.<seq>``, the same on
         every replay, so it is started once. It runs in this run's namespace.
+        Its output comes back decoded into the child workflow's output type
+        when that workflow is registered here.
         The await raises :class:`ChildFailed` if the child fails, is
         cancelled, goes dead or cannot be started.
         """
@@ -557,7 +602,8 @@ class WorkflowContext:
             child_id = str(recorded.input.get("run_id"))
         else:
             child_id = run_id or f"{self.run_id}.child.{seq}"
-        return ChildCall(self._env, seq, child_id, workflow, input, recorded)
+        decode = self._env.services.child_output(workflow)
+        return ChildCall(self._env, seq, child_id, workflow, input, recorded, decode)
 
     def all(
         self, items: Iterable[Awaitable[Any]], *, fail_fast: bool = False
@@ -631,3 +677,7 @@ class WorkflowContext:
 
 async def _resolved(value: bool) -> bool:
     return value
+
+
+async def _decoded(result: Awaitable[Any], decode: Decoder) -> Any:
+    return decode(await result)

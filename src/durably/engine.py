@@ -24,7 +24,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from datetime import datetime
 from types import TracebackType
-from typing import Any, TypeVar, Unpack, overload
+from typing import Any, TypeVar, Unpack, cast, overload
 
 from ._children import RunNotFound
 from ._hooks import EvictHook, Handler, StalledHook
@@ -41,7 +41,12 @@ from ._wiring import wire
 from ._worker import RECOVERY_BATCH, Phase
 from .clock import Clock, SystemClock
 from .durations import Duration
-from .errors import DurablyError, SchemaValidationError, SingletonQueueFull
+from .errors import (
+    DurablyError,
+    SchemaValidationError,
+    SingletonQueueFull,
+    WorkflowNotRegistered,
+)
 from .handle import RunHandle
 from .model import (
     TERMINAL_STATUSES,
@@ -53,7 +58,14 @@ from .model import (
 from .schedules import Overlap, Schedule, ScheduleSpec
 from .steps._flow import FlowQueue
 from .steps._server import served_tokens
-from .steps.definition import StepDefinition, StepPolicy, StepRef, check_policy, define_step
+from .steps.definition import (
+    StepDecorator,
+    StepDefinition,
+    StepPolicy,
+    StepRef,
+    check_policy,
+    define_step,
+)
 from .stores import RunPage, RunQuery, StateStore, open_store
 from .transports import Transport, open_transport
 
@@ -268,6 +280,7 @@ class Engine:
         *,
         version: str = "1",
         input: Any = None,
+        output: Any = None,
         execution_timeout: Duration | None = None,
         schedule: str | Mapping[str, Any] | None = None,
         on_event: str | Sequence[str] | None = None,
@@ -279,10 +292,13 @@ class Engine:
 
         ``input`` may be a pydantic model, a dataclass or any callable that
         converts/validates the input; ``start`` rejects invalid input before a
-        run exists. ``execution_timeout`` cancels runs older than that.
-        ``schedule`` declares a schedule named after the workflow: a cron
-        expression (UTC), or a mapping of :meth:`schedule` options
-        (``{"every": "15m"}``, ``{"cron": "0 9 * * 1-5", "tz": "Europe/Paris"}``).
+        run exists. ``output`` (else the function's return annotation) is
+        the type its output is decoded into (see "Typed values" in the
+        README); an output that does not fit fails the run.
+        ``execution_timeout`` cancels runs older than that. ``schedule``
+        declares a schedule named after the workflow: a cron expression
+        (UTC), or a mapping of :meth:`schedule` options (``{"every": "15m"}``,
+        ``{"cron": "0 9 * * 1-5", "tz": "Europe/Paris"}``).
         ``on_event`` starts a run (input: the payload) for every publish of
         that event name (or names); see :meth:`on_event`.
 
@@ -300,6 +316,7 @@ class Engine:
                 fn,
                 version=version,
                 input=input,
+                output=output,
                 execution_timeout=execution_timeout,
                 singleton=singleton,
                 limit=limit,
@@ -321,6 +338,7 @@ class Engine:
         *,
         version: str = "1",
         input: Any = None,
+        output: Any = None,
         execution_timeout: Duration | None = None,
         singleton: Callable[[Any], Any] | None = None,
         limit: int = 1,
@@ -330,7 +348,8 @@ class Engine:
 
         Register several versions side by side during a breaking change: runs
         replay on the version they started with; new runs take the version
-        registered last.
+        registered last. ``input``, ``output`` and ``execution_timeout`` are
+        those of :meth:`workflow`.
         """
         self._registry.add(
             WorkflowDef.build(
@@ -338,6 +357,7 @@ class Engine:
                 fn,
                 version=version,
                 input=input,
+                output=output,
                 execution_timeout=execution_timeout,
                 singleton=Singleton.build(singleton, limit, max_queue),
             )
@@ -388,14 +408,16 @@ class Engine:
         input: Any = None,
         output: Any = None,
         **policy: Unpack[StepPolicy],
-    ) -> Callable[[Callable[..., Any]], StepRef[Any]]:
+    ) -> StepDecorator:
         """Register a step handler served by ``name``; returns a :class:`StepRef`
         for ``ctx.step``.
 
         The handler takes ``(data)`` or ``(data, log: StepLogger)`` and may be
         sync (run in a thread) or async. ``input`` / ``output`` (a pydantic
-        model or dataclass) are validated where the handler runs; a failure
-        there is not retried. The other options are the defaults of every
+        model or dataclass; ``output`` defaults to the handler's return
+        annotation) are validated where the handler runs; a failure there is
+        not retried. A workflow awaiting the step receives its result decoded
+        into the output type. The other options are the defaults of every
         ``ctx.step`` call of it (see :meth:`WorkflowContext.step`); ``group``
         names the worker group that serves it (``durably worker --group``).
         The policy keywords (:class:`~durably.steps.StepPolicy`: ``retries``,
@@ -408,7 +430,7 @@ class Engine:
         def decorate(fn: Callable[..., Any]) -> StepRef[Any]:
             return self.register_step(name, fn, group=group, input=input, output=output, **policy)
 
-        return decorate
+        return cast(StepDecorator, decorate)
 
     def register_step(
         self,
@@ -659,7 +681,8 @@ class Engine:
             tags=tags,
             priority=priority,
         )
-        return RunHandle(run, self)
+        # The result decodes as the output type of the version the run took.
+        return RunHandle(run, self, self._output_decoder(run))
 
     async def _create_run(
         self,
@@ -694,6 +717,15 @@ class Engine:
         if self._intercept.starts:
             self._intercept.stamp(run)
         return await self._router.insert(run, self.instance_id, self.lease_ms)
+
+    def _output_decoder(self, run: Run) -> Callable[[Any], Any]:
+        """How a handle decodes ``run``'s output: its workflow version's output
+        type when registered here, else plain data."""
+        try:
+            definition = self._registry.get(run.workflow, run.workflow_version or None)
+        except WorkflowNotRegistered:
+            return lambda value: value
+        return definition.typed_output.decode
 
     async def _singleton_tags(
         self, definition: WorkflowDef, stored_input: Any, run_id: str | None, tags: list[str]
@@ -864,7 +896,8 @@ class Engine:
     async def get_handle(self, run_id: str) -> RunHandle[Any]:
         """A :class:`RunHandle` on an existing run (raises :class:`RunNotFound`)."""
         await self.open()
-        return RunHandle(await self._children.require(run_id), self)
+        run = await self._children.require(run_id)
+        return RunHandle(run, self, self._output_decoder(run))
 
     async def list_runs(
         self,

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import pydantic
 import pytest
 
 import durably
@@ -27,9 +28,17 @@ def _deep(depth: int = 100_000) -> list[Any]:
     return outer
 
 
+class Reading(pydantic.BaseModel):
+    value: float
+    note: str | None = None
+
+
 BAD_VALUES: dict[str, tuple[Any, str]] = {
     "nan": (float("nan"), "NaN"),
     "infinity": ({"total": float("inf")}, "NaN and infinity"),
+    # msgspec writes NaN as null: a None beside it must not hide it.
+    "nan beside null": ({"note": None, "total": float("nan")}, "NaN and infinity"),
+    "nan in a model": ([Reading(value=float("-inf"))], "NaN and infinity"),
     "surrogate": (["caf\udce9.txt"], "not valid Unicode"),
     "deep": (_deep(), "nested too deeply"),
 }

@@ -20,6 +20,7 @@ from .._lifecycle_events import EventHub
 from .._replay import CloseReason, Turn
 from .._step_faults import StepFaults
 from .._threads import StepThreads
+from .._typed import Decoder, identity
 from ..clock import Clock
 from ..errors import _TurnClosed
 from ..model import Checkpoint, CheckpointKind, CheckpointStatus, ErrorInfo, Run
@@ -57,6 +58,9 @@ class Services:
     intercept: Interceptors
     events: EventHub
     webhook_base_url: str | None = None
+    child_output: Callable[[str], Decoder] = lambda _workflow: identity
+    """The decoder of a child workflow's output, by workflow name (its
+    registered default version's output type; plain data when unknown here)."""
 
 
 class WorkflowLogger(logging.LoggerAdapter[logging.Logger]):

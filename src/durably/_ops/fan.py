@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Generator
 from dataclasses import dataclass
 from typing import Any
 
+from .._typed import Decoder, identity
 from ..errors import ChildFailed, GatherFailed, RunCancelled, is_control_flow
 from ..model import Checkpoint, CheckpointKind, CheckpointStatus, ErrorInfo
 from .env import TurnEnv
@@ -38,7 +39,7 @@ class ChildCall:
     created together (one bulk insert) and awaited with one suspension.
     """
 
-    __slots__ = ("_env", "input", "recorded", "run_id", "seq", "workflow")
+    __slots__ = ("_env", "decode", "input", "recorded", "run_id", "seq", "workflow")
 
     def __init__(
         self,
@@ -48,8 +49,11 @@ class ChildCall:
         workflow: str,
         input: Any,
         recorded: Checkpoint | None,
+        decode: Decoder = identity,
     ) -> None:
         self._env = env
+        self.decode = decode
+        """The child's output (JSON data) as its workflow's output type."""
         self.seq = seq
         self.run_id = run_id
         self.workflow = workflow
@@ -118,7 +122,10 @@ async def _run_children(
         if recorded is None:
             fresh.append(i)
         elif recorded.status is CheckpointStatus.COMPLETED:
-            outcomes[i] = (True, recorded.output)
+            try:
+                outcomes[i] = (True, call.decode(recorded.output))
+            except Exception as exc:  # Misfit: the child's output no longer fits
+                outcomes[i] = (False, exc)
         elif recorded.status is CheckpointStatus.FAILED:
             outcomes[i] = (False, _child_failed(call.run_id, recorded.error))
         else:

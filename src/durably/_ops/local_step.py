@@ -17,6 +17,7 @@ from .._intercept import StepInfo
 from .._lifecycle_events import EventKind
 from .._logs import RUN_CONTEXT, with_step
 from .._replay import error_info
+from .._typed import PLAIN, Misfit, Typed
 from ..errors import FatalError, StepFailed
 from ..model import Checkpoint, CheckpointKind, CheckpointStatus
 from ..retry import RetryPolicy
@@ -34,11 +35,17 @@ async def local_step(
     policy: RetryPolicy,
     track: bool,
     recorded: Checkpoint | None,
+    typed: Typed = PLAIN,
 ) -> Any:
-    """Run ``fn(*args)`` with ``policy``'s retries and checkpoint its result at ``seq``."""
+    """Run ``fn(*args)`` with ``policy``'s retries and checkpoint its result at ``seq``.
+
+    The body receives the stored result decoded as ``typed`` (its declared
+    type), live and on replay alike. A result that does not fit fails the
+    step without retries, as one no store can keep does.
+    """
     if recorded is not None:
         if recorded.status is CheckpointStatus.COMPLETED:
-            return recorded.output
+            return typed.decode(recorded.output)
         if recorded.status is CheckpointStatus.FAILED:
             raise StepFailed.from_error(name, recorded.error, recorded.attempts)
     turn, clock = env.turn, env.clock
@@ -91,10 +98,10 @@ async def local_step(
                         result = await env.call(fn, args)
                 finally:
                     RUN_CONTEXT.reset(step_context)
-                output = codec.to_jsonable(result, "step result")
+                output, value = typed.store(result, "step result")
             except Exception as exc:
                 turn.ensure_open()
-                fatal = isinstance(exc, FatalError | codec.EncodeError)
+                fatal = isinstance(exc, FatalError | codec.EncodeError | Misfit)
                 if events.active:
                     at = clock.now_ms()
                     events.event(
@@ -165,7 +172,7 @@ async def local_step(
                 # writes nothing more, as if it had died (the run stays leased).
                 await turn.flush()
                 env.fence_lost()
-            return output
+            return value
     raise AssertionError("unreachable")  # pragma: no cover
 
 
@@ -176,15 +183,17 @@ async def recorded_value(
     kind: CheckpointKind,
     recorded: Checkpoint | None,
     compute: Callable[[], Awaitable[Any]],
+    typed: Typed = PLAIN,
 ) -> Any:
-    """Return the value recorded at ``seq``, or compute, record and return it."""
+    """Return the value recorded at ``seq``, or compute, record and return it
+    (decoded as ``typed``, the declared type, either way)."""
     if recorded is not None and recorded.status is CheckpointStatus.COMPLETED:
-        return recorded.output
+        return typed.decode(recorded.output)
     turn = env.turn
     if turn.unwinding:
         return await turn.park(seq, None, reconcile=False)
     with turn.in_flight():
-        value = codec.to_jsonable(await compute(), f"the value of {name}")
+        data, value = typed.store(await compute(), f"the value of {name}")
         now = env.clock.now_ms()
         env.save_later(
             env.checkpoint(
@@ -192,7 +201,7 @@ async def recorded_value(
                 name,
                 kind,
                 CheckpointStatus.COMPLETED,
-                output=value,
+                output=data,
                 attempts=1,
                 started_at=now,
                 finished_at=now,

@@ -11,6 +11,6 @@ The workflow side, ``ctx.step``, is :mod:`durably._ops.step`.
 
 from __future__ import annotations
 
-from .definition import StepDefinition, StepLogger, StepPolicy, StepRef
+from .definition import StepDecorator, StepDefinition, StepLogger, StepPolicy, StepRef
 
-__all__ = ["StepDefinition", "StepLogger", "StepPolicy", "StepRef"]
+__all__ = ["StepDecorator", "StepDefinition", "StepLogger", "StepPolicy", "StepRef"]

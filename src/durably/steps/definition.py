@@ -13,11 +13,12 @@ import inspect
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypedDict, TypeVar
+from typing import Any, Generic, Protocol, TypedDict, TypeVar, overload
 
 from .. import _codec as codec
+from .. import _typed as typed
 from .._logs import engine_logger
 from .._names import check_name, check_priority
 from ..clock import wall_ms
@@ -26,9 +27,10 @@ from ..errors import FatalError, SchemaValidationError
 from ..retry import RetryPolicy
 from ..wire import StepEvent
 
-__all__ = ["StepDefinition", "StepLogger", "StepPolicy", "StepRef"]
+__all__ = ["StepDecorator", "StepDefinition", "StepLogger", "StepPolicy", "StepRef"]
 
 T = TypeVar("T")
+R = TypeVar("R")
 
 BEAT_INTERVAL_S = 5.0
 """Seconds between a running handler's heartbeats (the logger's and the server's)."""
@@ -96,6 +98,11 @@ class StepDefinition:
     input_model: Any = None
     output_model: Any = None
     takes_logger: bool = False
+    output_type: Any = Any
+    """``output=``, else the handler's return annotation, else ``Any``."""
+    typed_output: typed.Typed = typed.PLAIN
+    """How a result is checked (where the handler runs) and decoded (in the
+    workflow awaiting it) as :attr:`output_type`."""
 
     def parse_input(self, data: Any) -> Any:
         """``data`` as the handler's input model (``SchemaValidationError`` if invalid)."""
@@ -107,19 +114,19 @@ class StepDefinition:
             raise SchemaValidationError(f"step {self.name!r}: invalid input: {exc}") from exc
 
     def dump_output(self, value: Any) -> Any:
-        """The handler's return value as JSON, validated against the output model."""
-        if self.output_model is not None:
-            try:
-                value = codec.parse_as(self.output_model, value)
-            except Exception as exc:
-                raise SchemaValidationError(f"step {self.name!r}: invalid output: {exc}") from exc
-        return codec.to_jsonable(value, "step result")
+        """The handler's return value as JSON, checked against the output type."""
+        data, _ = self.typed_output.store(value, "step result")  # Misfit: not retried
+        return data
 
 
 @dataclass(frozen=True, slots=True)
 class StepRef(Generic[T]):
     """What ``@engine.step`` returns: pass it to ``ctx.step`` (or call the
-    handler directly in a unit test via :attr:`fn`)."""
+    handler directly in a unit test via :attr:`fn`).
+
+    ``T`` is the handler's return type (an async handler's awaited one), so
+    ``await ctx.step(ref, ...)`` is typed as what the workflow receives.
+    """
 
     definition: StepDefinition
 
@@ -136,6 +143,16 @@ class StepRef(Generic[T]):
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Call the handler directly (tests, scripts) — nothing is dispatched."""
         return self.definition.fn(*args, **kwargs)
+
+
+class StepDecorator(Protocol):
+    """What ``@engine.step(...)`` returns: a decorator turning a handler
+    returning ``R`` (or an awaitable of ``R``) into a ``StepRef[R]``."""
+
+    @overload
+    def __call__(self, fn: Callable[..., Awaitable[R]], /) -> StepRef[R]: ...
+    @overload
+    def __call__(self, fn: Callable[..., R], /) -> StepRef[R]: ...
 
 
 def define_step(
@@ -159,6 +176,8 @@ def define_step(
     if taken(name):
         raise ValueError(f"step {name!r} is already registered")
     timeout, pickup_timeout = policy.get("timeout"), policy.get("pickup_timeout")
+    typed.check_declared(output, f"step {name!r}")
+    output_type = typed.output_type_of(fn, output)
     return StepDefinition(
         name=name,
         fn=fn,
@@ -179,6 +198,8 @@ def define_step(
         input_model=input,
         output_model=output,
         takes_logger=takes_logger(fn),
+        output_type=output_type,
+        typed_output=typed.typed_for(output_type, f"the result of step {name!r}"),
     )
 
 
