@@ -68,6 +68,7 @@ class EngineOptions:
     remote_redispatch: Duration | None = None
     remote_redispatch_max: int = 3
     heartbeat_persist_throttle: Duration = "10s"
+    remote_advance_silence: Duration = "30s"
 
     lease_ms: int = field(init=False)
     """How long a turn's lease lasts without renewal."""
@@ -83,6 +84,8 @@ class EngineOptions:
     """When a dispatched step's task is sent again; ``None``: never."""
     heartbeat_throttle_ms: int = field(init=False)
     """At most one persisted heartbeat per step per this window."""
+    remote_silence_ms: int = field(init=False)
+    """How long a remote workflow turn may go unheard before it is re-driven."""
     drives: bool = field(init=False)
     """Whether runs execute here: a pure producer (``consumers="never"``) runs none."""
 
@@ -130,6 +133,12 @@ class EngineOptions:
             if self.remote_redispatch is None
             else to_ms(self.remote_redispatch, name="remote_redispatch"),
         )
+        derive(
+            "remote_silence_ms",
+            to_ms(self.remote_advance_silence, name="remote_advance_silence"),
+        )
+        if self.remote_silence_ms < 100:
+            raise ValueError("remote_advance_silence must be at least 100ms")
         derive("drives", self.drive and self.consumers != "never")
 
     def _derive(self, name: str, value: object) -> None:

@@ -15,9 +15,20 @@ from .errors import SchemaValidationError, WorkflowNotRegistered
 from .steps._flow import FlowQueue
 from .steps.definition import StepDefinition
 
-__all__ = ["Registry", "WorkflowDef"]
+__all__ = ["Registry", "RemoteSpec", "WorkflowDef"]
 
 WorkflowFn = Callable[..., Any]
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteSpec:
+    """How a remote workflow is served: the capabilities its worker must advertise."""
+
+    requires: frozenset[str] = frozenset()
+
+
+async def _remote_body(*_: Any) -> Any:
+    raise RuntimeError("a remote workflow has no body in this process")
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +41,8 @@ class WorkflowDef:
     input_type: Any = None
     execution_timeout_ms: int | None = None
     takes_input: bool = True
+    remote: RemoteSpec | None = None
+    """Set for a remote workflow: its body runs in a worker elsewhere."""
 
     @classmethod
     def build(
@@ -129,6 +142,37 @@ class Registry:
         versions.pop(definition.version, None)
         versions[definition.version] = definition
         self._executable = self._executable | {(definition.name, definition.version)}
+
+    def add_remote(
+        self,
+        name: str,
+        *,
+        version: str,
+        requires: frozenset[str],
+        execution_timeout: Duration | None,
+    ) -> WorkflowDef:
+        """Register workflow ``name`` as served by a remote worker (no body here)."""
+        definition = WorkflowDef.build(
+            name, _remote_body, version=version, input=None, execution_timeout=execution_timeout
+        )
+        for capability in requires:
+            check_name(capability, "capability")
+        remote = WorkflowDef(
+            name=definition.name,
+            version=definition.version,
+            fn=_remote_body,
+            execution_timeout_ms=definition.execution_timeout_ms,
+            remote=RemoteSpec(requires),
+        )
+        versions = self._by_name.get(name, {})
+        if remote.version in versions and versions[remote.version] != remote:
+            raise ValueError(f"workflow {name!r} version {remote.version!r} is already registered")
+        self.add(remote)
+        return remote
+
+    def remote(self) -> list[WorkflowDef]:
+        """Every registered remote workflow version."""
+        return [d for versions in self._by_name.values() for d in versions.values() if d.remote]
 
     def get(self, name: str, version: str | None = None) -> WorkflowDef:
         """The definition for ``name`` (at ``version``, or the default version)."""

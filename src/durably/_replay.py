@@ -49,6 +49,8 @@ class TurnEnd(StrEnum):
     """A compensating cancel finished unwinding."""
     CLOSED = "closed"
     """Stopped from outside (cancelled, fenced, drained): nothing to write."""
+    BLOCKED = "blocked"
+    """No live worker can take the turn (a remote workflow): parked, polled again."""
 
 
 class CloseReason(StrEnum):
@@ -82,6 +84,8 @@ class TurnOutcome:
     output: Any = None
     error: ErrorInfo | None = None
     wake_at: int | None = None
+    after_settle: Callable[[], Awaitable[None]] | None = None
+    """Called once the outcome is written (a remote turn is sent only then)."""
 
 
 class Turn:

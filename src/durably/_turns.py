@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from ._children import ChildRuns
     from ._ops.env import Services
     from ._options import EngineOptions
-    from ._registry import Registry
+    from ._registry import Registry, WorkflowDef
     from ._routing import RunRouter
     from .clock import Clock
     from .stores import StateStore
@@ -40,6 +40,9 @@ _log = logging.getLogger("durably")
 
 Leased = tuple[Run, dict[int, Checkpoint]]
 """A run leased for a turn, with the checkpoints that turn replays."""
+
+RemoteTurn = Callable[[Run, dict[int, Checkpoint], "WorkflowDef", set[str]], Awaitable[TurnOutcome]]
+"""A remote workflow's turn (:meth:`durably._remote.turns.RemoteTurns.turn`)."""
 
 _WAKEABLE = frozenset({RunStatus.PENDING, RunStatus.SUSPENDED})
 # Waits between attempts to take a turn back after the store failed mid-turn
@@ -78,6 +81,15 @@ class TurnDriver:
         # would otherwise queue one start per run for the store's pool.
         self._turn_starts: BatchCall[str, Leased | None] = BatchCall(self._start_turns, 256)
         self._failures = FailureLog(_log)
+        self.remote_turn: RemoteTurn | None = None
+        """Takes the turns of remote workflows (set by the wiring)."""
+
+    async def conclude(self, run: Run, outcome: TurnOutcome) -> None:
+        """Settle ``outcome`` for ``run``, leased here outside a replayed turn
+        (a remote workflow's decision), and drive any turn that follows."""
+        leased = await self._settle(run, outcome, None)
+        if leased is not None:
+            await self.drive(*leased)
 
     async def execute(self, run_id: str, wake: bool) -> None:
         """The executor's handler: lease ``run_id`` (unless a start already
@@ -202,6 +214,8 @@ class TurnDriver:
             return TurnOutcome(TurnEnd.FAILED, error=error_info(exc)), None
         missing_children = await self._children.reconcile(run, checkpoints)
         self._router.forget(run.run_id)
+        if definition.remote is not None and self.remote_turn is not None:
+            return await self.remote_turn(run, checkpoints, definition, missing_children), None
         options = self._options()
         turn = Turn(
             run,
@@ -297,6 +311,9 @@ class TurnDriver:
             status, changes = RunStatus.FAILED, RunChanges(error=outcome.error)
         elif outcome.end is TurnEnd.CANCELLED:
             status, changes = RunStatus.CANCELLED, RunChanges(error=outcome.error)
+        elif outcome.end is TurnEnd.BLOCKED:
+            status = RunStatus.BLOCKED
+            changes = RunChanges(error=outcome.error, wake_at=outcome.wake_at)
         else:
             status, changes = RunStatus.SUSPENDED, RunChanges(wake_at=outcome.wake_at)
         ended = run.replace(status=status, output=changes.output, error=changes.error)
@@ -333,6 +350,8 @@ class TurnDriver:
                 return None
             return again, await self._store.load_checkpoints(run_id)
         if result is SettleResult.SETTLED:
+            if outcome.after_settle is not None:
+                await outcome.after_settle()
             if status is RunStatus.FAILED and outcome.error:
                 _log.warning(
                     "run %s (%s) failed: %s", run_id, run.workflow, outcome.error.get("message")

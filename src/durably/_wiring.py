@@ -20,6 +20,7 @@ from ._lifecycle import Lifecycle
 from ._ops.env import Services
 from ._options import EngineOptions
 from ._registry import Registry
+from ._remote.turns import RemoteTurns
 from ._routing import RunRouter
 from ._start import StartRun
 from ._threads import StepThreads
@@ -35,6 +36,7 @@ from .steps._server import StepServer
 from .steps.definition import StepDefinition
 from .stores import StateStore
 from .transports import Transport
+from .transports.base import TurnCarrier
 
 __all__ = ["Parts", "wire"]
 
@@ -52,6 +54,7 @@ class Parts:
     children: ChildRuns
     step_server: StepServer
     turns: TurnDriver
+    remote: RemoteTurns
     scheduler: Scheduler
     events: EventRouter
     worker: Worker
@@ -124,6 +127,18 @@ def wire(
         settings,
         owner,
     )
+    remote = RemoteTurns(
+        store,
+        clock,
+        carrier=lambda: transport if isinstance(transport, TurnCarrier) else None,
+        dispatch=steps.dispatch,
+        spawn_children=children.spawn,
+        conclude=turns.conclude,
+        options=settings,
+        owner=owner,
+        has_remote=lambda: bool(registry.remote()),
+    )
+    turns.remote_turn = remote.turn
     scheduler = Scheduler(store, clock, namespace, registry, start=start, cancel=cancel)
     events = EventRouter(
         store,
@@ -156,6 +171,7 @@ def wire(
         worker=worker,
         steps=steps,
         step_server=step_server,
+        consume_turns=remote.start,
         watcher=watcher,
         threads=threads,
         sync_schedules=scheduler.sync,
@@ -173,6 +189,7 @@ def wire(
         children=children,
         step_server=step_server,
         turns=turns,
+        remote=remote,
         scheduler=scheduler,
         events=events,
         worker=worker,

@@ -107,6 +107,9 @@ class Engine:
             ``remote_step_lost``.
         heartbeat_persist_throttle: at most one heartbeat per step is written
             to the store per this window.
+        remote_advance_silence: a remote workflow turn (:meth:`remote_workflow`)
+            that sent no decision and no run heartbeat for this long is sent
+            again under a fresh task id (its worker died or the turn was lost).
     """
 
     def __init__(
@@ -137,6 +140,7 @@ class Engine:
         remote_redispatch: Duration | None = None,
         remote_redispatch_max: int = 3,
         heartbeat_persist_throttle: Duration = "10s",
+        remote_advance_silence: Duration = "30s",
     ) -> None:
         # Taken first, while the locals are exactly the parameters: the keywords
         # are EngineOptions' fields, by name.
@@ -173,6 +177,7 @@ class Engine:
         self._watcher, self._router, self._steps = parts.watcher, parts.router, parts.steps
         self._children, self._step_server = parts.children, parts.step_server
         self._turns, self._scheduler, self._events = parts.turns, parts.scheduler, parts.events
+        self._remote = parts.remote
         self._worker, self._lifecycle = parts.worker, parts.lifecycle
         self._router.worker_looping = lambda: self._worker.looping
 
@@ -299,6 +304,31 @@ class Engine:
             WorkflowDef.build(
                 name, fn, version=version, input=input, execution_timeout=execution_timeout
             )
+        )
+
+    def remote_workflow(
+        self,
+        name: str,
+        *,
+        version: str = "1",
+        requires: Sequence[str] = (),
+        execution_timeout: Duration | None = None,
+    ) -> None:
+        """Register workflow ``name`` as *remote*: its body runs in a worker
+        elsewhere (``durable-worker`` in Python, the upstream TypeScript
+        runtimes), served by name over a transport that carries turns
+        (``redis://``). Start it like any workflow; the engine sends it one
+        turn at a time with its history and applies each decision the worker
+        sends back. ``requires``: capabilities its worker must advertise
+        (a run with no live capable worker is parked ``blocked``).
+        """
+        if isinstance(requires, str):
+            raise TypeError("requires must be a list of capability names, not one string")
+        self._registry.add_remote(
+            name,
+            version=str(version),
+            requires=frozenset(requires),
+            execution_timeout=execution_timeout,
         )
 
     @property

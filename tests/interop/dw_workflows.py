@@ -1,0 +1,85 @@
+"""A ``durable-worker`` 0.26.1 worker serving *workflows* (remote turns) and
+their steps, run by the interop virtualenv's Python (see ``dw_steps.py``).
+
+Usage: ``python dw_workflows.py REDIS_URL PREFIX [CAPABILITY...]``. Prints
+``READY`` once its queues are consumed, and ``turn <workflow> <runId>`` at
+the start of each turn, so a test can follow (or kill it mid-turn).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from typing import Any
+
+from durable_worker import Worker
+from durable_worker.redis_runner import run_redis_worker
+
+
+def say(line: str) -> None:
+    print(line, flush=True)
+
+
+def build() -> Worker:
+    worker = Worker(auto_register=False)
+
+    @worker.step("py-echo")
+    def py_echo(data: Any, ctx: Any) -> Any:
+        return {"echoed": data, "nPlusOne": data["n"] + 1}
+
+    @worker.step("py-slow")
+    def py_slow(data: Any) -> Any:
+        time.sleep(data.get("seconds", 1))
+        return {"slept": data.get("seconds", 1)}
+
+    @worker.workflow("py.order")
+    def order(ctx: Any, data: Any) -> Any:
+        say(f"turn py.order {ctx.run_id}")
+        started = ctx.now()
+        first = ctx.step("py-echo", {"n": data["n"]}, group="default")
+        ctx.sleep(200)
+        approval = ctx.wait_signal(f"approve-{ctx.run_id}")
+        child = ctx.start_child("py.child", {"n": first["nPlusOne"]})
+        pair = ctx.gather_calls(
+            [
+                {"name": "py-echo", "input": {"n": 10}, "group": "default"},
+                {"name": "py-echo", "input": {"n": 20}, "group": "default"},
+            ]
+        )
+        return {
+            "first": first["nPlusOne"],
+            "approval": approval,
+            "child": child,
+            "pair": [p["nPlusOne"] for p in pair],
+            "startedIsMs": started > 10**12,
+        }
+
+    @worker.workflow("py.child")
+    def child(ctx: Any, data: Any) -> Any:
+        say(f"turn py.child {ctx.run_id}")
+        return ctx.step("py-echo", {"n": data["n"]}, group="default")["nPlusOne"]
+
+    @worker.workflow("py.slowturn")
+    def slowturn(ctx: Any, data: Any) -> Any:
+        say(f"turn py.slowturn {ctx.run_id}")
+        # A local step that runs inside the turn: killing the process here
+        # loses the turn (no decision ever comes).
+        ctx.side_effect(lambda: time.sleep(data.get("seconds", 3)) or "slept")
+        return ctx.step("py-echo", {"n": data["n"]}, group="default")["nPlusOne"]
+
+    return worker
+
+
+async def main() -> None:
+    url, prefix = sys.argv[1], sys.argv[2]
+    handle = await run_redis_worker(build(), connection=url, prefix=prefix, concurrency=8)
+    say("READY")
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await handle.close()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
