@@ -130,13 +130,13 @@ async def test_a_worker_killed_mid_turn_has_its_turn_re_driven(
 async def test_run_heartbeats_keep_a_long_turn_alive(
     interop_python: Path, prefix: str, tmp_path: Path
 ) -> None:
-    # The turn's local step takes 7 s, the silence window is 4 s: only the
+    # The turn's local step takes 9 s, the silence window is 6 s: only the
     # worker's run-scoped beats (t=0 s, t=5 s) keep it from being re-driven.
     async with (
-        remote_engine(tmp_path, prefix, silence="4s") as engine,
+        remote_engine(tmp_path, prefix, silence="6s") as engine,
         workflow_worker(interop_python, prefix) as worker,
     ):
-        run_id = (await engine.start("py.slowturn", {"n": 1, "seconds": 7})).run_id
+        run_id = (await engine.start("py.slowturn", {"n": 1, "seconds": 9})).run_id
         result = await finish(engine, run_id)
         assert result.status is RunStatus.COMPLETED, result.error
         assert result.output == 2
