@@ -20,6 +20,7 @@ from ._lifecycle import Lifecycle
 from ._ops.env import Services
 from ._options import EngineOptions
 from ._registry import Registry
+from ._remote.routing import CapabilityRouter
 from ._remote.turns import RemoteTurns
 from ._routing import RunRouter
 from ._start import StartRun
@@ -55,6 +56,7 @@ class Parts:
     step_server: StepServer
     turns: TurnDriver
     remote: RemoteTurns
+    capabilities: CapabilityRouter
     scheduler: Scheduler
     events: EventRouter
     worker: Worker
@@ -127,10 +129,15 @@ def wire(
         settings,
         owner,
     )
+
+    def carrier() -> TurnCarrier | None:
+        return transport if isinstance(transport, TurnCarrier) else None
+
+    capabilities = CapabilityRouter(carrier, registry)
     remote = RemoteTurns(
         store,
         clock,
-        carrier=lambda: transport if isinstance(transport, TurnCarrier) else None,
+        carrier=carrier,
         dispatch=steps.dispatch,
         spawn_children=children.spawn,
         conclude=turns.conclude,
@@ -139,6 +146,7 @@ def wire(
         has_remote=lambda: bool(registry.remote()),
     )
     turns.remote_turn = remote.turn
+    remote.guard = capabilities.check
     scheduler = Scheduler(store, clock, namespace, registry, start=start, cancel=cancel)
     events = EventRouter(
         store,
@@ -190,6 +198,7 @@ def wire(
         step_server=step_server,
         turns=turns,
         remote=remote,
+        capabilities=capabilities,
         scheduler=scheduler,
         events=events,
         worker=worker,

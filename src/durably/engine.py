@@ -177,7 +177,7 @@ class Engine:
         self._watcher, self._router, self._steps = parts.watcher, parts.router, parts.steps
         self._children, self._step_server = parts.children, parts.step_server
         self._turns, self._scheduler, self._events = parts.turns, parts.scheduler, parts.events
-        self._remote = parts.remote
+        self._remote, self._capabilities = parts.remote, parts.capabilities
         self._worker, self._lifecycle = parts.worker, parts.lifecycle
         self._router.worker_looping = lambda: self._worker.looping
 
@@ -330,6 +330,15 @@ class Engine:
             requires=frozenset(requires),
             execution_timeout=execution_timeout,
         )
+
+    async def worker_health(self) -> dict[str, Any]:
+        """The fleet's remote workers as seen on the transport (``redis://``):
+        ``workers`` (instance, runtime, SDK, routing tokens, workflows, steps,
+        capabilities, whether its descriptor hash checks out), ``queues``
+        (tasks waiting per routing token) and ``starving`` (tokens with work
+        waiting and no live worker). Empty on a transport without workers."""
+        await self.open()
+        return await self._capabilities.health()
 
     @property
     def workflows(self) -> list[str]:

@@ -144,3 +144,61 @@ async def test_run_heartbeats_keep_a_long_turn_alive(
         # result) replays it and completes. A re-drive would add a third.
         await asyncio.sleep(0)
         assert turns(worker, "py.slowturn", run_id) == 2
+
+
+async def test_a_remote_workflow_with_no_live_worker_is_blocked_then_runs(
+    interop_python: Path, prefix: str, tmp_path: Path
+) -> None:
+    async with remote_engine(tmp_path, prefix) as engine:
+        run_id = (await engine.start("py.child", {"n": 40})).run_id
+
+        async def blocked() -> durably.Run | None:
+            run = await engine.get_run(run_id)
+            return run if run is not None and run.status is RunStatus.BLOCKED else None
+
+        parked = await eventually(blocked, timeout=30)
+        assert parked.error is not None and parked.error["code"] == "no_live_worker"
+        listed = await engine.list_runs(status=RunStatus.BLOCKED)
+        assert run_id in [run.run_id for run in listed.runs]
+        async with workflow_worker(interop_python, prefix):
+            result = await finish(engine, run_id)
+            assert result.status is RunStatus.COMPLETED, result.error
+            assert result.output == 41
+
+
+async def test_a_remote_workflow_requiring_a_capability_nobody_offers_is_blocked(
+    interop_python: Path, prefix: str, tmp_path: Path
+) -> None:
+    async with remote_engine(tmp_path, prefix) as engine, workflow_worker(interop_python, prefix):
+        engine.remote_workflow("py.child", version="2", requires=["gpu", "signals"])
+        run_id = (await engine.start("py.child", {"n": 1})).run_id
+        run = await eventually(
+            lambda: _blocked(engine, run_id), timeout=30, what="the run to be blocked"
+        )
+        assert run.error is not None
+        assert run.error["message"] == "blocked: no compatible worker (requires gpu, signals)"
+        assert run.error["code"] == "capability_unavailable"
+
+
+async def _blocked(engine: durably.Engine, run_id: str) -> durably.Run | None:
+    run = await engine.get_run(run_id)
+    return run if run is not None and run.status is RunStatus.BLOCKED else None
+
+
+async def test_worker_health_lists_the_live_durable_worker_and_checks_its_descriptor_hash(
+    interop_python: Path, prefix: str, tmp_path: Path
+) -> None:
+    async with remote_engine(tmp_path, prefix) as engine, workflow_worker(interop_python, prefix):
+        health = await engine.worker_health()
+        [worker] = health["workers"]
+        assert worker["instance_id"].startswith("py-")
+        assert worker["runtime"] == "python"
+        assert worker["sdk"] == {"name": "durable-worker", "version": "0.26.1"}
+        assert worker["workflows"] == ["py.child", "py.order", "py.slowturn"]
+        assert worker["steps"] == ["py-echo", "py-slow"]
+        # The hash the real SDK put on its beat equals ours, bit for bit.
+        assert worker["descriptor_hash_ok"] is True
+        assert sorted(worker["tokens"]) == sorted(
+            ["py.child", "py.order", "py.slowturn", "py-echo", "py-slow"]
+        )
+        assert health["starving"] == {}
