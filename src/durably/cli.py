@@ -59,6 +59,7 @@ from ._cli_render import (
     visible,
 )
 from ._cli_schedules import schedules
+from ._cli_workers import workers
 from ._urls import redact_url
 from .engine import Engine, RunNotFound
 from .errors import DurablyError
@@ -579,6 +580,7 @@ def _fail(message: str, code: int) -> NoReturn:
 
 
 cli.add_command(schedules)
+cli.add_command(workers)
 
 
 def main(argv: list[str] | None = None) -> NoReturn:

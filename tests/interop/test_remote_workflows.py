@@ -13,7 +13,9 @@ outlasts the silence window alive (no re-drive).
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
+import sys
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -26,6 +28,7 @@ import durably
 from durably import RunStatus
 from durably.model import CheckpointKind, CheckpointStatus
 from durably.testing import eventually
+from durably.wire import StepTask
 
 from .conftest import REDIS_URL, workflow_worker
 
@@ -202,3 +205,31 @@ async def test_worker_health_lists_the_live_durable_worker_and_checks_its_descri
             ["py.child", "py.order", "py.slowturn", "py-echo", "py-slow"]
         )
         assert health["starving"] == {}
+        # The same through `durably workers --json` (a process of its own).
+        cli = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "durably",
+            "workers",
+            "--json",
+            "--transport",
+            f"{REDIS_URL}?prefix={prefix}",
+            stdout=asyncio.subprocess.PIPE,
+        )
+        out, _ = await cli.communicate()
+        assert cli.returncode == 0
+        listed = json.loads(out)
+        assert [w["instance_id"] for w in listed["workers"]] == [worker["instance_id"]]
+        assert listed["workers"][0]["descriptor_hash_ok"] is True
+
+
+async def test_worker_health_shows_a_queue_starving_for_a_worker(
+    prefix: str, tmp_path: Path
+) -> None:
+    async with remote_engine(tmp_path, prefix) as engine:
+        await engine.transport.dispatch(
+            [StepTask(run_id="r-1", seq=0, name="nobody:serves", group="nobody-serves")]
+        )
+        health = await engine.worker_health()
+        assert health["workers"] == []
+        assert health["starving"] == {"nobody-serves": 1}

@@ -165,4 +165,5 @@ class TurnCarrier(Protocol):
         (parsed JSON or ``None``)."""
 
     async def queue_depths(self, tokens: Collection[str]) -> dict[str, int]:
-        """How many tasks wait in the queue of each routing token."""
+        """How many tasks wait in the queue of each routing token (and of any
+        other task queue the transport finds)."""

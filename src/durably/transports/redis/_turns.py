@@ -130,9 +130,15 @@ async def live_workers(transport: RedisTransport) -> list[dict[str, Any]]:
 
 
 async def queue_depths(transport: RedisTransport, tokens: Collection[str]) -> dict[str, int]:
-    """Tasks waiting in each token's queue."""
+    """Tasks waiting in each token's queue, and in every other task queue of
+    this prefix that exists (found by its BullMQ job counter)."""
+    head = f"bull:{transport.names.tasks('')}"
+    found = {
+        key[len(head) : -len(":id")]
+        async for key in transport._redis().scan_iter(match=f"{head}*:id", count=500)
+    }
     depths: dict[str, int] = {}
-    for token in tokens:
+    for token in sorted(set(tokens) | found):
         queue: Any = transport._queue(transport.names.tasks(token))
         depths[token] = int(await queue.getJobCountByTypes(*_WAITING_TYPES))
     return depths
