@@ -105,6 +105,11 @@ def wire(
         has_flow_queues=registry.has_queues,
     )
     step_server = StepServer(transport, threads, children.ended_runs)
+
+    def carrier() -> TurnCarrier | None:
+        return transport if isinstance(transport, TurnCarrier) else None
+
+    capabilities = CapabilityRouter(carrier, registry)
     services = Services(
         store=store,
         clock=clock,
@@ -117,6 +122,7 @@ def wire(
         steps=steps,
         redispatch_ms=options.redispatch_ms,
         redispatch_max=options.remote_redispatch_max,
+        step_guard=capabilities.check_step,
     )
     turns = TurnDriver(
         store,
@@ -130,10 +136,6 @@ def wire(
         owner,
     )
 
-    def carrier() -> TurnCarrier | None:
-        return transport if isinstance(transport, TurnCarrier) else None
-
-    capabilities = CapabilityRouter(carrier, registry)
     remote = RemoteTurns(
         store,
         clock,

@@ -241,6 +241,7 @@ class WorkflowContext:
             else ((definition and definition.priority) or None),
             fairness_key=fairness_key,
             context=context,
+            requires=definition.requires if definition is not None else frozenset(),
         )
         seq, recorded = self._turn.allocate(name, CheckpointKind.STEP)
         return StepRunner(self._env).run(seq, call, recorded)

@@ -384,6 +384,7 @@ class Engine:
         group: str | None = None,
         input: Any = None,
         output: Any = None,
+        requires: Sequence[str] = (),
         **policy: Unpack[StepPolicy],
     ) -> Callable[[Callable[..., Any]], StepRef[Any]]:
         """Register a step handler served by ``name``; returns a :class:`StepRef`
@@ -398,12 +399,17 @@ class Engine:
         The policy keywords (:class:`~durably.steps.StepPolicy`: ``retries``,
         ``backoff``, ``backoff_base``, ``backoff_max``, ``jitter``,
         ``timeout``, ``pickup_timeout``, ``queue``, ``priority``) each default
-        to ``None``: not set.
+        to ``None``: not set. ``requires``: capabilities a remote worker must
+        advertise (the upstream handshake) to be sent this step; with live
+        workers on its queue and none of them capable, the run is parked
+        ``blocked`` and polled again.
         """
         check_policy("Engine.step", policy)
 
         def decorate(fn: Callable[..., Any]) -> StepRef[Any]:
-            return self.register_step(name, fn, group=group, input=input, output=output, **policy)
+            return self.register_step(
+                name, fn, group=group, input=input, output=output, requires=requires, **policy
+            )
 
         return decorate
 
@@ -415,6 +421,7 @@ class Engine:
         group: str | None = None,
         input: Any = None,
         output: Any = None,
+        requires: Sequence[str] = (),
         **policy: Unpack[StepPolicy],
     ) -> StepRef[Any]:
         """The non-decorator form of :meth:`step`."""
@@ -428,6 +435,7 @@ class Engine:
             input=input,
             output=output,
             policy=policy,
+            requires=requires,
         )
         registry.add_step(definition)
         return StepRef(definition)

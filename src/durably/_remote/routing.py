@@ -87,6 +87,31 @@ class CapabilityRouter:
             },
         )
 
+    async def check_step(self, token: str, requires: frozenset[str]) -> ErrorInfo | None:
+        """``None`` if a step sent to ``token`` needing ``requires`` can be
+        taken, else why not. Only the descriptors of that token count, and
+        a token without any is not guarded (workers that predate the
+        handshake, and durably's own, publish none)."""
+        mine = [w for w in await self.workers() if w.token == token and w.descriptor]
+        if not mine or any(w.can_serve(requires) for w in mine):
+            return None
+        needed = ", ".join(sorted(requires))
+        if any(requires <= w.capabilities for w in mine):
+            return _blocked(
+                f"blocked: no protocol-compatible worker (requires {needed})",
+                "protocol_incompatible",
+                {"token": token, "requires": sorted(requires)},
+            )
+        return _blocked(
+            f"blocked: no compatible worker (requires {needed})",
+            "capability_unavailable",
+            {
+                "token": token,
+                "requires": sorted(requires),
+                "workers": {w.instance_id: sorted(w.capabilities) for w in mine},
+            },
+        )
+
     async def health(self) -> dict[str, Any]:
         """Live workers, what they serve, queue depths and starving work."""
         carrier = self._carrier()

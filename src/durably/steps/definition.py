@@ -12,7 +12,7 @@ import asyncio
 import inspect
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypedDict, TypeVar
 
@@ -94,6 +94,9 @@ class StepDefinition:
     input_model: Any = None
     output_model: Any = None
     takes_logger: bool = False
+    requires: frozenset[str] = frozenset()
+    """Capabilities a worker must advertise to be sent this step (the upstream
+    handshake); a run whose step no live capable worker serves is ``blocked``."""
 
     def parse_input(self, data: Any) -> Any:
         """``data`` as the handler's input model (``SchemaValidationError`` if invalid)."""
@@ -145,6 +148,7 @@ def define_step(
     input: Any,
     output: Any,
     policy: StepPolicy,
+    requires: Collection[str] = (),
 ) -> StepDefinition:
     """Validate a registration (``engine.register_step``) and build its definition;
     ``taken(name)`` tells whether the name is registered already."""
@@ -156,6 +160,10 @@ def define_step(
         raise TypeError(f"step {name!r}: {fn!r} is not callable")
     if taken(name):
         raise ValueError(f"step {name!r} is already registered")
+    if isinstance(requires, str):
+        raise TypeError(f"step {name!r}: requires must be a list of capability names")
+    for capability in requires:
+        check_name(capability, "capability")
     timeout, pickup_timeout = policy.get("timeout"), policy.get("pickup_timeout")
     return StepDefinition(
         name=name,
@@ -176,6 +184,7 @@ def define_step(
         priority=policy.get("priority"),
         input_model=input,
         output_model=output,
+        requires=frozenset(requires),
         takes_logger=takes_logger(fn),
     )
 
