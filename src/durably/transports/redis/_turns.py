@@ -17,14 +17,31 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Collection
-from typing import TYPE_CHECKING, Any
+from typing import Any, NoReturn, Protocol
+
+import redis.asyncio as aioredis
 
 from ..base import TransportError, TurnHandler
-from ._bullmq import _Consumer, _Job
-from ._names import bullmq_priority
+from ._bullmq import _Consumer, _Job, _Queue
+from ._names import RedisNames, bullmq_priority
 
-if TYPE_CHECKING:
-    from ._transport import RedisTransport
+
+class RedisTransport(Protocol):
+    """What of :class:`~._transport.RedisTransport` the turn channel uses."""
+
+    names: RedisNames
+    lock_ms: int
+    redeliver_delay_ms: int
+    _connect_url: str
+
+    def _redis(self) -> aioredis.Redis: ...
+
+    def _queue(self, name: str) -> _Queue: ...
+
+    async def _give_back(self, queue: str, job: _Job, token: str, delay_ms: int = 0) -> None: ...
+
+    async def _hand_back(self, queue: str, job: _Job, token: str, delay_ms: int) -> NoReturn: ...
+
 
 _log = logging.getLogger("durably.transport")
 
