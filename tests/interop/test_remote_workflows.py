@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import signal
 import sys
 import uuid
@@ -233,3 +234,29 @@ async def test_worker_health_shows_a_queue_starving_for_a_worker(
         health = await engine.worker_health()
         assert health["workers"] == []
         assert health["starving"] == {"nobody-serves": 1}
+
+
+async def test_a_run_cancelled_mid_turn_stays_cancelled(
+    interop_python: Path, prefix: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="durably.remote")
+    async with (
+        remote_engine(tmp_path, prefix) as engine,
+        workflow_worker(interop_python, prefix) as worker,
+    ):
+        run_id = (await engine.start("py.slowturn", {"n": 1, "seconds": 2})).run_id
+        await eventually(lambda: turns(worker, "py.slowturn", run_id) == 1, timeout=60)
+        assert await engine.cancel(run_id) is RunStatus.SUSPENDED  # its status before
+
+        def dropped() -> bool:
+            return any(
+                r.getMessage().startswith("dropping") and run_id in r.getMessage()
+                for r in caplog.records
+            )
+
+        # The worker hears the cancel (or finishes its turn): its decision,
+        # whatever it says, does not bring the run back.
+        await eventually(dropped, timeout=60)
+        run = await engine.get_run(run_id)
+        assert run is not None and run.status is RunStatus.CANCELLED
+        assert await engine.history(run_id) == []
