@@ -177,7 +177,9 @@ class Decision:
 
 
 def parse_decision(data: Any) -> Decision:
-    """Parse a WorkflowDecision; :class:`WireError` if it is not one."""
+    """Parse a WorkflowDecision; :class:`WireError` if it is not one. A
+    decision whose envelope is sound but whose commands are not (an unknown
+    kind, a bad seq) is returned as a failure of its run."""
     body = _object(data, "decision")
     task_id, run_id = _text(body, "taskId"), _text(body, "runId")
     status = body.get("status")
@@ -186,10 +188,21 @@ def parse_decision(data: Any) -> Decision:
     raw = body.get("commands", [])
     if not isinstance(raw, list):
         raise WireError("field 'commands' must be a list")
-    commands = [_command(item) for item in raw]
-    seqs = [command.seq for command in commands]
-    if len(set(seqs)) != len(seqs):
-        raise WireError("two commands of one decision share a seq")
+    try:
+        commands = [_command(item) for item in raw]
+        seqs = [command.seq for command in commands]
+        if len(set(seqs)) != len(seqs):
+            raise WireError("two commands of one decision share a seq")
+    except WireError as exc:
+        # The turn is answered, but with what this engine cannot carry out
+        # (an unknown command kind…): sending the turn again would get the
+        # same answer forever, so the run fails, saying why.
+        bad: ErrorInfo = {
+            "message": f"the worker's decision cannot be applied: {exc}",
+            "code": "bad_decision",
+            "type": "WireError",
+        }
+        return Decision(task_id, run_id, "failed", [], None, bad)
     error = body.get("error")
     if error is not None and not isinstance(error, dict):
         error = {"message": str(error)}
