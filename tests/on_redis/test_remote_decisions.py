@@ -26,6 +26,7 @@ import durably
 from durably import RunStatus
 from durably.model import CheckpointKind, CheckpointStatus
 from durably.testing import eventually
+from durably.transports import TransportError
 from durably.wire import StepResult
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -225,3 +226,41 @@ async def test_a_lost_turn_is_re_driven_under_a_fresh_task_id(fleet: Fleet) -> N
     await eventually(answered, timeout=30, interval=0.2)
     run = await a.get_run(run_id)
     assert run is not None and run.output == 7
+
+
+@pytest.mark.silence("1s")
+async def test_a_call_that_could_not_be_sent_goes_out_with_the_next_turn(fleet: Fleet) -> None:
+    # The decision is applied, but the broker refuses its call (as a crash
+    # between the two would leave it): the call must not be lost, although
+    # the worker's re-emitted call is a no-op for a recorded seq.
+    refused: list[int] = []
+    for engine in fleet.engines:
+        real = engine.transport.dispatch
+
+        async def refuse_once(tasks: list[Any], real: Any = real) -> None:
+            if not refused:
+                refused.append(len(tasks))
+                raise TransportError("the broker is away")
+            await real(tasks)
+
+        engine.transport.dispatch = refuse_once  # type: ignore[method-assign]
+    a = fleet.engines[0]
+    run_id = (await a.start("py.flow", None)).run_id
+    [turn] = await fleet.turns(1)
+    await fleet.decide(
+        {
+            "taskId": turn["taskId"],
+            "runId": run_id,
+            "status": "continue",
+            "commands": [{"kind": "call", "seq": 0, "name": "py-echo", "input": {"n": 3}}],
+        }
+    )
+    [task] = await eventually(lambda: fleet._at_least("py-echo", 1), timeout=30)
+    assert refused == [1]
+    assert task["stepId"] == f"{run_id}:0" and task["input"] == {"n": 3}
+
+    async def stamped() -> bool:
+        [cp] = await a.history(run_id)
+        return cp.status is CheckpointStatus.PENDING and cp.dispatched_at is not None
+
+    await eventually(stamped, timeout=30)

@@ -164,6 +164,14 @@ class RemoteTurns:
                 and cp.input.get("run_id") in missing_children
             ]
             await self._spawn(run, lost)
+        unsent = [
+            cp
+            for cp in checkpoints.values()
+            if cp.kind == CheckpointKind.STEP
+            and cp.status is CheckpointStatus.PENDING
+            and cp.dispatched_at is None
+        ]
+        await self._send_calls(run, unsent, now)
         task_id = f"{run.run_id}:wf:{uuid.uuid4().hex[:8]}"
         if not await self._store.mark_awaiting(run.run_id, owner, task_id):
             return TurnOutcome(TurnEnd.CLOSED)
@@ -242,25 +250,15 @@ class RemoteTurns:
         under the lease ``take_decision`` gave; return the run's outcome."""
         owner = self._owner()
         again = False  # something settled already: the run takes another turn at once
-        tasks = [
-            StepTask(
-                run_id=run.run_id,
-                seq=c.seq,
-                name=c.name,
-                group=routing_token(c.name, c.group or run.namespace),
-                input=c.input,
-                attempt=1,
-                priority=run.priority or None,
-            )
-            for c in fresh
-            if isinstance(c, Call)
-        ]
-        if tasks:
-            try:
-                await self._dispatch(tasks)
-            except TransportError as exc:
-                # Saved as dispatched: the redispatch sweep sends them again.
-                _log.warning("could not dispatch the calls of run %s: %s", run.run_id, exc)
+        sent = True
+        calls = {c.seq: c for c in fresh if isinstance(c, Call)}
+        if calls:
+            unsent = [
+                cp
+                for seq, cp in (await self._store.load_checkpoints(run.run_id)).items()
+                if seq in calls
+            ]
+            sent = await self._send_calls(run, unsent, now)
         for c in fresh:
             if isinstance(c, WaitSignal):
                 cp = Checkpoint(
@@ -294,14 +292,43 @@ class RemoteTurns:
             return TurnOutcome(TurnEnd.CANCELLED, error=error)
         if again:
             await self._store.request_wake(run.run_id, now)
-        sleeps = [
+        wakes = [
             cp.wake_at
             for cp in (await self._store.load_checkpoints(run.run_id)).values()
             if cp.kind == CheckpointKind.SLEEP
             and cp.status is CheckpointStatus.PENDING
             and cp.wake_at is not None
         ]
-        return TurnOutcome(TurnEnd.SUSPENDED, wake_at=min(sleeps) if sleeps else None)
+        if not sent:
+            # Calls the transport refused go out with the run's next turn.
+            wakes.append(now + self._options().remote_silence_ms)
+        return TurnOutcome(TurnEnd.SUSPENDED, wake_at=min(wakes) if wakes else None)
+
+    async def _send_calls(self, run: Run, calls: list[Checkpoint], now: int) -> bool:
+        """Send the tasks of ``calls`` (pending, not out yet), then stamp them
+        sent (only those no result settled meanwhile). A transport that
+        refuses them leaves them unstamped for the run's next turn (``False``)."""
+        if not calls:
+            return True
+        tasks = [
+            StepTask(
+                run_id=run.run_id,
+                seq=cp.seq,
+                name=cp.name,
+                group=routing_token(cp.name, run.namespace),
+                input=cp.input,
+                attempt=max(1, cp.attempts),
+                priority=run.priority or None,
+            )
+            for cp in calls
+        ]
+        try:
+            await self._dispatch(tasks)
+        except TransportError as exc:
+            _log.warning("could not dispatch the calls of run %s: %s", run.run_id, exc)
+            return False
+        await self._store.mark_dispatched(run.run_id, [cp.seq for cp in calls], now)
+        return True
 
     async def on_run_beat(self, body: Any) -> None:
         """A worker is executing a turn of the run: push its re-drive back."""
@@ -353,7 +380,10 @@ def _checkpoint(run_id: str, command: Any, now: int) -> Checkpoint | None:
             input=command.input,
             attempts=1,
             started_at=now,
-            dispatched_at=now,
+            # Stamped once its task is sent: a crash before that leaves it
+            # unstamped, and the run's next turn sends it (a re-emitted call
+            # is a no-op, so nothing else would).
+            dispatched_at=None,
             group=command.parallel_group,
         )
     if isinstance(command, Sleep):

@@ -688,6 +688,12 @@ class DecisionStore(Protocol):
         return ``None``. A duplicate or late decision therefore changes nothing."""
         ...
 
+    async def mark_dispatched(self, run_id: str, seqs: list[int], at: int) -> None:
+        """Stamp ``dispatched_at = at`` on those of the run's checkpoints at
+        ``seqs`` still ``pending`` and not stamped (a result that settled one
+        meanwhile is never undone)."""
+        ...
+
     async def extend_decision_wait(self, run_id: str, wake_at: int, now: int) -> bool:
         """Push the re-drive time of a ``suspended`` run awaiting a decision
         out to ``wake_at`` (never earlier); ``False`` if it awaits none."""

@@ -286,6 +286,18 @@ class MemoryStore(MemoryWaits):
             held.setdefault(checkpoint.seq, copy.deepcopy(checkpoint))
         return copy.deepcopy(run)
 
+    async def mark_dispatched(self, run_id: str, seqs: list[int], at: int) -> None:
+        """Stamp the pending, unstamped checkpoints at ``seqs`` as sent."""
+        held = self._checkpoints.get(run_id, {})
+        for seq in seqs:
+            cp = held.get(seq)
+            if (
+                cp is not None
+                and cp.status is CheckpointStatus.PENDING
+                and cp.dispatched_at is None
+            ):
+                cp.dispatched_at = at
+
     async def extend_decision_wait(self, run_id: str, wake_at: int, now: int) -> bool:
         """Push back the re-drive time of a run awaiting a decision."""
         run = self._runs.get(run_id)

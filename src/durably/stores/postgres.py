@@ -667,6 +667,16 @@ class PostgresStore:
                 )
             return run_from_row(row)
 
+    async def mark_dispatched(self, run_id: str, seqs: list[int], at: int) -> None:
+        """Stamp the pending, unstamped checkpoints at ``seqs`` as sent."""
+        await self._db.pool().execute(
+            "UPDATE durably_checkpoints SET dispatched_at = $1 WHERE run_id = $2 "
+            "AND seq = ANY($3::integer[]) AND status = 'pending' AND dispatched_at IS NULL",
+            at,
+            run_id,
+            seqs,
+        )
+
     async def extend_decision_wait(self, run_id: str, wake_at: int, now: int) -> bool:
         """Push back the re-drive time of a run awaiting a decision."""
         done = await self._db.pool().fetchval(

@@ -544,6 +544,19 @@ class SqliteStore:
 
         return await self._db.run(op)
 
+    async def mark_dispatched(self, run_id: str, seqs: list[int], at: int) -> None:
+        """Stamp the pending, unstamped checkpoints at ``seqs`` as sent."""
+        params = [(at, run_id, seq) for seq in seqs]
+
+        def op(conn: sqlite3.Connection) -> None:
+            conn.executemany(
+                "UPDATE durably_checkpoints SET dispatched_at = ? WHERE run_id = ? AND seq = ? "
+                "AND status = 'pending' AND dispatched_at IS NULL",
+                params,
+            )
+
+        await self._db.run(op)
+
     async def extend_decision_wait(self, run_id: str, wake_at: int, now: int) -> bool:
         """Push back the re-drive time of a run awaiting a decision."""
 

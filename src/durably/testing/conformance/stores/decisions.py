@@ -11,6 +11,7 @@ import asyncio
 
 from durably.model import CheckpointStatus, RunStatus
 from durably.stores import RunChanges, SettleResult, StateStore
+from durably.stores.base import Resolution
 
 from ._helpers import LEASE, NOW, OTHER, OWNER, checkpoint, leased, make_cp, status_of
 
@@ -93,3 +94,25 @@ async def test_a_run_beat_pushes_the_re_drive_back_never_forward(store: StateSto
     await store.settle_run("r1", OWNER, RunStatus.SUSPENDED, RunChanges(wake_at=NOW + 50), NOW)
     assert await store.extend_decision_wait("r1", NOW + 900, NOW) is False
     assert (await store.get_run("r1")).wake_at == NOW + 50  # type: ignore[union-attr]
+
+
+async def test_marking_calls_sent_never_undoes_a_result(store: StateStore) -> None:
+    await leased(store, "r1")
+    await store.save_checkpoints(
+        [
+            make_cp("r1", 0, kind="step"),
+            make_cp("r1", 1, kind="step"),
+            make_cp("r1", 2, kind="step"),
+        ],
+        OWNER,
+    )
+    # seq 1's result came back before the stamp
+    await store.resolve_checkpoints(
+        [Resolution("r1", 1, CheckpointStatus.FAILED, error={"message": "fast failure"})], NOW
+    )
+    await store.mark_dispatched("r1", [0, 1], NOW + 5)
+    await store.mark_dispatched("r1", [0], NOW + 9)  # stamped already: kept
+    cps = await store.load_checkpoints("r1")
+    assert cps[0].dispatched_at == NOW + 5 and cps[0].status is CheckpointStatus.PENDING
+    assert cps[1].status is CheckpointStatus.FAILED and cps[1].dispatched_at is None
+    assert cps[2].dispatched_at is None
