@@ -50,7 +50,7 @@ class CapabilityRouter:
     async def check(self, run: Run, definition: WorkflowDef) -> ErrorInfo | None:
         """``None`` if a live worker can take a turn of ``run``, else why not."""
         requires = sorted(definition.remote.requires) if definition.remote else []
-        token = routing_token(run.workflow)
+        token = routing_token(run.workflow, run.namespace)
         serving = [
             w for w in await self.workers() if w.token == token or run.workflow in w.workflows
         ]

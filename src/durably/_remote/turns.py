@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -55,6 +56,7 @@ if TYPE_CHECKING:
 __all__ = ["RemoteTurns"]
 
 _log = logging.getLogger("durably.remote")
+_EXTENDED_MEMORY = 10_000
 
 Conclude = Callable[[Run, TurnOutcome], Awaitable[None]]
 SpawnChildren = Callable[[Run, Sequence[Any]], Awaitable[list[ErrorInfo | None]]]
@@ -100,6 +102,7 @@ class RemoteTurns:
         """Checked before each turn goes out: an error parks the run ``blocked``
         (no live capable worker). Set by the capability router."""
         self._failures = FailureLog(_log)
+        self._extended: OrderedDict[str, int] = OrderedDict()
 
     async def start(self) -> None:
         """Consume decisions, step events and run beats, if this engine
@@ -175,7 +178,7 @@ class RemoteTurns:
         task_id = f"{run.run_id}:wf:{uuid.uuid4().hex[:8]}"
         if not await self._store.mark_awaiting(run.run_id, owner, task_id):
             return TurnOutcome(TurnEnd.CLOSED)
-        token = routing_token(run.workflow)
+        token = routing_token(run.workflow, run.namespace)
         task = WorkflowTask(
             task_id=task_id,
             run_id=run.run_id,
@@ -335,10 +338,17 @@ class RemoteTurns:
         beat = parse_run_beat(body)
         if beat is None:
             return
-        now = self._clock.now_ms()
-        await self._store.extend_decision_wait(
-            beat.run_id, now + self._options().remote_silence_ms, now
-        )
+        now, silence = self._clock.now_ms(), self._options().remote_silence_ms
+        # Every instance hears every beat: one write per run per quarter
+        # window here is plenty to keep a live turn from being re-driven.
+        last = self._extended.get(beat.run_id)
+        if last is not None and now - last < silence // 4:
+            return
+        self._extended[beat.run_id] = now
+        self._extended.move_to_end(beat.run_id)
+        while len(self._extended) > _EXTENDED_MEMORY:
+            self._extended.popitem(last=False)
+        await self._store.extend_decision_wait(beat.run_id, now + silence, now)
 
     async def on_step_event(self, body: Any) -> None:
         """A local step's live progress. The decision's ``recordStep`` is what
