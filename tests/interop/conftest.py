@@ -134,9 +134,12 @@ async def step_worker(
 
 
 @asynccontextmanager
-async def workflow_worker(python: Path, prefix: str) -> AsyncIterator[StepWorker]:
+async def workflow_worker(
+    python: Path, prefix: str, partition: str | None = None
+) -> AsyncIterator[StepWorker]:
     """Start ``dw_workflows.py`` (remote workflows and their steps) and wait for READY."""
-    async with worker_process(python, [str(WORKFLOWS_APP), REDIS_URL, prefix]) as worker:
+    args = [str(WORKFLOWS_APP), REDIS_URL, prefix, *([partition] if partition else [])]
+    async with worker_process(python, args) as worker:
         yield worker
 
 

@@ -1,7 +1,7 @@
 """A ``durable-worker`` 0.26.1 worker serving *workflows* (remote turns) and
 their steps, run by the interop virtualenv's Python (see ``dw_steps.py``).
 
-Usage: ``python dw_workflows.py REDIS_URL PREFIX [CAPABILITY...]``. Prints
+Usage: ``python dw_workflows.py REDIS_URL PREFIX [PARTITION]``. Prints
 ``READY`` once its queues are consumed, and ``turn <workflow> <runId>`` at
 the start of each turn, so a test can follow (or kill it mid-turn).
 """
@@ -13,7 +13,7 @@ import sys
 import time
 from typing import Any
 
-from durable_worker import Worker
+from durable_worker import FatalError, Worker
 from durable_worker.redis_runner import run_redis_worker
 
 
@@ -32,6 +32,14 @@ def build() -> Worker:
     def py_slow(data: Any) -> Any:
         time.sleep(data.get("seconds", 1))
         return {"slept": data.get("seconds", 1)}
+
+    @worker.step("py-decline")
+    def py_decline(data: Any) -> Any:
+        raise FatalError("card declined", code="declined", details={"last4": "4242"})
+
+    @worker.workflow("py.declined")
+    def declined(ctx: Any, data: Any) -> Any:
+        return ctx.step("py-decline", data, group="default")
 
     @worker.workflow("py.order")
     def order(ctx: Any, data: Any) -> Any:
@@ -73,7 +81,10 @@ def build() -> Worker:
 
 async def main() -> None:
     url, prefix = sys.argv[1], sys.argv[2]
-    handle = await run_redis_worker(build(), connection=url, prefix=prefix, concurrency=8)
+    partition = sys.argv[3] if len(sys.argv) > 3 else None
+    handle = await run_redis_worker(
+        build(), connection=url, prefix=prefix, partition=partition, concurrency=8
+    )
     say("READY")
     try:
         await asyncio.Event().wait()

@@ -38,15 +38,16 @@ pytestmark = [pytest.mark.timeout(180)]
 
 @asynccontextmanager
 async def remote_engine(
-    tmp_path: Path, prefix: str, *, silence: str = "30s"
+    tmp_path: Path, prefix: str, *, silence: str = "30s", namespace: str | None = None
 ) -> AsyncIterator[durably.Engine]:
     engine = durably.Engine(
         f"sqlite:///{tmp_path / f'engine-{uuid.uuid4().hex[:6]}.db'}",
         transport=f"{REDIS_URL}?prefix={prefix}",
         poll_interval=0.05,
         remote_advance_silence=silence,
+        namespace=namespace,
     )
-    for name in ("py.order", "py.child", "py.slowturn"):
+    for name in ("py.order", "py.child", "py.slowturn", "py.declined"):
         engine.remote_workflow(name)
     await engine.start_worker()
     try:
@@ -198,13 +199,11 @@ async def test_worker_health_lists_the_live_durable_worker_and_checks_its_descri
         assert worker["instance_id"].startswith("py-")
         assert worker["runtime"] == "python"
         assert worker["sdk"] == {"name": "durable-worker", "version": "0.26.1"}
-        assert worker["workflows"] == ["py.child", "py.order", "py.slowturn"]
-        assert worker["steps"] == ["py-echo", "py-slow"]
+        assert worker["workflows"] == ["py.child", "py.declined", "py.order", "py.slowturn"]
+        assert worker["steps"] == ["py-decline", "py-echo", "py-slow"]
         # The hash the real SDK put on its beat equals ours, bit for bit.
         assert worker["descriptor_hash_ok"] is True
-        assert sorted(worker["tokens"]) == sorted(
-            ["py.child", "py.order", "py.slowturn", "py-echo", "py-slow"]
-        )
+        assert sorted(worker["tokens"]) == sorted(worker["workflows"] + worker["steps"])
         assert health["starving"] == {}
         # The same through `durably workers --json` (a process of its own).
         cli = await asyncio.create_subprocess_exec(
@@ -260,3 +259,34 @@ async def test_a_run_cancelled_mid_turn_stays_cancelled(
         run = await engine.get_run(run_id)
         assert run is not None and run.status is RunStatus.CANCELLED
         assert await engine.history(run_id) == []
+
+
+async def test_an_engine_pool_drives_the_workflows_of_a_worker_partition(
+    interop_python: Path, prefix: str, tmp_path: Path
+) -> None:
+    # The engine's namespace is the upstream partition: turns go to
+    # `py.child@acme`, the child's call to `py-echo@acme`.
+    async with (
+        remote_engine(tmp_path, prefix, namespace="acme") as engine,
+        workflow_worker(interop_python, prefix, partition="acme"),
+    ):
+        run_id = (await engine.start("py.order", {"n": 30})).run_id
+        await engine.signal(f"approve-{run_id}", "yes")
+        result = await finish(engine, run_id)
+        assert result.status is RunStatus.COMPLETED, result.error
+        assert result.output["first"] == 31 and result.output["child"] == 32
+
+
+async def test_a_step_failure_the_workflow_does_not_catch_fails_the_run_verbatim(
+    interop_python: Path, prefix: str, tmp_path: Path
+) -> None:
+    async with remote_engine(tmp_path, prefix) as engine, workflow_worker(interop_python, prefix):
+        run_id = (await engine.start("py.declined", {"amount": 5})).run_id
+        result = await finish(engine, run_id)
+        assert result.status is RunStatus.FAILED
+        assert result.error is not None
+        assert result.error["message"] == "card declined"
+        assert result.error["code"] == "declined"
+        assert result.error["details"] == {"last4": "4242"}
+        [call] = await engine.history(run_id)
+        assert call.status is CheckpointStatus.FAILED and call.error["code"] == "declined"
