@@ -14,6 +14,7 @@ from .durations import Duration, to_ms
 from .errors import SchemaValidationError, WorkflowNotRegistered
 from .steps._flow import FlowQueue
 from .steps.definition import StepDefinition
+from .wire import routing_token
 
 __all__ = ["Registry", "RemoteSpec", "WorkflowDef"]
 
@@ -25,6 +26,13 @@ class RemoteSpec:
     """How a remote workflow is served: the capabilities its worker must advertise."""
 
     requires: frozenset[str] = frozenset()
+    group: str | None = None
+    """The queue token of a worker serving workflows by group (upstream
+    ``WorkflowWorker(group=…)``); ``None``: the workflow's own routing token."""
+
+    def token(self, workflow: str, namespace: str) -> str:
+        """The routing token its turns are queued under."""
+        return self.group if self.group is not None else routing_token(workflow, namespace)
 
 
 async def _remote_body(*_: Any) -> Any:
@@ -150,6 +158,7 @@ class Registry:
         version: str,
         requires: frozenset[str],
         execution_timeout: Duration | None,
+        group: str | None = None,
     ) -> WorkflowDef:
         """Register workflow ``name`` as served by a remote worker (no body here)."""
         definition = WorkflowDef.build(
@@ -157,12 +166,14 @@ class Registry:
         )
         for capability in requires:
             check_name(capability, "capability")
+        if group is not None and (not group or ":" in group):
+            raise ValueError("a workflow group must be non-empty and without ':'")
         remote = WorkflowDef(
             name=definition.name,
             version=definition.version,
             fn=_remote_body,
             execution_timeout_ms=definition.execution_timeout_ms,
-            remote=RemoteSpec(requires),
+            remote=RemoteSpec(requires, group),
         )
         versions = self._by_name.get(name, {})
         if remote.version in versions and versions[remote.version] != remote:

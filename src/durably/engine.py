@@ -312,6 +312,7 @@ class Engine:
         *,
         version: str = "1",
         requires: Sequence[str] = (),
+        group: str | None = None,
         execution_timeout: Duration | None = None,
     ) -> None:
         """Register workflow ``name`` as *remote*: its body runs in a worker
@@ -320,7 +321,10 @@ class Engine:
         (``redis://``). Start it like any workflow; the engine sends it one
         turn at a time with its history and applies each decision the worker
         sends back. ``requires``: capabilities its worker must advertise
-        (a run with no live capable worker is parked ``blocked``).
+        (a run with no live capable worker is parked ``blocked``). ``group``:
+        the group of a worker serving workflows by group (upstream
+        ``WorkflowWorker(group=…)``); by default turns go to the workflow's
+        own queue, which a unified ``Worker`` consumes.
         """
         if isinstance(requires, str):
             raise TypeError("requires must be a list of capability names, not one string")
@@ -329,6 +333,7 @@ class Engine:
             version=str(version),
             requires=frozenset(requires),
             execution_timeout=execution_timeout,
+            group=group,
         )
 
     async def worker_health(self) -> dict[str, Any]:

@@ -1,7 +1,9 @@
 """A ``durable-worker`` 0.26.1 worker serving *workflows* (remote turns) and
 their steps, run by the interop virtualenv's Python (see ``dw_steps.py``).
 
-Usage: ``python dw_workflows.py REDIS_URL PREFIX [PARTITION]``. Prints
+Usage: ``python dw_workflows.py REDIS_URL PREFIX [PARTITION | split:GROUP]``: a
+unified ``Worker`` (of a partition), or a split ``WorkflowWorker(group=GROUP)``
+beside a step ``Worker``. Prints
 ``READY`` once its queues are consumed, and ``turn <workflow> <runId>`` at
 the start of each turn, so a test can follow (or kill it mid-turn).
 """
@@ -13,16 +15,15 @@ import sys
 import time
 from typing import Any
 
-from durable_worker import FatalError, Worker
-from durable_worker.redis_runner import run_redis_worker
+from durable_worker import FatalError, Worker, WorkflowWorker
+from durable_worker.redis_runner import run_redis_worker, run_redis_workflow_worker
 
 
 def say(line: str) -> None:
     print(line, flush=True)
 
 
-def build() -> Worker:
-    worker = Worker(auto_register=False)
+def build(worker: Any, flows: Any) -> None:
 
     @worker.step("py-echo")
     def py_echo(data: Any, ctx: Any) -> Any:
@@ -37,11 +38,11 @@ def build() -> Worker:
     def py_decline(data: Any) -> Any:
         raise FatalError("card declined", code="declined", details={"last4": "4242"})
 
-    @worker.workflow("py.declined")
+    @flows.workflow("py.declined")
     def declined(ctx: Any, data: Any) -> Any:
         return ctx.step("py-decline", data, group="default")
 
-    @worker.workflow("py.order")
+    @flows.workflow("py.order")
     def order(ctx: Any, data: Any) -> Any:
         say(f"turn py.order {ctx.run_id}")
         started = ctx.now()
@@ -63,12 +64,12 @@ def build() -> Worker:
             "startedIsMs": started > 10**12,
         }
 
-    @worker.workflow("py.child")
+    @flows.workflow("py.child")
     def child(ctx: Any, data: Any) -> Any:
         say(f"turn py.child {ctx.run_id}")
         return ctx.step("py-echo", {"n": data["n"]}, group="default")["nPlusOne"]
 
-    @worker.workflow("py.slowturn")
+    @flows.workflow("py.slowturn")
     def slowturn(ctx: Any, data: Any) -> Any:
         say(f"turn py.slowturn {ctx.run_id}")
         # A local step that runs inside the turn: killing the process here
@@ -76,20 +77,33 @@ def build() -> Worker:
         ctx.side_effect(lambda: time.sleep(data.get("seconds", 3)) or "slept")
         return ctx.step("py-echo", {"n": data["n"]}, group="default")["nPlusOne"]
 
-    return worker
-
 
 async def main() -> None:
     url, prefix = sys.argv[1], sys.argv[2]
-    partition = sys.argv[3] if len(sys.argv) > 3 else None
-    handle = await run_redis_worker(
-        build(), connection=url, prefix=prefix, partition=partition, concurrency=8
-    )
+    mode = sys.argv[3] if len(sys.argv) > 3 else None
+    handles = []
+    if mode is not None and mode.startswith("split:"):
+        group = mode.removeprefix("split:")
+        steps, flows = Worker(auto_register=False), WorkflowWorker(group=group, auto_register=False)
+        build(steps, flows)
+        handles.append(await run_redis_worker(steps, connection=url, prefix=prefix, concurrency=8))
+        handles.append(
+            await run_redis_workflow_worker(flows, group=group, connection=url, prefix=prefix)
+        )
+    else:
+        worker = Worker(auto_register=False)
+        build(worker, worker)
+        handles.append(
+            await run_redis_worker(
+                worker, connection=url, prefix=prefix, partition=mode, concurrency=8
+            )
+        )
     say("READY")
     try:
         await asyncio.Event().wait()
     finally:
-        await handle.close()
+        for handle in handles:
+            await handle.close()
 
 
 if __name__ == "__main__":

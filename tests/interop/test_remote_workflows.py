@@ -290,3 +290,15 @@ async def test_a_step_failure_the_workflow_does_not_catch_fails_the_run_verbatim
         assert result.error["details"] == {"last4": "4242"}
         [call] = await engine.history(run_id)
         assert call.status is CheckpointStatus.FAILED and call.error["code"] == "declined"
+
+
+async def test_a_split_workflow_worker_serves_turns_by_group(
+    interop_python: Path, prefix: str, tmp_path: Path
+) -> None:
+    async with remote_engine(tmp_path, prefix) as engine:
+        engine.remote_workflow("py.child", version="2", group="py-workflows")
+        async with workflow_worker(interop_python, prefix, partition="split:py-workflows"):
+            run_id = (await engine.start("py.child", {"n": 8})).run_id
+            result = await finish(engine, run_id)
+            assert result.status is RunStatus.COMPLETED, result.error
+            assert result.output == 9

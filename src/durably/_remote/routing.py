@@ -14,8 +14,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from .._registry import RemoteSpec
 from ..transports.base import TurnCarrier
-from ..wire import routing_token
 from .handshake import LiveWorker, live_workers
 
 if TYPE_CHECKING:
@@ -50,7 +50,7 @@ class CapabilityRouter:
     async def check(self, run: Run, definition: WorkflowDef) -> ErrorInfo | None:
         """``None`` if a live worker can take a turn of ``run``, else why not."""
         requires = sorted(definition.remote.requires) if definition.remote else []
-        token = routing_token(run.workflow, run.namespace)
+        token = (definition.remote or RemoteSpec()).token(run.workflow, run.namespace)
         serving = [
             w for w in await self.workers() if w.token == token or run.workflow in w.workflows
         ]
@@ -117,7 +117,7 @@ class CapabilityRouter:
         carrier = self._carrier()
         workers = await self.workers(fresh=True)
         tokens = {w.token for w in workers}
-        wanted = {routing_token(d.name) for d in self._registry.remote()}
+        wanted = {d.remote.token(d.name, "default") for d in self._registry.remote() if d.remote}
         depths = await carrier.queue_depths(sorted(tokens | wanted)) if carrier is not None else {}
         by_instance: dict[str, dict[str, Any]] = {}
         for w in workers:

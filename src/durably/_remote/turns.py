@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .._faults import FailureLog
+from .._registry import RemoteSpec
 from .._replay import TurnEnd, TurnOutcome
 from ..model import Checkpoint, CheckpointKind, CheckpointStatus, ErrorInfo, Run, RunStatus
 from ..transports.base import TransportError, TurnCarrier
@@ -178,7 +179,7 @@ class RemoteTurns:
         task_id = f"{run.run_id}:wf:{uuid.uuid4().hex[:8]}"
         if not await self._store.mark_awaiting(run.run_id, owner, task_id):
             return TurnOutcome(TurnEnd.CLOSED)
-        token = routing_token(run.workflow, run.namespace)
+        token = (definition.remote or RemoteSpec()).token(run.workflow, run.namespace)
         task = WorkflowTask(
             task_id=task_id,
             run_id=run.run_id,
