@@ -51,6 +51,7 @@ from .steps._server import served_tokens
 from .steps.definition import StepDefinition, StepPolicy, StepRef, check_policy, define_step
 from .stores import RunPage, RunQuery, StateStore, open_store
 from .transports import Transport, open_transport
+from .transports.base import TurnCarrier
 
 __all__ = ["Engine", "RunNotFound"]
 
@@ -328,6 +329,11 @@ class Engine:
         """
         if isinstance(requires, str):
             raise TypeError("requires must be a list of capability names, not one string")
+        if not isinstance(self.transport, TurnCarrier):
+            raise ValueError(
+                f"remote workflow {name!r} needs a transport that carries turns "
+                f"(transport='redis://…'), not {self.transport.url}"
+            )
         self._registry.add_remote(
             name,
             version=str(version),

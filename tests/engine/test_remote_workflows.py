@@ -1,46 +1,43 @@
 """``engine.remote_workflow`` on the engine side alone (memory, SQLite, PostgreSQL).
 
-What a remote workflow does without a worker: its registration checks, a
-start like any workflow's, and a clear failure (not a hang) on a transport
-that carries no turns. The turns themselves are proven against Redis and the
-real durable-worker in ``tests/on_redis`` and ``tests/interop``.
+What a remote workflow is before any worker: its registration checks, and a
+clear error at registration on a transport that carries no turns. The turns
+themselves are proven against Redis and the real durable-worker in
+``tests/on_redis`` and ``tests/interop``.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from durably import RunStatus
 from durably._remote.wire import parse_decision
 from durably.wire import WireError
 
 from .conftest import EngineFactory
 
 
-async def test_a_remote_workflow_on_a_transport_without_turns_fails_clearly(
+async def test_a_remote_workflow_needs_a_transport_that_carries_turns(
     make_engine: EngineFactory,
 ) -> None:
-    engine = make_engine()
-    engine.remote_workflow("py.order")
-    assert "py.order" in engine.workflows
-    await engine.start_worker()
-    run = await engine.start("py.order", {"n": 1})
-    result = await engine.wait_for_run(run.run_id, terminal=True, timeout=30)
-    assert result.status is RunStatus.FAILED
-    assert result.error is not None and result.error["code"] == "remote_transport"
-    assert "redis://" in result.error["message"]
+    engine = make_engine()  # local:// carries steps, not turns
+    with pytest.raises(ValueError, match="redis://"):
+        engine.remote_workflow("py.order")
+    assert "py.order" not in engine.workflows
 
 
 async def test_remote_workflow_registration_checks(make_engine: EngineFactory) -> None:
-    engine = make_engine()
+    engine = make_engine(transport="redis://127.0.0.1:6379/0?prefix=durably-unused")
     with pytest.raises(TypeError, match="requires"):
         engine.remote_workflow("a", requires="gpu")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="non-empty"):
         engine.remote_workflow("")
+    with pytest.raises(ValueError, match="group"):
+        engine.remote_workflow("a", group="x:y")
     engine.remote_workflow("a", version="1", requires=["gpu"])
     engine.remote_workflow("a", version="1", requires=["gpu"])  # the same again: fine
     with pytest.raises(ValueError, match="already registered"):
         engine.remote_workflow("a", version="1", requires=["cpu"])
+    assert engine.workflows == ["a"]
     with pytest.raises(TypeError, match="requires"):
         engine.step("s", requires="gpu")(lambda data: data)  # type: ignore[arg-type]
 
