@@ -186,15 +186,25 @@ async def test_a_remote_workflow_requiring_a_capability_nobody_offers_is_blocked
 
 
 async def _blocked(engine: durably.Engine, run_id: str) -> durably.Run | None:
+    # Blocked for want of the capability (before the worker's keys are
+    # written, it is blocked for want of any worker, and polled again).
     run = await engine.get_run(run_id)
-    return run if run is not None and run.status is RunStatus.BLOCKED else None
+    if run is None or run.status is not RunStatus.BLOCKED or run.error is None:
+        return None
+    return run if run.error["code"] == "capability_unavailable" else None
 
 
 async def test_worker_health_lists_the_live_durable_worker_and_checks_its_descriptor_hash(
     interop_python: Path, prefix: str, tmp_path: Path
 ) -> None:
     async with remote_engine(tmp_path, prefix) as engine, workflow_worker(interop_python, prefix):
-        health = await engine.worker_health()
+
+        async def announced() -> dict[str, Any] | None:
+            # The worker writes its keys as it starts, not necessarily before READY.
+            health = await engine.worker_health()
+            return health if len(health["workers"]) == 1 else None
+
+        health = await eventually(announced, timeout=30)
         [worker] = health["workers"]
         assert worker["instance_id"].startswith("py-")
         assert worker["runtime"] == "python"

@@ -55,6 +55,14 @@ async def test_a_step_no_live_worker_is_capable_of_parks_its_run_blocked(
     try:
         async with step_worker(interop_python, prefix):
             await engine.start_worker()
+
+            async def announced() -> bool:
+                # Its descriptors are written as it starts, not necessarily
+                # before READY; without them no step would be guarded.
+                health = await engine.worker_health()
+                return any(w["steps"] for w in health["workers"])
+
+            await eventually(announced, timeout=30)
             ok = (await engine.start("capable", 1)).run_id
             stuck = (await engine.start("incapable", 5)).run_id
             done = await engine.wait_for_run(ok, terminal=True, timeout=30)
