@@ -109,7 +109,7 @@ def wire(
     def carrier() -> TurnCarrier | None:
         return transport if isinstance(transport, TurnCarrier) else None
 
-    capabilities = CapabilityRouter(carrier, registry)
+    capabilities = CapabilityRouter(carrier, registry, lambda: namespace)
     services = Services(
         store=store,
         clock=clock,

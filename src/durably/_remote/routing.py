@@ -30,9 +30,16 @@ _CACHE_S = 1.0
 class CapabilityRouter:
     """Reads the live workers and judges who can serve a remote workflow."""
 
-    def __init__(self, carrier: Callable[[], TurnCarrier | None], registry: Registry) -> None:
+    def __init__(
+        self,
+        carrier: Callable[[], TurnCarrier | None],
+        registry: Registry,
+        namespace: Callable[[], str],
+    ) -> None:
+        """``namespace()``: the pool this engine starts runs in (their partition)."""
         self._carrier = carrier
         self._registry = registry
+        self._namespace = namespace
         self._cached: tuple[float, list[LiveWorker]] | None = None
 
     async def workers(self, *, fresh: bool = False) -> list[LiveWorker]:
@@ -117,7 +124,8 @@ class CapabilityRouter:
         carrier = self._carrier()
         workers = await self.workers(fresh=True)
         tokens = {w.token for w in workers}
-        wanted = {d.remote.token(d.name, "default") for d in self._registry.remote() if d.remote}
+        pool = self._namespace()
+        wanted = {d.remote.token(d.name, pool) for d in self._registry.remote() if d.remote}
         depths = await carrier.queue_depths(sorted(tokens | wanted)) if carrier is not None else {}
         by_instance: dict[str, dict[str, Any]] = {}
         for w in workers:
