@@ -50,6 +50,7 @@ class Lifecycle:
         worker: Worker,
         steps: StepDispatcher,
         step_server: StepServer,
+        consume_turns: Callable[[], Awaitable[None]],
         watcher: RunWatcher,
         threads: StepThreads,
         sync_schedules: Callable[[], Awaitable[None]],
@@ -63,7 +64,8 @@ class Lifecycle:
         upserts the schedules declared in code once the store is open;
         ``served()`` names the step handlers to serve; ``options()`` and
         ``owner()`` are read at each use, so settings changed before a start
-        (``durably worker`` flags) take effect."""
+        (``durably worker`` flags) take effect; ``consume_turns()`` starts
+        taking remote workflows' decisions."""
         self._store = store
         self._transport = transport
         self._clock = clock
@@ -72,6 +74,7 @@ class Lifecycle:
         self._worker = worker
         self._steps = steps
         self._step_server = step_server
+        self._consume_turns = consume_turns
         self._watcher = watcher
         self._threads = threads
         self._sync_schedules = sync_schedules
@@ -171,6 +174,7 @@ class Lifecycle:
             return
         self._consuming = True
         await self._transport.consume_results(self._steps.on_results, self._steps.on_heartbeat)
+        await self._consume_turns()
         await self._step_server.start(self._served(), self._options().step_concurrency)
 
     async def drain(self, timeout: float) -> None:

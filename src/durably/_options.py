@@ -70,6 +70,7 @@ class EngineOptions:
     heartbeat_persist_throttle: Duration = "10s"
     webhook_base_url: str | None = None
     publish_events: bool = False
+    remote_advance_silence: Duration = "30s"
 
     lease_ms: int = field(init=False)
     """How long a turn's lease lasts without renewal."""
@@ -85,6 +86,8 @@ class EngineOptions:
     """When a dispatched step's task is sent again; ``None``: never."""
     heartbeat_throttle_ms: int = field(init=False)
     """At most one persisted heartbeat per step per this window."""
+    remote_silence_ms: int = field(init=False)
+    """How long a remote workflow turn may go unheard before it is re-driven."""
     drives: bool = field(init=False)
     """Whether runs execute here: a pure producer (``consumers="never"``) runs none."""
 
@@ -132,6 +135,12 @@ class EngineOptions:
             if self.remote_redispatch is None
             else to_ms(self.remote_redispatch, name="remote_redispatch"),
         )
+        derive(
+            "remote_silence_ms",
+            to_ms(self.remote_advance_silence, name="remote_advance_silence"),
+        )
+        if self.remote_silence_ms < 100:
+            raise ValueError("remote_advance_silence must be at least 100ms")
         derive("drives", self.drive and self.consumers != "never")
         if self.webhook_base_url is not None and (
             not isinstance(self.webhook_base_url, str)

@@ -16,10 +16,12 @@ from .durations import Duration, to_ms
 from .errors import SchemaValidationError, WorkflowNotRegistered
 from .steps._flow import FlowQueue
 from .steps.definition import StepDefinition
+from .wire import routing_token
 
 __all__ = [
     "UNPINNED",
     "Registry",
+    "RemoteSpec",
     "WorkflowDef",
     "check_version",
     "parse_input",
@@ -78,6 +80,24 @@ def parse_input(workflow: str, kind: Any, value: Any) -> Any:
 
 
 @dataclass(frozen=True, slots=True)
+class RemoteSpec:
+    """How a remote workflow is served: the capabilities its worker must advertise."""
+
+    requires: frozenset[str] = frozenset()
+    group: str | None = None
+    """The queue token of a worker serving workflows by group (upstream
+    ``WorkflowWorker(group=…)``); ``None``: the workflow's own routing token."""
+
+    def token(self, workflow: str, namespace: str) -> str:
+        """The routing token its turns are queued under."""
+        return self.group if self.group is not None else routing_token(workflow, namespace)
+
+
+async def _remote_body(*_: Any) -> Any:
+    raise RuntimeError("a remote workflow has no body in this process")
+
+
+@dataclass(frozen=True, slots=True)
 class WorkflowDef:
     """One registered version of a workflow."""
 
@@ -92,6 +112,8 @@ class WorkflowDef:
     """``output=``, else the function's return annotation, else ``Any``."""
     typed_output: typed.Typed = typed.PLAIN
     """How the output is checked, stored and decoded as :attr:`output_type`."""
+    remote: RemoteSpec | None = None
+    """Set for a remote workflow: its body runs in a worker elsewhere."""
 
     @classmethod
     def build(
@@ -198,6 +220,40 @@ class Registry:
             (definition.name, UNPINNED),
         }
         self._has_singletons = self._has_singletons or definition.singleton is not None
+
+    def add_remote(
+        self,
+        name: str,
+        *,
+        version: str,
+        requires: frozenset[str],
+        execution_timeout: Duration | None,
+        group: str | None = None,
+    ) -> WorkflowDef:
+        """Register workflow ``name`` as served by a remote worker (no body here)."""
+        definition = WorkflowDef.build(
+            name, _remote_body, version=version, input=None, execution_timeout=execution_timeout
+        )
+        for capability in requires:
+            check_name(capability, "capability")
+        if group is not None and (not group or ":" in group):
+            raise ValueError("a workflow group must be non-empty and without ':'")
+        remote = WorkflowDef(
+            name=definition.name,
+            version=definition.version,
+            fn=_remote_body,
+            execution_timeout_ms=definition.execution_timeout_ms,
+            remote=RemoteSpec(requires, group),
+        )
+        versions = self._by_name.get(name, {})
+        if remote.version in versions and versions[remote.version] != remote:
+            raise ValueError(f"workflow {name!r} version {remote.version!r} is already registered")
+        self.add(remote)
+        return remote
+
+    def remote(self) -> list[WorkflowDef]:
+        """Every registered remote workflow version."""
+        return [d for versions in self._by_name.values() for d in versions.values() if d.remote]
 
     def get(self, name: str, version: str | None = None) -> WorkflowDef:
         """The definition for ``name`` (at ``version``, or the default version

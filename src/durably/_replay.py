@@ -49,6 +49,8 @@ class TurnEnd(StrEnum):
     """A compensating cancel finished unwinding."""
     CLOSED = "closed"
     """Stopped from outside (cancelled, fenced, drained): nothing to write."""
+    BLOCKED = "blocked"
+    """No live worker can take the turn (a remote workflow): parked, polled again."""
 
 
 class CloseReason(StrEnum):
@@ -82,6 +84,8 @@ class TurnOutcome:
     output: Any = None
     error: ErrorInfo | None = None
     wake_at: int | None = None
+    after_settle: Callable[[], Awaitable[None]] | None = None
+    """Called once the outcome is written (a remote turn is sent only then)."""
 
 
 class Turn:
@@ -124,6 +128,8 @@ class Turn:
         an outage into :meth:`store_failed` (a signal the body cannot catch)."""
         self.missing_children: set[str] = set()
         """Children waited on whose runs were never created (see the engine)."""
+        self.blocked: ErrorInfo | None = None
+        """Why a step of this turn found no live capable worker (see :meth:`block`)."""
         self.unwinding = run.cancel_requested == CancelMode.COMPENSATE
         """A compensating cancel: replay only, park anything new, then undo."""
 
@@ -272,6 +278,14 @@ class Turn:
         await future
         raise _TurnClosed(self.close_reason)  # pragma: no cover - futures are never resolved
 
+    async def block(self, seq: int, reason: ErrorInfo, poll_at: int) -> Any:
+        """Park ``seq`` because no live worker can take it: once the turn
+        suspends, the run is settled ``blocked`` with ``reason`` (and polled
+        again) instead of ``suspended``."""
+        if self.blocked is None:
+            self.blocked = reason
+        return await self.park(seq, poll_at, reconcile=False)
+
     def close(self, reason: CloseReason) -> None:
         """Stop the turn from outside (cancel, fence, drain)."""
         if not self.closed:
@@ -302,6 +316,8 @@ class Turn:
             outcome = TurnOutcome(TurnEnd.FAILED, error=error_info(self.failure))
         elif self.closed:
             outcome = TurnOutcome(TurnEnd.CLOSED)
+        elif self.blocked is not None:
+            outcome = TurnOutcome(TurnEnd.BLOCKED, error=self.blocked, wake_at=self._wake_at())
         else:
             outcome = TurnOutcome(TurnEnd.SUSPENDED, wake_at=self._wake_at())
         self.close(self.close_reason or CloseReason.SUSPENDED)

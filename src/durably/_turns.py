@@ -43,6 +43,9 @@ _log = engine_logger("durably")
 Leased = tuple[Run, dict[int, Checkpoint]]
 """A run leased for a turn, with the checkpoints that turn replays."""
 
+RemoteTurn = Callable[[Run, dict[int, Checkpoint], "WorkflowDef", set[str]], Awaitable[TurnOutcome]]
+"""A remote workflow's turn (:meth:`durably._remote.turns.RemoteTurns.turn`)."""
+
 _WAKEABLE = frozenset({RunStatus.PENDING, RunStatus.SUSPENDED})
 # Waits between attempts to take a turn back after the store failed mid-turn
 # (seconds, real time: the store's recovery is not on the engine's clock).
@@ -80,6 +83,15 @@ class TurnDriver:
         # would otherwise queue one start per run for the store's pool.
         self._turn_starts: BatchCall[str, Leased | None] = BatchCall(self._start_turns, 256)
         self._failures = FailureLog(_log)
+        self.remote_turn: RemoteTurn | None = None
+        """Takes the turns of remote workflows (set by the wiring)."""
+
+    async def conclude(self, run: Run, outcome: TurnOutcome) -> None:
+        """Settle ``outcome`` for ``run``, leased here outside a replayed turn
+        (a remote workflow's decision), and drive any turn that follows."""
+        leased = await self._settle(run, outcome, None)
+        if leased is not None:
+            await self.drive(*leased)
 
     async def execute(self, run_id: str, wake: bool) -> None:
         """The executor's handler: lease ``run_id`` (unless a start already
@@ -277,6 +289,8 @@ class TurnDriver:
             return TurnOutcome(TurnEnd.FAILED, error=error_info(exc)), None
         missing_children = await self._children.reconcile(run, checkpoints)
         self._router.forget(run.run_id)
+        if definition.remote is not None and self.remote_turn is not None:
+            return await self.remote_turn(run, checkpoints, definition, missing_children), None
         options = self._options()
         turn = Turn(
             run,
@@ -397,6 +411,9 @@ class TurnDriver:
             status, changes = RunStatus.FAILED, RunChanges(error=outcome.error)
         elif outcome.end is TurnEnd.CANCELLED:
             status, changes = RunStatus.CANCELLED, RunChanges(error=outcome.error)
+        elif outcome.end is TurnEnd.BLOCKED:
+            status = RunStatus.BLOCKED
+            changes = RunChanges(error=outcome.error, wake_at=outcome.wake_at)
         else:
             status, changes = RunStatus.SUSPENDED, RunChanges(wake_at=outcome.wake_at)
         ended = run.replace(status=status, output=changes.output, error=changes.error)
@@ -442,6 +459,8 @@ class TurnDriver:
                     duration_ms=now - run.created_at if status in TERMINAL_STATUSES else None,
                     error=outcome.error if status is not RunStatus.COMPLETED else None,
                 )
+            if outcome.after_settle is not None:
+                await outcome.after_settle()
             if status is RunStatus.FAILED and outcome.error:
                 _log.warning(
                     "run %s (%s) failed: %s", run_id, run.workflow, outcome.error.get("message")

@@ -24,6 +24,8 @@ from ._ops.env import Services
 from ._options import EngineOptions
 from ._queue import MessageStore
 from ._registry import Registry
+from ._remote.routing import CapabilityRouter
+from ._remote.turns import RemoteTurns
 from ._routing import RunRouter
 from ._start import StartRun
 from ._step_faults import StepFaults
@@ -40,6 +42,7 @@ from .steps._server import StepServer
 from .steps.definition import StepDefinition
 from .stores import StateStore
 from .transports import Transport
+from .transports.base import TurnCarrier
 
 __all__ = ["Parts", "wire"]
 
@@ -57,6 +60,8 @@ class Parts:
     children: ChildRuns
     step_server: StepServer
     turns: TurnDriver
+    remote: RemoteTurns
+    capabilities: CapabilityRouter
     scheduler: Scheduler
     events: EventRouter
     worker: Worker
@@ -114,6 +119,11 @@ def wire(
     )
     faults = StepFaults()
     step_server = StepServer(transport, threads, children.ended_runs, intercept, hub, faults)
+
+    def carrier() -> TurnCarrier | None:
+        return transport if isinstance(transport, TurnCarrier) else None
+
+    capabilities = CapabilityRouter(carrier, registry, lambda: namespace)
     services = Services(
         store=store,
         clock=clock,
@@ -131,6 +141,7 @@ def wire(
         intercept=intercept,
         events=hub,
         child_output=registry.output_decoder,
+        step_guard=capabilities.check_step,
     )
     turns = TurnDriver(
         store,
@@ -143,6 +154,20 @@ def wire(
         settings,
         owner,
     )
+
+    remote = RemoteTurns(
+        store,
+        clock,
+        carrier=carrier,
+        dispatch=steps.dispatch,
+        spawn_children=children.spawn,
+        conclude=turns.conclude,
+        options=settings,
+        owner=owner,
+        has_remote=lambda: bool(registry.remote()),
+    )
+    turns.remote_turn = remote.turn
+    remote.guard = capabilities.check
     scheduler = Scheduler(store, clock, namespace, registry, start=start, cancel=cancel)
     events = EventRouter(
         store,
@@ -176,6 +201,7 @@ def wire(
         worker=worker,
         steps=steps,
         step_server=step_server,
+        consume_turns=remote.start,
         watcher=watcher,
         threads=threads,
         sync_schedules=scheduler.sync,
@@ -194,6 +220,8 @@ def wire(
         children=children,
         step_server=step_server,
         turns=turns,
+        remote=remote,
+        capabilities=capabilities,
         scheduler=scheduler,
         events=events,
         worker=worker,

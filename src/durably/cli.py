@@ -57,6 +57,7 @@ from ._cli_runs import cancel, runs
 from ._cli_schedules import schedules
 from ._cli_start import start
 from ._cli_worker import configure_worker, serve, worker
+from ._cli_workers import workers
 
 __all__ = ["DEFAULT_STORE", "CliError", "cli", "configure_worker", "main", "serve"]
 
@@ -111,6 +112,7 @@ cli.add_command(cancel)
 cli.add_command(signal_cmd)
 cli.add_command(events)
 cli.add_command(schedules)
+cli.add_command(workers)
 add_commands(cli, runs)
 
 

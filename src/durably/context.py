@@ -364,6 +364,7 @@ class WorkflowContext:
             else ((definition and definition.priority) or None),
             fairness_key=fairness_key,
             context=context,
+            requires=definition.requires if definition is not None else frozenset(),
         )
         if output is not None:
             check_declared(output, f"ctx.step {name!r}")

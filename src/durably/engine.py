@@ -68,6 +68,7 @@ from .steps.definition import (
 )
 from .stores import RunPage, RunQuery, StateStore, open_store
 from .transports import Transport, open_transport
+from .transports.base import TurnCarrier
 
 __all__ = ["Engine", "RunNotFound"]
 
@@ -131,6 +132,9 @@ class Engine:
         publish_events: broadcast this engine's lifecycle events on the
             store's channel (PostgreSQL ``NOTIFY``), so :meth:`subscribe` in
             other processes sees them.
+        remote_advance_silence: a remote workflow turn (:meth:`remote_workflow`)
+            that sent no decision and no run heartbeat for this long is sent
+            again under a fresh task id (its worker died or the turn was lost).
     """
 
     def __init__(
@@ -163,6 +167,7 @@ class Engine:
         heartbeat_persist_throttle: Duration = "10s",
         webhook_base_url: str | None = None,
         publish_events: bool = False,
+        remote_advance_silence: Duration = "30s",
     ) -> None:
         # Taken first, while the locals are exactly the parameters: the keywords
         # are EngineOptions' fields, by name.
@@ -199,6 +204,7 @@ class Engine:
         self._watcher, self._router, self._steps = parts.watcher, parts.router, parts.steps
         self._children, self._step_server = parts.children, parts.step_server
         self._turns, self._scheduler, self._events = parts.turns, parts.scheduler, parts.events
+        self._remote, self._capabilities = parts.remote, parts.capabilities
         self._worker, self._lifecycle = parts.worker, parts.lifecycle
         self._step_faults = parts.faults  # what durably.testing.TestEnv arranges
         self._outside = OutsideCalls(self.store, self.signal, self._router.wake)
@@ -363,6 +369,50 @@ class Engine:
             )
         )
 
+    def remote_workflow(
+        self,
+        name: str,
+        *,
+        version: str = "1",
+        requires: Sequence[str] = (),
+        group: str | None = None,
+        execution_timeout: Duration | None = None,
+    ) -> None:
+        """Register workflow ``name`` as *remote*: its body runs in a worker
+        elsewhere (``durable-worker`` in Python, the upstream TypeScript
+        runtimes), served by name over a transport that carries turns
+        (``redis://``). Start it like any workflow; the engine sends it one
+        turn at a time with its history and applies each decision the worker
+        sends back. ``requires``: capabilities its worker must advertise
+        (a run with no live capable worker is parked ``blocked``). ``group``:
+        the group of a worker serving workflows by group (upstream
+        ``WorkflowWorker(group=…)``); by default turns go to the workflow's
+        own queue, which a unified ``Worker`` consumes.
+        """
+        if isinstance(requires, str):
+            raise TypeError("requires must be a list of capability names, not one string")
+        if not isinstance(self.transport, TurnCarrier):
+            raise ValueError(
+                f"remote workflow {name!r} needs a transport that carries turns "
+                f"(transport='redis://…'), not {self.transport.url}"
+            )
+        self._registry.add_remote(
+            name,
+            version=str(version),
+            requires=frozenset(requires),
+            execution_timeout=execution_timeout,
+            group=group,
+        )
+
+    async def worker_health(self) -> dict[str, Any]:
+        """The fleet's remote workers as seen on the transport (``redis://``):
+        ``workers`` (instance, runtime, SDK, routing tokens, workflows, steps,
+        capabilities, whether its descriptor hash checks out), ``queues``
+        (tasks waiting per routing token) and ``starving`` (tokens with work
+        waiting and no live worker). Empty on a transport without workers."""
+        await self.open()
+        return await self._capabilities.health()
+
     @property
     def workflows(self) -> list[str]:
         """Names of the registered workflows."""
@@ -407,6 +457,7 @@ class Engine:
         group: str | None = None,
         input: Any = None,
         output: Any = None,
+        requires: Sequence[str] = (),
         **policy: Unpack[StepPolicy],
     ) -> StepDecorator:
         """Register a step handler served by ``name``; returns a :class:`StepRef`
@@ -423,12 +474,17 @@ class Engine:
         The policy keywords (:class:`~durably.steps.StepPolicy`: ``retries``,
         ``backoff``, ``backoff_base``, ``backoff_max``, ``jitter``,
         ``timeout``, ``pickup_timeout``, ``queue``, ``priority``) each default
-        to ``None``: not set.
+        to ``None``: not set. ``requires``: capabilities a remote worker must
+        advertise (the upstream handshake) to be sent this step; with live
+        workers on its queue and none of them capable, the run is parked
+        ``blocked`` and polled again.
         """
         check_policy("Engine.step", policy)
 
         def decorate(fn: Callable[..., Any]) -> StepRef[Any]:
-            return self.register_step(name, fn, group=group, input=input, output=output, **policy)
+            return self.register_step(
+                name, fn, group=group, input=input, output=output, requires=requires, **policy
+            )
 
         return cast(StepDecorator, decorate)
 
@@ -440,6 +496,7 @@ class Engine:
         group: str | None = None,
         input: Any = None,
         output: Any = None,
+        requires: Sequence[str] = (),
         **policy: Unpack[StepPolicy],
     ) -> StepRef[Any]:
         """The non-decorator form of :meth:`step`."""
@@ -453,6 +510,7 @@ class Engine:
             input=input,
             output=output,
             policy=policy,
+            requires=requires,
         )
         registry.add_step(definition)
         return StepRef(definition)

@@ -25,6 +25,7 @@ VENV = ROOT / ".interop-venv"
 REQUIREMENT = "durable-worker[redis]==0.26.1"
 REDIS_URL = "redis://127.0.0.1:6379/0"
 STEPS_APP = Path(__file__).with_name("dw_steps.py")
+WORKFLOWS_APP = Path(__file__).with_name("dw_workflows.py")
 _CHECK = (
     "import importlib.metadata as m, durable_worker.redis_runner; "
     "print(m.version('durable-worker'), m.version('bullmq'))"
@@ -128,6 +129,23 @@ async def step_worker(
     args = [str(STEPS_APP), REDIS_URL, prefix, str(concurrency), namespace]
     if partition is not None:
         args.append(partition)
+    async with worker_process(python, args) as worker:
+        yield worker
+
+
+@asynccontextmanager
+async def workflow_worker(
+    python: Path, prefix: str, partition: str | None = None
+) -> AsyncIterator[StepWorker]:
+    """Start ``dw_workflows.py`` (remote workflows and their steps) and wait for READY."""
+    args = [str(WORKFLOWS_APP), REDIS_URL, prefix, *([partition] if partition else [])]
+    async with worker_process(python, args) as worker:
+        yield worker
+
+
+@asynccontextmanager
+async def worker_process(python: Path, args: list[str]) -> AsyncIterator[StepWorker]:
+    """Start a durable-worker app under ``python`` and wait for its READY line."""
     with tempfile.TemporaryFile() as stderr:
         process = await asyncio.create_subprocess_exec(
             str(python), *args, stdout=asyncio.subprocess.PIPE, stderr=stderr

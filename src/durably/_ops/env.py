@@ -28,7 +28,11 @@ from ..retry import RetryPolicy
 from ..steps._dispatcher import StepDispatcher
 from ..stores.base import StateStore
 
-__all__ = ["Services", "SpawnChildren", "TurnEnv"]
+__all__ = ["Services", "SpawnChildren", "StepGuard", "TurnEnv"]
+
+StepGuard = Callable[[str, frozenset[str]], Awaitable[ErrorInfo | None]]
+"""``(routing token, required capabilities)``: why no live worker can take a
+step sent to that token (the run is then parked ``blocked``), or ``None``."""
 
 SpawnChildren = Callable[[Run, list[Any]], Awaitable[list[ErrorInfo | None]]]
 """Create child runs for a parent; return a start error per child (or ``None``).
@@ -61,6 +65,8 @@ class Services:
     child_output: Callable[[str], Decoder] = lambda _workflow: identity
     """The decoder of a child workflow's output, by workflow name (its
     registered default version's output type; plain data when unknown here)."""
+    step_guard: StepGuard | None = None
+    """``(token, requires)``: why no live worker can take a step, or ``None``."""
 
 
 class WorkflowLogger(logging.LoggerAdapter[logging.Logger]):

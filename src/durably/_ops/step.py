@@ -37,6 +37,9 @@ _SEND_RETRY_MS = 1000
 """When a step whose task the transport refused is sent again."""
 
 
+_BLOCKED_POLL_MS = 5_000
+
+
 @dataclass(frozen=True, slots=True)
 class StepCall:
     """One ``ctx.step`` call's resolved options."""
@@ -50,6 +53,7 @@ class StepCall:
     priority: int | None
     fairness_key: str | None
     context: Any
+    requires: frozenset[str] = frozenset()
 
 
 class StepRunner:
@@ -95,6 +99,14 @@ class StepRunner:
                     return await turn.park(seq, cp.wake_at, reconcile=False)
                 attempts = cp.attempts if cp is not None else 0
                 started = cp.started_at if cp is not None and cp.started_at else now
+                if call.requires and services.step_guard is not None:
+                    token = routing_token(call.name, turn.run.namespace)
+                    with turn.in_flight(), turn.store_calls:
+                        blocked = await services.step_guard(token, call.requires)
+                    if blocked is not None:
+                        # Not sent into a queue nobody able drains: the run
+                        # parks blocked (no checkpoint) and polls again.
+                        return await turn.block(seq, blocked, now + _BLOCKED_POLL_MS)
                 if call.queue is not None:
                     retry_at = await self._admit(seq, call)
                     if retry_at is not None:

@@ -13,7 +13,7 @@ import inspect
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypedDict, TypeVar, overload
 
@@ -103,6 +103,9 @@ class StepDefinition:
     typed_output: typed.Typed = typed.PLAIN
     """How a result is checked (where the handler runs) and decoded (in the
     workflow awaiting it) as :attr:`output_type`."""
+    requires: frozenset[str] = frozenset()
+    """Capabilities a worker must advertise to be sent this step (the upstream
+    handshake); a run whose step no live capable worker serves is ``blocked``."""
 
     def parse_input(self, data: Any) -> Any:
         """``data`` as the handler's input model (``SchemaValidationError`` if invalid)."""
@@ -164,6 +167,7 @@ def define_step(
     input: Any,
     output: Any,
     policy: StepPolicy,
+    requires: Collection[str] = (),
 ) -> StepDefinition:
     """Validate a registration (``engine.register_step``) and build its definition;
     ``taken(name)`` tells whether the name is registered already."""
@@ -175,6 +179,10 @@ def define_step(
         raise TypeError(f"step {name!r}: {fn!r} is not callable")
     if taken(name):
         raise ValueError(f"step {name!r} is already registered")
+    if isinstance(requires, str):
+        raise TypeError(f"step {name!r}: requires must be a list of capability names")
+    for capability in requires:
+        check_name(capability, "capability")
     timeout, pickup_timeout = policy.get("timeout"), policy.get("pickup_timeout")
     typed.check_declared(output, f"step {name!r}")
     output_type = typed.output_type_of(fn, output)
@@ -197,6 +205,7 @@ def define_step(
         priority=policy.get("priority"),
         input_model=input,
         output_model=output,
+        requires=frozenset(requires),
         takes_logger=takes_logger(fn),
         output_type=output_type,
         typed_output=typed.typed_for(output_type, f"the result of step {name!r}"),

@@ -33,6 +33,7 @@ __all__ = [
     "Admission",
     "CheckpointStore",
     "ChildEnd",
+    "DecisionStore",
     "EventDelivery",
     "Executable",
     "FlowStore",
@@ -706,6 +707,42 @@ class TransactionStore(Protocol):
 
 
 @runtime_checkable
+class DecisionStore(Protocol):
+    """Remote workflow turns: the decision a suspended run awaits from a worker."""
+
+    async def mark_awaiting(self, run_id: str, owner: str, task_id: str | None) -> bool:
+        """Record ``task_id`` as the turn a run leased by ``owner`` awaits
+        (``None`` clears it); ``False`` if the lease is not ``owner``'s."""
+        ...
+
+    async def take_decision(
+        self,
+        run_id: str,
+        task_id: str,
+        owner: str,
+        lease_until: int,
+        now: int,
+        checkpoints: list[Checkpoint],
+    ) -> Run | None:
+        """*Atomic*: if the run is ``suspended`` awaiting ``task_id``, lease it
+        to ``owner``, clear the awaited id and insert ``checkpoints`` (a seq
+        that has one already keeps it), as one write; else change nothing and
+        return ``None``. A duplicate or late decision therefore changes nothing."""
+        ...
+
+    async def mark_dispatched(self, run_id: str, seqs: list[int], at: int) -> None:
+        """Stamp ``dispatched_at = at`` on those of the run's checkpoints at
+        ``seqs`` still ``pending`` and not stamped (a result that settled one
+        meanwhile is never undone)."""
+        ...
+
+    async def extend_decision_wait(self, run_id: str, wake_at: int, now: int) -> bool:
+        """Push the re-drive time of a ``suspended`` run awaiting a decision
+        out to ``wake_at`` (never earlier); ``False`` if it awaits none."""
+        ...
+
+
+@runtime_checkable
 class StateStore(
     StoreConnection,
     RunStore,
@@ -716,6 +753,7 @@ class StateStore(
     WaitStore,
     ScheduleStore,
     StoreInspector,
+    DecisionStore,
     Protocol,
 ):
     """Persistence for runs and their history: every role protocol at once.

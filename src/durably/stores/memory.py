@@ -50,6 +50,7 @@ class MemoryStore(MemoryWaits):
         self.ordered_writes = False
         self._runs: dict[str, Run] = {}
         self._checkpoints: dict[str, dict[int, Checkpoint]] = defaultdict(dict)
+        self._awaiting: dict[str, str] = {}
         # token -> its waits (run, seq) in the order they registered
         self._waiters: dict[str, dict[tuple[str, int], None]] = {}
         # buffered signals and events: (created_at, payload), oldest first
@@ -242,6 +243,69 @@ class MemoryStore(MemoryWaits):
         if run is None or run.status in TERMINAL_STATUSES:
             return False
         run.wake_requested_at = now
+        return True
+
+    # -- remote workflow turns --------------------------------------------------------
+
+    async def mark_awaiting(self, run_id: str, owner: str, task_id: str | None) -> bool:
+        """Record (or clear) the turn a run leased by ``owner`` awaits."""
+        run = self._runs.get(run_id)
+        if run is None or run.status is not RunStatus.RUNNING or run.locked_by != owner:
+            return False
+        if task_id is None:
+            self._awaiting.pop(run_id, None)
+        else:
+            self._awaiting[run_id] = task_id
+        return True
+
+    async def take_decision(
+        self,
+        run_id: str,
+        task_id: str,
+        owner: str,
+        lease_until: int,
+        now: int,
+        checkpoints: list[Checkpoint],
+    ) -> Run | None:
+        """Lease a run awaiting ``task_id`` and insert the decision's
+        checkpoints (no await yields: atomic)."""
+        run = self._runs.get(run_id)
+        if (
+            run is None
+            or run.status is not RunStatus.SUSPENDED
+            or self._awaiting.get(run_id) != task_id
+        ):
+            return None
+        del self._awaiting[run_id]
+        run.status = RunStatus.RUNNING
+        run.locked_by, run.locked_until = owner, lease_until
+        run.wake_at = run.wake_requested_at = None
+        run.updated_at = now
+        held = self._checkpoints[run_id]
+        for checkpoint in checkpoints:
+            held.setdefault(checkpoint.seq, copy.deepcopy(checkpoint))
+        return copy.deepcopy(run)
+
+    async def mark_dispatched(self, run_id: str, seqs: list[int], at: int) -> None:
+        """Stamp the pending, unstamped checkpoints at ``seqs`` as sent."""
+        held = self._checkpoints.get(run_id, {})
+        for seq in seqs:
+            cp = held.get(seq)
+            if (
+                cp is not None
+                and cp.status is CheckpointStatus.PENDING
+                and cp.dispatched_at is None
+            ):
+                cp.dispatched_at = at
+
+    async def extend_decision_wait(self, run_id: str, wake_at: int, now: int) -> bool:
+        """Push back the re-drive time of a run awaiting a decision."""
+        run = self._runs.get(run_id)
+        if run is None or run.status is not RunStatus.SUSPENDED or run_id not in self._awaiting:
+            return False
+        if run.wake_at is None or run.wake_at < wake_at:
+            run.wake_at = wake_at
+            run.updated_at = now
         return True
 
     async def update_run_if(

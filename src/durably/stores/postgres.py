@@ -119,6 +119,10 @@ _START_TURN = (
     f"RETURNING {_SELECT_RUN}) "
     f"SELECT r.*, {_HISTORY} AS history FROM r"
 )
+_INSERT_CHECKPOINT = (
+    f"INSERT INTO durably_checkpoints ({CP_COLUMNS}) VALUES ({_CP_PARAMS}) "
+    "ON CONFLICT (run_id, seq) DO NOTHING"
+)
 _UPSERT_CHECKPOINT = (
     f"INSERT INTO durably_checkpoints ({CP_COLUMNS}) VALUES ({_CP_PARAMS}) {_CP_UPSERT_TAIL}"
 )
@@ -619,6 +623,72 @@ class PostgresStore:
             self.channel,
         )
         return done is not None
+
+    # -- remote workflow turns --------------------------------------------------------
+
+    async def mark_awaiting(self, run_id: str, owner: str, task_id: str | None) -> bool:
+        """Record (or clear) the turn a run leased by ``owner`` awaits."""
+        done = await self._db.pool().fetchval(
+            "UPDATE durably_runs SET awaiting_decision_task_id = $1 "
+            "WHERE id = $2 AND status = 'running' AND locked_by = $3 RETURNING true",
+            task_id,
+            run_id,
+            owner,
+        )
+        return bool(done)
+
+    async def take_decision(
+        self,
+        run_id: str,
+        task_id: str,
+        owner: str,
+        lease_until: int,
+        now: int,
+        checkpoints: list[Checkpoint],
+    ) -> Run | None:
+        """Lease a run awaiting ``task_id`` and insert the decision's
+        checkpoints, in one transaction."""
+        async with self._db.transaction() as conn:
+            row = await conn.fetchrow(
+                "UPDATE durably_runs SET status = 'running', locked_by = $1, locked_until = $2, "
+                "wake_at = NULL, wake_requested_at = NULL, awaiting_decision_task_id = NULL, "
+                "updated_at = $3 WHERE id = $4 AND status = 'suspended' "
+                f"AND awaiting_decision_task_id = $5 RETURNING {_SELECT_RUN}",
+                owner,
+                lease_until,
+                now,
+                run_id,
+                task_id,
+            )
+            if row is None:
+                return None
+            if checkpoints:
+                await conn.executemany(
+                    _INSERT_CHECKPOINT, [checkpoint_params(cp) for cp in checkpoints]
+                )
+            return run_from_row(row)
+
+    async def mark_dispatched(self, run_id: str, seqs: list[int], at: int) -> None:
+        """Stamp the pending, unstamped checkpoints at ``seqs`` as sent."""
+        await self._db.pool().execute(
+            "UPDATE durably_checkpoints SET dispatched_at = $1 WHERE run_id = $2 "
+            "AND seq = ANY($3::integer[]) AND status = 'pending' AND dispatched_at IS NULL",
+            at,
+            run_id,
+            seqs,
+        )
+
+    async def extend_decision_wait(self, run_id: str, wake_at: int, now: int) -> bool:
+        """Push back the re-drive time of a run awaiting a decision."""
+        done = await self._db.pool().fetchval(
+            "UPDATE durably_runs SET wake_at = greatest(coalesce(wake_at, 0), $1), "
+            "updated_at = $2 WHERE id = $3 AND status = 'suspended' "
+            "AND awaiting_decision_task_id IS NOT NULL RETURNING true",
+            wake_at,
+            now,
+            run_id,
+        )
+        return bool(done)
 
     async def update_run_if(
         self, run_id: str, statuses: frozenset[RunStatus], changes: dict[str, Any], now: int

@@ -120,6 +120,10 @@ _UPSERT_CHECKPOINT = f"""
         progress = coalesce(excluded.progress, durably_checkpoints.progress)
     WHERE durably_checkpoints.status != 'completed'
 """
+_INSERT_CHECKPOINT = f"""
+    INSERT INTO durably_checkpoints ({CP_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)
+    ON CONFLICT (run_id, seq) DO NOTHING
+"""
 _HOLDS_LEASE = "SELECT 1 FROM durably_runs WHERE id = ? AND locked_by = ?"
 
 
@@ -493,6 +497,76 @@ class SqliteStore:
                 "UPDATE durably_runs SET wake_requested_at = ? "
                 f"WHERE id = ? AND status NOT IN ({_TERMINAL_SQL})",
                 (now, run_id),
+            )
+            return cur.rowcount == 1
+
+        return await self._db.run(op)
+
+    # -- remote workflow turns --------------------------------------------------------
+
+    async def mark_awaiting(self, run_id: str, owner: str, task_id: str | None) -> bool:
+        """Record (or clear) the turn a run leased by ``owner`` awaits."""
+
+        def op(conn: sqlite3.Connection) -> bool:
+            cur = conn.execute(
+                "UPDATE durably_runs SET awaiting_decision_task_id = ? "
+                "WHERE id = ? AND status = 'running' AND locked_by = ?",
+                (task_id, run_id, owner),
+            )
+            return cur.rowcount == 1
+
+        return await self._db.run(op)
+
+    async def take_decision(
+        self,
+        run_id: str,
+        task_id: str,
+        owner: str,
+        lease_until: int,
+        now: int,
+        checkpoints: list[Checkpoint],
+    ) -> Run | None:
+        """Lease a run awaiting ``task_id`` and insert the decision's
+        checkpoints, in one transaction."""
+        params = [checkpoint_params(cp) for cp in checkpoints]
+
+        def op(conn: sqlite3.Connection) -> Run | None:
+            row = conn.execute(
+                "UPDATE durably_runs SET status = 'running', locked_by = ?, locked_until = ?, "
+                "wake_at = NULL, wake_requested_at = NULL, awaiting_decision_task_id = NULL, "
+                "updated_at = ? WHERE id = ? AND status = 'suspended' "
+                f"AND awaiting_decision_task_id = ? RETURNING {RUN_COLUMNS}",
+                (owner, lease_until, now, run_id, task_id),
+            ).fetchone()
+            if row is None:
+                return None
+            conn.executemany(_INSERT_CHECKPOINT, params)
+            return run_from_row(row)
+
+        return await self._db.run(op)
+
+    async def mark_dispatched(self, run_id: str, seqs: list[int], at: int) -> None:
+        """Stamp the pending, unstamped checkpoints at ``seqs`` as sent."""
+        params = [(at, run_id, seq) for seq in seqs]
+
+        def op(conn: sqlite3.Connection) -> None:
+            conn.executemany(
+                "UPDATE durably_checkpoints SET dispatched_at = ? WHERE run_id = ? AND seq = ? "
+                "AND status = 'pending' AND dispatched_at IS NULL",
+                params,
+            )
+
+        await self._db.run(op)
+
+    async def extend_decision_wait(self, run_id: str, wake_at: int, now: int) -> bool:
+        """Push back the re-drive time of a run awaiting a decision."""
+
+        def op(conn: sqlite3.Connection) -> bool:
+            cur = conn.execute(
+                "UPDATE durably_runs SET wake_at = max(coalesce(wake_at, 0), ?), updated_at = ? "
+                "WHERE id = ? AND status = 'suspended' "
+                "AND awaiting_decision_task_id IS NOT NULL",
+                (wake_at, now, run_id),
             )
             return cur.rowcount == 1
 

@@ -14,7 +14,7 @@ for fleets without a broker), all proven by the conformance suite shipped as
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Collection
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from .._queue import MessageQueue
 from ..errors import DurablyError
@@ -28,6 +28,8 @@ __all__ = [
     "TaskHandler",
     "Transport",
     "TransportError",
+    "TurnCarrier",
+    "TurnHandler",
 ]
 
 TaskHandler = Callable[[StepTask], Awaitable[None]]
@@ -134,3 +136,34 @@ class RunCarrier(Protocol):
 
     def run_queue(self) -> MessageQueue:
         """The message queue runs are queued on."""
+
+
+TurnHandler = Callable[[Any], Awaitable[None]]
+"""Engine side: one message from a worker executing remote turns, as parsed
+JSON (the handler checks its shape). Raising delivers it again later."""
+
+
+@runtime_checkable
+class TurnCarrier(Protocol):
+    """A transport that also carries remote workflow turns (``redis``): turns
+    out to the worker serving a workflow, decisions, run-scoped heartbeats and
+    step events back, and the workers' liveness keys and descriptors."""
+
+    async def send_turn(self, token: str, task: dict[str, Any], priority: int | None) -> None:
+        """Queue a turn (WorkflowTask JSON) for the worker serving ``token``;
+        :class:`TransportError` if it could not be sent."""
+
+    async def consume_turns(
+        self, on_decision: TurnHandler, on_step_event: TurnHandler, on_run_beat: TurnHandler
+    ) -> None:
+        """Start delivering decisions (each to one instance), step events (each
+        to one instance) and run-scoped beats (to every instance)."""
+
+    async def live_workers(self) -> list[dict[str, Any]]:
+        """The workers whose liveness keys exist now: one entry per key, with
+        ``token``, ``instanceId``, ``beat`` (its value) and ``descriptor``
+        (parsed JSON or ``None``)."""
+
+    async def queue_depths(self, tokens: Collection[str]) -> dict[str, int]:
+        """How many tasks wait in the queue of each routing token (and of any
+        other task queue the transport finds)."""

@@ -21,7 +21,15 @@ from ..._aio import wait_event
 from ..._logs import engine_logger
 from ..._urls import redact_url
 from ...wire import Heartbeat, StepResult, StepTask, WireError
-from ..base import CancelHandler, HeartbeatHandler, ResultHandler, TaskHandler, TransportError
+from ..base import (
+    CancelHandler,
+    HeartbeatHandler,
+    ResultHandler,
+    TaskHandler,
+    TransportError,
+    TurnHandler,
+)
+from . import _turns
 from ._bullmq import _Consumer, _delayed, _Job, _new_queue, _Processor, _Queue
 from ._names import RedisNames, bullmq_priority, split_url
 
@@ -95,6 +103,7 @@ class RedisTransport:
         self._bridging: set[asyncio.Future[None]] = set()
         # results
         self._results_worker: _Consumer | None = None
+        self._turn_consumers: list[_Consumer] = []
         self._on_results: ResultHandler | None = None
         self._on_heartbeat: HeartbeatHandler | None = None
         self._batch: list[tuple[StepResult, asyncio.Future[bool]]] = []
@@ -155,6 +164,9 @@ class RedisTransport:
         worker, self._results_worker = self._results_worker, None
         if worker is not None:
             await worker.close()
+        turn_consumers, self._turn_consumers = self._turn_consumers, []
+        for consumer in turn_consumers:
+            await consumer.close()
         if self._flush is not None:
             await asyncio.gather(self._flush, return_exceptions=True)
         for reader in self._readers:
@@ -540,6 +552,31 @@ class RedisTransport:
                     done.set_result(ok)
             while len(self._settled) > _SETTLED_MEMORY:
                 self._settled.popitem(last=False)
+
+    # -- remote workflow turns (TurnCarrier; see _turns) ----------------------------------
+
+    async def send_turn(self, token: str, task: dict[str, Any], priority: int | None) -> None:
+        """Queue a turn on ``{P}-tasks-{token}`` (job name ``workflow``)."""
+        self._redis()
+        await _turns.send_turn(self, token, task, priority)
+
+    async def consume_turns(
+        self, on_decision: TurnHandler, on_step_event: TurnHandler, on_run_beat: TurnHandler
+    ) -> None:
+        """Take decisions and step events (competing); hear run-scoped beats."""
+        self._redis()
+        if self._turn_consumers:
+            raise RuntimeError("this transport already has a turns consumer")
+        await self._subscribe(self.names.heartbeat, on_run_beat)
+        self._turn_consumers = _turns.consumers(self, on_decision, on_step_event)
+
+    async def live_workers(self) -> list[dict[str, Any]]:
+        """The workers whose liveness keys exist now."""
+        return await _turns.live_workers(self)
+
+    async def queue_depths(self, tokens: Collection[str]) -> dict[str, int]:
+        """Tasks waiting in each routing token's queue."""
+        return await _turns.queue_depths(self, tokens)
 
 
 async def _run_handler(handler: TaskHandler, task: StepTask) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from .checkpoints import *  # noqa: F403
 from .children import *  # noqa: F403
+from .decisions import *  # noqa: F403
 from .events import *  # noqa: F403
 from .lifecycle import *  # noqa: F403
 from .runs import *  # noqa: F403
