@@ -40,6 +40,7 @@ __all__ = [
     "dump_json",
     "encode_cursor",
     "is_row_error",
+    "prefix_bound",
     "run_column_value",
     "run_from_row",
     "run_params",
@@ -86,6 +87,13 @@ def encode_cursor(created_at: int, run_id: str) -> str:
     """An opaque cursor pointing just past ``(created_at, run_id)``."""
     raw = json.dumps([created_at, run_id], separators=(",", ":")).encode()
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def prefix_bound(prefix: str) -> str:
+    """The least text greater than every text starting with ``prefix`` (in
+    code-point order), so ``prefix <= id < prefix_bound(prefix)`` is an indexed
+    prefix search; no LIKE pattern to escape."""
+    return prefix + "\U0010ffff"
 
 
 def decode_cursor(cursor: str | None) -> tuple[int, str] | None:

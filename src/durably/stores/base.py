@@ -72,6 +72,15 @@ class RunQuery:
     parent_id: str | None = None
     limit: int = 50
     cursor: str | None = None
+    run_id_prefix: str | None = None
+    """Runs whose id starts with this text (the dashboard's search by id)."""
+    created_after: int | None = None
+    """Runs created at or after this time (epoch ms)."""
+    created_before: int | None = None
+    """Runs created before this time (epoch ms)."""
+    updated_after: int | None = None
+    """Runs whose last update is after this time (epoch ms): what changed
+    since a poll (the dashboard's live view)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -661,6 +670,10 @@ class StoreInspector(Protocol):
 
     async def list_buffered_events(self, name: str) -> list[Any]:
         """Payloads buffered on event ``name``, oldest first (for inspection)."""
+
+    async def count_runs(self, query: RunQuery) -> dict[str, int]:
+        """How many runs match ``query`` per status (statuses with none are
+        left out); ``query.status``, ``limit`` and ``cursor`` are ignored."""
 
 
 @runtime_checkable

@@ -116,6 +116,15 @@ class MemoryStore(MemoryWaits):
         cursor = encode_cursor(page[-1].created_at, page[-1].run_id) if more and page else None
         return RunPage([copy.deepcopy(r) for r in page], cursor)
 
+    async def count_runs(self, query: RunQuery) -> dict[str, int]:
+        """Runs matching ``query`` per status."""
+        any_status = dataclasses.replace(query, status=None)
+        counts: dict[str, int] = {}
+        for run in self._runs.values():
+            if _matches(run, any_status):
+                counts[run.status.value] = counts.get(run.status.value, 0) + 1
+        return counts
+
     async def delete_run(self, run_id: str) -> bool:
         """Delete a run with its history."""
         if self._runs.pop(run_id, None) is None:
@@ -762,4 +771,8 @@ def _matches(run: Run, q: RunQuery) -> bool:
         and (q.tag is None or q.tag in run.tags)
         and (q.namespace is None or run.namespace == q.namespace)
         and (q.parent_id is None or run.parent_id == q.parent_id)
+        and (q.run_id_prefix is None or run.run_id.startswith(q.run_id_prefix))
+        and (q.created_after is None or run.created_at >= q.created_after)
+        and (q.created_before is None or run.created_at < q.created_before)
+        and (q.updated_after is None or run.updated_at > q.updated_after)
     )

@@ -23,6 +23,7 @@ every table in that schema, creating it if needed; tests use it to isolate.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -59,6 +60,7 @@ from ._rows import (
     decode_cursor,
     dump_json,
     encode_cursor,
+    prefix_bound,
     run_column_value,
     run_from_row,
     run_params,
@@ -353,36 +355,33 @@ class PostgresStore:
 
     async def list_runs(self, query: RunQuery) -> RunPage:
         """Runs matching ``query``, newest first."""
-        clauses: list[str] = []
         params: list[Any] = []
-
-        def param(value: Any) -> str:
-            params.append(value)
-            return f"${len(params)}"
-
-        for column, value in (
-            ("status", query.status.value if query.status else None),
-            ("workflow", query.workflow),
-            ("namespace", query.namespace),
-            ("parent_id", query.parent_id),
-        ):
-            if value is not None:
-                clauses.append(f"{column} = {param(value)}")
-        if query.tag is not None:
-            clauses.append(f"tags @> {param(codec.dumps([query.tag]))}::jsonb")
+        clauses = _run_filter(query, params)
         after = decode_cursor(query.cursor)
         if after is not None:
-            clauses.append(f"(created_at, id) < ({param(after[0])}::bigint, {param(after[1])})")
+            params.extend(after)
+            clauses.append(f"(created_at, id) < (${len(params) - 1}::bigint, ${len(params)})")
         where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+        params.append(query.limit + 1)
         sql = (
             f"SELECT {_SELECT_RUN} FROM durably_runs {where} "
-            f"ORDER BY created_at DESC, id DESC LIMIT {param(query.limit + 1)}"
+            f"ORDER BY created_at DESC, id DESC LIMIT ${len(params)}"
         )
         runs = [run_from_row(row) for row in await self._db.pool().fetch(sql, *params)]
         if len(runs) <= query.limit:
             return RunPage(runs, None)
         runs = runs[: query.limit]
         return RunPage(runs, encode_cursor(runs[-1].created_at, runs[-1].run_id))
+
+    async def count_runs(self, query: RunQuery) -> dict[str, int]:
+        """Runs matching ``query`` per status."""
+        params: list[Any] = []
+        clauses = _run_filter(dataclasses.replace(query, status=None), params)
+        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+        rows = await self._db.pool().fetch(
+            f"SELECT status, count(*) AS n FROM durably_runs {where} GROUP BY status", *params
+        )
+        return {row["status"]: row["n"] for row in rows}
 
     async def delete_run(self, run_id: str) -> bool:
         """Delete a run with its history."""
@@ -1618,3 +1617,36 @@ def _row_count(status: str) -> int:
     """The row count of an asyncpg command tag (``UPDATE 3`` → 3)."""
     tail = status.rsplit(" ", 1)[-1]
     return int(tail) if tail.isdigit() else 0
+
+
+def _run_filter(query: RunQuery, params: list[Any]) -> list[str]:
+    # The WHERE clauses of list_runs and count_runs, their values appended to
+    # params; each one an index serves (see the schema's migrations 1 and 7).
+    clauses: list[str] = []
+
+    def param(value: Any) -> str:
+        params.append(value)
+        return f"${len(params)}"
+
+    for column, value in (
+        ("status", query.status.value if query.status else None),
+        ("workflow", query.workflow),
+        ("namespace", query.namespace),
+        ("parent_id", query.parent_id),
+    ):
+        if value is not None:
+            clauses.append(f"{column} = {param(value)}")
+    if query.tag is not None:
+        clauses.append(f"tags @> {param(codec.dumps([query.tag]))}::jsonb")
+    if query.run_id_prefix:
+        clauses.append(
+            f'id COLLATE "C" >= {param(query.run_id_prefix)} '
+            f'AND id COLLATE "C" < {param(prefix_bound(query.run_id_prefix))}'
+        )
+    if query.created_after is not None:
+        clauses.append(f"created_at >= {param(query.created_after)}::bigint")
+    if query.created_before is not None:
+        clauses.append(f"created_at < {param(query.created_before)}::bigint")
+    if query.updated_after is not None:
+        clauses.append(f"updated_at > {param(query.updated_after)}::bigint")
+    return clauses

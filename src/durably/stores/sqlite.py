@@ -10,6 +10,7 @@ call is executed on one thread per store with group commit
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import os
 import sqlite3
@@ -43,6 +44,7 @@ from ._rows import (
     decode_cursor,
     dump_json,
     encode_cursor,
+    prefix_bound,
     run_column_value,
     run_from_row,
     run_params,
@@ -269,20 +271,7 @@ class SqliteStore:
 
     async def list_runs(self, query: RunQuery) -> RunPage:
         """Runs matching ``query``, newest first."""
-        clauses: list[str] = []
-        params: list[Any] = []
-        for column, value in (
-            ("status", query.status.value if query.status else None),
-            ("workflow", query.workflow),
-            ("namespace", query.namespace),
-            ("parent_id", query.parent_id),
-        ):
-            if value is not None:
-                clauses.append(f"{column} = ?")
-                params.append(value)
-        if query.tag is not None:
-            clauses.append("EXISTS (SELECT 1 FROM json_each(durably_runs.tags) WHERE value = ?)")
-            params.append(query.tag)
+        clauses, params = _run_filter(query)
         after = decode_cursor(query.cursor)
         if after is not None:
             clauses.append("(created_at < ? OR (created_at = ? AND id < ?))")
@@ -300,6 +289,17 @@ class SqliteStore:
                 return RunPage(runs, None)
             runs = runs[: query.limit]
             return RunPage(runs, encode_cursor(runs[-1].created_at, runs[-1].run_id))
+
+        return await self._db.run(op)
+
+    async def count_runs(self, query: RunQuery) -> dict[str, int]:
+        """Runs matching ``query`` per status."""
+        clauses, params = _run_filter(dataclasses.replace(query, status=None))
+        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+        sql = f"SELECT status, count(*) FROM durably_runs {where} GROUP BY status"
+
+        def op(conn: sqlite3.Connection) -> dict[str, int]:
+            return {status: n for status, n in conn.execute(sql, params)}
 
         return await self._db.run(op)
 
@@ -1430,3 +1430,34 @@ def _lease_statement(statuses: int, of: str = "") -> str:
 def _fetch_run(conn: sqlite3.Connection, run_id: str) -> Run | None:
     row = conn.execute(f"SELECT {RUN_COLUMNS} FROM durably_runs WHERE id = ?", (run_id,)).fetchone()
     return run_from_row(row) if row else None
+
+
+def _run_filter(query: RunQuery) -> tuple[list[str], list[Any]]:
+    # The WHERE clauses of list_runs and count_runs, with their values.
+    clauses: list[str] = []
+    params: list[Any] = []
+    for column, value in (
+        ("status", query.status.value if query.status else None),
+        ("workflow", query.workflow),
+        ("namespace", query.namespace),
+        ("parent_id", query.parent_id),
+    ):
+        if value is not None:
+            clauses.append(f"{column} = ?")
+            params.append(value)
+    if query.tag is not None:
+        clauses.append("EXISTS (SELECT 1 FROM json_each(durably_runs.tags) WHERE value = ?)")
+        params.append(query.tag)
+    if query.run_id_prefix:
+        # The primary key compares bytes (BINARY): a range on it is the prefix.
+        clauses.append("id >= ? AND id < ?")
+        params.extend([query.run_id_prefix, prefix_bound(query.run_id_prefix)])
+    for clause, bound in (
+        ("created_at >= ?", query.created_after),
+        ("created_at < ?", query.created_before),
+        ("updated_at > ?", query.updated_after),
+    ):
+        if bound is not None:
+            clauses.append(clause)
+            params.append(bound)
+    return clauses, params

@@ -156,6 +156,14 @@ async def _listing_fixture(store: StateStore) -> None:
             RunQuery(workflow="beta", tag="y", namespace="default"), ["r4"], id="combined"
         ),
         pytest.param(RunQuery(limit=2), ["r5", "r4"], id="limit"),
+        pytest.param(RunQuery(created_after=NOW + 2), ["r5", "r4", "r3", "r2"], id="after"),
+        pytest.param(RunQuery(created_before=NOW + 2), ["r1"], id="before"),
+        pytest.param(
+            RunQuery(created_after=NOW + 2, created_before=NOW + 4), ["r3", "r2"], id="range"
+        ),
+        pytest.param(RunQuery(run_id_prefix="r"), ["r5", "r4", "r3", "r2", "r1"], id="prefix"),
+        pytest.param(RunQuery(run_id_prefix="r3"), ["r3"], id="exact-prefix"),
+        pytest.param(RunQuery(run_id_prefix="R"), [], id="prefix-case"),
     ],
 )
 async def test_list_runs_filters_newest_first(
@@ -204,6 +212,38 @@ async def test_list_runs_cursor_keeps_the_filter_and_ends_exactly(store: StateSt
     assert [r.run_id for r in first.runs] == ["p5", "p4", "p3"]
     assert [r.run_id for r in second.runs] == ["p2", "p1", "p0"]
     assert second.next_cursor is None
+
+
+async def test_list_runs_by_id_prefix_takes_wildcards_literally(store: StateStore) -> None:
+    for run_id in ["a%b", "a_b", "axb", "a%", "ab", "b"]:
+        await store.create_run(make_run(run_id))
+
+    found = {r.run_id for r in (await store.list_runs(RunQuery(run_id_prefix="a%"))).runs}
+    underscore = {r.run_id for r in (await store.list_runs(RunQuery(run_id_prefix="a_"))).runs}
+
+    assert found == {"a%b", "a%"}
+    assert underscore == {"a_b"}
+
+
+async def test_list_runs_updated_after_returns_what_changed(store: StateStore) -> None:
+    await store.create_run(make_run("old", updated_at=NOW))
+    await store.create_run(make_run("new", updated_at=NOW + 10))
+
+    page = await store.list_runs(RunQuery(updated_after=NOW))
+
+    assert [r.run_id for r in page.runs] == ["new"]
+
+
+async def test_count_runs_per_status_under_the_other_filters(store: StateStore) -> None:
+    await _listing_fixture(store)
+
+    everything = await store.count_runs(RunQuery(status=RunStatus.FAILED, limit=1))
+    billing = await store.count_runs(RunQuery(namespace="billing"))
+    nothing = await store.count_runs(RunQuery(workflow="nope"))
+
+    assert everything == {"pending": 2, "suspended": 1, "completed": 1, "failed": 1}
+    assert billing == {"suspended": 1, "completed": 1}
+    assert nothing == {}
 
 
 async def test_delete_run_removes_its_history_and_waiters(store: StateStore) -> None:
