@@ -1,0 +1,351 @@
+"""The JSON API under ``<prefix>/api``, described by :data:`OPENAPI`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from sse_starlette.sse import EventSourceResponse
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from ..model import RunStatus
+from ..stores.base import RunQuery
+from ._actions import ActionError, bulk, run_action, schedule_action
+from ._filters import BULK_CAP, FilterError, RunFilter
+from ._live import ChangeSource, now_ms
+from ._runview import candidates, lineage, timeline, waits
+from ._serialize import run_json, run_summary, schedule_json
+from ._state import DashboardState
+
+__all__ = ["OPENAPI", "Api"]
+
+
+def _error(message: str, status: int) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status)
+
+
+class Api:
+    """The JSON endpoints over one :class:`DashboardState`."""
+
+    def __init__(self, state: DashboardState, live: ChangeSource) -> None:
+        self.state = state
+        self.live = live
+
+    async def runs(self, request: Request) -> Response:
+        """``GET /api/runs``: a page of runs, the next cursor and the counts."""
+        try:
+            flt = RunFilter.parse(request.query_params)
+        except FilterError as exc:
+            return _error(str(exc), 400)
+        store = await self.state.store()
+        page, counts = await asyncio.gather(
+            store.list_runs(flt.query()), store.count_runs(flt.query())
+        )
+        return JSONResponse(
+            {
+                "runs": [run_summary(r) for r in page.runs],
+                "next_cursor": page.next_cursor,
+                "counts": counts,
+                "filter": flt.as_json(),
+            }
+        )
+
+    async def run(self, request: Request) -> Response:
+        """``GET /api/runs/{run_id}``: the run, its timeline, waits, children, lineage."""
+        run_id = request.path_params["run_id"]
+        store = await self.state.store()
+        backend = self.state.backend
+        run = await backend.get_run(run_id)
+        if run is None:
+            return _error(f"no run {run_id!r}", 404)
+        history, children, linked = await asyncio.gather(
+            backend.history(run_id),
+            store.list_runs(RunQuery(parent_id=run_id, limit=200)),
+            store.get_runs(candidates(run_id)),
+        )
+        links = lineage(run, {r.run_id for r in linked})
+        return JSONResponse(
+            {
+                "run": run_json(run),
+                "timeline": [bar.as_json() for bar in timeline(run, history, now_ms())],
+                "waiting": [vars_of(w) for w in waits(run, history)],
+                "children": [run_summary(r) for r in children.runs],
+                "lineage": vars_of(links),
+            }
+        )
+
+    async def action(self, request: Request) -> Response:
+        """``POST /api/actions/{action}`` with a JSON object holding ``run_id``."""
+        body = await _json_body(request)
+        if isinstance(body, Response):
+            return body
+        await self.state.store()
+        try:
+            message = await run_action(self.state.backend, request.path_params["action"], body)
+        except ActionError as exc:
+            return _error(str(exc), exc.status)
+        return JSONResponse({"ok": True, "message": message})
+
+    async def bulk(self, request: Request) -> Response:
+        """``POST /api/bulk/{cancel|retry}`` with the list's filter as the query string."""
+        try:
+            flt = RunFilter.parse(request.query_params)
+            await self.state.store()
+            result = await bulk(self.state.backend, request.path_params["action"], flt)
+        except FilterError as exc:
+            return _error(str(exc), 400)
+        except ActionError as exc:
+            return _error(str(exc), exc.status)
+        return JSONResponse({"matched": result.matched, "applied": result.applied, "cap": BULK_CAP})
+
+    async def schedules(self, request: Request) -> Response:
+        """``GET /api/schedules``."""
+        await self.state.store()
+        found = await self.state.backend.list_schedules()
+        return JSONResponse({"schedules": [schedule_json(s) for s in found]})
+
+    async def schedule_action(self, request: Request) -> Response:
+        """``POST /api/schedules/{action}`` with ``{"name": …}``."""
+        body = await _json_body(request)
+        if isinstance(body, Response):
+            return body
+        await self.state.store()
+        try:
+            message = await schedule_action(
+                self.state.backend, request.path_params["action"], str(body.get("name") or "")
+            )
+        except ActionError as exc:
+            return _error(str(exc), exc.status)
+        return JSONResponse({"ok": True, "message": message})
+
+    async def stream(self, request: Request) -> Response:
+        """``GET /api/stream``: server-sent ``runs`` events, one per batch of
+        changed runs (``?run=ID`` narrows to that run and its children)."""
+        await self.state.store()
+        only = request.query_params.get("run")
+        since_text = request.query_params.get("since", "")
+        since = int(since_text) if since_text.isdigit() else now_ms()
+
+        async def events() -> AsyncIterator[dict[str, str]]:
+            async for batch in self.live.changes(since):
+                runs = [r for r in batch if only is None or only in (r.run_id, r.parent_id)]
+                if runs:
+                    yield {"event": "runs", "data": json.dumps([run_summary(r) for r in runs])}
+
+        return EventSourceResponse(events(), ping=15)
+
+    async def openapi(self, request: Request) -> Response:
+        """``GET /api/openapi.json``."""
+        document = dict(OPENAPI)
+        document["servers"] = [{"url": request.scope.get("root_path", "") or "/"}]
+        return JSONResponse(document)
+
+
+def vars_of(value: Any) -> dict[str, Any]:
+    """A slotted dataclass as a dict."""
+    return {name: getattr(value, name) for name in value.__slots__}
+
+
+async def _json_body(request: Request) -> dict[str, Any] | Response:
+    try:
+        body = await request.json()
+    except ValueError:
+        return _error("the body must be a JSON object", 400)
+    if not isinstance(body, dict):
+        return _error("the body must be a JSON object", 400)
+    return body
+
+
+def _param(name: str, description: str, schema: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {
+        "name": name,
+        "in": "query",
+        "required": False,
+        "description": description,
+        "schema": schema or {"type": "string"},
+    }
+
+
+_FILTER_PARAMS = [
+    _param("status", "Run status.", {"type": "string", "enum": [s.value for s in RunStatus]}),
+    _param("workflow", "Workflow name."),
+    _param("tag", "A tag the run carries."),
+    _param("q", "A run id prefix."),
+    _param("since", "Created at or after: ISO-8601 (UTC if no zone) or epoch ms."),
+    _param("until", "Created before: ISO-8601 (UTC if no zone) or epoch ms."),
+]
+_ERROR = {
+    "description": "Refused",
+    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
+}
+_OBJECT = {"application/json": {"schema": {"type": "object"}}}
+_AUTH_NOTE = (
+    "With a token: `Authorization: Bearer <token>` or the login session cookie. "
+    "A POST without a bearer header also needs `X-Durably-CSRF` equal to the `durably_csrf` cookie."
+)
+
+OPENAPI: dict[str, Any] = {
+    "openapi": "3.1.0",
+    "info": {"title": "durably dashboard API", "version": "1", "description": _AUTH_NOTE},
+    "components": {
+        "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        "schemas": {
+            "Error": {"type": "object", "properties": {"error": {"type": "string"}}},
+            "RunSummary": {
+                "type": "object",
+                "properties": {
+                    "run_id": {"type": "string"},
+                    "workflow": {"type": "string"},
+                    "version": {"type": "string"},
+                    "status": {"type": "string"},
+                    "namespace": {"type": "string"},
+                    "tags": {"type": "array", "items": {"type": "string"}},
+                    "parent_id": {"type": ["string", "null"]},
+                    "created_at": {"type": "string", "format": "date-time"},
+                    "updated_at": {"type": "string", "format": "date-time"},
+                },
+            },
+        },
+    },
+    "security": [{"bearer": []}],
+    "paths": {
+        "/api/runs": {
+            "get": {
+                "summary": "Runs, newest first, filtered, with counts per status",
+                "parameters": [
+                    *_FILTER_PARAMS,
+                    _param("limit", "Page size, 1-200 (50).", {"type": "integer"}),
+                    _param("cursor", "The next_cursor of the previous page."),
+                ],
+                "responses": {
+                    "200": {
+                        "description": "A page",
+                        "content": {
+                            "application/json": {
+                                "schema": {
+                                    "type": "object",
+                                    "properties": {
+                                        "runs": {
+                                            "type": "array",
+                                            "items": {"$ref": "#/components/schemas/RunSummary"},
+                                        },
+                                        "next_cursor": {"type": ["string", "null"]},
+                                        "counts": {
+                                            "type": "object",
+                                            "additionalProperties": {"type": "integer"},
+                                        },
+                                    },
+                                }
+                            }
+                        },
+                    },
+                    "400": _ERROR,
+                },
+            }
+        },
+        "/api/runs/{run_id}": {
+            "get": {
+                "summary": "A run with its timeline, waits, children and lineage",
+                "parameters": [
+                    {"name": "run_id", "in": "path", "required": True, "schema": {"type": "string"}}
+                ],
+                "responses": {"200": {"description": "The run", "content": _OBJECT}, "404": _ERROR},
+            }
+        },
+        "/api/actions/{action}": {
+            "post": {
+                "summary": "Act on a run: cancel, cancel-compensate, retry, retry-with-input "
+                "(`input`), signal (`token`, `payload`), redispatch",
+                "parameters": [
+                    {
+                        "name": "action",
+                        "in": "path",
+                        "required": True,
+                        "schema": {
+                            "type": "string",
+                            "enum": [
+                                "cancel",
+                                "cancel-compensate",
+                                "retry",
+                                "retry-with-input",
+                                "signal",
+                                "redispatch",
+                            ],
+                        },
+                    }
+                ],
+                "requestBody": {"required": True, "content": _OBJECT},
+                "responses": {
+                    "200": {"description": "Done", "content": _OBJECT},
+                    "400": _ERROR,
+                    "403": _ERROR,
+                    "404": _ERROR,
+                    "409": _ERROR,
+                },
+            }
+        },
+        "/api/bulk/{action}": {
+            "post": {
+                "summary": f"Cancel or retry the runs of a filter (at most {BULK_CAP})",
+                "parameters": [
+                    {
+                        "name": "action",
+                        "in": "path",
+                        "required": True,
+                        "schema": {"type": "string", "enum": ["cancel", "retry"]},
+                    },
+                    *_FILTER_PARAMS,
+                ],
+                "responses": {
+                    "200": {
+                        "description": "How many runs matched and how many were acted on",
+                        "content": {
+                            "application/json": {
+                                "schema": {
+                                    "type": "object",
+                                    "properties": {
+                                        "matched": {"type": "integer"},
+                                        "applied": {"type": "integer"},
+                                        "cap": {"type": "integer"},
+                                    },
+                                }
+                            }
+                        },
+                    },
+                    "403": _ERROR,
+                },
+            }
+        },
+        "/api/schedules": {
+            "get": {
+                "summary": "Schedules with their next fire times",
+                "responses": {"200": {"description": "Schedules", "content": _OBJECT}},
+            }
+        },
+        "/api/schedules/{action}": {
+            "post": {
+                "summary": "Pause, resume or trigger a schedule (`name`)",
+                "parameters": [
+                    {
+                        "name": "action",
+                        "in": "path",
+                        "required": True,
+                        "schema": {"type": "string", "enum": ["pause", "resume", "trigger"]},
+                    }
+                ],
+                "requestBody": {"required": True, "content": _OBJECT},
+                "responses": {"200": {"description": "Done", "content": _OBJECT}, "404": _ERROR},
+            }
+        },
+        "/api/stream": {
+            "get": {
+                "summary": "Server-sent `runs` events as runs change",
+                "parameters": [_param("run", "Only this run and its children.")],
+                "responses": {"200": {"description": "text/event-stream"}},
+            }
+        },
+    },
+}
