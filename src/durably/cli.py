@@ -49,6 +49,7 @@ from ._cli_common import (
     scrub_urls,
     store_option,
 )
+from ._cli_dashboard import dashboard
 from ._cli_render import (
     checkpoint_to_dict,
     json_text,
@@ -579,6 +580,7 @@ def _fail(message: str, code: int) -> NoReturn:
 
 
 cli.add_command(schedules)
+cli.add_command(dashboard)
 
 
 def main(argv: list[str] | None = None) -> NoReturn:

@@ -44,6 +44,9 @@ class Bar:
     queue_ms: int | None
     progress: Any = None
     redispatches: int = 0
+    parallel: bool = False
+    """It ran while another operation of the run was running (a gather or a
+    fan-out), whether or not they share a ``group``."""
     events: list[dict[str, Any]] = field(default_factory=list)
     error: dict[str, Any] | None = None
 
@@ -128,7 +131,23 @@ def timeline(run: Run, checkpoints: list[Checkpoint], now: int) -> list[Bar]:
                 error=cp.error,
             )
         )
+    _mark_parallel(bars)
     return bars
+
+
+def _mark_parallel(bars: list[Bar]) -> None:
+    # Sweep by start: a bar overlapping the furthest end seen so far ran in
+    # parallel with the bar that reached it.
+    timed = sorted(
+        (b for b in bars if b.started_at is not None and b.finished_at is not None),
+        key=lambda b: (b.started_at or 0, b.finished_at or 0),
+    )
+    reach: Bar | None = None
+    for bar in timed:
+        if reach is not None and (bar.started_at or 0) < (reach.finished_at or 0):
+            bar.parallel = reach.parallel = True
+        if reach is None or (bar.finished_at or 0) > (reach.finished_at or 0):
+            reach = bar
 
 
 def waits(run: Run, checkpoints: list[Checkpoint]) -> list[Wait]:

@@ -1,0 +1,195 @@
+"""The dashboard's pages in a real browser: the runs list, a finished
+fan-out's timeline, live updates, and a hostile payload rendered inert."""
+
+from __future__ import annotations
+
+from playwright.async_api import Page, expect
+from starlette.applications import Starlette
+from starlette.routing import Mount
+
+import durably
+import durably.dashboard
+
+from .conftest import Serve, finished, screenshot_path, settled
+
+
+async def test_runs_list_counts_filters_searches_and_pages(
+    engine: durably.Engine, serve: Serve, page: Page
+) -> None:
+    for i in range(5):
+        await engine.start("echo", i, run_id=f"echo-{i}", tags=["even" if i % 2 == 0 else "odd"])
+    failed = await engine.start("boom", "x", run_id="boom-1")
+    waiting = await engine.start("approval", "o-1", run_id="approval-1")
+    fan = await engine.start("fanout", 3, run_id="fan-1")
+    for run_id in [f"echo-{i}" for i in range(5)] + [failed.run_id, fan.run_id]:
+        await finished(engine, run_id)
+    await settled(engine, waiting.run_id)
+    # Mounted at a prefix in a host app, as an application would.
+    host = Starlette(routes=[Mount("/ops/durably", durably.dashboard.app(engine))])
+    base = await serve(host)
+
+    await page.goto(f"{base}/ops/durably/")
+
+    await expect(page.locator("tr[data-run]")).to_have_count(8)
+    await expect(page.locator("[data-count=completed] b")).to_have_text("6")
+    await expect(page.locator("[data-count=failed] b")).to_have_text("1")
+    await expect(page.locator("[data-count=suspended] b")).to_have_text("1")
+    await page.screenshot(path=screenshot_path("runs-list.png"), full_page=True)
+
+    # the status filter, through the form
+    await page.select_option("select[name=status]", "failed")
+    await page.click("form.filters button[type=submit]")
+    await expect(page.locator("tr[data-run]")).to_have_count(1)
+    await expect(page.locator("tr[data-run] a")).to_have_text("boom-1")
+
+    # workflow and tag, and the search by id prefix
+    await page.goto(f"{base}/ops/durably/?workflow=echo&tag=even")
+    await expect(page.locator("tr[data-run]")).to_have_count(3)
+    await page.goto(f"{base}/ops/durably/?q=echo-")
+    await expect(page.locator("tr[data-run]")).to_have_count(5)
+
+    # cursor paging: 3 + 3 + 2, newest first, no run twice
+    await page.goto(f"{base}/ops/durably/?limit=3")
+    seen: list[str] = []
+    for expected in (3, 3, 2):
+        rows = page.locator("tr[data-run]")
+        await expect(rows).to_have_count(expected)
+        seen += [await row.get_attribute("data-run") or "" for row in await rows.all()]
+        if expected != 2:
+            await page.click("#next-page")
+    assert len(set(seen)) == 8
+    await expect(page.locator("#next-page")).to_have_count(0)
+
+    # a time range that holds nothing
+    await page.goto(f"{base}/ops/durably/?until=2000-01-01T00:00:00")
+    await expect(page.locator("tr[data-run]")).to_have_count(0)
+    await expect(page.locator("td.empty")).to_be_visible()
+
+
+async def test_run_page_shows_the_timeline_of_a_finished_fan_out(
+    engine: durably.Engine, serve: Serve, page: Page
+) -> None:
+    run = await engine.start("fanout", 4, run_id="fan-out:42")
+    result = await finished(engine, run.run_id)
+    assert result.status == "completed"
+    base = await serve(durably.dashboard.app(engine))
+
+    await page.goto(f"{base}/")
+    await page.click("a:text('fan-out:42')")
+
+    await expect(page.locator("#run-status")).to_have_text("completed")
+    rows = page.locator(".gantt .row")
+    await expect(rows).to_have_count(5)  # prepare + 4 parts
+    # the four parts ran side by side: marked parallel, bars overlapping in time
+    await expect(page.locator(".gantt .row .parallel")).to_have_count(4)
+    lefts = [
+        float((await bar.get_attribute("style") or "").split("left:")[1].split("%")[0])
+        for bar in await page.locator(".gantt .row .bar").all()
+    ]
+    widths = [
+        float((await bar.get_attribute("style") or "").split("width:")[1].split("%")[0])
+        for bar in await page.locator(".gantt .row .bar").all()
+    ]
+    parts = list(zip(lefts[1:], widths[1:], strict=True))
+    assert all(left >= lefts[0] + widths[0] - 1 for left, _ in parts)  # after prepare
+    assert max(left for left, _ in parts) < min(left + width for left, width in parts)
+    await expect(page.locator("#run-output")).to_contain_text("20")
+    await page.screenshot(path=screenshot_path("run-fanout.png"), full_page=True)
+
+    # the JSON API tells the same story
+    response = await page.request.get(f"{base}/api/runs/fan-out%3A42")
+    body = await response.json()
+    assert [bar["name"] for bar in body["timeline"]] == [
+        "prepare",
+        "part-0",
+        "part-1",
+        "part-2",
+        "part-3",
+    ]
+    assert body["run"]["status"] == "completed"
+
+
+async def test_a_failed_run_shows_its_error_and_traceback(
+    engine: durably.Engine, serve: Serve, page: Page
+) -> None:
+    await engine.start("boom", {"n": 1}, run_id="boom/7?x=1#frag")  # a hostile id
+    await finished(engine, "boom/7?x=1#frag")
+    base = await serve(durably.dashboard.app(engine))
+
+    await page.goto(f"{base}/")
+    await page.click("a:text('boom/7?x=1#frag')")
+
+    await expect(page.locator("#run-id")).to_have_text("boom/7?x=1#frag")
+    await expect(page.locator("#run-error")).to_contain_text("kaput on {'n': 1}")
+    await expect(page.locator("pre.traceback")).to_contain_text("Traceback")
+    await expect(page.locator("pre.traceback")).to_contain_text("ValueError")
+
+
+async def test_a_script_payload_renders_as_text(
+    engine: durably.Engine, serve: Serve, page: Page
+) -> None:
+    evil = "<script>window.__pwned = 1</script><img src=x onerror='window.__pwned = 2'>"
+    await engine.start("echo", {"html": evil}, run_id=evil, tags=[evil])
+    await finished(engine, evil)
+    base = await serve(durably.dashboard.app(engine))
+    dialogs: list[str] = []
+    page.on("dialog", lambda dialog: dialogs.append(dialog.message))
+
+    await page.goto(f"{base}/")
+    await expect(page.locator("tr[data-run] a")).to_have_text(evil)
+    await page.locator("tr[data-run] a").click()
+
+    await expect(page.locator("#run-output")).to_contain_text("<script>window.__pwned = 1</script>")
+    await expect(page.locator("#run-id")).to_have_text(evil)
+    assert await page.evaluate("window.__pwned") is None
+    assert await page.locator("main script, main img").count() == 0
+    assert dialogs == []
+
+
+async def test_the_run_page_follows_a_running_run_live(
+    engine: durably.Engine, serve: Serve, page: Page
+) -> None:
+    run = await engine.start("approval", "o-7", run_id="approval-7")
+    await settled(engine, run.run_id)
+    base = await serve(durably.dashboard.app(engine, poll_interval=0.2))
+
+    await page.goto(f"{base}/runs/approval-7")
+    await expect(page.locator("#run-status")).to_have_text("suspended")
+    await expect(page.locator("#waits")).to_contain_text("approve:approval-7")
+    await expect(page.locator("#live-dot.on")).to_have_count(1)  # the stream is open
+
+    # another client (here: the engine) delivers the signal; no reload
+    await engine.signal("approve:approval-7", {"ok": True})
+    await finished(engine, run.run_id)
+
+    await expect(page.locator("#run-status")).to_have_text("completed")
+    await expect(page.locator("#run-output")).to_contain_text('"ok": true')
+    assert await page.evaluate("performance.getEntriesByType('navigation').length") == 1
+
+
+async def test_the_runs_list_shows_a_new_run_live(
+    engine: durably.Engine, serve: Serve, page: Page
+) -> None:
+    await engine.start("echo", 1, run_id="first")
+    await finished(engine, "first")
+    base = await serve(durably.dashboard.app(engine, poll_interval=0.2))
+    await page.goto(f"{base}/")
+    await expect(page.locator("tr[data-run]")).to_have_count(1)
+    await expect(page.locator("#live-dot.on")).to_have_count(1)
+
+    await engine.start("echo", 2, run_id="second")
+
+    await expect(page.locator("tr[data-run='second']")).to_have_count(1)
+    await expect(page.locator("tr[data-run]")).to_have_count(2)
+
+
+async def test_schedules_page_lists_next_fire_times(
+    engine: durably.Engine, serve: Serve, page: Page
+) -> None:
+    base = await serve(durably.dashboard.app(engine))
+
+    await page.goto(f"{base}/schedules")
+
+    row = page.locator("tr[data-schedule='nightly-report']")
+    await expect(row).to_contain_text("0 3 * * *")
+    await expect(row).to_contain_text("03:00:00")
