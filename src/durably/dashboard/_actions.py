@@ -10,7 +10,7 @@ from typing import Any
 from ..errors import DurablyError
 from ..model import TERMINAL_STATUSES, RunStatus
 from ._backend import DashboardBackend
-from ._filters import BULK_CAP, RunFilter
+from ._filters import BULK_CAP, COUNT_CAP, RunFilter
 
 __all__ = ["RUN_ACTIONS", "SCHEDULE_ACTIONS", "ActionError", "BulkResult", "bulk", "run_action"]
 
@@ -30,8 +30,9 @@ class ActionError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class BulkResult:
-    """What a bulk action did: runs ``matched`` by the filter (all of them),
-    and on how many of the first :data:`BULK_CAP` it was ``applied``."""
+    """What a bulk action did: runs ``matched`` by the filter (exact up to
+    :data:`COUNT_CAP` per status), and on how many of the first
+    :data:`BULK_CAP` it was ``applied``."""
 
     matched: int
     applied: int
@@ -88,7 +89,7 @@ async def bulk(backend: DashboardBackend, action: str, flt: RunFilter) -> BulkRe
     if action not in ("cancel", "retry"):
         raise ActionError(f"unknown bulk action {action!r}", 404)
     wanted = _RETRYABLE if action == "retry" else None
-    counts = await backend.store.count_runs(flt.query())
+    counts = await backend.store.count_runs(flt.query(), COUNT_CAP)
     matched = (
         sum(counts.get(s.value, 0) for s in ([flt.status] if flt.status else RunStatus))
         if counts

@@ -14,7 +14,7 @@ from starlette.responses import JSONResponse, Response
 from ..model import RunStatus
 from ..stores.base import RunQuery
 from ._actions import ActionError, bulk, run_action, schedule_action
-from ._filters import BULK_CAP, FilterError, RunFilter
+from ._filters import BULK_CAP, COUNT_CAP, FilterError, RunFilter
 from ._live import ChangeSource, now_ms
 from ._runview import candidates, lineage, timeline, waits
 from ._serialize import run_json, run_summary, schedule_json
@@ -42,13 +42,14 @@ class Api:
             return _error(str(exc), 400)
         store = await self.state.store()
         page, counts = await asyncio.gather(
-            store.list_runs(flt.query()), store.count_runs(flt.query())
+            store.list_runs(flt.query()), store.count_runs(flt.query(), COUNT_CAP)
         )
         return JSONResponse(
             {
                 "runs": [run_summary(r) for r in page.runs],
                 "next_cursor": page.next_cursor,
                 "counts": counts,
+                "count_cap": COUNT_CAP,
                 "filter": flt.as_json(),
             }
         )
@@ -236,7 +237,10 @@ OPENAPI: dict[str, Any] = {
                                         "counts": {
                                             "type": "object",
                                             "additionalProperties": {"type": "integer"},
+                                            "description": "Per status, each at most count_cap "
+                                            "(reaching it means at least that many).",
                                         },
+                                        "count_cap": {"type": "integer"},
                                     },
                                 }
                             }

@@ -20,8 +20,11 @@ class DashboardStore(Protocol):
     async def list_runs(self, query: RunQuery) -> RunPage:
         """Runs matching ``query``, newest first."""
 
-    async def count_runs(self, query: RunQuery) -> dict[str, int]:
-        """Runs matching ``query`` per status."""
+    async def count_runs(self, query: RunQuery, cap: int) -> dict[str, int]:
+        """Runs matching ``query`` per status, each count at most ``cap``."""
+
+    async def list_changed(self, after: int, limit: int) -> list[Run]:
+        """Runs updated after ``after`` (epoch ms), oldest change first."""
 
     async def get_runs(self, run_ids: list[str]) -> list[Run]:
         """The runs among ``run_ids`` that exist."""

@@ -10,11 +10,14 @@ from urllib.parse import urlencode
 from ..model import RunStatus
 from ..stores.base import RunQuery
 
-__all__ = ["BULK_CAP", "PAGE_SIZE", "FilterError", "RunFilter"]
+__all__ = ["BULK_CAP", "COUNT_CAP", "PAGE_SIZE", "FilterError", "RunFilter"]
 
 PAGE_SIZE = 50
 """Runs on one page of the list (``?limit=`` may ask for 1 to 200)."""
 MAX_PAGE = 200
+COUNT_CAP = 10_000
+"""Each status count on the runs list stops here (shown as "10000+"), so the
+counts cost the same on a table of a hundred runs or of ten million."""
 BULK_CAP = 500
 """A bulk cancel or retry acts on at most this many matching runs."""
 

@@ -13,7 +13,6 @@ from collections.abc import AsyncIterator
 from typing import Protocol
 
 from ..model import Run
-from ..stores.base import RunQuery
 from ._backend import DashboardStore
 
 __all__ = ["ChangeSource", "PollingChanges"]
@@ -32,7 +31,7 @@ class ChangeSource(Protocol):
 
 
 class PollingChanges:
-    """Polls ``store.list_runs(updated_after=…)`` every ``interval`` seconds."""
+    """Polls ``store.list_changed`` every ``interval`` seconds."""
 
     def __init__(self, store: DashboardStore, interval: float = 1.0) -> None:
         self._store = store
@@ -43,14 +42,12 @@ class PollingChanges:
         newest = since_ms
         seen: dict[tuple[str, int], None] = {}
         while True:
-            page = await self._store.list_runs(
-                RunQuery(updated_after=newest - _OVERLAP_MS, limit=_BATCH)
-            )
-            fresh = [
-                run
-                for run in page.runs
-                if run.updated_at > since_ms and (run.run_id, run.updated_at) not in seen
-            ]
+            # Every row this returns is either fresh or in `seen` (what the
+            # window holds): asking for that many more always reaches past
+            # it, so a window with more changes than one batch never stalls.
+            limit = len(seen) + _BATCH
+            changed = await self._store.list_changed(max(newest - _OVERLAP_MS, since_ms), limit)
+            fresh = [run for run in changed if (run.run_id, run.updated_at) not in seen]
             for run in fresh:
                 seen[(run.run_id, run.updated_at)] = None
                 newest = max(newest, run.updated_at)
@@ -59,7 +56,8 @@ class PollingChanges:
                 del seen[key]
             if fresh:
                 yield fresh
-            await asyncio.sleep(self._interval)
+            if len(changed) < limit or not fresh:
+                await asyncio.sleep(self._interval)  # else a full batch: read on at once
 
 
 def now_ms() -> int:

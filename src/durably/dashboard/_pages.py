@@ -14,7 +14,7 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from ..model import RunStatus
 from ..stores.base import RunQuery
 from ._actions import ActionError, bulk, run_action, schedule_action
-from ._filters import FilterError, RunFilter
+from ._filters import COUNT_CAP, FilterError, RunFilter
 from ._live import now_ms
 from ._runview import candidates, lineage, pretty, timeline, waits
 from ._security import CSRF_COOKIE, SESSION_COOKIE, SESSION_TTL_S
@@ -89,7 +89,7 @@ class Pages:
             return self.render(request, "error.html", 400, message=str(exc))
         store = await self.state.store()
         page, counts = await asyncio.gather(
-            store.list_runs(flt.query()), store.count_runs(flt.query())
+            store.list_runs(flt.query()), store.count_runs(flt.query(), COUNT_CAP)
         )
         return self.render(
             request,
@@ -100,6 +100,8 @@ class Pages:
             first_href=flt.href(cursor=None) if flt.cursor else None,
             counts=counts,
             total=sum(counts.values()),
+            cap=COUNT_CAP,
+            capped=any(n >= COUNT_CAP for n in counts.values()),
             since_ms=now_ms(),
         )
 

@@ -212,11 +212,13 @@ MIGRATIONS: list[str] = [
         ON durably_signal_waiters (run_id, seq, token);
     CREATE INDEX durably_signal_waiters_token ON durably_signal_waiters (token, id);
     """,
-    # 7: the dashboard's queries: search by id prefix (a byte-order index, so
-    # a range on it is a prefix whatever the database's collation), and the
-    # live view's "changed since" poll
+    # 7: the dashboard's queries (bench/dashboard.py explains each): search by
+    # id prefix (a byte-order index, so a range on it is a prefix whatever the
+    # database's collation), the counts per status of one workflow (read from
+    # the index alone), and the live view's "changed since" poll
     """
     CREATE INDEX durably_runs_id_prefix ON durably_runs (id COLLATE "C");
+    CREATE INDEX durably_runs_workflow_status ON durably_runs (workflow, status);
     CREATE INDEX durably_runs_updated_at ON durably_runs (updated_at);
     """,
 ]

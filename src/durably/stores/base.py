@@ -78,9 +78,6 @@ class RunQuery:
     """Runs created at or after this time (epoch ms)."""
     created_before: int | None = None
     """Runs created before this time (epoch ms)."""
-    updated_after: int | None = None
-    """Runs whose last update is after this time (epoch ms): what changed
-    since a poll (the dashboard's live view)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -671,9 +668,15 @@ class StoreInspector(Protocol):
     async def list_buffered_events(self, name: str) -> list[Any]:
         """Payloads buffered on event ``name``, oldest first (for inspection)."""
 
-    async def count_runs(self, query: RunQuery) -> dict[str, int]:
-        """How many runs match ``query`` per status (statuses with none are
-        left out); ``query.status``, ``limit`` and ``cursor`` are ignored."""
+    async def count_runs(self, query: RunQuery, cap: int) -> dict[str, int]:
+        """How many runs match ``query`` per status, each count stopping at
+        ``cap`` (so its cost is bounded whatever the table holds: ``cap``
+        means "at least"); statuses with none are left out. ``query.status``,
+        ``limit`` and ``cursor`` are ignored."""
+
+    async def list_changed(self, after: int, limit: int) -> list[Run]:
+        """Up to ``limit`` runs whose ``updated_at`` is after ``after`` (epoch
+        ms), oldest change first: what changed since a poll."""
 
 
 @runtime_checkable

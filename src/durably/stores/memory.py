@@ -116,14 +116,22 @@ class MemoryStore(MemoryWaits):
         cursor = encode_cursor(page[-1].created_at, page[-1].run_id) if more and page else None
         return RunPage([copy.deepcopy(r) for r in page], cursor)
 
-    async def count_runs(self, query: RunQuery) -> dict[str, int]:
-        """Runs matching ``query`` per status."""
+    async def count_runs(self, query: RunQuery, cap: int) -> dict[str, int]:
+        """Runs matching ``query`` per status, each count at most ``cap``."""
         any_status = dataclasses.replace(query, status=None)
         counts: dict[str, int] = {}
         for run in self._runs.values():
             if _matches(run, any_status):
-                counts[run.status.value] = counts.get(run.status.value, 0) + 1
+                counts[run.status.value] = min(cap, counts.get(run.status.value, 0) + 1)
         return counts
+
+    async def list_changed(self, after: int, limit: int) -> list[Run]:
+        """Runs updated after ``after``, oldest change first."""
+        changed = sorted(
+            (r for r in self._runs.values() if r.updated_at > after),
+            key=lambda r: (r.updated_at, r.run_id),
+        )
+        return [copy.deepcopy(r) for r in changed[:limit]]
 
     async def delete_run(self, run_id: str) -> bool:
         """Delete a run with its history."""
@@ -774,5 +782,4 @@ def _matches(run: Run, q: RunQuery) -> bool:
         and (q.run_id_prefix is None or run.run_id.startswith(q.run_id_prefix))
         and (q.created_after is None or run.created_at >= q.created_after)
         and (q.created_before is None or run.created_at < q.created_before)
-        and (q.updated_after is None or run.updated_at > q.updated_after)
     )

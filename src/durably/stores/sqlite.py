@@ -292,14 +292,32 @@ class SqliteStore:
 
         return await self._db.run(op)
 
-    async def count_runs(self, query: RunQuery) -> dict[str, int]:
-        """Runs matching ``query`` per status."""
-        clauses, params = _run_filter(dataclasses.replace(query, status=None))
-        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
-        sql = f"SELECT status, count(*) FROM durably_runs {where} GROUP BY status"
+    async def count_runs(self, query: RunQuery, cap: int) -> dict[str, int]:
+        """Runs matching ``query`` per status, each count at most ``cap``."""
+        clauses, filter_params = _run_filter(dataclasses.replace(query, status=None))
+        where = " AND ".join(["status = ?", *clauses])
+        # One bounded probe per status, as PostgreSQL does.
+        probe = f"SELECT count(*) FROM (SELECT 1 FROM durably_runs WHERE {where} LIMIT ?)"
+        statuses = [s.value for s in RunStatus]
+        sql = " UNION ALL ".join(f"SELECT ?, ({probe})" for _ in statuses)
+        params: list[Any] = []
+        for status in statuses:
+            params.extend([status, status, *filter_params, cap])
 
         def op(conn: sqlite3.Connection) -> dict[str, int]:
-            return {status: n for status, n in conn.execute(sql, params)}
+            return {status: n for status, n in conn.execute(sql, params) if n}
+
+        return await self._db.run(op)
+
+    async def list_changed(self, after: int, limit: int) -> list[Run]:
+        """Runs updated after ``after``, oldest change first."""
+        sql = (
+            f"SELECT {RUN_COLUMNS} FROM durably_runs WHERE updated_at > ? "
+            "ORDER BY updated_at, id LIMIT ?"
+        )
+
+        def op(conn: sqlite3.Connection) -> list[Run]:
+            return [run_from_row(row) for row in conn.execute(sql, (after, limit))]
 
         return await self._db.run(op)
 
@@ -1455,7 +1473,6 @@ def _run_filter(query: RunQuery) -> tuple[list[str], list[Any]]:
     for clause, bound in (
         ("created_at >= ?", query.created_after),
         ("created_at < ?", query.created_before),
-        ("updated_at > ?", query.updated_after),
     ):
         if bound is not None:
             clauses.append(clause)

@@ -225,25 +225,43 @@ async def test_list_runs_by_id_prefix_takes_wildcards_literally(store: StateStor
     assert underscore == {"a_b"}
 
 
-async def test_list_runs_updated_after_returns_what_changed(store: StateStore) -> None:
+async def test_list_changed_returns_what_changed_oldest_change_first(store: StateStore) -> None:
     await store.create_run(make_run("old", updated_at=NOW))
-    await store.create_run(make_run("new", updated_at=NOW + 10))
+    await store.create_run(make_run("b", created_at=NOW, updated_at=NOW + 20))
+    await store.create_run(make_run("a", created_at=NOW + 5, updated_at=NOW + 10))
+    await store.create_run(make_run("c", updated_at=NOW + 20))
 
-    page = await store.list_runs(RunQuery(updated_after=NOW))
+    changed = await store.list_changed(NOW, 10)
+    first_two = await store.list_changed(NOW, 2)
 
-    assert [r.run_id for r in page.runs] == ["new"]
+    assert [r.run_id for r in changed] == ["a", "b", "c"]
+    assert [r.run_id for r in first_two] == ["a", "b"]
+    assert await store.list_changed(NOW + 20, 10) == []
 
 
 async def test_count_runs_per_status_under_the_other_filters(store: StateStore) -> None:
     await _listing_fixture(store)
 
-    everything = await store.count_runs(RunQuery(status=RunStatus.FAILED, limit=1))
-    billing = await store.count_runs(RunQuery(namespace="billing"))
-    nothing = await store.count_runs(RunQuery(workflow="nope"))
+    everything = await store.count_runs(RunQuery(status=RunStatus.FAILED, limit=1), 100)
+    billing = await store.count_runs(RunQuery(namespace="billing"), 100)
+    nothing = await store.count_runs(RunQuery(workflow="nope"), 100)
+    in_range = await store.count_runs(RunQuery(created_after=NOW + 2, run_id_prefix="r"), 100)
 
     assert everything == {"pending": 2, "suspended": 1, "completed": 1, "failed": 1}
     assert billing == {"suspended": 1, "completed": 1}
     assert nothing == {}
+    assert in_range == {"pending": 1, "suspended": 1, "completed": 1, "failed": 1}
+
+
+async def test_count_runs_stops_each_count_at_the_cap(store: StateStore) -> None:
+    for i in range(7):
+        await store.create_run(make_run(f"p{i}"))
+    for i in range(2):
+        await store.create_run(make_run(f"f{i}", RunStatus.FAILED))
+
+    counts = await store.count_runs(RunQuery(), 5)
+
+    assert counts == {"pending": 5, "failed": 2}
 
 
 async def test_delete_run_removes_its_history_and_waiters(store: StateStore) -> None:
