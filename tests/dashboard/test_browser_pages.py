@@ -3,6 +3,9 @@ fan-out's timeline, live updates, and a hostile payload rendered inert."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 from playwright.async_api import Page, expect
 from starlette.applications import Starlette
 from starlette.routing import Mount
@@ -78,17 +81,17 @@ async def test_run_page_shows_the_timeline_of_a_finished_fan_out(
     await page.click("a:text('fan-out:42')")
 
     await expect(page.locator("#run-status")).to_have_text("completed")
-    rows = page.locator(".gantt .row")
+    rows = page.locator(".gantt .row[data-seq]")
     await expect(rows).to_have_count(5)  # prepare + 4 parts
     # the four parts ran side by side: marked parallel, bars overlapping in time
     await expect(page.locator(".gantt .row .parallel")).to_have_count(4)
     lefts = [
         float((await bar.get_attribute("style") or "").split("left:")[1].split("%")[0])
-        for bar in await page.locator(".gantt .row .bar").all()
+        for bar in await page.locator(".gantt .row[data-seq] .bar").all()
     ]
     widths = [
         float((await bar.get_attribute("style") or "").split("width:")[1].split("%")[0])
-        for bar in await page.locator(".gantt .row .bar").all()
+        for bar in await page.locator(".gantt .row[data-seq] .bar").all()
     ]
     parts = list(zip(lefts[1:], widths[1:], strict=True))
     assert all(left >= lefts[0] + widths[0] - 1 for left, _ in parts)  # after prepare
@@ -193,3 +196,42 @@ async def test_schedules_page_lists_next_fire_times(
     row = page.locator("tr[data-schedule='nightly-report']")
     await expect(row).to_contain_text("0 3 * * *")
     await expect(row).to_contain_text("03:00:00")
+
+
+async def test_a_dispatched_step_shows_attempts_progress_and_logs(
+    tmp_path: Path, serve: Serve, page: Page
+) -> None:
+    engine = durably.Engine(store=f"sqlite:///{tmp_path / 'steps.db'}", transport="local://")
+    attempts: list[int] = []
+
+    @engine.step("crunch", retries=2, backoff="fixed", backoff_base=0.01)
+    async def crunch(data: dict[str, Any], log: durably.StepLogger) -> int:
+        attempts.append(1)
+        log.info("starting <b>crunch</b>", rows=data["rows"])
+        log.heartbeat({"done": 50})
+        if len(attempts) == 1:
+            raise RuntimeError("flaky")
+        log.sub("load", "ok", "loaded")
+        return int(data["rows"]) * 2
+
+    @engine.workflow("pipeline")
+    async def pipeline(ctx: durably.WorkflowContext) -> int:
+        return await ctx.step(crunch, {"rows": 21})
+
+    async with engine:
+        await engine.start("pipeline", run_id="pipe-1")
+        assert (await finished(engine, "pipe-1")).output == 42
+        base = await serve(durably.dashboard.app(engine))
+
+        await page.goto(f"{base}/runs/pipe-1")
+
+        row = page.locator(".gantt .row[data-seq='0']")
+        await expect(row).to_contain_text("crunch")
+        await expect(row).to_contain_text("2 attempts")
+        await page.click(".step-detail summary")
+        await expect(page.locator(".step-detail .log").first).to_contain_text(
+            "starting <b>crunch</b>"
+        )
+        await expect(page.locator(".step-detail")).to_contain_text("load")
+        assert await page.locator(".step-detail b:text-is('crunch')").count() == 0
+        await page.screenshot(path=screenshot_path("run-step.png"), full_page=True)

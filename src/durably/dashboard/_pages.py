@@ -16,7 +16,7 @@ from ..stores.base import RunQuery
 from ._actions import ActionError, bulk, run_action, schedule_action
 from ._filters import COUNT_CAP, FilterError, RunFilter
 from ._live import now_ms
-from ._runview import candidates, lineage, pretty, timeline, waits
+from ._runview import axis, candidates, lineage, pretty, timeline, waits
 from ._security import CSRF_COOKIE, SESSION_COOKIE, SESSION_TTL_S
 from ._serialize import iso
 from ._state import DashboardState
@@ -38,7 +38,15 @@ def _environment() -> Environment:
     env.filters["q"] = lambda text: quote(str(text), safe="")
     env.filters["pretty"] = pretty
     env.filters["ms"] = _duration
+    env.filters["when"] = _when
     return env
+
+
+def _when(value: Any) -> str:
+    # A log line's time: epoch ms from our workers, ISO text from others.
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return (iso(int(value)) or "").replace("T", " ").replace("+00:00", "Z")
+    return str(value or "")
 
 
 def _duration(ms: int | None) -> str:
@@ -124,6 +132,7 @@ class Pages:
             "run.html",
             run=run,
             bars=timeline(run, history, now),
+            ticks=axis(run, history, now),
             waits=waits(run, history),
             children=children.runs,
             more_children=children.next_cursor is not None,

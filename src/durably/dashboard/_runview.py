@@ -11,7 +11,7 @@ from typing import Any
 
 from ..model import Checkpoint, CheckpointKind, CheckpointStatus, Run, RunStatus
 
-__all__ = ["Bar", "Lineage", "Wait", "lineage", "pretty", "timeline", "waits"]
+__all__ = ["Bar", "Lineage", "Wait", "axis", "lineage", "pretty", "timeline", "waits"]
 
 # A continue-as-new link is ``<base>~N``; a retry with new input ``<id>~retry~<hex>``.
 _LINK = re.compile(r"^(.*)~(\d+)$")
@@ -20,7 +20,7 @@ _RETRY = re.compile(r"^(.*)~retry~[0-9a-f]+$")
 
 def pretty(value: Any) -> str:
     """A stored JSON value as indented text (escaped by the template, never here)."""
-    return json.dumps(value, indent=2, ensure_ascii=False) if value is not None else ""
+    return json.dumps(value, indent=2, ensure_ascii=False)
 
 
 @dataclass(slots=True)
@@ -36,7 +36,8 @@ class Bar:
     left: float
     width: float
     queued: float
-    """The leading part of the bar spent waiting for admission or dispatch."""
+    """The leading part of a dispatched step's bar before its last attempt was
+    sent: a flow-control slot, earlier attempts and their backoff."""
     heartbeat: float | None
     started_at: int | None
     finished_at: int | None
@@ -88,6 +89,14 @@ def _span(run: Run, checkpoints: list[Checkpoint], now: int) -> tuple[int, int]:
             if moment is not None:
                 start, end = min(start, moment), max(end, moment)
     return start, max(end, start + 1)
+
+
+def axis(
+    run: Run, checkpoints: list[Checkpoint], now: int, ticks: int = 4
+) -> list[tuple[float, int]]:
+    """The timeline's scale: ``(percent, ms since the run's start)`` pairs."""
+    start, end = _span(run, checkpoints, now)
+    return [(i * 100 / ticks, (end - start) * i // ticks) for i in range(ticks + 1)]
 
 
 def timeline(run: Run, checkpoints: list[Checkpoint], now: int) -> list[Bar]:
