@@ -126,6 +126,12 @@ def make_engine(store: str) -> durably.Engine:
     async def stuck(ctx: durably.WorkflowContext) -> Any:
         return await ctx.step("unserved", {"n": 1})
 
+    engine.register_queue("gpu", concurrency=1)
+
+    @engine.workflow("render")
+    async def render(ctx: durably.WorkflowContext, frame: int) -> Any:
+        return await ctx.step("unserved", {"frame": frame}, queue="gpu")
+
     @engine.workflow("echo")
     async def echo(ctx: durably.WorkflowContext, value: Any) -> Any:
         return value

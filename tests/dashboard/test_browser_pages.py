@@ -235,3 +235,25 @@ async def test_a_dispatched_step_shows_attempts_progress_and_logs(
         await expect(page.locator(".step-detail")).to_contain_text("load")
         assert await page.locator(".step-detail b:text-is('crunch')").count() == 0
         await page.screenshot(path=screenshot_path("run-step.png"), full_page=True)
+
+
+async def test_queues_page_shows_slots_and_waiters(
+    engine: durably.Engine, serve: Serve, page: Page
+) -> None:
+    for frame in range(3):
+        await engine.start("render", frame, run_id=f"frame-{frame}")
+    for frame in range(3):
+        await settled(engine, f"frame-{frame}")
+    base = await serve(durably.dashboard.app(engine))
+
+    await page.goto(f"{base}/queues")
+
+    row = page.locator("tr[data-queue='gpu'] td")
+    await expect(row.nth(1)).to_have_text("1")
+    await expect(row.nth(2)).to_have_text("2")
+    details = []
+    for frame in range(3):
+        await page.goto(f"{base}/runs/frame-{frame}")
+        details.append(await page.locator("#waits").inner_text())
+    assert sum("holding a slot in queue gpu" in d for d in details) == 1
+    assert sum("waiting for a flow-control slot" in d for d in details) == 2

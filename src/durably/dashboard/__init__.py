@@ -99,6 +99,7 @@ def app(
         Route("/", page(pages.runs), name="runs"),
         Route("/runs/{run_id:path}", page(pages.run), name="run"),
         Route("/schedules", page(pages.schedules), name="schedules"),
+        Route("/queues", page(pages.queues), name="queues"),
         Route("/actions/{action}", page(pages.post_run_action, write=True), methods=["POST"]),
         Route("/bulk/{action}", page(pages.post_bulk, write=True), methods=["POST"]),
         Route("/schedules/{action}", page(pages.post_schedule, write=True), methods=["POST"]),
@@ -110,6 +111,7 @@ def app(
         Route("/api/actions/{action}", api_route(api.action, write=True), methods=["POST"]),
         Route("/api/bulk/{action}", api_route(api.bulk, write=True), methods=["POST"]),
         Route("/api/schedules", api_route(api.schedules)),
+        Route("/api/queues", api_route(api.queues)),
         Route(
             "/api/schedules/{action}", api_route(api.schedule_action, write=True), methods=["POST"]
         ),

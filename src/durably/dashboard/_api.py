@@ -17,7 +17,7 @@ from ._actions import ActionError, bulk, run_action, schedule_action
 from ._filters import BULK_CAP, COUNT_CAP, FilterError, RunFilter
 from ._live import ChangeSource, now_ms
 from ._runview import candidates, lineage, timeline, waits
-from ._serialize import run_json, run_summary, schedule_json
+from ._serialize import iso, run_json, run_summary, schedule_json
 from ._state import DashboardState
 
 __all__ = ["OPENAPI", "Api"]
@@ -107,6 +107,24 @@ class Api:
         await self.state.store()
         found = await self.state.backend.list_schedules()
         return JSONResponse({"schedules": [schedule_json(s) for s in found]})
+
+    async def queues(self, request: Request) -> Response:
+        """``GET /api/queues``."""
+        store = await self.state.store()
+        found = await store.list_queues()
+        return JSONResponse(
+            {
+                "queues": [
+                    {
+                        "queue": q.queue,
+                        "held": q.held,
+                        "waiting": q.waiting,
+                        "oldest_wait_at": iso(q.oldest_wait_at),
+                    }
+                    for q in found
+                ]
+            }
+        )
 
     async def schedule_action(self, request: Request) -> Response:
         """``POST /api/schedules/{action}`` with ``{"name": …}``."""
@@ -342,6 +360,12 @@ OPENAPI: dict[str, Any] = {
                 ],
                 "requestBody": {"required": True, "content": _OBJECT},
                 "responses": {"200": {"description": "Done", "content": _OBJECT}, "404": _ERROR},
+            }
+        },
+        "/api/queues": {
+            "get": {
+                "summary": "Flow-control queues holding slots or waiters",
+                "responses": {"200": {"description": "Queues", "content": _OBJECT}},
             }
         },
         "/api/stream": {

@@ -8,7 +8,7 @@ from typing import Any, Protocol
 
 from ..model import Checkpoint, Run, RunStatus
 from ..schedules import Schedule
-from ..stores.base import RunPage, RunQuery
+from ..stores.base import QueueState, RunPage, RunQuery
 
 __all__ = ["DashboardBackend", "DashboardStore"]
 
@@ -28,6 +28,9 @@ class DashboardStore(Protocol):
 
     async def get_runs(self, run_ids: list[str]) -> list[Run]:
         """The runs among ``run_ids`` that exist."""
+
+    async def list_queues(self) -> list[QueueState]:
+        """Flow-control queues holding slots or waiters."""
 
 
 class DashboardBackend(Protocol):

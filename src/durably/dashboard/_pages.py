@@ -151,6 +151,11 @@ class Pages:
         found = await self.state.backend.list_schedules()
         return self.render(request, "schedules.html", schedules=found)
 
+    async def queues(self, request: Request) -> Response:
+        """Flow-control queues: slots held, steps waiting."""
+        store = await self.state.store()
+        return self.render(request, "queues.html", queues=await store.list_queues())
+
     # -- form posts ---------------------------------------------------------------------
 
     async def post_run_action(self, request: Request) -> Response:

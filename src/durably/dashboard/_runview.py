@@ -185,9 +185,12 @@ def waits(run: Run, checkpoints: list[Checkpoint]) -> list[Wait]:
             found.append(Wait("child", str(child or cp.name), cp.seq))
         elif kind == CheckpointKind.STEP:
             if cp.dispatched_at is None:
-                detail = f"waiting for a slot in queue {cp.queue}" if cp.queue else "not sent yet"
+                # The checkpoint names its queue only once it holds a slot.
+                detail = "not sent yet: waiting for a flow-control slot or a retry's backoff"
             else:
                 detail = "dispatched to any worker serving it"
+                if cp.queue:
+                    detail += f", holding a slot in queue {cp.queue}"
                 if cp.redispatches:
                     detail += f" (sent again {cp.redispatches} times)"
             found.append(Wait("step", cp.name, cp.seq, due_at=cp.dispatched_at, detail=detail))

@@ -20,7 +20,7 @@ from typing import Any
 
 from .. import _codec as codec
 from ..model import Checkpoint, CheckpointStatus, ErrorInfo, Run, RunStatus
-from .base import ScheduleRecord
+from .base import QueueState, ScheduleRecord
 
 __all__ = [
     "CP_COLUMNS",
@@ -40,6 +40,7 @@ __all__ = [
     "dump_json",
     "encode_cursor",
     "is_row_error",
+    "merge_queue_counts",
     "prefix_bound",
     "run_column_value",
     "run_from_row",
@@ -87,6 +88,16 @@ def encode_cursor(created_at: int, run_id: str) -> str:
     """An opaque cursor pointing just past ``(created_at, run_id)``."""
     raw = json.dumps([created_at, run_id], separators=(",", ":")).encode()
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def merge_queue_counts(
+    held: dict[str, int], waiting: dict[str, tuple[int, int | None]]
+) -> list[QueueState]:
+    """The SQL stores' two per-queue counts as :class:`QueueState` rows, by name."""
+    return [
+        QueueState(queue, held.get(queue, 0), *waiting.get(queue, (0, None)))
+        for queue in sorted(set(held) | set(waiting))
+    ]
 
 
 def prefix_bound(prefix: str) -> str:

@@ -81,6 +81,20 @@ class RunQuery:
 
 
 @dataclass(frozen=True, slots=True)
+class QueueState:
+    """A flow-control queue as the store sees it now."""
+
+    queue: str
+    held: int
+    """Slots held by dispatched steps (released slots kept for the rate window
+    do not count)."""
+    waiting: int
+    """Steps refused a slot and waiting for one."""
+    oldest_wait_at: int | None = None
+    """When the longest-waiting step first asked (epoch ms)."""
+
+
+@dataclass(frozen=True, slots=True)
 class RunPage:
     """One page of runs and the cursor of the next page (``None`` at the end)."""
 
@@ -677,6 +691,9 @@ class StoreInspector(Protocol):
     async def list_changed(self, after: int, limit: int) -> list[Run]:
         """Up to ``limit`` runs whose ``updated_at`` is after ``after`` (epoch
         ms), oldest change first: what changed since a poll."""
+
+    async def list_queues(self) -> list[QueueState]:
+        """Flow-control queues holding slots or waiters, by name."""
 
 
 @runtime_checkable

@@ -31,6 +31,7 @@ from .base import (
     Admission,
     ChildEnd,
     Executable,
+    QueueState,
     Resolution,
     RunChanges,
     RunPage,
@@ -124,6 +125,17 @@ class MemoryStore(MemoryWaits):
             if _matches(run, any_status):
                 counts[run.status.value] = min(cap, counts.get(run.status.value, 0) + 1)
         return counts
+
+    async def list_queues(self) -> list[QueueState]:
+        """Flow-control queues holding slots or waiters, by name."""
+        states = []
+        for queue in sorted(set(self._slots) | set(self._flow_waiters)):
+            held = sum(1 for s in self._slots.get(queue, {}).values() if s.released_at is None)
+            waiters = self._flow_waiters.get(queue, {})
+            if held or waiters:
+                oldest = min((w.enqueued_at for w in waiters.values()), default=None)
+                states.append(QueueState(queue, held, len(waiters), oldest))
+        return states
 
     async def list_changed(self, after: int, limit: int) -> list[Run]:
         """Runs updated after ``after``, oldest change first."""

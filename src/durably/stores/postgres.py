@@ -60,6 +60,7 @@ from ._rows import (
     decode_cursor,
     dump_json,
     encode_cursor,
+    merge_queue_counts,
     prefix_bound,
     run_column_value,
     run_from_row,
@@ -73,6 +74,7 @@ from .base import (
     ChildEnd,
     EventDelivery,
     Executable,
+    QueueState,
     Resolution,
     RunChanges,
     RunPage,
@@ -393,6 +395,22 @@ class PostgresStore:
             await conn.execute("SET LOCAL plan_cache_mode = force_custom_plan")
             rows = await conn.fetch(probes, *params)
         return {row["status"]: row["n"] for row in rows if row["n"]}
+
+    async def list_queues(self) -> list[QueueState]:
+        """Flow-control queues holding slots or waiters, by name."""
+        pool = self._db.pool()
+        held = await pool.fetch(
+            "SELECT queue, count(*) AS n FROM durably_flow_slots "
+            "WHERE released_at IS NULL GROUP BY queue"
+        )
+        waiting = await pool.fetch(
+            "SELECT queue, count(*) AS n, min(enqueued_at) AS oldest "
+            "FROM durably_flow_waiters GROUP BY queue"
+        )
+        return merge_queue_counts(
+            {r["queue"]: r["n"] for r in held},
+            {r["queue"]: (r["n"], r["oldest"]) for r in waiting},
+        )
 
     async def list_changed(self, after: int, limit: int) -> list[Run]:
         """Runs updated after ``after``, oldest change first."""

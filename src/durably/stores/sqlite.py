@@ -44,6 +44,7 @@ from ._rows import (
     decode_cursor,
     dump_json,
     encode_cursor,
+    merge_queue_counts,
     prefix_bound,
     run_column_value,
     run_from_row,
@@ -60,6 +61,7 @@ from .base import (
     ChildEnd,
     EventDelivery,
     Executable,
+    QueueState,
     Resolution,
     RunChanges,
     RunPage,
@@ -306,6 +308,24 @@ class SqliteStore:
 
         def op(conn: sqlite3.Connection) -> dict[str, int]:
             return {status: n for status, n in conn.execute(sql, params) if n}
+
+        return await self._db.run(op)
+
+    async def list_queues(self) -> list[QueueState]:
+        """Flow-control queues holding slots or waiters, by name."""
+
+        def op(conn: sqlite3.Connection) -> list[QueueState]:
+            held = conn.execute(
+                "SELECT queue, count(*) FROM durably_flow_slots "
+                "WHERE released_at IS NULL GROUP BY queue"
+            )
+            waiting = conn.execute(
+                "SELECT queue, count(*), min(enqueued_at) FROM durably_flow_waiters GROUP BY queue"
+            )
+            return merge_queue_counts(
+                {queue: n for queue, n in held},
+                {queue: (n, oldest) for queue, n, oldest in waiting},
+            )
 
         return await self._db.run(op)
 
