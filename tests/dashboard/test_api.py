@@ -246,3 +246,15 @@ async def test_the_poller_reports_every_change_once_even_in_a_burst() -> None:
 
     assert len(seen) == len(set(seen)) == 451
     assert seen[-1] == "late"
+
+
+@pytest.mark.parametrize("api_engine", ["memory"], indirect=True)
+async def test_every_response_forbids_framing_and_foreign_scripts(
+    client: httpx.AsyncClient,
+) -> None:
+    for path in ("/", "/api/runs", "/static/live.js", "/runs/nope"):
+        headers = (await client.get(path)).headers
+        assert "script-src 'self'" in headers["content-security-policy"], path
+        assert "frame-ancestors 'none'" in headers["content-security-policy"], path
+        assert headers["x-frame-options"] == "DENY"
+        assert headers["x-content-type-options"] == "nosniff"

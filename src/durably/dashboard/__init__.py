@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from functools import wraps
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
@@ -25,7 +26,7 @@ from ._api import Api
 from ._backend import DashboardBackend, DashboardStore
 from ._live import ChangeSource, PollingChanges
 from ._pages import Pages
-from ._security import AuthHook, Guard
+from ._security import AuthHook, Guard, SecurityHeaders
 from ._state import DashboardState
 
 __all__ = ["TOKEN_ENV", "AuthHook", "ChangeSource", "DashboardBackend", "DashboardStore", "app"]
@@ -118,4 +119,4 @@ def app(
         Route("/api/stream", api_route(api.stream)),
         Mount("/static", StaticFiles(packages=[("durably.dashboard", "static")]), name="static"),
     ]
-    return Starlette(routes=routes)
+    return Starlette(routes=routes, middleware=[Middleware(SecurityHeaders)])
