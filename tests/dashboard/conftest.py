@@ -25,7 +25,12 @@ from durably.testing import eventually  # noqa: E402
 
 CHROMIUM = os.environ.get("DURABLY_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
 HAVE_CHROMIUM = Path(CHROMIUM).exists()
-SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
+# Where the tests save their screenshots: a git-ignored folder by default, so a
+# test run leaves the tree clean; DURABLY_SCREENSHOTS=docs/screenshots
+# refreshes the ones the README shows.
+SCREENSHOTS = Path(
+    os.environ.get("DURABLY_SCREENSHOTS") or Path(__file__).resolve().parents[2] / ".screenshots"
+).resolve()
 
 Serve = Callable[..., Awaitable[str]]
 
