@@ -3,6 +3,7 @@ fan-out's timeline, live updates, and a hostile payload rendered inert."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ from starlette.routing import Mount
 
 import durably
 import durably.dashboard
+from durably.testing import eventually
 
 from .conftest import Serve, finished, screenshot_path, settled
 
@@ -257,3 +259,36 @@ async def test_queues_page_shows_slots_and_waiters(
         details.append(await page.locator("#waits").inner_text())
     assert sum("holding a slot in queue gpu" in d for d in details) == 1
     assert sum("waiting for a flow-control slot" in d for d in details) == 2
+
+
+async def test_the_run_page_follows_steps_finishing_inside_one_turn(
+    tmp_path: Path, serve: Serve, page: Page
+) -> None:
+    engine = durably.Engine(store=f"sqlite:///{tmp_path / 'turn.db'}")
+    gates = [asyncio.Event(), asyncio.Event()]
+
+    @engine.workflow("two-steps")
+    async def two_steps(ctx: durably.WorkflowContext) -> str:
+        await ctx.local_step("first", gates[0].wait)
+        await ctx.local_step("second", gates[1].wait)
+        return "done"
+
+    async with engine:
+        await engine.start("two-steps", run_id="turn-1")
+
+        async def first_running() -> bool:
+            return len(await engine.history("turn-1")) == 1
+
+        await eventually(first_running, what="the first step to start")
+        base = await serve(durably.dashboard.app(engine, poll_interval=0.2))
+        await page.goto(f"{base}/runs/turn-1")
+        await expect(page.locator(".gantt .row[data-seq]")).to_have_count(1)
+        await expect(page.locator("#live-dot.on")).to_have_count(1)
+
+        gates[0].set()  # the run's row does not change: only its steps do
+
+        await expect(page.locator(".gantt .row[data-seq='1']")).to_contain_text("second")
+        await expect(page.locator(".gantt .row[data-seq='0']")).to_contain_text("completed")
+        gates[1].set()
+        await expect(page.locator("#run-status")).to_have_text("completed")
+        assert await page.evaluate("performance.getEntriesByType('navigation').length") == 1

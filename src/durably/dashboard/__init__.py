@@ -60,7 +60,7 @@ def app(
     guard = Guard(token=token, auth=auth, read_only=read_only)
     state = DashboardState(backend, guard)
     pages = Pages(state)
-    api = Api(state, live or PollingChanges(backend.store, poll_interval))
+    api = Api(state, live or PollingChanges(backend, poll_interval))
 
     def page(endpoint: Endpoint, *, write: bool = False) -> Endpoint:
         @wraps(endpoint)

@@ -149,10 +149,12 @@ class Api:
         since = int(since_text) if since_text.isdigit() else now_ms()
 
         async def events() -> AsyncIterator[dict[str, str]]:
+            if only is not None:
+                async for _ in self.live.run_changes(only):
+                    yield {"event": "runs", "data": json.dumps([{"run_id": only}])}
             async for batch in self.live.changes(since):
-                runs = [r for r in batch if only is None or only in (r.run_id, r.parent_id)]
-                if runs:
-                    yield {"event": "runs", "data": json.dumps([run_summary(r) for r in runs])}
+                data = json.dumps([run_summary(r) for r in batch])
+                yield {"event": "runs", "data": data}
 
         return EventSourceResponse(events(), ping=15)
 
@@ -371,7 +373,10 @@ OPENAPI: dict[str, Any] = {
         "/api/stream": {
             "get": {
                 "summary": "Server-sent `runs` events as runs change",
-                "parameters": [_param("run", "Only this run and its children.")],
+                "parameters": [
+                    _param("run", "Only this run: its row, its steps and its children."),
+                    _param("since", "Changes after this time (epoch ms; default: now)."),
+                ],
                 "responses": {"200": {"description": "text/event-stream"}},
             }
         },

@@ -1,8 +1,10 @@
-"""Live updates: which runs changed, as a stream the SSE endpoint relays.
+"""Live updates: which runs changed, as streams the SSE endpoint relays.
 
-:class:`PollingChanges` reads the store for runs whose ``updated_at`` moved,
-so it sees runs executed by any process on any store. A source fed by the
-engine's lifecycle events can replace it: anything with ``changes()``.
+:class:`PollingChanges` reads the store: runs whose ``updated_at`` moved (for
+the runs list), and one run's row, steps and children (for its page: a step
+finishing mid-turn does not touch the run's row). Reading the store, it sees
+runs executed by any process. A source fed by the engine's lifecycle events
+can replace it: anything with ``changes()`` and ``run_changes()``.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ from collections.abc import AsyncIterator
 from typing import Protocol
 
 from ..model import Run
-from ._backend import DashboardStore
+from ..stores.base import RunQuery
+from ._backend import DashboardBackend
 
 __all__ = ["ChangeSource", "PollingChanges"]
 
@@ -29,13 +32,43 @@ class ChangeSource(Protocol):
     def changes(self, since_ms: int) -> AsyncIterator[list[Run]]:
         """Batches of runs changed after ``since_ms``, for as long as iterated."""
 
+    def run_changes(self, run_id: str) -> AsyncIterator[None]:
+        """One item each time the run, one of its steps or children changes."""
+
 
 class PollingChanges:
-    """Polls ``store.list_changed`` every ``interval`` seconds."""
+    """Polls the store every ``interval`` seconds."""
 
-    def __init__(self, store: DashboardStore, interval: float = 1.0) -> None:
-        self._store = store
+    def __init__(self, backend: DashboardBackend, interval: float = 1.0) -> None:
+        self._backend = backend
+        self._store = backend.store
         self._interval = interval
+
+    async def run_changes(self, run_id: str) -> AsyncIterator[None]:
+        """One item each time what the run's page shows changes."""
+        last = await self._signature(run_id)
+        while True:
+            await asyncio.sleep(self._interval)
+            current = await self._signature(run_id)
+            if current != last:
+                last = current
+                yield None
+
+    async def _signature(self, run_id: str) -> tuple[object, ...]:
+        run = await self._backend.get_run(run_id)
+        if run is None:
+            return ()
+        history = await self._backend.history(run_id)
+        children = await self._store.list_runs(RunQuery(parent_id=run_id, limit=200))
+        return (
+            run.status,
+            run.updated_at,
+            tuple(
+                (cp.seq, str(cp.status), cp.attempts, cp.last_heartbeat_at, cp.dispatched_at)
+                for cp in history
+            ),
+            tuple((c.run_id, c.status, c.updated_at) for c in children.runs),
+        )
 
     async def changes(self, since_ms: int) -> AsyncIterator[list[Run]]:
         """Batches of runs changed after ``since_ms`` (each change once)."""
