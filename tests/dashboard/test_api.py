@@ -221,7 +221,8 @@ async def test_bulk_actions_stop_at_500_and_say_so(
 
 async def test_the_poller_reports_every_change_once_even_in_a_burst() -> None:
     store = MemoryStore()
-    await store.open()
+    backend = durably.Engine(store=store, drive=False)
+    await backend.open()
     now = 10_000_000
 
     def run(run_id: str, updated_at: int) -> Run:
@@ -234,7 +235,7 @@ async def test_the_poller_reports_every_change_once_even_in_a_burst() -> None:
     seen: list[str] = []
 
     async def collect() -> None:
-        async for batch in PollingChanges(store, interval=0.01).changes(now):
+        async for batch in PollingChanges(backend, interval=0.01).changes(now):
             seen.extend(r.run_id for r in batch)
             if len(seen) >= 451:
                 return
