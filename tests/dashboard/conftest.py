@@ -131,6 +131,12 @@ def make_engine(store: str) -> durably.Engine:
     async def stuck(ctx: durably.WorkflowContext) -> Any:
         return await ctx.step("unserved", {"n": 1})
 
+    @engine.workflow("parent")
+    async def parent(ctx: durably.WorkflowContext, n: int) -> list[Any]:
+        return await ctx.all(
+            [ctx.child("echo", 1), *(ctx.child("approval", f"o-{i}") for i in range(n))]
+        )
+
     engine.register_queue("gpu", concurrency=1)
 
     @engine.workflow("render")

@@ -245,6 +245,7 @@ async def test_the_poller_reports_every_change_once_even_in_a_burst() -> None:
     await store.create_run(run("late", now + 6))
     await asyncio.wait_for(task, 10)
 
+    await backend.close()
     assert len(seen) == len(set(seen)) == 451
     assert seen[-1] == "late"
 

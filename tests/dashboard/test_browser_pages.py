@@ -292,3 +292,27 @@ async def test_the_run_page_follows_steps_finishing_inside_one_turn(
         gates[1].set()
         await expect(page.locator("#run-status")).to_have_text("completed")
         assert await page.evaluate("performance.getEntriesByType('navigation').length") == 1
+
+
+async def test_children_and_the_way_back_to_the_parent(
+    engine: durably.Engine, serve: Serve, page: Page
+) -> None:
+    await engine.start("parent", 2, run_id="fam")
+
+    async def children_waiting() -> bool:
+        kids = (await engine.list_runs(workflow="approval")).runs
+        return len(kids) == 2 and all(k.status == "suspended" for k in kids)
+
+    await eventually(children_waiting, what="both children to wait")
+    base = await serve(durably.dashboard.app(engine))
+
+    await page.goto(f"{base}/runs/fam")
+    await expect(page.locator("section.children li")).to_have_count(3)
+    await expect(page.locator("#waits li")).to_have_count(2)  # the echo child finished
+    await page.locator("#waits a").first.click()
+
+    await expect(page.locator("#run-status")).to_have_text("suspended")
+    child_id = await page.locator("#run-id").inner_text()
+    assert child_id.startswith("fam.child.")
+    await page.click(".lineage a:text('fam')")
+    await expect(page.locator("#run-id")).to_have_text("fam")

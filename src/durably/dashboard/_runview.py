@@ -45,6 +45,8 @@ class Bar:
     queue_ms: int | None
     progress: Any = None
     redispatches: int = 0
+    child_id: str | None = None
+    """A child run's id (for a link to it)."""
     parallel: bool = False
     """It ran while another operation of the run was running (a gather or a
     fan-out), whether or not they share a ``group``."""
@@ -136,6 +138,7 @@ def timeline(run: Run, checkpoints: list[Checkpoint], now: int) -> list[Bar]:
                 queue_ms=(dispatched - begin) if cp.dispatched_at is not None else None,
                 progress=cp.progress,
                 redispatches=cp.redispatches,
+                child_id=_child_of(cp),
                 events=list(cp.events or []),
                 error=cp.error,
             )
@@ -157,6 +160,14 @@ def _mark_parallel(bars: list[Bar]) -> None:
             bar.parallel = reach.parallel = True
         if reach is None or (bar.finished_at or 0) > (reach.finished_at or 0):
             reach = bar
+
+
+def _child_of(cp: Checkpoint) -> str | None:
+    # A child's placeholder checkpoint records the child's id in its input.
+    if str(cp.kind) != CheckpointKind.CHILD or not isinstance(cp.input, dict):
+        return None
+    child = cp.input.get("run_id")
+    return str(child) if child else None
 
 
 def waits(run: Run, checkpoints: list[Checkpoint]) -> list[Wait]:
@@ -181,8 +192,7 @@ def waits(run: Run, checkpoints: list[Checkpoint]) -> list[Wait]:
         elif kind == CheckpointKind.EVENT:
             found.append(Wait("event", cp.name.removeprefix("event:"), cp.seq, cp.wake_at))
         elif kind == CheckpointKind.CHILD:
-            child = cp.input.get("run_id") if isinstance(cp.input, dict) else None
-            found.append(Wait("child", str(child or cp.name), cp.seq))
+            found.append(Wait("child", _child_of(cp) or cp.name, cp.seq))
         elif kind == CheckpointKind.STEP:
             if cp.dispatched_at is None:
                 # The checkpoint names its queue only once it holds a slot.
