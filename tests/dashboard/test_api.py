@@ -260,3 +260,9 @@ async def test_every_response_forbids_framing_and_foreign_scripts(
         assert "frame-ancestors 'none'" in headers["content-security-policy"], path
         assert headers["x-frame-options"] == "DENY"
         assert headers["x-content-type-options"] == "nosniff"
+
+
+def test_durably_dashboard_is_reachable_from_import_durably() -> None:
+    assert durably.dashboard.app is durably.dashboard.app  # loaded on first use
+    with pytest.raises(AttributeError, match="no attribute 'dashbord'"):
+        _ = durably.dashbord  # type: ignore[attr-defined]
