@@ -266,3 +266,24 @@ def test_durably_dashboard_is_reachable_from_import_durably() -> None:
     assert durably.dashboard.app is durably.dashboard.app  # loaded on first use
     with pytest.raises(AttributeError, match="no attribute 'dashbord'"):
         _ = durably.dashbord  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("api_engine", ["sqlite"], indirect=True)
+async def test_a_long_history_renders_its_start_and_links_the_rest(
+    api_engine: durably.Engine, client: httpx.AsyncClient
+) -> None:
+    @api_engine.workflow("long")
+    async def long(ctx: durably.WorkflowContext) -> int:
+        for i in range(520):
+            await ctx.local_step(f"s{i}", lambda: 1)
+        return 520
+
+    await api_engine.start("long", run_id="long-1")
+    await finished(api_engine, "long-1")
+
+    page = await client.get("/runs/long-1")
+    full = (await client.get("/api/runs/long-1")).json()
+
+    assert page.text.count('class="row" data-seq=') == 500
+    assert "20 more operations" in page.text
+    assert len(full["timeline"]) == 520

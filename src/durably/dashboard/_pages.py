@@ -24,6 +24,7 @@ from ._state import DashboardState
 __all__ = ["Pages"]
 
 _CHILDREN_SHOWN = 200
+_BARS_SHOWN = 500  # a long history renders its start; the JSON API has all of it
 
 
 def _environment() -> Environment:
@@ -127,11 +128,13 @@ class Pages:
             self.state.backend.store.get_runs(candidates(run_id)),
         )
         now = now_ms()
+        bars = timeline(run, history, now)
         return self.render(
             request,
             "run.html",
             run=run,
-            bars=timeline(run, history, now),
+            bars=bars[:_BARS_SHOWN],
+            more_bars=max(0, len(bars) - _BARS_SHOWN),
             ticks=axis(run, history, now),
             waits=waits(run, history),
             children=children.runs,
