@@ -18,13 +18,16 @@ import pytest
 pytest.importorskip("playwright")
 uvicorn = pytest.importorskip("uvicorn")
 
-from playwright.async_api import Browser, Page, async_playwright  # noqa: E402
+from playwright.async_api import Browser, Page, async_playwright, expect  # noqa: E402
 
 import durably  # noqa: E402
 from durably.testing import eventually  # noqa: E402
 
 CHROMIUM = os.environ.get("DURABLY_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
 HAVE_CHROMIUM = Path(CHROMIUM).exists()
+# The machine is shared and noisy: assertions wait up to 20 s for the page to
+# reach the state (they return as soon as it does), instead of 5.
+expect.set_options(timeout=20_000)
 # Where the tests save their screenshots: a git-ignored folder by default, so a
 # test run leaves the tree clean; DURABLY_SCREENSHOTS=docs/screenshots
 # refreshes the ones the README shows.
