@@ -287,3 +287,22 @@ async def test_a_long_history_renders_its_start_and_links_the_rest(
     assert page.text.count('class="row" data-seq=') == 500
     assert "20 more operations" in page.text
     assert len(full["timeline"]) == 520
+
+
+@pytest.mark.parametrize("api_engine", ["memory"], indirect=True)
+async def test_a_blank_token_fails_at_boot_not_open(
+    api_engine: durably.Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with pytest.raises(ValueError, match="token is empty"):
+        durably.dashboard.app(api_engine, token=" ")
+    monkeypatch.setenv("DURABLY_DASHBOARD_TOKEN", "")
+    with pytest.raises(ValueError, match="token is empty"):
+        durably.dashboard.app(api_engine)
+    monkeypatch.setenv("DURABLY_DASHBOARD_TOKEN", "s3cret")
+    guarded = durably.dashboard.app(api_engine)
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=guarded), base_url="http://dash.test"
+    ) as client:
+        assert (await client.get("/api/runs")).status_code == 401
+        ok = await client.get("/api/runs", headers={"Authorization": "Bearer s3cret"})
+        assert ok.status_code == 200

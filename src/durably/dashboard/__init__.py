@@ -51,12 +51,15 @@ def app(
     ``auth`` (``request -> bool``, sync or async) decides who gets in;
     otherwise ``token`` (default: ``$DURABLY_DASHBOARD_TOKEN``) is required as
     a bearer header or through the login form; with neither the dashboard is
-    open, for a host app that guards the mount itself. ``read_only`` hides
+    open, for a host app that guards the mount itself; a blank token raises
+    ``ValueError`` here, never an open dashboard. ``read_only`` hides
     and refuses every action. ``live`` replaces the store polling (every
     ``poll_interval`` seconds) that feeds the live view.
     """
     if token is None:
-        token = os.environ.get(TOKEN_ENV) or None
+        # Set but blank is a misconfiguration: Guard refuses it at boot
+        # rather than serving an open dashboard.
+        token = os.environ.get(TOKEN_ENV)
     guard = Guard(token=token, auth=auth, read_only=read_only)
     state = DashboardState(backend, guard)
     pages = Pages(state)
