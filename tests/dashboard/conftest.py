@@ -140,6 +140,10 @@ def make_engine(store: str) -> durably.Engine:
             [ctx.child("echo", 1), *(ctx.child("approval", f"o-{i}") for i in range(n))]
         )
 
+    @engine.workflow("grandparent")
+    async def grandparent(ctx: durably.WorkflowContext) -> Any:
+        return await ctx.child("parent", 1)
+
     engine.register_queue("gpu", concurrency=1)
 
     @engine.workflow("render")

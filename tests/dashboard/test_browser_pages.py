@@ -316,3 +316,23 @@ async def test_children_and_the_way_back_to_the_parent(
     assert child_id.startswith("fam.child.")
     await page.click(".lineage a:text('fam')")
     await expect(page.locator("#run-id")).to_have_text("fam")
+
+
+async def test_the_children_tree_shows_grandchildren(
+    engine: durably.Engine, serve: Serve, page: Page
+) -> None:
+    await engine.start("grandparent", run_id="elder")
+
+    async def grandchild_waits() -> bool:
+        kids = (await engine.list_runs(workflow="approval")).runs
+        return len(kids) == 1 and kids[0].status == "suspended"
+
+    await eventually(grandchild_waits, what="the grandchild to wait")
+    base = await serve(durably.dashboard.app(engine))
+
+    await page.goto(f"{base}/runs/elder")
+
+    child = page.locator("section.children > ul > li")
+    await expect(child).to_have_count(1)
+    await expect(child.locator("ul > li")).to_have_count(2)  # the echo and the approval
+    await expect(child.locator("ul > li").filter(has_text="approval")).to_contain_text("suspended")

@@ -11,7 +11,6 @@ from sse_starlette.sse import EventSourceResponse
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from ..stores.base import RunQuery
 from ._actions import ActionError, bulk, run_action, schedule_action
 from ._filters import BULK_CAP, COUNT_CAP, FilterError, RunFilter
 from ._live import ChangeSource, now_ms
@@ -19,6 +18,7 @@ from ._openapi import OPENAPI
 from ._runview import candidates, lineage, timeline, waits
 from ._serialize import iso, run_json, run_summary, schedule_json
 from ._state import DashboardState
+from ._tree import Node, children_tree
 
 __all__ = ["Api"]
 
@@ -62,9 +62,9 @@ class Api:
         run = await backend.get_run(run_id)
         if run is None:
             return _error(f"no run {run_id!r}", 404)
-        history, children, linked = await asyncio.gather(
+        history, (children, more_children), linked = await asyncio.gather(
             backend.history(run_id),
-            store.list_runs(RunQuery(parent_id=run_id, limit=200)),
+            children_tree(store, run_id),
             store.get_runs(candidates(run_id)),
         )
         links = lineage(run, {r.run_id for r in linked})
@@ -73,7 +73,8 @@ class Api:
                 "run": run_json(run),
                 "timeline": [bar.as_json() for bar in timeline(run, history, now_ms())],
                 "waiting": [vars_of(w) for w in waits(run, history)],
-                "children": [run_summary(r) for r in children.runs],
+                "children": [_node_json(node) for node in children],
+                "more_children": more_children,
                 "lineage": vars_of(links),
             }
         )
@@ -163,6 +164,14 @@ class Api:
         document = dict(OPENAPI)
         document["servers"] = [{"url": request.scope.get("root_path", "") or "/"}]
         return JSONResponse(document)
+
+
+def _node_json(node: Node) -> dict[str, Any]:
+    return {
+        **run_summary(node.run),
+        "children": [_node_json(child) for child in node.children],
+        "more_children": node.more,
+    }
 
 
 def vars_of(value: Any) -> dict[str, Any]:

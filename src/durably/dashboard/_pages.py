@@ -12,7 +12,6 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 
 from ..model import RunStatus
-from ..stores.base import RunQuery
 from ._actions import ActionError, bulk, run_action, schedule_action
 from ._filters import COUNT_CAP, FilterError, RunFilter
 from ._live import now_ms
@@ -20,10 +19,10 @@ from ._runview import axis, candidates, lineage, pretty, timeline, waits
 from ._security import CSRF_COOKIE, SESSION_COOKIE, SESSION_TTL_S
 from ._serialize import iso
 from ._state import DashboardState
+from ._tree import children_tree
 
 __all__ = ["Pages"]
 
-_CHILDREN_SHOWN = 200
 _BARS_SHOWN = 500  # a long history renders its start; the JSON API has all of it
 
 
@@ -122,10 +121,10 @@ class Pages:
         run = await backend.get_run(run_id)
         if run is None:
             return self.render(request, "error.html", 404, message=f"no run {run_id!r}")
-        history, children, linked = await asyncio.gather(
+        history, (children, more_children), linked = await asyncio.gather(
             backend.history(run_id),
-            self.state.backend.store.list_runs(RunQuery(parent_id=run_id, limit=_CHILDREN_SHOWN)),
-            self.state.backend.store.get_runs(candidates(run_id)),
+            children_tree(backend.store, run_id),
+            backend.store.get_runs(candidates(run_id)),
         )
         now = now_ms()
         bars = timeline(run, history, now)
@@ -137,8 +136,8 @@ class Pages:
             more_bars=max(0, len(bars) - _BARS_SHOWN),
             ticks=axis(run, history, now),
             waits=waits(run, history),
-            children=children.runs,
-            more_children=children.next_cursor is not None,
+            children=children,
+            more_children=more_children,
             lineage=lineage(run, {r.run_id for r in linked}),
             terminal=RunStatus(run.status).is_terminal,
             retryable=run.status in (RunStatus.FAILED, RunStatus.DEAD),
