@@ -100,11 +100,21 @@ def merge_queue_counts(
     ]
 
 
-def prefix_bound(prefix: str) -> str:
+def prefix_bound(prefix: str) -> str | None:
     """The least text greater than every text starting with ``prefix`` (in
-    code-point order), so ``prefix <= id < prefix_bound(prefix)`` is an indexed
-    prefix search; no LIKE pattern to escape."""
-    return prefix + "\U0010ffff"
+    code-point order, which is UTF-8 byte order), so ``prefix <= id <
+    prefix_bound(prefix)`` is an exact, indexed prefix search with no LIKE
+    pattern to escape. ``None`` when no text is greater (a prefix of only
+    U+10FFFF): then ``prefix <= id`` alone is the search."""
+    chars = prefix
+    while chars:
+        following = ord(chars[-1]) + 1
+        if following <= 0x10FFFF:
+            if 0xD800 <= following <= 0xDFFF:  # surrogates are no text a store keeps
+                following = 0xE000
+            return chars[:-1] + chr(following)
+        chars = chars[:-1]
+    return None
 
 
 def decode_cursor(cursor: str | None) -> tuple[int, str] | None:

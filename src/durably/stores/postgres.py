@@ -1678,10 +1678,10 @@ def _run_filter(query: RunQuery, params: list[Any]) -> list[str]:
     if query.tag is not None:
         clauses.append(f"tags @> {param(codec.dumps([query.tag]))}::jsonb")
     if query.run_id_prefix:
-        clauses.append(
-            f'id COLLATE "C" >= {param(query.run_id_prefix)} '
-            f'AND id COLLATE "C" < {param(prefix_bound(query.run_id_prefix))}'
-        )
+        clauses.append(f'id COLLATE "C" >= {param(query.run_id_prefix)}')
+        bound = prefix_bound(query.run_id_prefix)
+        if bound is not None:
+            clauses.append(f'id COLLATE "C" < {param(bound)}')
     if query.created_after is not None:
         clauses.append(f"created_at >= {param(query.created_after)}::bigint")
     if query.created_before is not None:

@@ -1488,13 +1488,17 @@ def _run_filter(query: RunQuery) -> tuple[list[str], list[Any]]:
         params.append(query.tag)
     if query.run_id_prefix:
         # The primary key compares bytes (BINARY): a range on it is the prefix.
-        clauses.append("id >= ? AND id < ?")
-        params.extend([query.run_id_prefix, prefix_bound(query.run_id_prefix)])
-    for clause, bound in (
+        clauses.append("id >= ?")
+        params.append(query.run_id_prefix)
+        bound = prefix_bound(query.run_id_prefix)
+        if bound is not None:
+            clauses.append("id < ?")
+            params.append(bound)
+    for clause, moment in (
         ("created_at >= ?", query.created_after),
         ("created_at < ?", query.created_before),
     ):
-        if bound is not None:
+        if moment is not None:
             clauses.append(clause)
-            params.append(bound)
+            params.append(moment)
     return clauses, params

@@ -225,6 +225,21 @@ async def test_list_runs_by_id_prefix_takes_wildcards_literally(store: StateStor
     assert underscore == {"a_b"}
 
 
+async def test_list_runs_by_id_prefix_at_the_edges_of_unicode(store: StateStore) -> None:
+    top = "\U0010ffff"
+    ids = ["é", "é\U0010ffffx", "ê", f"z{top}", f"z{top}{top}", "z\ud7ff!", "z\ue000"]
+    for run_id in ids:
+        await store.create_run(make_run(run_id))
+
+    async def found(prefix: str) -> set[str]:
+        return {r.run_id for r in (await store.list_runs(RunQuery(run_id_prefix=prefix))).runs}
+
+    assert await found("é") == {"é", "é\U0010ffffx"}
+    assert await found(f"z{top}") == {f"z{top}", f"z{top}{top}"}
+    assert await found(top) == set()
+    assert await found("z\ud7ff") == {"z\ud7ff!"}
+
+
 async def test_list_changed_returns_what_changed_oldest_change_first(store: StateStore) -> None:
     await store.create_run(make_run("old", updated_at=NOW))
     await store.create_run(make_run("b", created_at=NOW, updated_at=NOW + 20))
