@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import importlib
 
-from .context import ChildCall, Settled, WorkflowContext
+from ._intercept import Interceptor, StepInfo, TurnInfo
+from ._lifecycle_events import EventKind, LifecycleEvent, Subscription
+from ._logs import RunContextFilter
+from .context import ChildCall, Settled, Webhook, WorkflowContext
 from .durations import Duration
 from .engine import Engine, RunNotFound
 from .errors import (
@@ -22,6 +25,7 @@ from .errors import (
     RunCancelled,
     SchemaValidationError,
     SignalTimeout,
+    SingletonQueueFull,
     StepFailed,
     WorkflowNotRegistered,
     WrongEventLoop,
@@ -42,13 +46,17 @@ __all__ = [
     "DurablyError",
     "Duration",
     "Engine",
+    "EventKind",
     "EventTimeout",
     "FatalError",
     "GatherFailed",
+    "Interceptor",
+    "LifecycleEvent",
     "NondeterminismError",
     "RetryPolicy",
     "Run",
     "RunCancelled",
+    "RunContextFilter",
     "RunNotFound",
     "RunPage",
     "RunResult",
@@ -58,11 +66,16 @@ __all__ = [
     "SchemaValidationError",
     "Settled",
     "SignalTimeout",
+    "SingletonQueueFull",
     "StepFailed",
+    "StepInfo",
     "StepLogger",
     "StepRef",
+    "Subscription",
     "Transport",
     "TransportError",
+    "TurnInfo",
+    "Webhook",
     "WorkflowContext",
     "WorkflowNotRegistered",
     "WrongEventLoop",

@@ -14,12 +14,13 @@ write outside a turn (a cancel, an execution timeout) goes through
 from __future__ import annotations
 
 import asyncio
-import logging
 import re
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ._batch import BatchCall
+from ._lifecycle_events import RUN_OUTCOMES, EventHub
+from ._logs import engine_logger
 from ._replay import CloseReason, error_info
 from .errors import DurablyError, SchemaValidationError, WorkflowNotRegistered
 from .model import (
@@ -52,7 +53,7 @@ __all__ = [
     "next_link_id",
 ]
 
-_log = logging.getLogger("durably")
+_log = engine_logger("durably")
 
 LIVE = frozenset({RunStatus.PENDING, RunStatus.RUNNING, RunStatus.SUSPENDED, RunStatus.BLOCKED})
 """The statuses a run can still leave."""
@@ -91,6 +92,7 @@ class ChildRuns:
         router: RunRouter,
         transport: Transport,
         has_flow_queues: Callable[[], bool],
+        events: EventHub,
     ) -> None:
         self._store = store
         self._clock = clock
@@ -98,6 +100,7 @@ class ChildRuns:
         self._router = router
         self._transport = transport
         self._has_flow_queues = has_flow_queues
+        self._events = events
         # Children ending together tell their parents in shared transactions:
         # on PostgreSQL each report locks the parent's row, and one report at
         # a time queues every child of a large fan behind that lock.
@@ -143,6 +146,8 @@ class ChildRuns:
                     deadline_at=definition.deadline_from(now),
                     created_at=now,
                     updated_at=now,
+                    # One trace for a parent and its children.
+                    trace_context=parent.trace_context,
                 )
             )
         # A child that cannot start reaches its parent as a failed child.
@@ -391,6 +396,16 @@ class ChildRuns:
             if turn is not None:
                 turn.close(CloseReason.CANCELLED)
             self._router.notify(run.run_id)
+            if self._events.active:
+                now = self._clock.now_ms()
+                self._events.event(
+                    RUN_OUTCOMES[status],
+                    run.run_id,
+                    now,
+                    workflow=run.workflow,
+                    duration_ms=now - run.created_at,
+                    error=error,
+                )
         return changed
 
     async def after_end(self, run_id: str, *, cancelled: bool) -> None:

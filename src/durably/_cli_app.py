@@ -1,4 +1,4 @@
-"""Loading the application's ``Engine`` for ``durably worker --app module:attr``."""
+"""Loading the application's ``Engine`` for ``durably worker --app module[:attr]``."""
 
 from __future__ import annotations
 
@@ -9,7 +9,10 @@ from typing import Any
 
 from .engine import Engine
 
-__all__ = ["AppLoadError", "load_engine"]
+__all__ = ["DEFAULT_ATTRIBUTE", "AppLoadError", "load_engine"]
+
+DEFAULT_ATTRIBUTE = "engine"
+"""The attribute ``--app module`` names when it names none (``module:engine``)."""
 
 
 class AppLoadError(Exception):
@@ -17,16 +20,20 @@ class AppLoadError(Exception):
 
 
 def load_engine(spec: str) -> Engine:
-    """Import ``module:attr`` and return the :class:`Engine` it names.
+    """Import ``module:attr`` (``module`` alone means ``module:engine``) and
+    return the :class:`Engine` it names.
 
     ``attr`` may be a dotted path (``module:app.engine``) and may name a
     callable taking no arguments that returns the engine (a factory). The
     current directory is put on ``sys.path`` first, like ``python -m`` does.
     """
     module_name, sep, attr_path = spec.partition(":")
-    if not sep or not module_name or not attr_path:
+    if not sep:
+        attr_path = DEFAULT_ATTRIBUTE
+    if not module_name or not attr_path:
         raise AppLoadError(
-            f"--app must look like 'module:attribute' (e.g. myapp.main:engine), got {spec!r}"
+            "--app must look like 'module' or 'module:attribute' "
+            f"(e.g. myapp.main or myapp.main:engine), got {spec!r}"
         )
     cwd = os.getcwd()
     if cwd not in sys.path and "" not in sys.path:

@@ -7,17 +7,26 @@ this module; it imports none of them.
 
 from __future__ import annotations
 
-import logging
+import asyncio
+import json
 import os
-from collections.abc import AsyncIterator, Callable
+import sys
+from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
+from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
 import click
 
+from . import _codec as codec
+from ._logs import engine_logger
+from ._names import check_name
+from ._start import check_start, check_tags, new_run_id, start_time
 from ._urls import redact_url, scrub
-from .engine import Engine
+from .durations import Duration
+from .engine import Engine, RunNotFound
+from .model import Run, RunStatus
 from .stores.sqlite import sqlite_path_from_url
 
 __all__ = [
@@ -27,13 +36,22 @@ __all__ = [
     "CliError",
     "check_store_url",
     "describe",
+    "json_option",
     "one_line",
     "open_client",
+    "parse_payload",
     "remember_url",
+    "resume_run",
+    "run_sync",
     "scrub_urls",
     "sqlite_file",
+    "start_by_name",
     "store_option",
 ]
+
+DEFAULT_VERSION = "1"
+"""The version a run started by name gets when the store has no run of its
+workflow yet: the default of ``@engine.workflow``."""
 
 DEFAULT_STORE = "sqlite:///durably.db"
 """The store used when neither ``--store`` nor ``DURABLY_DATABASE_URL`` is given."""
@@ -44,8 +62,9 @@ EXIT_USAGE = 2
 """The exit code of a command given bad input (an option, a JSON payload, a store URL…)."""
 
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
 
-_log = logging.getLogger("durably.cli")
+_log = engine_logger("durably.cli")
 
 # The store URLs this process was given: scrub_urls hides their credentials in
 # any message, including ones a database driver built from the raw URL.
@@ -115,6 +134,35 @@ def store_option(fn: F) -> F:
     return option(fn)
 
 
+def json_option(fn: F) -> F:
+    """The ``--json`` flag: machine-readable output (times as ISO-8601 UTC strings)."""
+    option = click.option(
+        "--json",
+        "as_json",
+        is_flag=True,
+        help="Print JSON instead of text (times as ISO-8601 UTC strings).",
+    )
+    return option(fn)
+
+
+def parse_payload(payload: str | None, what: str = "payload") -> Any:
+    """A JSON argument (``None`` when absent; ``-`` reads it from stdin); bad
+    JSON is a usage error naming ``what``."""
+    if payload is None:
+        return None
+    if payload == "-":
+        payload = sys.stdin.read()
+    try:
+        return json.loads(payload)
+    except json.JSONDecodeError as exc:
+        raise CliError(f"the {what} is not valid JSON: {exc}", EXIT_USAGE) from None
+
+
+def run_sync(coro: Coroutine[Any, Any, T]) -> T:
+    """Run a command's coroutine to completion on a fresh event loop."""
+    return asyncio.run(coro)
+
+
 def sqlite_file(url: str) -> str | None:
     """The file of a SQLite store URL (``None`` for other stores and ``:memory:``)."""
     if "://" in url and not url.startswith("sqlite:"):
@@ -153,3 +201,93 @@ async def open_client(store_url: str) -> AsyncIterator[Engine]:
             await engine.close()
         except Exception as exc:  # closing must not mask the command's own outcome
             _log.debug("closing the store failed: %s", exc)
+
+
+async def start_by_name(
+    engine: Engine,
+    workflow: str,
+    input: Any,
+    *,
+    run_id: str | None = None,
+    version: str | None = None,
+    tags: list[str] | None = None,
+    priority: int = 0,
+    start_at: datetime | Duration | None = None,
+) -> tuple[Run, bool]:
+    """Create a run of ``workflow`` by name, as a producer without the
+    workflow registered does; return it and whether it is new.
+
+    An engine that registers ``workflow`` (``--app``) starts it itself, which
+    validates the input and stamps the execution deadline. Otherwise the run is
+    written to the store as ``pending`` (``suspended`` until ``start_at``), for
+    whichever worker registers it; an id that exists returns that run. Without
+    ``version`` the run takes the version of the workflow's newest run in the
+    store (the release the workers run now), else ``"1"``.
+    """
+    if workflow in engine.workflows:
+        before = await engine.get_run(run_id) if run_id is not None else None
+        run = await engine.start(
+            workflow,
+            input,
+            run_id=run_id,
+            version=version,
+            tags=tags,
+            priority=priority,
+            start_at=start_at,
+        )
+        return run, before is None
+    check_name(workflow, "workflow")
+    if not workflow:
+        raise ValueError("the workflow name must not be empty")
+    if version is not None:
+        check_name(version, "workflow version")
+    check_start(run_id, priority)
+    clean_tags = check_tags(tags)
+    stored_input = codec.to_jsonable(input, "input")
+    if version is None:
+        newest = await engine.list_runs(workflow=workflow, limit=1)
+        version = newest.runs[0].workflow_version if newest.runs else DEFAULT_VERSION
+    now = engine.clock.now_ms()
+    wake_at = start_time(start_at, now)
+    later = wake_at is not None and wake_at > now
+    run = Run(
+        run_id=run_id or new_run_id(),
+        workflow=workflow,
+        workflow_version=version,
+        status=RunStatus.SUSPENDED if later else RunStatus.PENDING,
+        input=stored_input,
+        namespace=engine.namespace,
+        tags=clean_tags,
+        priority=priority,
+        wake_at=wake_at if later else None,
+        created_at=now,
+        updated_at=now,
+    )
+    return await engine.store.create_run(run)
+
+
+async def resume_run(engine: Engine, run_id: str) -> tuple[Run, str]:
+    """Give the live run ``run_id`` a turn now (after a lost wake-up, say);
+    return it as it was and what was done: ``"woken"``, ``"unblocked"``,
+    ``"queued"`` (pending already) or ``"finished"`` (terminal: left alone).
+
+    Its waits are not skipped: a run sleeping or waiting for a signal replays
+    and waits again. A ``blocked`` run goes back to ``pending`` so that the
+    workers look at it again (one that registers its workflow takes it).
+    """
+    run = await engine.get_run(run_id)
+    if run is None:
+        raise RunNotFound(run_id)
+    now = engine.clock.now_ms()
+    if run.status.is_terminal:
+        return run, "finished"
+    if run.status is RunStatus.PENDING:
+        return run, "queued"
+    if run.status is RunStatus.BLOCKED:
+        changes = {"status": RunStatus.PENDING, "error": None}
+        if await engine.store.update_run_if(run_id, frozenset({RunStatus.BLOCKED}), changes, now):
+            return run, "unblocked"
+        return await resume_run(engine, run_id)  # it moved on meanwhile: judge it again
+    if await engine.store.request_wake(run_id, now):
+        return run, "woken"
+    return run, "finished"

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import json
 import os
 
 import click
 
-from ._cli_common import EXIT_USAGE, CliError, open_client, store_option
+from ._cli_common import EXIT_USAGE, CliError, json_option, open_client, store_option
 
 __all__ = ["dashboard", "is_loopback"]
 
@@ -42,7 +43,10 @@ def is_loopback(host: str) -> bool:
     show_default=True,
     help="Seconds between the live view's polls of the store.",
 )
-def dashboard(store_url: str, host: str, port: int, read_only: bool, poll_interval: float) -> None:
+@json_option
+def dashboard(
+    store_url: str, host: str, port: int, read_only: bool, poll_interval: float, as_json: bool
+) -> None:
     """Serve the web dashboard (runs, a run's timeline, actions, schedules, a JSON API).
 
     Off the loopback interface it needs DURABLY_DASHBOARD_TOKEN: browsers log
@@ -72,7 +76,11 @@ def dashboard(store_url: str, host: str, port: int, read_only: bool, poll_interv
             config = uvicorn.Config(app, host=host, port=port, log_level="warning")
             server = uvicorn.Server(config)
             shown = f"[{host}]" if ":" in host else host
-            click.echo(f"durably dashboard on http://{shown}:{port}/", err=True)
+            url = f"http://{shown}:{port}/"
+            if as_json:
+                click.echo(json.dumps({"url": url, "read_only": read_only, "auth": bool(token)}))
+            else:
+                click.echo(f"durably dashboard on {url}", err=True)
             await server.serve()
 
     asyncio.run(serve())

@@ -17,7 +17,7 @@ import os
 import re
 import time
 from collections.abc import Iterable
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from rich import box
@@ -32,6 +32,8 @@ __all__ = [
     "checkpoint_to_dict",
     "format_duration",
     "format_time",
+    "iso_time",
+    "iso_times",
     "json_text",
     "make_console",
     "plain",
@@ -317,16 +319,43 @@ def render_run(run: Run, checkpoints: list[Checkpoint], *, now_ms: int | None = 
     return Group(*parts)
 
 
+def iso_time(ms: int | None) -> str | None:
+    """Epoch milliseconds as an ISO-8601 UTC string (``2024-05-01T12:00:00.123Z``)."""
+    if ms is None:
+        return None
+    try:
+        moment = datetime.fromtimestamp(ms / 1000, UTC)
+    except (ValueError, OverflowError, OSError):
+        return None
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+
+
+# Epoch-ms columns that are not named ``*_at``.
+_TIME_KEYS = frozenset({"locked_until"})
+
+
+def iso_times(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` with its epoch-ms times (``*_at`` keys, ``locked_until``) as ISO-8601 UTC."""
+    return {
+        key: iso_time(value)
+        if (key.endswith("_at") or key in _TIME_KEYS)
+        and isinstance(value, int)
+        and not isinstance(value, bool)
+        else value
+        for key, value in data.items()
+    }
+
+
 def run_to_dict(run: Run) -> dict[str, Any]:
-    """A run as JSON-ready data (for ``--json``)."""
+    """A run as JSON-ready data (for ``--json``; times as ISO-8601 UTC)."""
     data = dataclasses.asdict(run)
     data["status"] = run.status.value
-    return data
+    return iso_times(data)
 
 
 def checkpoint_to_dict(checkpoint: Checkpoint) -> dict[str, Any]:
-    """A checkpoint as JSON-ready data (for ``--json``)."""
+    """A checkpoint as JSON-ready data (for ``--json``; times as ISO-8601 UTC)."""
     data = dataclasses.asdict(checkpoint)
     data["status"] = checkpoint.status.value
     data["step_id"] = checkpoint.step_id
-    return data
+    return iso_times(data)

@@ -24,8 +24,16 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
-from ._cli_common import CliError, open_client, store_option
-from ._cli_render import abbreviate, format_time, json_text, make_console, plain, visible
+from ._cli_common import CliError, json_option, open_client, store_option
+from ._cli_render import (
+    abbreviate,
+    format_time,
+    iso_times,
+    json_text,
+    make_console,
+    plain,
+    visible,
+)
 from .engine import Engine
 from .errors import DurablyError
 from .schedules import Schedule, ScheduleNotFound
@@ -107,7 +115,7 @@ def schedules() -> None:
 
 @schedules.command("list")
 @store_option
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@json_option
 def schedules_list(store_url: str, as_json: bool) -> None:
     """List every schedule (all namespaces) with its state and next window."""
 
@@ -116,7 +124,7 @@ def schedules_list(store_url: str, as_json: bool) -> None:
 
     found = _with_engine(store_url, load)
     if as_json:
-        click.echo(json_text([s.to_dict() for s in found]))
+        click.echo(json_text([iso_times(s.to_dict()) for s in found]))
         return
     console = make_console()
     if not found:
@@ -128,25 +136,34 @@ def schedules_list(store_url: str, as_json: bool) -> None:
 @schedules.command("pause")
 @store_option
 @click.argument("name")
-def schedules_pause(store_url: str, name: str) -> None:
+@json_option
+def schedules_pause(store_url: str, name: str, as_json: bool) -> None:
     """Stop firing NAME until it is resumed (for every instance, across restarts)."""
-    _with_engine(store_url, lambda engine: engine.pause_schedule(name))
-    click.echo(f"paused schedule {visible(name)}")
+    paused = _with_engine(store_url, lambda engine: engine.pause_schedule(name))
+    if as_json:
+        click.echo(json_text(iso_times(paused.to_dict())))
+    else:
+        click.echo(f"paused schedule {visible(name)}")
 
 
 @schedules.command("resume")
 @store_option
 @click.argument("name")
-def schedules_resume(store_url: str, name: str) -> None:
+@json_option
+def schedules_resume(store_url: str, name: str, as_json: bool) -> None:
     """Fire NAME again from its next window (windows missed while paused are skipped)."""
     resumed = _with_engine(store_url, lambda engine: engine.resume_schedule(name))
+    if as_json:
+        click.echo(json_text(iso_times(resumed.to_dict())))
+        return
     click.echo(f"resumed schedule {visible(name)}; next window {format_time(resumed.next_fire_at)}")
 
 
 @schedules.command("trigger")
 @store_option
 @click.argument("name")
-def schedules_trigger(store_url: str, name: str) -> None:
+@json_option
+def schedules_trigger(store_url: str, name: str, as_json: bool) -> None:
     """Start a run of NAME now, outside its windows (even while paused).
 
     The run is queued on the schedule; the next worker pass of the
@@ -162,6 +179,9 @@ def schedules_trigger(store_url: str, name: str) -> None:
             raise CliError(str(exc)) from None
 
     run_id = _with_engine(store_url, trigger)
+    if as_json:
+        click.echo(json_text({"schedule": name, "run_id": run_id}))
+        return
     click.echo(
         f"queued run {visible(run_id)} of schedule {visible(name)}; "
         "a worker starts it on its next pass"
@@ -171,9 +191,13 @@ def schedules_trigger(store_url: str, name: str) -> None:
 @schedules.command("remove")
 @store_option
 @click.argument("name")
-def schedules_remove(store_url: str, name: str) -> None:
+@json_option
+def schedules_remove(store_url: str, name: str, as_json: bool) -> None:
     """Delete schedule NAME (runs it started are kept). A schedule declared in
     the application's code comes back when the application starts again."""
     if not _with_engine(store_url, lambda engine: engine.remove_schedule(name)):
         raise CliError(f"no schedule named {name!r}")
-    click.echo(f"removed schedule {visible(name)}")
+    if as_json:
+        click.echo(json_text({"schedule": name, "removed": True}))
+    else:
+        click.echo(f"removed schedule {visible(name)}")

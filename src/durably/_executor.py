@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
+
+from ._logs import engine_logger
 
 __all__ = ["Done", "RunExecutor"]
 
 Done = Callable[[bool], None]
 """Called when a submission's execution finished (``True``) or was dropped."""
 
-_log = logging.getLogger("durably.executor")
+_log = engine_logger("durably.executor")
 
 
 class RunExecutor:

@@ -9,10 +9,10 @@ process; an exception is logged, never propagated).
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from ._logs import engine_logger
 from ._start import StartRun
 from .model import Checkpoint, Run, RunStatus
 
@@ -25,7 +25,7 @@ EvictHook = Callable[[Run, list[Checkpoint]], Awaitable[Any]]
 StalledHook = Callable[[Run], Awaitable[Any]]
 """``async def alert(run)``, called once per stalled episode."""
 
-_log = logging.getLogger("durably._hooks")
+_log = engine_logger("durably._hooks")
 
 
 class Hooks:

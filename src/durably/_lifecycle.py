@@ -56,11 +56,14 @@ class Lifecycle:
         served: Callable[[], dict[str, StepDefinition]],
         options: Callable[[], EngineOptions],
         owner: Callable[[], str],
+        close_events: Callable[[], Awaitable[None]],
     ) -> None:
-        """``sync_schedules()`` upserts the schedules declared in code once the
-        store is open; ``served()`` names the step handlers to serve;
-        ``options()`` and ``owner()`` are read at each use, so settings
-        changed before a start (``durably worker`` flags) take effect."""
+        """``close_events()`` broadcasts the lifecycle events still queued and
+        ends every subscription, before the store closes; ``sync_schedules()``
+        upserts the schedules declared in code once the store is open;
+        ``served()`` names the step handlers to serve; ``options()`` and
+        ``owner()`` are read at each use, so settings changed before a start
+        (``durably worker`` flags) take effect."""
         self._store = store
         self._transport = transport
         self._clock = clock
@@ -75,6 +78,7 @@ class Lifecycle:
         self._served = served
         self._options = options
         self._owner = owner
+        self._close_events = close_events
         self._opened = False
         self.listening = False
         """Whether the store pushes other processes' changes (PostgreSQL)."""
@@ -204,6 +208,7 @@ class Lifecycle:
             await self._router.run_queue.flush()
             self._router.run_queue = None
         await self._transport.close()
+        await self._close_events()
         self._consuming = False
         self._opened = False
         await self._store.close()

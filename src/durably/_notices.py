@@ -27,3 +27,5 @@ class StoreNotice(StrEnum):
     """Messages were pushed to a queue topic (argument: the topic)."""
     CANCEL = "cancel"
     """The ``db`` transport's cancel notice for step handlers (argument: the run id)."""
+    EVENT = "event"
+    """A lifecycle event another engine published (argument: the event as compact JSON)."""

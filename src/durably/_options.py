@@ -68,6 +68,8 @@ class EngineOptions:
     remote_redispatch: Duration | None = None
     remote_redispatch_max: int = 3
     heartbeat_persist_throttle: Duration = "10s"
+    webhook_base_url: str | None = None
+    publish_events: bool = False
 
     lease_ms: int = field(init=False)
     """How long a turn's lease lasts without renewal."""
@@ -131,6 +133,11 @@ class EngineOptions:
             else to_ms(self.remote_redispatch, name="remote_redispatch"),
         )
         derive("drives", self.drive and self.consumers != "never")
+        if self.webhook_base_url is not None and (
+            not isinstance(self.webhook_base_url, str)
+            or not self.webhook_base_url.startswith(("http://", "https://"))
+        ):
+            raise ValueError("webhook_base_url must be an http:// or https:// URL")
 
     def _derive(self, name: str, value: object) -> None:
         object.__setattr__(self, name, value)  # frozen: only __post_init__ sets these

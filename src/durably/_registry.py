@@ -10,6 +10,7 @@ from typing import Any
 
 from . import _codec as codec
 from ._names import check_name
+from ._singletons import Singleton
 from .durations import Duration, to_ms
 from .errors import SchemaValidationError, WorkflowNotRegistered
 from .steps._flow import FlowQueue
@@ -30,6 +31,7 @@ class WorkflowDef:
     input_type: Any = None
     execution_timeout_ms: int | None = None
     takes_input: bool = True
+    singleton: Singleton | None = None
 
     @classmethod
     def build(
@@ -40,6 +42,7 @@ class WorkflowDef:
         version: str,
         input: Any,
         execution_timeout: Duration | None,
+        singleton: Singleton | None = None,
     ) -> WorkflowDef:
         """Validate ``engine.register``'s arguments and build the definition."""
         if not isinstance(name, str) or not name:
@@ -57,6 +60,7 @@ class WorkflowDef:
                 else to_ms(execution_timeout, name="execution_timeout")
             ),
             takes_input=takes_input(fn),
+            singleton=singleton,
         )
 
     def deadline_from(self, now_ms: int) -> int | None:
@@ -114,6 +118,7 @@ class Registry:
         self._steps: dict[str, StepDefinition] = {}
         self._queues: dict[str, FlowQueue] = {}
         self._executable: frozenset[tuple[str, str]] = frozenset()
+        self._has_singletons = False
 
     def add(self, definition: WorkflowDef) -> None:
         """Register ``definition``; a duplicate name and version is an error."""
@@ -129,6 +134,7 @@ class Registry:
         versions.pop(definition.version, None)
         versions[definition.version] = definition
         self._executable = self._executable | {(definition.name, definition.version)}
+        self._has_singletons = self._has_singletons or definition.singleton is not None
 
     def get(self, name: str, version: str | None = None) -> WorkflowDef:
         """The definition for ``name`` (at ``version``, or the default version)."""
@@ -183,8 +189,9 @@ class Registry:
         return self._queues.get(name)
 
     def has_queues(self) -> bool:
-        """Whether any flow-control queue is declared (a run's end then frees slots)."""
-        return bool(self._queues)
+        """Whether any flow-control queue or singleton workflow is declared (a run's
+        end then frees slots)."""
+        return bool(self._queues) or self._has_singletons
 
 
 def takes_input(fn: WorkflowFn) -> bool:

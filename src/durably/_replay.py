@@ -105,6 +105,7 @@ class Turn:
         self.lease_until = run.locked_until
         """When the lease as last confirmed by the store runs out (engine clock)."""
         self._next_seq = 0
+        self._history_end = max(checkpoints, default=-1) + 1
         self._parked: dict[int, tuple[int | None, bool]] = {}
         self._park_futures: list[asyncio.Future[None]] = []
         self._in_flight = 0
@@ -133,6 +134,12 @@ class Turn:
         """The position the next operation will take."""
         return self._next_seq
 
+    @property
+    def replaying(self) -> bool:
+        """Whether the body is re-executing code a previous turn ran: positions
+        recorded before this turn lie ahead of it."""
+        return self._next_seq < self._history_end
+
     def allocate(self, name: str, kind: CheckpointKind) -> tuple[int, Checkpoint | None]:
         """Take the next position and return it with its recorded checkpoint.
 
@@ -149,7 +156,10 @@ class Turn:
                     f"run {self.run.run_id!r}: position {seq} holds {recorded.kind} "
                     f"{recorded.name!r} in history, but the workflow now calls {kind} "
                     f"{name!r}. Register changed workflows under a new version or guard "
-                    "the change with ctx.patched()."
+                    "the change with ctx.patched().",
+                    seq=seq,
+                    history=(str(recorded.kind), recorded.name),
+                    found=(str(kind), name),
                 )
             )
         return seq, recorded

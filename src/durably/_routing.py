@@ -15,10 +15,10 @@ the turns executing in this process.
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
+from ._logs import engine_logger
 from .model import RunStatus
 from .stores.base import RunStore, TurnStore
 
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 __all__ = ["RunRouter"]
 
-_log = logging.getLogger("durably")
+_log = engine_logger("durably")
 
 
 class _Store(RunStore, TurnStore, Protocol):

@@ -25,19 +25,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from ._aio import wait_event
+from ._logs import engine_logger
 from ._notices import StoreNotice
 from ._queue import Message, MessageQueue, OutMessage
 from .clock import wall_ms
 
 __all__ = ["MAX_HELD", "RunQueue", "run_topic"]
 
-_log = logging.getLogger("durably.runqueue")
+_log = engine_logger("durably.runqueue")
 
 MAX_HELD = 64
 """Queued runs one instance holds at once."""

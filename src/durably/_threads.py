@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import queue
 import threading
 from collections.abc import Callable
@@ -38,7 +39,10 @@ class StepThreads:
             self._grow()
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
-        self._jobs.put((fn, args, future, loop))
+        # The caller's contextvars (a request id, the run a log line is
+        # about) are the step's, as with asyncio.to_thread.
+        context = contextvars.copy_context()
+        self._jobs.put((context.run, (fn, *args), future, loop))
         return await future
 
     def shutdown(self) -> None:

@@ -11,13 +11,15 @@ parent, its waiters and its failure handlers.
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from ._batch import BatchCall
 from ._children import next_link_id
 from ._faults import FailureLog, is_infrastructure_error
+from ._intercept import TurnInfo
+from ._lifecycle_events import RUN_OUTCOMES, EventKind
+from ._logs import RUN_CONTEXT, LogContext, engine_logger
 from ._ops.saga import Saga
 from ._replay import CloseReason, Turn, TurnEnd, TurnOutcome, error_info
 from .context import WorkflowContext
@@ -36,7 +38,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Leased", "TurnDriver"]
 
-_log = logging.getLogger("durably")
+_log = engine_logger("durably")
 
 Leased = tuple[Run, dict[int, Checkpoint]]
 """A run leased for a turn, with the checkpoints that turn replays."""
@@ -82,6 +84,9 @@ class TurnDriver:
     async def execute(self, run_id: str, wake: bool) -> None:
         """The executor's handler: lease ``run_id`` (unless a start already
         did) and drive its turns until it lets go."""
+        # The executor's task copied its submitter's context: a run started
+        # by another run's turn must not log under that run's id.
+        RUN_CONTEXT.set(LogContext(run_id))
         preleased = self._router.preleased.pop(run_id, None)
         if preleased is not None:
             await self.drive(preleased, {})
@@ -120,6 +125,13 @@ class TurnDriver:
 
     async def drive(self, run: Run, checkpoints: dict[int, Checkpoint]) -> None:
         """Execute turns of a leased run until one settles without a wake."""
+        context = RUN_CONTEXT.set(LogContext(run.run_id, run.workflow))
+        try:
+            await self._drive(run, checkpoints)
+        finally:
+            RUN_CONTEXT.reset(context)
+
+    async def _drive(self, run: Run, checkpoints: dict[int, Checkpoint]) -> None:
         pool = self._options().namespace
         if pool is not None and run.namespace != pool:
             # Woken here by a signal or a child, but it belongs to another
@@ -131,7 +143,7 @@ class TurnDriver:
         leased: Leased | None = (run, checkpoints)
         while leased is not None:
             try:
-                outcome, turn = await self._turn(*leased)
+                outcome, turn = await self._intercepted_turn(*leased)
                 if turn is not None and turn.store_error is not None:
                     leased = await self._resume(run.run_id, turn.store_error)
                     continue
@@ -187,6 +199,58 @@ class TurnDriver:
         # sees what a second start_turn would (the run is leased: None).
         return [leased.pop(run_id, None) for run_id in run_ids]
 
+    async def replay_only(
+        self, run: Run, checkpoints: dict[int, Checkpoint]
+    ) -> tuple[TurnOutcome, Turn]:
+        """Replay ``run``'s history against the body registered for it, executing
+        nothing new: every operation past the history parks (as in a
+        compensating cancel's replay), no undo runs and no outcome is written.
+        The turn's ``failure`` holds a :class:`NondeterminismError` where the
+        body and the history differ (``durably.testing.assert_replayable``)."""
+        definition = self._registry.get(run.workflow, run.workflow_version)
+        value = definition.parse_input(run.input)
+        turn = Turn(
+            run, checkpoints, self._owner(), self._clock.now_ms, 0, self._options().lease_ms
+        )
+        turn.unwinding = True
+        ctx = WorkflowContext(turn, self._services, Saga())
+        if definition.takes_input:
+            outcome = await turn.execute(lambda: definition.fn(ctx, value))
+        else:
+            outcome = await turn.execute(lambda: definition.fn(ctx))
+        return outcome, turn
+
+    async def _intercepted_turn(
+        self, run: Run, checkpoints: dict[int, Checkpoint]
+    ) -> tuple[TurnOutcome, Turn | None]:
+        intercept = self._services.intercept
+        if not intercept.turns:
+            return await self._turn(run, checkpoints)
+        info = TurnInfo(
+            run.run_id, run.workflow, run.workflow_version, run.trace_context, bool(checkpoints)
+        )
+
+        called: list[bool] = []
+        done: list[tuple[TurnOutcome, Turn | None]] = []
+
+        async def call() -> tuple[TurnOutcome, Turn | None]:
+            called.append(True)
+            result = await self._turn(run, checkpoints)
+            info.outcome = result[0].end.value
+            done.append(result)
+            return result
+
+        try:
+            outcome: tuple[TurnOutcome, Turn | None] = await intercept.run_turn(info, call)
+            return outcome
+        except Exception:
+            if called and not done:
+                raise  # the turn's own failure (a store outage), not an interceptor's
+            # An interceptor's bug must not strand the run under our lease: the
+            # turn runs (or its outcome stands) as if it were not there.
+            _log.exception("a turn interceptor failed on run %s", run.run_id)
+            return done[0] if done else await self._turn(run, checkpoints)
+
     async def _turn(
         self, run: Run, checkpoints: dict[int, Checkpoint]
     ) -> tuple[TurnOutcome, Turn | None]:
@@ -198,6 +262,15 @@ class TurnDriver:
             return TurnOutcome(TurnEnd.CLOSED), None
         try:
             value = definition.parse_input(run.input)
+            singleton = definition.singleton
+            if singleton is not None:
+                key = singleton.key(definition.name, value)
+                admission = singleton.admission(definition.name, key, run.run_id, run.created_at)
+                ask_again = await self._store.try_admit(admission, self._clock.now_ms())
+                if ask_again is not None:
+                    # The key has its ``limit`` live runs: wait, executing
+                    # nothing; the end of one of them wakes the first waiter.
+                    return TurnOutcome(TurnEnd.SUSPENDED, wake_at=ask_again), None
         except SchemaValidationError as exc:
             return TurnOutcome(TurnEnd.FAILED, error=error_info(exc)), None
         missing_children = await self._children.reconcile(run, checkpoints)
@@ -212,6 +285,15 @@ class TurnDriver:
             options.lease_ms,
         )
         turn.missing_children = missing_children
+        events = self._services.events
+        if events.active:
+            events.event(
+                EventKind.RUN_STARTED,
+                run.run_id,
+                self._clock.now_ms(),
+                workflow=run.workflow,
+                resumed=bool(checkpoints),
+            )
         saga = Saga()
         ctx = WorkflowContext(turn, self._services, saga)
         active = self._router.active
@@ -265,6 +347,10 @@ class TurnDriver:
         run_id, now = run.run_id, self._clock.now_ms()
         owner, lease_ms = self._owner(), self._options().lease_ms
         if outcome.end is TurnEnd.CLOSED:
+            if turn is not None and turn.fenced and self._services.events.active:
+                self._services.events.event(
+                    EventKind.RUN_FENCED, run_id, now, workflow=run.workflow
+                )
             if turn is None:
                 # Not executable here: hand it back as pending for an instance
                 # that registers its workflow and version.
@@ -333,6 +419,15 @@ class TurnDriver:
                 return None
             return again, await self._store.load_checkpoints(run_id)
         if result is SettleResult.SETTLED:
+            if self._services.events.active:
+                self._services.events.event(
+                    RUN_OUTCOMES[status],
+                    run_id,
+                    now,
+                    workflow=run.workflow,
+                    duration_ms=now - run.created_at if status in TERMINAL_STATUSES else None,
+                    error=outcome.error if status is not RunStatus.COMPLETED else None,
+                )
             if status is RunStatus.FAILED and outcome.error:
                 _log.warning(
                     "run %s (%s) failed: %s", run_id, run.workflow, outcome.error.get("message")

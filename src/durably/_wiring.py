@@ -8,7 +8,6 @@ engine (a test's fault injection) is the one they call where they look it up lat
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -16,12 +15,18 @@ from typing import Any
 from ._children import ChildRuns
 from ._events import EventRouter
 from ._hooks import Hooks
+from ._intercept import Interceptors
 from ._lifecycle import Lifecycle
+from ._lifecycle_events import EventHub
+from ._logs import engine_logger
+from ._notices import StoreNotice
 from ._ops.env import Services
 from ._options import EngineOptions
+from ._queue import MessageStore
 from ._registry import Registry
 from ._routing import RunRouter
 from ._start import StartRun
+from ._step_faults import StepFaults
 from ._threads import StepThreads
 from ._turns import TurnDriver
 from ._watch import RunWatcher
@@ -56,6 +61,9 @@ class Parts:
     events: EventRouter
     worker: Worker
     lifecycle: Lifecycle
+    faults: StepFaults
+    hub: EventHub
+    intercept: Interceptors
 
 
 def wire(
@@ -78,6 +86,8 @@ def wire(
     ``settings()`` and ``owner()`` at each use, for what may change before
     a start."""
     hooks = Hooks()
+    hub = events_hub(store, owner, open, publish=options.publish_events)
+    intercept = Interceptors()
     registry = Registry()
     threads = StepThreads(options.step_threads)
     watcher = RunWatcher(store.get_runs)
@@ -90,6 +100,8 @@ def wire(
         options.heartbeat_throttle_ms,
         step=registry.step,
         queue=registry.queue,
+        intercept=intercept,
+        events=hub,
     )
     children = ChildRuns(
         store,
@@ -98,20 +110,26 @@ def wire(
         router,
         transport,
         has_flow_queues=registry.has_queues,
+        events=hub,
     )
-    step_server = StepServer(transport, threads, children.ended_runs)
+    faults = StepFaults()
+    step_server = StepServer(transport, threads, children.ended_runs, intercept, hub, faults)
     services = Services(
         store=store,
         clock=clock,
         threads=threads,
         track_start=options.track_start,
         default_retry=RetryPolicy(),
-        logger=logging.getLogger("durably.workflow"),
+        logger=engine_logger("durably.workflow"),
         spawn_children=children.spawn,
         cancel_runs=children.cancel_runs,
         steps=steps,
         redispatch_ms=options.redispatch_ms,
         redispatch_max=options.remote_redispatch_max,
+        faults=faults,
+        webhook_base_url=options.webhook_base_url,
+        intercept=intercept,
+        events=hub,
     )
     turns = TurnDriver(
         store,
@@ -146,6 +164,7 @@ def wire(
         options=settings,
         owner=owner,
         executable=registry.executable,
+        events=hub,
     )
     lifecycle = Lifecycle(
         store,
@@ -162,6 +181,7 @@ def wire(
         served=served,
         options=settings,
         owner=owner,
+        close_events=hub.close,
     )
     return Parts(
         hooks=hooks,
@@ -177,4 +197,25 @@ def wire(
         events=events,
         worker=worker,
         lifecycle=lifecycle,
+        faults=faults,
+        hub=hub,
+        intercept=intercept,
     )
+
+
+def events_hub(
+    store: StateStore,
+    owner: Callable[[], str],
+    open: Callable[[], Awaitable[None]],
+    *,
+    publish: bool,
+) -> EventHub:
+    """The engine's lifecycle events; across processes through the store's
+    broadcasts, when it keeps a message queue (SQLite: this process only)."""
+    hub = EventHub(owner, StoreNotice.EVENT)
+    if isinstance(store, MessageStore):
+        messages = store.messages
+        hub.connect(listen=lambda listener: messages().listen(listener), open=open)
+        if publish:
+            hub.publish_with(lambda kind, notices: messages().broadcast(kind, notices))
+    return hub

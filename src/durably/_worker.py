@@ -11,7 +11,6 @@ the executor asking for more work while a backlog drains.
 from __future__ import annotations
 
 import asyncio
-import logging
 import random
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
@@ -19,9 +18,11 @@ from typing import TYPE_CHECKING
 from ._aio import wait_event
 from ._faults import FailureLog
 from ._hooks import call_safely
+from ._lifecycle_events import EventHub, EventKind
+from ._logs import engine_logger
 from ._notices import StoreNotice
 from ._replay import CloseReason
-from .model import TERMINAL_STATUSES, RunStatus
+from .model import TERMINAL_STATUSES, Run, RunStatus
 from .stores import RunQuery
 from .stores._rows import is_row_error
 
@@ -31,12 +32,11 @@ if TYPE_CHECKING:
     from ._options import EngineOptions
     from ._routing import RunRouter
     from .clock import Clock
-    from .model import Run
     from .stores import StateStore
 
 __all__ = ["RECOVERY_BATCH", "Phase", "Worker"]
 
-_log = logging.getLogger("durably")
+_log = engine_logger("durably")
 
 Phase = tuple[Callable[[], Awaitable[int]], int]
 """A worker phase and the batch one pass of it claims when full (``0``: it
@@ -72,6 +72,7 @@ class Worker:
         options: Callable[[], EngineOptions],
         owner: Callable[[], str],
         executable: Callable[[], frozenset[tuple[str, str]]],
+        events: EventHub,
     ) -> None:
         """``open()`` connects the engine (each phase may be called before
         it is); ``phases()`` lists what a tick runs, in order;
@@ -91,6 +92,7 @@ class Worker:
         self._options = options
         self._owner = owner
         self._executable = executable
+        self._events = events
         self._blocked_checked_at = -(2**62)
         """When (engine clock, ms) ``sweep_blocked`` last looked for runs to mark."""
         self._last_sweep: dict[str, float] = {}
@@ -199,6 +201,12 @@ class Worker:
         return len(recovered)
 
     async def _recovered(self, run_id: str, status: RunStatus) -> None:
+        if self._events.active:
+            self._events.event(
+                EventKind.RUN_RECOVERED if status is RunStatus.PENDING else EventKind.RUN_DEAD,
+                run_id,
+                self._clock.now_ms(),
+            )
         if status is RunStatus.PENDING:
             _log.info("recovered orphaned run %s", _short(run_id))
             self._router.route(run_id)
@@ -248,6 +256,8 @@ class Worker:
         # their executors in different orders; the claim of the whole page is
         # one conditional write (each run still claimed once, by one instance).
         random.shuffle(ids)
+        # Read only when someone listens: the claim moves the wake times on.
+        due = await self._store.get_runs(ids) if self._events.active else None
         lease_until = now + options.lease_ms
         try:
             claimed = set(await self._store.claim_due_batch(ids, now, lease_until))
@@ -260,10 +270,23 @@ class Worker:
                     claimed.update(await self._store.claim_due_batch([run_id], now, lease_until))
                 except Exception as row_exc:
                     self._pass_over("timer", run_id, row_exc)
+        if claimed and due is not None:
+            self._timers_fired(due, claimed, now)
         for run_id in ids:
             if run_id in claimed:
                 self._router.route(run_id)
         return len(claimed)
+
+    def _timers_fired(self, due: list[Run], claimed: set[str], now: int) -> None:
+        for run in due:
+            if run.run_id in claimed:
+                self._events.event(
+                    EventKind.TIMER_FIRED,
+                    run.run_id,
+                    now,
+                    workflow=run.workflow,
+                    lag_ms=None if run.wake_at is None else max(0, now - run.wake_at),
+                )
 
     async def sweep_timeouts(self, limit: int = 100) -> int:
         """Cancel runs past their workflow's ``execution_timeout``; return how many."""

@@ -10,20 +10,24 @@ operations themselves live in :mod:`durably._ops`, one module per family.
 
 from __future__ import annotations
 
+import inspect
 import random as _random
 import uuid as _uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any, TypeVar, Unpack
+from urllib.parse import quote
 
 from . import _codec as codec
 from ._names import check_name as check_key
 from ._names import check_priority, check_token
+from ._ops.boundaries import BREAKPOINT_PREFIX, breakpoint_token, new_webhook, record_value, task
 from ._ops.env import Services, TurnEnv
 from ._ops.fan import ChildCall, Settled, gather
 from ._ops.local_step import local_step, recorded_value
 from ._ops.saga import Saga
 from ._ops.step import StepCall, StepRunner
+from ._ops.transaction import transaction
 from ._ops.waits import check_match, check_name, timer, wait_for_event, wait_for_signal
 from ._replay import Turn
 from .durations import Duration, to_ms
@@ -32,10 +36,39 @@ from .model import CheckpointKind, CheckpointStatus
 from .retry import RetryPolicy
 from .steps import StepDefinition, StepPolicy, StepRef
 from .steps.definition import check_policy
+from .stores.base import TransactionStore
 
-__all__ = ["ChildCall", "Settled", "WorkflowContext"]
+__all__ = ["ChildCall", "Settled", "Webhook", "WorkflowContext"]
 
 T = TypeVar("T")
+
+
+class Webhook:
+    """A webhook made by :meth:`WorkflowContext.webhook`: its token, its URL, and the wait."""
+
+    __slots__ = ("_wait", "token", "url")
+
+    def __init__(
+        self, token: str, url: str | None, wait: Callable[[str, Duration | None], Awaitable[Any]]
+    ) -> None:
+        self.token = token
+        """The secret that addresses this webhook (``engine.deliver_webhook(token, body)``)."""
+        self.url = url
+        """``webhook_base_url`` + ``/`` + the token, when the engine has a base URL."""
+        self._wait = wait
+
+    def wait(self, *, timeout: Duration | None = None) -> Awaitable[Any]:
+        """Wait for a body posted to this webhook and return it.
+
+        Each posted body is received by one wait; a body posted while nobody
+        waits is buffered for the next. With ``timeout`` the await raises
+        :class:`SignalTimeout` once it passes.
+        """
+        return self._wait(self.token, timeout)
+
+    def __repr__(self) -> str:
+        # The token is a secret: keep it out of logs and tracebacks.
+        return f"Webhook(url={'…' if self.url else None})"
 
 
 class WorkflowContext:
@@ -135,6 +168,59 @@ class WorkflowContext:
         if compensate is None:
             return step
         return self._saga.with_undo(seq, name, compensate, step)
+
+    def transaction(
+        self,
+        name: str,
+        fn: Callable[..., Any],
+        *args: Any,
+        retries: int | None = None,
+        backoff: str | None = None,
+        backoff_base: Duration | None = None,
+        backoff_max: Duration | None = None,
+        jitter: bool | None = None,
+    ) -> Awaitable[Any]:
+        """Run ``fn(connection, *args)`` inside the store's own database transaction,
+        the one that records this step's result: exactly once for writes to your
+        own tables in the same database.
+
+        On PostgreSQL ``fn`` is an ``async`` function given an asyncpg
+        connection; on SQLite a plain function given a ``sqlite3.Connection``
+        (it runs on the store's writer thread: keep it short). Do not commit or
+        roll back yourself. If ``fn`` raises, its writes are rolled back with
+        the checkpoint and the step is retried like a local step (``retries``,
+        ``backoff``…); a :class:`FatalError` is never retried. A crash at any
+        point leaves both the writes and the checkpoint, or neither. Refused on
+        ``memory://``, which has no database to share.
+        """
+        if not isinstance(name, str) or not name:
+            raise ValueError("a transaction needs a non-empty name")
+        check_key(name, "transaction name")
+        if not callable(fn):
+            raise TypeError(f"transaction {name!r}: {fn!r} is not callable")
+        store = self._env.store
+        if not isinstance(store, TransactionStore):
+            raise TypeError(
+                f"transaction {name!r}: ctx.transaction needs a SQL store (sqlite:// or "
+                f"postgresql://) whose database your writes share; {type(store).__name__} has none"
+            )
+        if store.async_transactions != inspect.iscoroutinefunction(fn):
+            wanted = (
+                "an async function taking an asyncpg connection"
+                if store.async_transactions
+                else "a plain (sync) function taking a sqlite3.Connection"
+            )
+            raise TypeError(f"transaction {name!r}: on {type(store).__name__} fn must be {wanted}")
+        policy = RetryPolicy.build(
+            retries,
+            backoff,
+            backoff_base,
+            backoff_max,
+            jitter,
+            default=self._env.services.default_retry,
+        )
+        seq, recorded = self._turn.allocate(name, CheckpointKind.TRANSACTION)
+        return transaction(self._env, store, seq, name, fn, args, policy, recorded)
 
     def side_effect(self, fn: Callable[..., T | Awaitable[T]], *args: Any) -> Awaitable[T]:
         """Run ``fn(*args)`` once and record its value (no retries, no running checkpoint).
@@ -352,6 +438,103 @@ class WorkflowContext:
         seq, recorded = self._turn.allocate(label, CheckpointKind.EVENT)
         return wait_for_event(self._env, seq, label, name, clean, timeout_ms, recorded)
 
+    # -- the outside world ---------------------------------------------------------------
+
+    def set_value(self, key: str, value: Any) -> None:
+        """Publish ``value`` under ``key`` for ``engine.get_value(run_id, key)``.
+
+        Recorded in history (the last write wins) and readable while the run
+        waits and after it ended; reading it has no effect on the run. Not
+        awaited: it is written with the run's next checkpoint write, at the
+        latest when the turn ends.
+        """
+        if not isinstance(key, str) or not key:
+            raise ValueError("ctx.set_value needs a non-empty key")
+        name = f"value:{key}"
+        check_key(name, "value key")
+        stored = codec.to_jsonable(value, f"the value of {key!r}")
+        seq, recorded = self._turn.allocate(name, CheckpointKind.VALUE)
+        record_value(self._env, seq, name, stored, recorded)
+
+    def webhook(self) -> Awaitable[Webhook]:
+        """Make a webhook: an unguessable token (and a URL when the engine has a
+        ``webhook_base_url``) that outsiders POST a JSON body to.
+
+        ``body = await hook.wait(timeout="1d")`` returns a posted body; a body
+        posted before the wait is buffered for it. Serve the posts with
+        :func:`durably.webhooks.app`, or pass them to ``engine.deliver_webhook``
+        from your own route. Treat the token as a secret.
+        """
+        seq, recorded = self._turn.allocate("webhook", CheckpointKind.WEBHOOK)
+        token = new_webhook(self._env, seq, "webhook", recorded)
+        base = self._env.services.webhook_base_url
+
+        def wait(text: str, timeout: Duration | None) -> Awaitable[Any]:
+            # Named without the token: it is a secret, and history is shown to operators.
+            timeout_ms = None if timeout is None else to_ms(timeout, name="webhook timeout")
+            wait_seq, wait_recorded = self._turn.allocate("webhook:wait", CheckpointKind.SIGNAL)
+            return wait_for_signal(
+                self._env, wait_seq, "webhook:wait", text, timeout_ms, wait_recorded
+            )
+
+        async def made() -> Webhook:
+            text = await token
+            url = None if base is None else f"{base.rstrip('/')}/{quote(text, safe='')}"
+            return Webhook(text, url, wait)
+
+        return made()
+
+    def task(
+        self,
+        name: str,
+        dispatch: Callable[..., Any],
+        *args: Any,
+        timeout: Duration | None = None,
+    ) -> Awaitable[Any]:
+        """Hand work to an outside system and wait until it reports back.
+
+        ``dispatch(token, *args)`` (sync or async) runs once, with a secret
+        completion token, and its return value is recorded; then the run
+        waits, durably, until ``engine.complete_task(token, result)`` (the
+        await returns ``result``) or ``engine.fail_task(token, message)`` (the
+        await raises :class:`FatalError`). A duplicate completion is a no-op.
+        After a crash during ``dispatch`` it runs again with the same token.
+        With ``timeout`` the await raises :class:`SignalTimeout` once it passes.
+        """
+        if not isinstance(name, str) or not name:
+            raise ValueError("ctx.task needs a non-empty name")
+        label = f"task:{name}"
+        check_key(label, "task name")
+        if not callable(dispatch):
+            raise TypeError(f"task {name!r}: {dispatch!r} is not callable")
+        timeout_ms = None if timeout is None else to_ms(timeout, name="task timeout")
+        seq, recorded = self._turn.allocate(label, CheckpointKind.TASK)
+        wait_seq, wait_recorded = self._turn.allocate(label, CheckpointKind.SIGNAL)
+        env = self._env
+
+        def wait(token: str) -> Awaitable[Any]:
+            return wait_for_signal(env, wait_seq, label, token, timeout_ms, wait_recorded)
+
+        return task(env, seq, label, dispatch, args, recorded, wait)
+
+    def breakpoint(self, label: str = "breakpoint") -> Awaitable[None]:
+        """Pause the run here until ``engine.resume(run_id)`` (``durably runs resume``).
+
+        The run suspends durably, holding nothing; the pause shows in history
+        as a pending ``breakpoint:<label>`` wait.
+        """
+        if not isinstance(label, str) or not label:
+            raise ValueError("ctx.breakpoint needs a non-empty label")
+        name = f"{BREAKPOINT_PREFIX}{label}"
+        check_key(name, "breakpoint label")
+        seq, recorded = self._turn.allocate(name, CheckpointKind.SIGNAL)
+        token = breakpoint_token(seq, self.run_id)
+
+        async def paused() -> None:
+            await wait_for_signal(self._env, seq, name, token, None, recorded)
+
+        return paused()
+
     # -- composition ---------------------------------------------------------------------
 
     def child(self, workflow: str, input: Any = None, *, run_id: str | None = None) -> ChildCall:
@@ -413,7 +596,10 @@ class WorkflowContext:
             raise turn.halt(
                 NondeterminismError(
                     f"run {self.run_id!r}: position {turn.next_seq} holds {recorded.name!r}, "
-                    f"but the workflow now asks for {name!r}"
+                    f"but the workflow now asks for {name!r}",
+                    seq=turn.next_seq,
+                    history=(str(recorded.kind), recorded.name),
+                    found=(str(CheckpointKind.PATCH), name),
                 )
             )
         seq, recorded = turn.allocate(name, CheckpointKind.PATCH)

@@ -21,23 +21,27 @@ import dataclasses
 import os
 import socket
 import uuid
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from datetime import datetime
 from types import TracebackType
 from typing import Any, TypeVar, Unpack
 
 from ._children import RunNotFound
 from ._hooks import EvictHook, Handler, StalledHook
+from ._intercept import Interceptor, StepInterceptor
+from ._lifecycle_events import EventKind, Subscription
 from ._names import check_name
 from ._options import Consumers, EngineOptions, Option, SettableOption
+from ._outside import OutsideCalls, task_failure, task_result
 from ._registry import WorkflowDef
 from ._run_queue import RunQueue
+from ._singletons import Singleton, count_live, singleton_tag
 from ._start import check_signal, check_start, check_tags, new_run
 from ._wiring import wire
 from ._worker import RECOVERY_BATCH, Phase
 from .clock import Clock, SystemClock
 from .durations import Duration
-from .errors import DurablyError, SchemaValidationError
+from .errors import DurablyError, SchemaValidationError, SingletonQueueFull
 from .model import (
     TERMINAL_STATUSES,
     Checkpoint,
@@ -107,6 +111,12 @@ class Engine:
             ``remote_step_lost``.
         heartbeat_persist_throttle: at most one heartbeat per step is written
             to the store per this window.
+        webhook_base_url: where :func:`durably.webhooks.app` is reachable from
+            outside (``https://api.example.com/hooks``); ``ctx.webhook()`` then
+            gives a full ``url`` besides the token.
+        publish_events: broadcast this engine's lifecycle events on the
+            store's channel (PostgreSQL ``NOTIFY``), so :meth:`subscribe` in
+            other processes sees them.
     """
 
     def __init__(
@@ -137,6 +147,8 @@ class Engine:
         remote_redispatch: Duration | None = None,
         remote_redispatch_max: int = 3,
         heartbeat_persist_throttle: Duration = "10s",
+        webhook_base_url: str | None = None,
+        publish_events: bool = False,
     ) -> None:
         # Taken first, while the locals are exactly the parameters: the keywords
         # are EngineOptions' fields, by name.
@@ -174,6 +186,9 @@ class Engine:
         self._children, self._step_server = parts.children, parts.step_server
         self._turns, self._scheduler, self._events = parts.turns, parts.scheduler, parts.events
         self._worker, self._lifecycle = parts.worker, parts.lifecycle
+        self._step_faults = parts.faults  # what durably.testing.TestEnv arranges
+        self._outside = OutsideCalls(self.store, self.signal, self._router.wake)
+        self._hub, self._intercept = parts.hub, parts.intercept
         self._router.worker_looping = lambda: self._worker.looping
 
     # -- options
@@ -254,6 +269,9 @@ class Engine:
         execution_timeout: Duration | None = None,
         schedule: str | Mapping[str, Any] | None = None,
         on_event: str | Sequence[str] | None = None,
+        singleton: Callable[[Any], Any] | None = None,
+        limit: int = 1,
+        max_queue: int | None = None,
     ) -> Callable[[F], F]:
         """Decorator registering ``async def fn(ctx, input)`` as workflow ``name``.
 
@@ -265,11 +283,25 @@ class Engine:
         (``{"every": "15m"}``, ``{"cron": "0 9 * * 1-5", "tz": "Europe/Paris"}``).
         ``on_event`` starts a run (input: the payload) for every publish of
         that event name (or names); see :meth:`on_event`.
+
+        ``singleton`` (a function of the input returning a key) allows at most
+        ``limit`` live runs per key across every engine on the store; later
+        runs wait, ``suspended``, and start in order as earlier ones end.
+        With ``max_queue``, ``start`` raises :class:`SingletonQueueFull` when
+        the key already has ``limit + max_queue`` live runs, before creating
+        anything.
         """
 
         def decorate(fn: F) -> F:
             self.register(
-                name, fn, version=version, input=input, execution_timeout=execution_timeout
+                name,
+                fn,
+                version=version,
+                input=input,
+                execution_timeout=execution_timeout,
+                singleton=singleton,
+                limit=limit,
+                max_queue=max_queue,
             )
             if schedule is not None:
                 options = {"cron": schedule} if isinstance(schedule, str) else dict(schedule)
@@ -288,6 +320,9 @@ class Engine:
         version: str = "1",
         input: Any = None,
         execution_timeout: Duration | None = None,
+        singleton: Callable[[Any], Any] | None = None,
+        limit: int = 1,
+        max_queue: int | None = None,
     ) -> None:
         """Register ``fn`` as version ``version`` of workflow ``name``.
 
@@ -297,7 +332,12 @@ class Engine:
         """
         self._registry.add(
             WorkflowDef.build(
-                name, fn, version=version, input=input, execution_timeout=execution_timeout
+                name,
+                fn,
+                version=version,
+                input=input,
+                execution_timeout=execution_timeout,
+                singleton=Singleton.build(singleton, limit, max_queue),
             )
         )
 
@@ -431,6 +471,57 @@ class Engine:
             self._registry.steps(), self.namespace, self.serve_steps, self.serve_groups
         )
 
+    # -- observing (durably._lifecycle_events, durably._intercept) ---------------------------
+
+    def subscribe(
+        self,
+        *,
+        run_id: str | None = None,
+        kinds: Collection[EventKind | str] | None = None,
+        maxsize: int = 1000,
+        remote: bool = True,
+    ) -> Subscription:
+        """Receive this engine's lifecycle events from now on.
+
+        Iterate it (``async for event in engine.subscribe(): ...``), inside
+        ``async with`` to unsubscribe on exit (or call ``close()``); it ends
+        when the engine closes. Filter by ``run_id`` and by ``kinds``
+        (:class:`EventKind` values such as ``"step.completed"``). At most
+        ``maxsize`` events wait for a slow reader; the ones that find no room
+        are dropped and counted in ``dropped``, so a reader never slows a run.
+        With ``remote`` (the default) it also hears the events other
+        processes' engines publish (``publish_events=True``) on a PostgreSQL
+        store.
+        """
+        return self._hub.subscribe(run_id=run_id, kinds=kinds, maxsize=maxsize, remote=remote)
+
+    def use(self, interceptor: Interceptor | StepInterceptor) -> None:
+        """Register an :class:`Interceptor` (or a bare ``async def
+        intercept_step(info, call_next)``).
+
+        Interceptors form an onion: the first registered is the outermost.
+        Step interceptors wrap each attempt of a local step (in the turn) and
+        of a served step (where its handler runs), never a step replayed from
+        history; turn interceptors wrap each turn; an ``on_event`` method
+        hears every lifecycle event of this process. Register them before the
+        engine starts.
+        """
+        listener = self._intercept.add(interceptor)
+        if listener is not None:
+            self._hub.add_listener(listener)
+
+    @property
+    def turns_executing(self) -> int:
+        """Turns executing in this process now."""
+        executor = self._router.executor
+        return 0 if executor is None else executor.busy
+
+    @property
+    def turns_waiting(self) -> int:
+        """Turns waiting here for a slot (``max_concurrent_runs`` are busy)."""
+        executor = self._router.executor
+        return 0 if executor is None else executor.waiting
+
     # -- lifecycle ------------------------------------------------------------------------
 
     async def open(self) -> None:
@@ -512,6 +603,8 @@ class Engine:
         check_start(run_id, priority)
         clean_tags = check_tags(tags)
         await self.open()
+        if definition.singleton is not None:
+            clean_tags = await self._singleton_tags(definition, stored_input, run_id, clean_tags)
         run = new_run(
             definition,
             stored_input,
@@ -522,7 +615,26 @@ class Engine:
             start_at=start_at,
             now=self.clock.now_ms(),
         )
+        if self._intercept.starts:
+            self._intercept.stamp(run)
         return await self._router.insert(run, self.instance_id, self.lease_ms)
+
+    async def _singleton_tags(
+        self, definition: WorkflowDef, stored_input: Any, run_id: str | None, tags: list[str]
+    ) -> list[str]:
+        """Tag a singleton run with its key, refusing it if the key's queue is full."""
+        singleton = definition.singleton
+        assert singleton is not None
+        key = singleton.key(definition.name, definition.parse_input(stored_input))
+        tag = singleton_tag(definition.name, key)
+        if singleton.max_queue is not None and (
+            run_id is None or await self.store.get_run(run_id) is None
+        ):
+            bound = singleton.limit + singleton.max_queue
+            live = await count_live(self.store, definition.name, tag, bound)
+            if live >= bound:
+                raise SingletonQueueFull(definition.name, key, live)
+        return [*tags, tag] if tag not in tags else tags
 
     async def signal(self, token: str, payload: Any = None) -> str | None:
         """Deliver ``payload`` to the run waiting on ``token``.
@@ -542,8 +654,70 @@ class Engine:
         await self.open()
         run_id = await self.store.send_signal(token, payload, self.clock.now_ms())
         if run_id is not None:
+            if self._hub.active:
+                self._hub.event(
+                    EventKind.SIGNAL_DELIVERED, run_id, self.clock.now_ms(), token=token
+                )
             await self._router.wake(run_id)
         return run_id
+
+    async def get_value(self, run_id: str, key: str, default: Any = None) -> Any:
+        """The last value the run published with ``ctx.set_value(key, ...)``, or ``default``.
+
+        Reads history only: no effect on the run, and it works while the run
+        waits and after it ended. Raises :class:`RunNotFound` for an unknown run.
+        """
+        if not isinstance(key, str) or not key:
+            raise ValueError("get_value needs a non-empty key")
+        await self.open()
+        return await self._outside.get_value(run_id, key, default)
+
+    async def complete_task(self, token: str, result: Any = None) -> bool:
+        """Complete the ``ctx.task`` whose dispatch was given ``token``: its await returns
+        ``result``.
+
+        Returns ``False``, changing nothing, when the task was already
+        completed or failed, or its run ended (a duplicate completion is a
+        no-op). Raises ``ValueError`` for a token no task was given.
+        """
+        check_signal(token, result)
+        await self.open()
+        return await self._outside.complete_task(token, task_result(result))
+
+    async def fail_task(
+        self, token: str, message: str, *, code: str | None = None, details: Any = None
+    ) -> bool:
+        """Fail the ``ctx.task`` whose dispatch was given ``token``: its await raises
+        :class:`FatalError` (``message``, ``code``, ``details``).
+
+        Returns ``False`` when the task was already answered or its run ended.
+        """
+        if not isinstance(message, str):
+            raise TypeError("fail_task: message must be a string")
+        payload = task_failure(message, code, details)
+        check_signal(token, payload)
+        await self.open()
+        return await self._outside.complete_task(token, payload)
+
+    async def deliver_webhook(self, token: str, body: Any = None) -> bool:
+        """Hand ``body`` to the ``ctx.webhook()`` whose token is ``token``.
+
+        For your own HTTP route (or use :func:`durably.webhooks.app`). Returns
+        ``False``, delivering nothing, for a token no live run's webhook has;
+        the secret in it is compared in constant time.
+        """
+        await self.open()
+        return await self._outside.deliver_webhook(token, body)
+
+    async def resume(self, run_id: str) -> bool:
+        """Release the run from its ``ctx.breakpoint`` and wake it now.
+
+        A run not at a breakpoint is just woken (a sleeping run checks its
+        timer again and sleeps on). Returns ``False`` for an ended run, which
+        is left alone; raises :class:`RunNotFound` for an unknown one.
+        """
+        await self.open()
+        return await self._outside.resume(run_id)
 
     async def cancel(self, run_id: str, *, compensate: bool = False) -> RunStatus:
         """Cancel a run and, recursively, its live children; return the run's

@@ -21,6 +21,7 @@ __all__ = [
     "RunCancelled",
     "SchemaValidationError",
     "SignalTimeout",
+    "SingletonQueueFull",
     "StepFailed",
     "UnstorableValue",
     "WorkflowNotRegistered",
@@ -154,6 +155,31 @@ class NondeterminismError(DurablyError):
 
     code = "nondeterminism"
 
+    def __init__(
+        self,
+        message: str,
+        *,
+        seq: int | None = None,
+        history: tuple[str, str] | None = None,
+        found: tuple[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.seq = seq
+        """The first position where the body and its history differ."""
+        self.history = history
+        """``(kind, name)`` recorded at :attr:`seq`."""
+        self.found = found
+        """``(kind, name)`` the body now calls there (``None``: it calls nothing)."""
+        self.details = (
+            None
+            if seq is None
+            else {
+                "seq": seq,
+                "history": None if history is None else {"kind": history[0], "name": history[1]},
+                "found": None if found is None else {"kind": found[0], "name": found[1]},
+            }
+        )
+
 
 class RunCancelled(DurablyError):
     """The run was cancelled while the body was executing."""
@@ -165,6 +191,21 @@ class WorkflowNotRegistered(DurablyError):
     """``start`` named a workflow (or version) this engine does not know."""
 
     code = "workflow_not_registered"
+
+
+class SingletonQueueFull(DurablyError):
+    """``start`` of a singleton workflow whose key already has ``limit`` live runs
+    and ``max_queue`` waiting: refused before the run is created."""
+
+    code = "singleton_queue_full"
+
+    def __init__(self, workflow: str, key: str, live: int) -> None:
+        super().__init__(
+            f"workflow {workflow!r}: key {key!r} already has {live} live or queued runs"
+        )
+        self.workflow = workflow
+        self.key = key
+        self.live = live
 
 
 class WrongEventLoop(DurablyError, RuntimeError):

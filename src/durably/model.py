@@ -106,6 +106,14 @@ class CheckpointKind(StrEnum):
     """``ctx.patched``: which side of a code change this run took."""
     COMPENSATION = "compensation"
     """A saga undo run while compensating."""
+    VALUE = "value"
+    """``ctx.set_value``: a value readable from outside with ``engine.get_value``."""
+    WEBHOOK = "webhook"
+    """``ctx.webhook``: the secret token of a webhook."""
+    TASK = "task"
+    """``ctx.task``: an external task's token and its dispatch."""
+    TRANSACTION = "transaction"
+    """``ctx.transaction``: app writes committed with their checkpoint."""
 
 
 @dataclass(slots=True)
@@ -135,6 +143,9 @@ class Run:
     :class:`CancelMode` value (stored as the plain string), or ``None``."""
     created_at: int = 0
     updated_at: int = 0
+    trace_context: str | None = None
+    """The W3C ``traceparent`` a tracing interceptor stored when the run was
+    created: every turn of the run, in any process, continues that trace."""
 
     def replace(self, **changes: Any) -> Run:
         """Return a copy with ``changes`` applied."""

@@ -31,7 +31,6 @@ since the Unix epoch (UTC).
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
@@ -41,6 +40,7 @@ from croniter import croniter
 
 from . import _codec as codec
 from . import _cron
+from ._logs import engine_logger
 from ._names import check_name as check_key
 from ._start import StartRun
 from .durations import Duration, to_ms
@@ -62,7 +62,7 @@ __all__ = [
     "window_run_id",
 ]
 
-_log = logging.getLogger("durably.schedules")
+_log = engine_logger("durably.schedules")
 
 Overlap = Literal["skip", "allow", "cancel_previous"]
 """What a window does while the schedule's previous run is still live: ``skip``

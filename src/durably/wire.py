@@ -47,6 +47,10 @@ class StepTask:
     context: Any = None
     transport: str | None = None
     """The transport pool the task was sent through (upstream pools; carried verbatim)."""
+    sent_at: int | None = None
+    """When the engine sent this attempt (epoch ms), so the worker can tell how
+    long it queued. Wire key ``sentAt``: an extra key, which workers that do
+    not know it ignore."""
 
     @property
     def step_id(self) -> str:
@@ -71,6 +75,8 @@ class StepTask:
             wire["transport"] = self.transport
         if self.priority is not None:
             wire["priority"] = self.priority
+        if self.sent_at is not None:
+            wire["sentAt"] = self.sent_at
         wire["attempt"] = self.attempt
         return wire
 
@@ -89,6 +95,7 @@ class StepTask:
             traceparent=body.get("traceparent"),
             context=body.get("context"),
             transport=body.get("transport"),
+            sent_at=sent if isinstance(sent := body.get("sentAt"), int) else None,
         )
 
 

@@ -74,6 +74,10 @@ def register(engine: durably.Engine) -> durably.Engine:
     async def greeting(ctx: durably.WorkflowContext, name: str) -> str:
         return str(await ctx.step("greet", name))
 
+    @engine.workflow("await-event")
+    async def await_event(ctx: durably.WorkflowContext, order_id: str) -> Any:
+        return await ctx.wait_for_event("order.paid", match={"order": order_id})
+
     return engine
 
 

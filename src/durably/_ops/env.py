@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
+from .._intercept import Interceptors
+from .._lifecycle_events import EventHub
 from .._replay import CloseReason, Turn
+from .._step_faults import StepFaults
 from .._threads import StepThreads
 from ..clock import Clock
 from ..errors import _TurnClosed
@@ -50,6 +53,30 @@ class Services:
     steps: StepDispatcher
     redispatch_ms: int | None
     redispatch_max: int
+    faults: StepFaults
+    intercept: Interceptors
+    events: EventHub
+    webhook_base_url: str | None = None
+
+
+class WorkflowLogger(logging.LoggerAdapter[logging.Logger]):
+    """``ctx.log``: a standard logger adapter whose records carry ``run_id``,
+    ``workflow`` and ``step``, that keeps the caller's ``extra=`` (which
+    Python 3.11's adapter drops), and that is silent while the body replays
+    code an earlier turn ran (so each line is logged once, not once per turn)."""
+
+    def __init__(self, logger: logging.Logger, turn: Turn) -> None:
+        super().__init__(logger, {"run_id": turn.run.run_id, "workflow": turn.run.workflow})
+        self._turn = turn
+
+    def isEnabledFor(self, level: int) -> bool:
+        """``False`` while replaying; else as the logger says."""
+        return not self._turn.replaying and self.logger.isEnabledFor(level)
+
+    def process(self, msg: Any, kwargs: MutableMapping[str, Any]) -> tuple[Any, Any]:
+        """Merge the caller's ``extra`` under the run's (the run's keys win)."""
+        kwargs["extra"] = {**(kwargs.get("extra") or {}), **(self.extra or {})}
+        return msg, kwargs
 
 
 class TurnEnv:
@@ -64,9 +91,7 @@ class TurnEnv:
         self.store = services.store
         self.clock = services.clock
         self.run_id = turn.run.run_id
-        self.log: logging.LoggerAdapter[logging.Logger] = logging.LoggerAdapter(
-            services.logger, {"run_id": self.run_id, "workflow": turn.run.workflow}
-        )
+        self.log = WorkflowLogger(services.logger, turn)
         """A logger that tags every record with the run id and workflow."""
 
     def checkpoint(

@@ -13,6 +13,9 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from .. import _codec as codec
+from .._intercept import StepInfo
+from .._lifecycle_events import EventKind
+from .._logs import RUN_CONTEXT, with_step
 from .._replay import error_info
 from ..errors import FatalError, StepFailed
 from ..model import Checkpoint, CheckpointKind, CheckpointStatus
@@ -43,6 +46,7 @@ async def local_step(
         return await turn.park(seq, None, reconcile=False)
     attempts = recorded.attempts if recorded is not None else 0
     started = clock.now_ms()
+    events, intercept = env.services.events, env.services.intercept
     with turn.in_flight():
         for retry_number in range(policy.retries + 1):
             attempts += 1
@@ -65,12 +69,46 @@ async def local_step(
                     env.save_later(running)
             else:
                 await turn.flush()
+            attempt_at = clock.now_ms() if events.active else None
+            if attempt_at is not None:
+                events.event(
+                    EventKind.STEP_STARTED,
+                    env.run_id,
+                    attempt_at,
+                    workflow=turn.run.workflow,
+                    step=name,
+                    seq=seq,
+                    attempt=attempts,
+                )
             try:
-                result = await env.call(fn, args)
+                env.services.faults.starting(name)
+                step_context = with_step(name)
+                try:
+                    if intercept.steps:
+                        info = StepInfo(env.run_id, name, seq, attempts, "local", turn.run.workflow)
+                        result = await intercept.run_step(info, lambda: env.call(fn, args))
+                    else:
+                        result = await env.call(fn, args)
+                finally:
+                    RUN_CONTEXT.reset(step_context)
                 output = codec.to_jsonable(result, "step result")
             except Exception as exc:
                 turn.ensure_open()
                 fatal = isinstance(exc, FatalError | codec.EncodeError)
+                if events.active:
+                    at = clock.now_ms()
+                    events.event(
+                        EventKind.STEP_FAILED,
+                        env.run_id,
+                        at,
+                        workflow=turn.run.workflow,
+                        step=name,
+                        seq=seq,
+                        attempt=attempts,
+                        duration_ms=None if attempt_at is None else at - attempt_at,
+                        error=error_info(exc),
+                        final=fatal or retry_number == policy.retries,
+                    )
                 if fatal or retry_number == policy.retries:
                     failure = error_info(exc)
                     await env.save(
@@ -98,6 +136,18 @@ async def local_step(
                 turn.ensure_open()
                 continue
             turn.ensure_open()
+            if events.active:
+                at = clock.now_ms()
+                events.event(
+                    EventKind.STEP_COMPLETED,
+                    env.run_id,
+                    at,
+                    workflow=turn.run.workflow,
+                    step=name,
+                    seq=seq,
+                    attempt=attempts,
+                    duration_ms=None if attempt_at is None else at - attempt_at,
+                )
             env.save_later(
                 env.checkpoint(
                     seq,
@@ -110,6 +160,11 @@ async def local_step(
                     finished_at=clock.now_ms(),
                 )
             )
+            if env.services.faults.crash_due(name):
+                # A simulated crash: the result is durable, then this process
+                # writes nothing more, as if it had died (the run stays leased).
+                await turn.flush()
+                env.fence_lost()
             return output
     raise AssertionError("unreachable")  # pragma: no cover
 

@@ -218,6 +218,7 @@ class StepRunner:
             attempt=cp.attempts,
             priority=call.priority,
             context=call.context,
+            sent_at=cp.dispatched_at,
         )
 
     async def _send(self, seq: int, call: StepCall, cp: Checkpoint) -> bool:

@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
 from .. import _codec as codec
+from .._lifecycle_events import EventKind
 from .._names import check_name as check_key
 from .._replay import error_info
 from ..errors import EventTimeout, SignalTimeout
@@ -213,5 +214,16 @@ async def _wait(
     if result is None:
         env.fence_lost()
     if result.delivered:
+        events = env.services.events
+        if events.active and isinstance(mailbox, _Signal):
+            # A buffered signal, taken by the wait that needed it.
+            events.event(
+                EventKind.SIGNAL_DELIVERED,
+                env.run_id,
+                now,
+                workflow=turn.run.workflow,
+                seq=seq,
+                token=mailbox.token,
+            )
         return result.payload
     return await turn.park(seq, deadline, reconcile=True)

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from .._intercept import Interceptors
+from .._lifecycle_events import EventHub, EventKind
+from .._logs import engine_logger
 from ..clock import Clock
 from ..model import TERMINAL_STATUSES, CheckpointKind, CheckpointStatus, Run
 from ..stores.base import CheckpointStore, FlowStore, Resolution
@@ -28,7 +30,7 @@ from .definition import StepDefinition
 
 __all__ = ["LiveStep", "StepDispatcher"]
 
-_log = logging.getLogger("durably.dispatch")
+_log = engine_logger("durably.dispatch")
 _MAX_THROTTLE_ENTRIES = 50_000
 
 
@@ -58,6 +60,8 @@ class StepDispatcher:
         heartbeat_throttle_ms: int,
         step: Callable[[str], StepDefinition | None],
         queue: Callable[[str], FlowQueue | None],
+        intercept: Interceptors,
+        events: EventHub,
     ) -> None:
         self.store = store
         self.transport = transport
@@ -66,11 +70,15 @@ class StepDispatcher:
         self.heartbeat_throttle_ms = heartbeat_throttle_ms
         self._step = step
         self._queue = queue
+        self._intercept = intercept
+        self._events = events
         self._live: dict[str, LiveStep] = {}
         self._persisted: OrderedDict[str, int] = OrderedDict()
 
     async def dispatch(self, tasks: list[StepTask]) -> None:
         """Send tasks; raises :class:`~durably.transports.TransportError` if not sent."""
+        if self._intercept.outbound:
+            self._intercept.prepare(tasks)
         await self.transport.dispatch(tasks)
 
     async def redispatch(self, run: Run) -> int:
@@ -86,6 +94,7 @@ class StepDispatcher:
                 group=routing_token(cp.name, run.namespace),
                 input=cp.input,
                 attempt=max(1, cp.attempts),
+                sent_at=self.clock.now_ms(),
                 priority=definition.priority
                 if (definition := self._step(cp.name)) is not None
                 else None,
@@ -156,6 +165,10 @@ class StepDispatcher:
         if waiter is not None:
             waiter.heard_at = max(waiter.heard_at or 0, now)
             waiter.changed.set()
+        if beat.progress is not None and self._events.active:
+            self._events.event(
+                EventKind.STEP_PROGRESS, beat.run_id, now, seq=beat.seq, progress=beat.progress
+            )
         last = self._persisted.get(beat.step_id)
         first_progress = last is None and beat.progress is not None
         if last is not None and now - last < self.heartbeat_throttle_ms and not first_progress:

@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import logging
 import time
 from collections.abc import Awaitable, Callable, Collection, Iterable
 from typing import Any
 
 from .._aio import wait_event
+from .._intercept import Interceptors, StepInfo
+from .._lifecycle_events import EventHub, EventKind
+from .._logs import RUN_CONTEXT, LogContext, engine_logger
+from .._step_faults import StepFaults
 from .._threads import StepThreads
 from ..clock import wall_ms
 from ..transports.base import Transport
@@ -25,7 +28,7 @@ from .definition import BEAT_INTERVAL_S, StepDefinition, StepLogger, failure_of
 
 __all__ = ["StepServer", "served_tokens"]
 
-_log = logging.getLogger("durably.worker")
+_log = engine_logger("durably.worker")
 _CANCEL_POLL_S = 1.0
 
 CancelCheck = Callable[[list[str]], Awaitable[set[str]]]
@@ -58,10 +61,16 @@ class StepServer:
         transport: Transport,
         threads: StepThreads,
         cancelled_runs: CancelCheck,
+        intercept: Interceptors,
+        events: EventHub,
+        faults: StepFaults | None = None,
     ) -> None:
         self._transport = transport
+        self._faults = StepFaults() if faults is None else faults
         self._threads = threads
         self._cancelled_runs = cancelled_runs
+        self._intercept = intercept
+        self._events = events
         self._by_token: dict[str, StepDefinition] = {}
         self._running: dict[str, StepLogger] = {}
         self._watch: asyncio.Task[None] | None = None
@@ -91,6 +100,13 @@ class StepServer:
 
     async def handle(self, task: StepTask) -> None:
         """Run one task and send its result (never raises for a handler failure)."""
+        context = RUN_CONTEXT.set(LogContext(task.run_id, None, task.name))
+        try:
+            await self._handle(task)
+        finally:
+            RUN_CONTEXT.reset(context)
+
+    async def _handle(self, task: StepTask) -> None:
         definition = self._by_token.get(task.group)
         if definition is None or definition.name != task.name:
             await self._transport.send_result(StepResult.no_handler(task))
@@ -121,27 +137,72 @@ class StepServer:
     async def _execute(
         self, definition: StepDefinition, task: StepTask, log: StepLogger, started: int
     ) -> StepResult:
+        events = self._events
+        if events.active:
+            events.event(
+                EventKind.STEP_STARTED,
+                task.run_id,
+                started,
+                step=task.name,
+                seq=task.seq,
+                attempt=task.attempt,
+                served=True,
+                queue_ms=None if task.sent_at is None else max(0, started - task.sent_at),
+            )
         try:
+            self._faults.starting(task.name)
             data = definition.parse_input(task.input)
             args = (data, log) if definition.takes_logger else (data,)
-            if inspect.iscoroutinefunction(definition.fn):
-                value = await definition.fn(*args)
+            if self._intercept.steps:
+                info = StepInfo(
+                    task.run_id,
+                    task.name,
+                    task.seq,
+                    task.attempt,
+                    "served",
+                    traceparent=task.traceparent,
+                )
+                value = await self._intercept.run_step(info, lambda: self._call(definition, args))
             else:
-                value = await self._threads.call(definition.fn, args)
-                if inspect.isawaitable(value):
-                    value = await value
+                value = await self._call(definition, args)
             output = definition.dump_output(value)
         except Exception as exc:
             _log.info(
                 "step %s (%s) attempt %d failed: %s", task.name, task.step_id, task.attempt, exc
             )
+            failure = failure_of(exc)
+            if events.active:
+                now = wall_ms()
+                events.event(
+                    EventKind.STEP_FAILED,
+                    task.run_id,
+                    now,
+                    step=task.name,
+                    seq=task.seq,
+                    attempt=task.attempt,
+                    served=True,
+                    duration_ms=now - started,
+                    error=failure,
+                )
             return StepResult(
                 task.run_id,
                 task.seq,
                 ok=False,
-                error=failure_of(exc),
+                error=failure,
                 started_at=started,
                 events=list(log.events),
+            )
+        if events.active:
+            now = wall_ms()
+            events.event(
+                EventKind.STEP_COMPLETED,
+                task.run_id,
+                now,
+                step=task.name,
+                seq=task.seq,
+                attempt=task.attempt,
+                served=True,
+                duration_ms=now - started,
             )
         return StepResult(
             task.run_id,
@@ -151,6 +212,14 @@ class StepServer:
             started_at=started,
             events=list(log.events),
         )
+
+    async def _call(self, definition: StepDefinition, args: tuple[Any, ...]) -> Any:
+        if inspect.iscoroutinefunction(definition.fn):
+            return await definition.fn(*args)
+        value = await self._threads.call(definition.fn, args)
+        if inspect.isawaitable(value):
+            value = await value
+        return value
 
     async def _beat_while_running(self, task: StepTask, log: StepLogger) -> None:
         # Without this a long handler that never calls log.heartbeat() would

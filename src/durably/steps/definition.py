@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypedDict, TypeVar
 
 from .. import _codec as codec
+from .._logs import engine_logger
 from .._names import check_name, check_priority
 from ..clock import wall_ms
 from ..durations import Duration, to_ms
@@ -194,12 +196,23 @@ def takes_logger(fn: Callable[..., Any]) -> bool:
     return len(positional) >= 2 or any(p.kind is p.VAR_POSITIONAL for p in positional)
 
 
+_step_log = engine_logger("durably.step")
+_LEVELS = {
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warn": logging.WARNING,
+    "error": logging.ERROR,
+}
+
+
 @dataclass(eq=False)
 class StepLogger:
     """Handed to a step handler as its second argument.
 
     Lines logged here travel back with the result and are stored on the
-    step's checkpoint. :meth:`heartbeat` tells the engine the handler is
+    step's checkpoint; each also goes to the ``durably.step`` logger (with
+    ``run_id``, ``step``, ``seq``, ``attempt`` and its keywords as ``data``),
+    so the application's handlers see it. :meth:`heartbeat` tells the engine the handler is
     alive (and how far along), which keeps a step with a ``timeout`` from
     being failed over. Safe to use from a synchronous handler's thread.
     """
@@ -274,6 +287,20 @@ class StepLogger:
         extra = {"data": codec.to_jsonable(data)} if data else {}
         with self._lock:
             self.events.append(StepEvent(wall_ms(), level, str(message), extra))
+        # The application's handlers see the line too (the data under
+        # ``record.data``: its keys could clash with a LogRecord's own).
+        _step_log.log(
+            _LEVELS[level],
+            "%s",
+            message,
+            extra={
+                "data": extra.get("data"),
+                "run_id": self.run_id,
+                "step": self.name,
+                "seq": self.seq,
+                "attempt": self.attempt,
+            },
+        )
 
 
 def failure_of(exc: BaseException) -> dict[str, Any]:

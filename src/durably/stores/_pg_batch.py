@@ -17,11 +17,11 @@ goes back to the pool.
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
+from .._logs import engine_logger
 from .._notices import StoreNotice
 from ..model import TERMINAL_STATUSES, RunStatus
 from ._pg_sql import CP_PARAMS, CP_UPSERT_TAIL, notice_argument
@@ -30,7 +30,7 @@ from .base import SettleResult
 
 __all__ = ["PgWriteBatcher"]
 
-_log = logging.getLogger("durably.stores.postgres")
+_log = engine_logger("durably.stores.postgres")
 
 # One statement for a whole batch. Every part sees the same snapshot, so the
 # checkpoints are fenced by the leases as they were before the settles in the

@@ -18,7 +18,6 @@ the way of reading that SQL (as :mod:`._sqlite_thread` does for SQLite):
 from __future__ import annotations
 
 import asyncio
-import logging
 import re
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -27,11 +26,12 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import asyncpg
 
+from .._logs import engine_logger
 from ._postgres_schema import MIGRATIONS
 
 __all__ = ["PgConnection", "split_schema"]
 
-_log = logging.getLogger("durably.stores.postgres")
+_log = engine_logger("durably.stores.postgres")
 
 _LOCK_MIGRATIONS = "SELECT pg_advisory_xact_lock(hashtextextended('durably:migrate', 0))"
 _SCHEMA_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")

@@ -212,7 +212,12 @@ MIGRATIONS: list[str] = [
         ON durably_signal_waiters (run_id, seq, token);
     CREATE INDEX durably_signal_waiters_token ON durably_signal_waiters (token, id);
     """,
-    # 7: the dashboard's queries (bench/dashboard.py explains each): search by
+    # 7: the trace context a tracing interceptor stores on a run at its start,
+    # continued by every turn of the run in any process
+    """
+    ALTER TABLE durably_runs ADD COLUMN trace_context TEXT;
+    """,
+    # 8: the dashboard's queries (bench/dashboard.py explains each): search by
     # id prefix (a byte-order index, so a range on it is a prefix whatever the
     # database's collation), the counts per status of one workflow (read from
     # the index alone), and the live view's "changed since" poll

@@ -55,7 +55,7 @@ __all__ = [
 RUN_COLUMNS = (
     "id, workflow, workflow_version, status, namespace, parent_id, input, output, error, tags, "
     "priority, wake_at, wake_requested_at, locked_by, locked_until, recovery_attempts, "
-    "deadline_at, created_at, updated_at, parent_seq, cancel_requested"
+    "deadline_at, created_at, updated_at, parent_seq, cancel_requested, trace_context"
 )
 """The columns of ``durably_runs`` in the order :func:`run_params` writes and
 :func:`run_from_row` reads them."""
@@ -190,6 +190,7 @@ def run_params(run: Run) -> tuple[Any, ...]:
         run.updated_at,
         run.parent_seq,
         run.cancel_requested,
+        run.trace_context,
     )
 
 
@@ -217,6 +218,7 @@ def run_from_row(row: Sequence[Any]) -> Run:
         updated_at=row[18],
         parent_seq=row[19],
         cancel_requested=row[20],
+        trace_context=row[21],
     )
 
 

@@ -195,7 +195,12 @@ MIGRATIONS: list[str] = [
         ON durably_signal_waiters (run_id, seq, token);
     CREATE INDEX durably_signal_waiters_token ON durably_signal_waiters (token, id);
     """,
-    # 7: the dashboard's live view: "changed since" polls (the id prefix search
+    # 7: the trace context a tracing interceptor stores on a run at its start,
+    # continued by every turn of the run in any process
+    """
+    ALTER TABLE durably_runs ADD COLUMN trace_context TEXT;
+    """,
+    # 8: the dashboard's live view: "changed since" polls (the id prefix search
     # rides on the primary key, which compares bytes)
     """
     CREATE INDEX durably_runs_updated_at ON durably_runs (updated_at);

@@ -49,6 +49,7 @@ __all__ = [
     "StoreConnection",
     "StoreInspector",
     "SweepStore",
+    "TransactionStore",
     "TurnStore",
     "WaitStore",
 ]
@@ -220,6 +221,9 @@ class Admission:
     """Waiters are taken round-robin across keys (the run id when ``None``)."""
     retry_ms: int = 1000
     """When a refused step asks again; a waiter not seen for three of these is dropped."""
+    enqueued_at: int | None = None
+    """Its place in line (epoch ms; ``None``: when it first asks). A singleton run
+    gives its creation time, so runs are admitted in the order they were created."""
 
 
 @runtime_checkable
@@ -694,6 +698,44 @@ class StoreInspector(Protocol):
 
     async def list_queues(self) -> list[QueueState]:
         """Flow-control queues holding slots or waiters, by name."""
+
+    async def count_pending(self, namespace: str | None = None) -> int:
+        """How many runs are ``pending`` (in ``namespace``; ``None``: all)."""
+
+    async def count_flow_waiters(self) -> dict[str, int]:
+        """How many steps wait for admission, by flow-control queue (queues
+        without a waiter are left out)."""
+
+
+@runtime_checkable
+class TransactionStore(Protocol):
+    """A store on a database the app can write to: ``ctx.transaction`` commits the
+    app's writes and the step's checkpoint together (SQLite, PostgreSQL).
+
+    Not part of :class:`StateStore`: a store without a database of its own
+    (``memory://``) cannot offer it, and ``ctx.transaction`` says so.
+    """
+
+    async_transactions: bool
+    """Whether the function given the connection is a coroutine function
+    (asyncpg) or a plain one (sqlite3, run on the store's thread)."""
+
+    async def transact(
+        self,
+        run_id: str,
+        owner: str,
+        fn: Callable[[Any], Any],
+        checkpoint_for: Callable[[Any], Checkpoint],
+    ) -> tuple[bool, Any]:
+        """In one transaction: check ``owner`` holds ``run_id``'s lease, run
+        ``fn(connection)``, write ``checkpoint_for(its result)``; commit.
+
+        Returns ``(False, None)`` without running ``fn`` when the lease is not
+        held, else ``(True, the checkpoint's output)``. If ``fn`` or
+        ``checkpoint_for`` raises, nothing of the transaction is kept and the
+        exception propagates. Atomic.
+        """
+        ...
 
 
 @runtime_checkable

@@ -546,6 +546,11 @@ class MemoryStore(MemoryWaits):
         held = slots.get(step_id)
         if held is not None and held.released_at is None:
             return None
+        for slot in slots.values():
+            run = self._runs.get(slot.run_id)
+            if slot.released_at is None and run is not None and run.status in TERMINAL_STATUSES:
+                # Its run ended without freeing it (the process died in between).
+                slot.released_at = now
         waiters = self._flow_waiters.setdefault(queue, {})
         for stale in [k for k, w in waiters.items() if w.seen_at < now - 3 * request.retry_ms]:
             del waiters[stale]
@@ -566,17 +571,37 @@ class MemoryStore(MemoryWaits):
             request.run_id,
             request.priority,
             key,
-            waiter.enqueued_at if waiter is not None else now,
+            waiter.enqueued_at
+            if waiter is not None
+            else (now if request.enqueued_at is None else request.enqueued_at),
             now,
         )
         admitted = free is None
         if free is not None and free > 0:
-            admitted = step_id in self._waiters_in_order(queue)[:free]
+            first = self._waiters_in_order(queue)[:free]
+            admitted = step_id in first
+            if not admitted:
+                # Room, but for waiters ahead of this one: wake them, in case the
+                # release that made the room woke nobody (it found its slot freed).
+                for ahead in first:
+                    run = self._runs.get(waiters[ahead].run_id)
+                    if run is not None and run.status not in TERMINAL_STATUSES:
+                        run.wake_requested_at = now
         if not admitted:
             return now + request.retry_ms
         del waiters[step_id]
         slots[step_id] = _Slot(request.run_id, key, now, None)
         return None
+
+    async def count_pending(self, namespace: str | None = None) -> int:
+        """Pending runs (in ``namespace``)."""
+        return sum(
+            1 for r in self._runs.values() if r.status is RunStatus.PENDING and _in(r, namespace)
+        )
+
+    async def count_flow_waiters(self) -> dict[str, int]:
+        """Steps waiting for admission, by queue."""
+        return {queue: len(waiters) for queue, waiters in self._flow_waiters.items() if waiters}
 
     async def release_slots(self, run_id: str, now: int) -> int:
         """Free the run's slots, drop its waiters, wake each queue's next waiter."""

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -92,13 +93,13 @@ __all__ = ["PostgresStore"]
 _SELECT_RUN = RUN_COLUMNS.replace(" tags,", " tags::text AS tags,")
 _INSERT_RUN = (
     f"INSERT INTO durably_runs ({RUN_COLUMNS}) VALUES "
-    "($1,$2,$3,$4,$5,$6,$7,$8,$9,$10::jsonb,$11,$12,$13,$14,$15,$16,$17,$18,$19,$20,$21) "
+    "($1,$2,$3,$4,$5,$6,$7,$8,$9,$10::jsonb,$11,$12,$13,$14,$15,$16,$17,$18,$19,$20,$21,$22) "
     "ON CONFLICT (id) DO NOTHING RETURNING true"
 )
 # A pending run is announced, so an idle instance polls for it at once.
 _INSERT_PENDING_RUN = (
     f"WITH ins AS ({_INSERT_RUN.removesuffix('RETURNING true')}RETURNING id) "
-    f"SELECT (SELECT pg_notify($22, '{StoreNotice.PENDING}:' || {notice_argument('id')})) "
+    f"SELECT (SELECT pg_notify($23, '{StoreNotice.PENDING}:' || {notice_argument('id')})) "
     "IS NULL FROM ins"
 )
 _HISTORY = (
@@ -329,7 +330,7 @@ class PostgresStore:
                     "$5::text[], $6::text[], $7::text[], $8::text[], $9::text[], $10::jsonb[], "
                     "$11::integer[], $12::bigint[], $13::bigint[], $14::text[], $15::bigint[], "
                     "$16::integer[], $17::bigint[], $18::bigint[], $19::bigint[], "
-                    "$20::integer[], $21::text[]) "
+                    "$20::integer[], $21::text[], $22::text[]) "
                     "ON CONFLICT (id) DO NOTHING RETURNING id",
                     *[list(column) for column in columns],
                 )
@@ -943,6 +944,33 @@ class PostgresStore:
             )
         return True
 
+    async_transactions = True
+    """``ctx.transaction`` functions here are async (asyncpg)."""
+
+    async def transact(
+        self,
+        run_id: str,
+        owner: str,
+        fn: Callable[[Any], Any],
+        checkpoint_for: Callable[[Any], Checkpoint],
+    ) -> tuple[bool, Any]:
+        """``ctx.transaction`` on PostgreSQL: ``await fn(asyncpg connection)`` inside
+        the transaction that writes the checkpoint."""
+        async with self._db.transaction() as conn:
+            # FOR SHARE holds off a takeover until the commit: the lease is
+            # still ours when the app's writes and the checkpoint land.
+            if not await conn.fetchval(_HOLD_LEASE, run_id, owner):
+                return False, None
+            value = fn(conn)
+            if not inspect.isawaitable(value):
+                raise TypeError(
+                    "on PostgreSQL, ctx.transaction's function is an async function "
+                    "taking an asyncpg connection"
+                )
+            checkpoint = checkpoint_for(await value)
+            await conn.execute(_UPSERT_CHECKPOINT, *checkpoint_params(checkpoint))
+        return True, checkpoint.output
+
     async def delete_checkpoints(self, run_id: str, seqs: list[int]) -> None:
         """Forget the given checkpoints."""
         await self._db.pool().execute(
@@ -1045,6 +1073,7 @@ class PostgresStore:
             await conn.execute(_WAKE_RUN, now, run_id, _TERMINAL, self.channel)
         holding = [row for row in rows if row["queue"] is not None]
         if holding:
+            await _lock_queues(conn, {row["queue"] for row in holding})
             freed = await conn.fetch(
                 "UPDATE durably_flow_slots s SET released_at = $3 "
                 "FROM unnest($1::text[], $2::text[]) AS v(queue, step_id) "
@@ -1090,6 +1119,9 @@ class PostgresStore:
         window = now - request.rate_period_ms
         async with self._db.transaction() as conn:
             await conn.execute(_LOCK_TOKEN, _flow_lock(queue))
+            # Free the slots of runs that ended without freeing them (their
+            # process died between the terminal write and the release).
+            await conn.execute(_FREE_ENDED_SLOTS, queue, now, _TERMINAL)
             row = await conn.fetchrow(
                 _ASK_FOR_SLOT,
                 queue,
@@ -1100,6 +1132,7 @@ class PostgresStore:
                 request.priority,
                 key,
                 now,
+                now if request.enqueued_at is None else request.enqueued_at,
             )
             if row["mine"]:
                 return None
@@ -1110,17 +1143,29 @@ class PostgresStore:
                 by_rate = request.rate_limit - row["recent"]
                 free = by_rate if free is None else min(free, by_rate)
             admitted = free is None
+            ahead: list[str] = []
             if free is not None and free > 0:
                 first = await conn.fetch(_WAITERS_IN_ORDER, queue, free)
                 admitted = any(waiter["step_id"] == step_id for waiter in first)
-            if not admitted:
-                return now + request.retry_ms
-            await conn.execute(_TAKE_SLOT, queue, step_id, request.run_id, key, now)
-            return None
+                ahead = [waiter["run_id"] for waiter in first]
+            if admitted:
+                await conn.execute(_TAKE_SLOT, queue, step_id, request.run_id, key, now)
+                return None
+        if ahead:
+            # Room, but for waiters ahead of this one: wake them, in case the
+            # release that made the room woke nobody (it found its slot freed).
+            await self._wake_waiters(ahead, now)
+        return now + request.retry_ms
 
     async def release_slots(self, run_id: str, now: int) -> int:
         """Free the run's slots, drop its waiters, wake each queue's next waiter."""
         async with self._db.transaction() as conn:
+            touched = await conn.fetch(
+                "SELECT queue FROM durably_flow_slots WHERE run_id = $1 AND released_at IS NULL "
+                "UNION SELECT queue FROM durably_flow_waiters WHERE run_id = $1",
+                run_id,
+            )
+            await _lock_queues(conn, {row["queue"] for row in touched})
             rows = await conn.fetch(
                 "WITH freed AS (UPDATE durably_flow_slots SET released_at = $2 "
                 "WHERE run_id = $1 AND released_at IS NULL RETURNING queue), "
@@ -1350,6 +1395,22 @@ class PostgresStore:
             "SELECT payload FROM durably_buffered_events WHERE name = $1 ORDER BY id", name
         )
         return [codec.loads(row[0]) for row in rows]
+
+    async def count_pending(self, namespace: str | None = None) -> int:
+        """Pending runs (in ``namespace``)."""
+        found = await self._db.pool().fetchval(
+            "SELECT count(*) FROM durably_runs WHERE status = 'pending' "
+            "AND ($1::text IS NULL OR namespace = $1)",
+            namespace,
+        )
+        return int(found)
+
+    async def count_flow_waiters(self) -> dict[str, int]:
+        """Steps waiting for admission, by queue."""
+        rows = await self._db.pool().fetch(
+            "SELECT queue, count(*) AS n FROM durably_flow_waiters GROUP BY queue"
+        )
+        return {row["queue"]: int(row["n"]) for row in rows}
 
     async def expire_buffered(self, before: int, limit: int) -> int:
         """Delete up to ``limit`` buffered signals and events created before ``before``."""
@@ -1586,7 +1647,7 @@ _ASK_FOR_SLOT = """
     ), waiting AS (
         INSERT INTO durably_flow_waiters
             (queue, step_id, run_id, priority, fairness_key, enqueued_at, seen_at)
-        SELECT $1, $2, $5, $6, $7, $8, $8 FROM mine WHERE NOT mine.held
+        SELECT $1, $2, $5, $6, $7, $9, $8 FROM mine WHERE NOT mine.held
         ON CONFLICT (queue, step_id) DO UPDATE SET
             run_id = excluded.run_id, priority = excluded.priority,
             fairness_key = excluded.fairness_key, seen_at = excluded.seen_at,
@@ -1599,6 +1660,12 @@ _ASK_FOR_SLOT = """
     FROM durably_flow_slots WHERE queue = $1
 """
 
+_FREE_ENDED_SLOTS = """
+    UPDATE durably_flow_slots s SET released_at = $2 FROM durably_runs r
+    WHERE s.queue = $1 AND s.released_at IS NULL AND r.id = s.run_id
+      AND r.status = ANY($3::text[])
+"""
+
 _TAKE_SLOT = """
     WITH admitted AS (DELETE FROM durably_flow_waiters WHERE queue = $1 AND step_id = $2)
     INSERT INTO durably_flow_slots (queue, step_id, run_id, fairness_key, acquired_at)
@@ -1607,6 +1674,17 @@ _TAKE_SLOT = """
         run_id = excluded.run_id, fairness_key = excluded.fairness_key,
         acquired_at = excluded.acquired_at, released_at = NULL
 """
+
+
+async def _lock_queues(conn: Any, queues: set[str]) -> None:
+    """Take the advisory locks ``try_admit`` takes, in a fixed order (no deadlock).
+
+    Without them, an asker refused because a slot was still held could register
+    as a waiter in a transaction this release cannot see yet: the release finds
+    nobody to wake and the asker sleeps its whole ``retry_ms``.
+    """
+    for queue in sorted(queues):
+        await conn.execute(_LOCK_TOKEN, _flow_lock(queue))
 
 
 async def _first_waiters(conn: Any, queues: set[str]) -> list[str]:
@@ -1660,7 +1738,7 @@ def _row_count(status: str) -> int:
 
 def _run_filter(query: RunQuery, params: list[Any]) -> list[str]:
     # The WHERE clauses of list_runs and count_runs, their values appended to
-    # params; each one an index serves (see the schema's migrations 1 and 7).
+    # params; each one an index serves (see the schema's migrations 1 and 8).
     clauses: list[str] = []
 
     def param(value: Any) -> str:

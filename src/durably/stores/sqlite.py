@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
+import inspect
 import os
 import sqlite3
 from collections.abc import Callable
@@ -220,7 +221,7 @@ class SqliteStore:
         def op(conn: sqlite3.Connection) -> tuple[Run, bool]:
             cur = conn.execute(
                 f"INSERT INTO durably_runs ({RUN_COLUMNS}) "
-                "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT (id) DO NOTHING",
+                "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT (id) DO NOTHING",
                 run_params(run),
             )
             if cur.rowcount == 1:
@@ -240,7 +241,7 @@ class SqliteStore:
             for row in params:
                 cur = conn.execute(
                     f"INSERT INTO durably_runs ({RUN_COLUMNS}) "
-                    "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?) "
+                    "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?) "
                     "ON CONFLICT (id) DO NOTHING",
                     row,
                 )
@@ -782,6 +783,49 @@ class SqliteStore:
 
         return await self._db.run(op)
 
+    async_transactions = False
+    """``ctx.transaction`` functions here are plain (sqlite3)."""
+
+    async def transact(
+        self,
+        run_id: str,
+        owner: str,
+        fn: Callable[[Any], Any],
+        checkpoint_for: Callable[[Any], Checkpoint],
+    ) -> tuple[bool, Any]:
+        """``ctx.transaction`` on SQLite: ``fn(sqlite3.Connection)`` runs on the
+        store's thread, inside the transaction that writes the checkpoint."""
+
+        def op(conn: sqlite3.Connection) -> tuple[bool, Any]:
+            if not conn.execute(_HOLDS_LEASE, (run_id, owner)).fetchone():
+                return False, None
+            # A savepoint, not the batch's transaction: the other writes
+            # committed with this one must survive ``fn`` failing.
+            conn.execute("SAVEPOINT durably_transaction")
+            try:
+                value = fn(conn)
+                if inspect.isawaitable(value):
+                    close = getattr(value, "close", None)
+                    if close is not None:
+                        close()
+                    raise TypeError(
+                        "on SQLite, ctx.transaction's function is a plain (sync) function "
+                        "taking a sqlite3.Connection"
+                    )
+                checkpoint = checkpoint_for(value)
+                conn.execute(_UPSERT_CHECKPOINT, checkpoint_params(checkpoint))
+            except Exception as exc:
+                conn.execute("ROLLBACK TO durably_transaction")
+                conn.execute("RELEASE durably_transaction")
+                return True, _Failed(exc)
+            conn.execute("RELEASE durably_transaction")
+            return True, checkpoint.output
+
+        held, output = await self._db.run(op)
+        if isinstance(output, _Failed):
+            raise output.error
+        return held, output
+
     async def delete_checkpoints(self, run_id: str, seqs: list[int]) -> None:
         """Forget the given checkpoints."""
         params = [(run_id, seq) for seq in seqs]
@@ -1074,6 +1118,27 @@ class SqliteStore:
 
         return await self._db.run(op)
 
+    async def count_pending(self, namespace: str | None = None) -> int:
+        """Pending runs (in ``namespace``)."""
+        ns, ns_params = _namespace(namespace)
+
+        def op(conn: sqlite3.Connection) -> int:
+            sql = f"SELECT count(*) FROM durably_runs WHERE status = 'pending'{ns}"
+            return int(conn.execute(sql, ns_params).fetchone()[0])
+
+        return await self._db.run(op)
+
+    async def count_flow_waiters(self) -> dict[str, int]:
+        """Steps waiting for admission, by queue."""
+
+        def op(conn: sqlite3.Connection) -> dict[str, int]:
+            rows = conn.execute(
+                "SELECT queue, count(*) FROM durably_flow_waiters GROUP BY queue"
+            ).fetchall()
+            return {row[0]: int(row[1]) for row in rows}
+
+        return await self._db.run(op)
+
     async def expire_buffered(self, before: int, limit: int) -> int:
         """Delete up to ``limit`` buffered signals and events created before ``before``."""
 
@@ -1339,6 +1404,14 @@ def _try_admit(conn: sqlite3.Connection, request: Admission, now: int) -> int | 
         (queue, step_id),
     ).fetchone():
         return None
+    # Free the slots of runs that ended without freeing them (their process
+    # died between the terminal write and the release).
+    conn.execute(
+        "UPDATE durably_flow_slots SET released_at = ? WHERE queue = ? AND released_at IS NULL "
+        "AND EXISTS (SELECT 1 FROM durably_runs r WHERE r.id = durably_flow_slots.run_id "
+        f"AND r.status IN ({_TERMINAL_SQL}))",
+        (now, queue),
+    )
     conn.execute(
         "DELETE FROM durably_flow_waiters WHERE queue = ? AND seen_at < ?",
         (queue, now - 3 * request.retry_ms),
@@ -1368,12 +1441,29 @@ def _try_admit(conn: sqlite3.Connection, request: Admission, now: int) -> int | 
         "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (queue, step_id) DO UPDATE SET "
         "run_id = excluded.run_id, priority = excluded.priority, "
         "fairness_key = excluded.fairness_key, seen_at = excluded.seen_at",
-        (queue, step_id, request.run_id, request.priority, key, now, now),
+        (
+            queue,
+            step_id,
+            request.run_id,
+            request.priority,
+            key,
+            now if request.enqueued_at is None else request.enqueued_at,
+            now,
+        ),
     )
     admitted = free is None
     if free is not None and free > 0:
         first = conn.execute(_WAITERS_IN_ORDER, (queue, queue, free)).fetchall()
         admitted = any(row[0] == step_id for row in first)
+        if not admitted:
+            # Room, but for waiters ahead of this one: wake them, in case the
+            # release that made the room woke nobody (it found its slot freed).
+            for row in first:
+                conn.execute(
+                    "UPDATE durably_runs SET wake_requested_at = ? "
+                    f"WHERE id = ? AND status NOT IN ({_TERMINAL_SQL})",
+                    (now, row[1]),
+                )
     if not admitted:
         return now + request.retry_ms
     conn.execute(
@@ -1502,3 +1592,12 @@ def _run_filter(query: RunQuery) -> tuple[list[str], list[Any]]:
             clauses.append(clause)
             params.append(moment)
     return clauses, params
+
+
+class _Failed:
+    """An exception raised inside a batch, carried out as a value so the batch commits."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error

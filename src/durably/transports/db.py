@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import os
 import socket
 import uuid
@@ -32,6 +31,7 @@ from collections.abc import Collection
 from .. import _codec as codec
 from .._aio import wait_event
 from .._batch import BatchCall
+from .._logs import engine_logger
 from .._notices import StoreNotice
 from .._queue import Message, MessageQueue, MessageStore, OutMessage, Unlisten
 from ..clock import wall_ms
@@ -40,7 +40,7 @@ from .base import CancelHandler, HeartbeatHandler, ResultHandler, TaskHandler, T
 
 __all__ = ["DbTransport"]
 
-_log = logging.getLogger("durably.transport")
+_log = engine_logger("durably.transport")
 
 RESULTS_TOPIC = "results"
 BEATS_TOPIC = "beats"

@@ -14,16 +14,16 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
-import logging
 from collections.abc import Collection, Coroutine
 from typing import Any
 
+from .._logs import engine_logger
 from ..wire import Heartbeat, StepResult, StepTask
 from .base import CancelHandler, HeartbeatHandler, ResultHandler, TaskHandler
 
 __all__ = ["LocalTransport"]
 
-_log = logging.getLogger("durably.transport")
+_log = engine_logger("durably.transport")
 _RESULT_BATCH = 256
 _REDELIVER_DELAY_S = 1.0
 

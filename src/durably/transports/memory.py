@@ -8,15 +8,15 @@ test with a missing handler fails fast instead of waiting forever.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Collection
 
+from .._logs import engine_logger
 from ..wire import Heartbeat, StepResult, StepTask
 from .base import CancelHandler, HeartbeatHandler, ResultHandler, TaskHandler
 
 __all__ = ["MemoryTransport"]
 
-_log = logging.getLogger("durably.transport")
+_log = engine_logger("durably.transport")
 _RESULT_BATCH = 256
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
@@ -14,7 +13,9 @@ from bullmq import DelayedError
 from bullmq import Queue as _BullQueue
 from bullmq import Worker as _BullWorker
 
-_log = logging.getLogger("durably.transport")
+from ..._logs import engine_logger
+
+_log = engine_logger("durably.transport")
 
 
 class _Job(Protocol):

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import logging
 import os
 import socket
 import time
@@ -19,13 +18,14 @@ import redis.asyncio as aioredis
 from redis.asyncio.client import PubSub
 
 from ..._aio import wait_event
+from ..._logs import engine_logger
 from ..._urls import redact_url
 from ...wire import Heartbeat, StepResult, StepTask, WireError
 from ..base import CancelHandler, HeartbeatHandler, ResultHandler, TaskHandler, TransportError
 from ._bullmq import _Consumer, _delayed, _Job, _new_queue, _Processor, _Queue
 from ._names import RedisNames, bullmq_priority, split_url
 
-_log = logging.getLogger("durably.transport")
+_log = engine_logger("durably.transport")
 
 _RESULT_BATCH = 256
 _RESULT_WINDOW_S = 0.002

@@ -90,6 +90,7 @@ async def test_every_run_field_round_trips(store: StateStore) -> None:
         deadline_at=NOW + 4,
         created_at=NOW + 5,
         updated_at=NOW + 6,
+        trace_context="00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
     )
     await store.create_run(run)
 
@@ -98,6 +99,25 @@ async def test_every_run_field_round_trips(store: StateStore) -> None:
     for tag in run.tags:
         page = await store.list_runs(RunQuery(tag=tag))
         assert [r.run_id for r in page.runs] == [run.run_id]
+
+
+async def test_trace_context_round_trips_through_a_bulk_insert(store: StateStore) -> None:
+    runs = [make_run("t1"), make_run("t2")]
+    runs[0].trace_context = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    assert sorted(await store.create_runs(runs)) == ["t1", "t2"]
+    assert [r.trace_context for r in await store.get_runs(["t1", "t2"])] == [
+        runs[0].trace_context,
+        None,
+    ]
+
+
+async def test_count_pending_counts_by_namespace(store: StateStore) -> None:
+    await store.create_run(make_run("p1"))
+    await store.create_run(make_run("p2", namespace="other"))
+    await store.create_run(make_run("s1", status=RunStatus.SUSPENDED))
+    assert await store.count_pending() == 2
+    assert await store.count_pending("other") == 1
+    assert await store.count_pending("nowhere") == 0
 
 
 async def test_get_run_of_an_unknown_id_is_none(store: StateStore) -> None:

@@ -9,6 +9,7 @@ more store objects on its database. Every time is an explicit integer.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -393,6 +394,16 @@ async def test_list_queues_shows_held_slots_and_waiters(store: StateStore) -> No
     ]
 
 
+async def test_count_flow_waiters_counts_refused_steps_by_queue(store: StateStore) -> None:
+    await suspended(store, "a", "b", "c", "d")
+    assert await store.count_flow_waiters() == {}
+    assert await store.try_admit(ask("a:1", concurrency=1), NOW) is None
+    assert await store.try_admit(ask("b:1", concurrency=1), NOW + 1) is not None
+    assert await store.try_admit(ask("c:1", concurrency=1), NOW + 2) is not None
+    assert await store.try_admit(ask("d:1", queue="other", concurrency=1), NOW + 3) is None
+    assert await store.count_flow_waiters() == {"q": 2}
+
+
 async def test_try_admit_is_idempotent_for_a_step_holding_a_slot(store: StateStore) -> None:
     assert await store.try_admit(ask("a:1", concurrency=2), NOW) is None
 
@@ -544,6 +555,57 @@ async def test_release_slots_frees_a_finished_runs_slots_and_waits(store: StateS
     # nothing left to free
     assert await store.release_slots("r", NOW + 9) == 0
     assert await store.release_slots("unknown", NOW + 9) == 0
+
+
+async def test_a_waiter_takes_its_place_in_line_from_enqueued_at(store: StateStore) -> None:
+    await suspended(store, "holder", "late", "early")
+    assert await store.try_admit(ask("holder:1", concurrency=1), NOW) is None
+    late = dataclasses.replace(ask("late:1", concurrency=1), enqueued_at=NOW - 5)
+    early = dataclasses.replace(ask("early:1", concurrency=1), enqueued_at=NOW - 10)
+    assert await store.try_admit(late, NOW + 1) == NOW + 1001
+    assert await store.try_admit(early, NOW + 2) == NOW + 1002  # asked later, but older
+
+    assert await store.release_slots("holder", NOW + 3) == 1
+    assert await wake_of(store, "early") == NOW + 3
+    assert await store.try_admit(late, NOW + 4) == NOW + 1004
+    assert await store.try_admit(early, NOW + 5) is None
+
+
+async def test_a_slot_held_by_a_run_that_ended_is_free(store: StateStore) -> None:
+    """A process that dies between a run's terminal write and freeing its slots
+    must not hold the queue's capacity forever (a singleton key blocked for good)."""
+    await suspended(store, "next")
+    await store.create_run(_make_run("gone", RunStatus.PENDING))
+    assert await store.try_admit(ask("gone:1", concurrency=1), NOW) is None
+    assert await store.try_admit(ask("next:1", concurrency=1), NOW + 1) == NOW + 1001
+
+    assert await store.update_run_if(
+        "gone", frozenset({RunStatus.PENDING}), {"status": "completed"}, NOW + 2
+    )
+
+    assert await store.try_admit(ask("next:1", concurrency=1), NOW + 3) is None
+    # the live holder still counts
+    assert await store.try_admit(ask("third:1", concurrency=1), NOW + 4) == NOW + 1004
+
+
+async def test_an_ask_that_finds_room_for_a_waiter_ahead_wakes_it(store: StateStore) -> None:
+    """The room a dead process left (a run ended without freeing its slot) is
+    found by whoever asks next: if that is not the first in line, the first is
+    woken, or it would sleep its whole ``retry_ms`` with the slot free."""
+    await suspended(store, "first", "second")
+    await store.create_run(_make_run("gone", RunStatus.PENDING))
+    assert await store.try_admit(ask("gone:1", concurrency=1), NOW) is None
+    assert await store.try_admit(ask("first:1", concurrency=1), NOW + 1) == NOW + 1001
+    assert await store.update_run_if(
+        "gone", frozenset({RunStatus.PENDING}), {"status": "completed"}, NOW + 2
+    )
+    assert await wake_of(store, "first") is None
+
+    assert await store.try_admit(ask("second:1", concurrency=1), NOW + 3) == NOW + 1003
+
+    assert await wake_of(store, "first") == NOW + 3
+    assert await wake_of(store, "second") is None
+    assert await store.try_admit(ask("first:1", concurrency=1), NOW + 4) is None
 
 
 async def test_wakes_spare_runs_that_ended(store: StateStore) -> None:

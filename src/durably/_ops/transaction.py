@@ -1,0 +1,102 @@
+"""``ctx.transaction``: a step whose database writes commit with its checkpoint.
+
+A local step's effect and its checkpoint are two commits, so a crash between
+them runs the effect again: fine for an idempotent call, wrong for an
+``INSERT`` into the app's own table. Here the app's function runs inside the
+store's transaction that writes the checkpoint, under the run's lease: both
+land, or neither does, and a retry starts from a clean slate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from .. import _codec as codec
+from .._replay import error_info
+from ..errors import FatalError, StepFailed
+from ..model import Checkpoint, CheckpointKind, CheckpointStatus
+from ..retry import RetryPolicy
+from ..stores.base import TransactionStore
+from .env import TurnEnv
+
+__all__ = ["transaction"]
+
+
+async def transaction(
+    env: TurnEnv,
+    store: TransactionStore,
+    seq: int,
+    name: str,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    policy: RetryPolicy,
+    recorded: Checkpoint | None,
+) -> Any:
+    """Run ``fn(connection, *args)`` in the checkpoint's transaction, with retries."""
+    if recorded is not None:
+        if recorded.status is CheckpointStatus.COMPLETED:
+            return recorded.output
+        if recorded.status is CheckpointStatus.FAILED:
+            raise StepFailed.from_error(name, recorded.error, recorded.attempts)
+    turn, clock = env.turn, env.clock
+    if turn.unwinding:
+        return await turn.park(seq, None, reconcile=False)
+    started = clock.now_ms()
+    attempts = 0
+    with turn.in_flight():
+        for retry_number in range(policy.retries + 1):
+            attempts += 1
+
+            def checkpoint_for(value: Any, tried: int = attempts) -> Checkpoint:
+                return env.checkpoint(
+                    seq,
+                    name,
+                    CheckpointKind.TRANSACTION,
+                    CheckpointStatus.COMPLETED,
+                    output=codec.to_jsonable(value, "transaction result"),
+                    attempts=tried,
+                    started_at=started,
+                    finished_at=clock.now_ms(),
+                )
+
+            # Earlier results first: this commit must not overtake them.
+            await turn.flush()
+            try:
+                with turn.store_calls:
+                    held, output = await store.transact(
+                        env.run_id, turn.owner, lambda conn: fn(conn, *args), checkpoint_for
+                    )
+            except Exception as exc:
+                turn.ensure_open()
+                fatal = isinstance(exc, FatalError | codec.EncodeError)
+                if fatal or retry_number == policy.retries:
+                    failure = error_info(exc)
+                    await env.save(
+                        env.checkpoint(
+                            seq,
+                            name,
+                            CheckpointKind.TRANSACTION,
+                            CheckpointStatus.FAILED,
+                            error=failure,
+                            attempts=attempts,
+                            started_at=started,
+                            finished_at=clock.now_ms(),
+                        )
+                    )
+                    raise StepFailed.from_error(name, failure, attempts) from exc
+                delay = policy.delay_ms(retry_number + 1)
+                env.log.info(
+                    "transaction %s attempt %d failed and was rolled back (%s); retrying in %d ms",
+                    name,
+                    attempts,
+                    exc,
+                    delay,
+                )
+                await clock.sleep(delay / 1000)
+                turn.ensure_open()
+                continue
+            if not held:
+                env.fence_lost()
+            return output
+    raise AssertionError("unreachable")  # pragma: no cover

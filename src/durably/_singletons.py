@@ -1,0 +1,116 @@
+"""Singletons: at most ``limit`` live runs of a workflow per key, across the fleet.
+
+A run of a singleton workflow asks for a slot before each turn's body runs, in
+a flow-control queue of its own key (``singleton:<workflow>:<key>``), the same
+store-held slots that cap dispatched steps: atomic across processes, freed when
+the run ends, and the next waiter is woken at once. A run refused a slot stays
+``suspended`` without executing anything and asks again. Waiters are admitted
+oldest first, by when they first asked (their first turn, which follows the
+order they were created in).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ._names import MAX_NAME_LENGTH, check_name
+from .errors import SchemaValidationError
+from .model import RunStatus
+from .stores.base import Admission, RunQuery, RunStore
+
+__all__ = ["SINGLETON_RETRY_MS", "Singleton", "count_live", "singleton_tag"]
+
+SINGLETON_RETRY_MS = 30_000
+"""How often a queued run asks again if nobody wakes it; a waiter unseen for three
+of these (every engine down) loses its place."""
+
+KeyFn = Callable[[Any], Any]
+
+
+def singleton_tag(workflow: str, key: str) -> str:
+    """The tag a singleton run carries, for counting the live runs of a key."""
+    return f"singleton:{workflow}:{key}"
+
+
+@dataclass(frozen=True, slots=True)
+class Singleton:
+    """A workflow's ``singleton=``, ``limit=`` and ``max_queue=``."""
+
+    key_fn: KeyFn
+    limit: int = 1
+    max_queue: int | None = None
+
+    @classmethod
+    def build(cls, key_fn: KeyFn | None, limit: int, max_queue: int | None) -> Singleton | None:
+        """Validate the registration's options; ``None`` without ``singleton=``."""
+        if key_fn is None:
+            if limit != 1 or max_queue is not None:
+                raise ValueError("limit= and max_queue= need singleton= (the key function)")
+            return None
+        if not callable(key_fn):
+            raise TypeError("singleton= must be a function of the run's input returning its key")
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ValueError("limit must be an int >= 1")
+        if max_queue is not None and (
+            isinstance(max_queue, bool) or not isinstance(max_queue, int) or max_queue < 0
+        ):
+            raise ValueError("max_queue must be an int >= 0 (or None: unbounded)")
+        return cls(key_fn, limit, max_queue)
+
+    def key(self, workflow: str, value: Any) -> str:
+        """The key of a run with input ``value`` (``SchemaValidationError`` if unusable)."""
+        try:
+            key = self.key_fn(value)
+        except Exception as exc:
+            raise SchemaValidationError(
+                f"workflow {workflow!r}: the singleton key function raised {exc!r}"
+            ) from exc
+        if isinstance(key, int | float) and not isinstance(key, bool):
+            key = str(key)
+        if not isinstance(key, str) or not key:
+            raise SchemaValidationError(
+                f"workflow {workflow!r}: the singleton key must be a non-empty string, not {key!r}"
+            )
+        check_name(key, "singleton key")
+        if len(singleton_tag(workflow, key)) > MAX_NAME_LENGTH:
+            raise SchemaValidationError(
+                f"workflow {workflow!r}: singleton key {key[:40]!r}… is too long"
+            )
+        return key
+
+    def admission(self, workflow: str, key: str, run_id: str, created_at: int) -> Admission:
+        """The request for one of the key's ``limit`` slots, in line by creation."""
+        return Admission(
+            queue=singleton_tag(workflow, key),
+            step_id=f"{run_id}:singleton",
+            run_id=run_id,
+            concurrency=self.limit,
+            rate_limit=None,
+            # One fairness key for every run: the oldest waiter goes first.
+            fairness_key="",
+            retry_ms=SINGLETON_RETRY_MS,
+            enqueued_at=created_at,
+        )
+
+
+_LIVE = (RunStatus.PENDING, RunStatus.RUNNING, RunStatus.SUSPENDED)
+
+
+async def count_live(store: RunStore, workflow: str, tag: str, bound: int) -> int:
+    """How many runs tagged ``tag`` have not ended, counted up to ``bound``.
+
+    Not atomic with the insert that follows: starts racing from several
+    processes may each see room for one more, so ``max_queue`` can be
+    exceeded by the number of concurrent starters; ``limit`` never is.
+    """
+    live = 0
+    for status in _LIVE:
+        page = await store.list_runs(
+            RunQuery(status=status, workflow=workflow, tag=tag, limit=bound + 1)
+        )
+        live += len(page.runs)
+        if live >= bound:
+            break
+    return live
