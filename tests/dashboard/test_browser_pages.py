@@ -336,3 +336,29 @@ async def test_the_children_tree_shows_grandchildren(
     await expect(child).to_have_count(1)
     await expect(child.locator("ul > li")).to_have_count(2)  # the echo and the approval
     await expect(child.locator("ul > li").filter(has_text="approval")).to_contain_text("suspended")
+
+
+async def test_lifecycle_events_wake_the_live_view_before_the_poll_interval(
+    engine: durably.Engine, serve: Serve, page: Page
+) -> None:
+    run = await engine.start("approval", "o-8", run_id="approval-8")
+    await settled(engine, run.run_id)
+    # a poll interval far longer than the page is given to update: only the
+    # engine's lifecycle events can make the page follow in time
+    base = await serve(durably.dashboard.app(engine, poll_interval=300))
+
+    await page.goto(f"{base}/")
+    await expect(page.locator("#live-dot.on")).to_have_count(1)
+    await expect(page.locator("tr[data-run='approval-8'] .status")).to_have_text("suspended")
+
+    await engine.signal("approve:approval-8", True)
+
+    await expect(page.locator("tr[data-run='approval-8'] .status")).to_have_text("completed")
+
+    # and a run's page the same way
+    await engine.start("approval", "o-9", run_id="approval-9")
+    await settled(engine, "approval-9")
+    await page.goto(f"{base}/runs/approval-9")
+    await expect(page.locator("#live-dot.on")).to_have_count(1)
+    await engine.signal("approve:approval-9", True)
+    await expect(page.locator("#run-status")).to_have_text("completed")
