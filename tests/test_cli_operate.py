@@ -65,7 +65,8 @@ async def _start_then_a_worker_runs_it(url: str, workers: Callable[..., Worker])
     run = first["run"]
     assert (run["run_id"], run["workflow"], run["status"]) == ("p1", "pipeline", "pending")
     assert (run["input"], run["tags"], run["priority"]) == ("o7", ["cli"], 2)
-    assert run["workflow_version"] == "1"
+    # No --version: unpinned until the first engine executing it pins its version.
+    assert run["workflow_version"] == ""
     assert ISO.match(run["created_at"]), run["created_at"]
     # Idempotent by id: the second start keeps the first run and its input.
     again = as_json(await acli("start", "pipeline", '"other"', "--run-id", "p1", "--json",
@@ -78,6 +79,7 @@ async def _start_then_a_worker_runs_it(url: str, workers: Callable[..., Worker])
         done = await wait_until(engine, "p1", lambda r, _: r.status.is_terminal, worker=worker)
         assert done.status is RunStatus.COMPLETED, done
         assert done.output == "stored o7"
+        assert done.workflow_version == "1"  # pinned by the worker that ran it
     assert await worker.stop() == 0
 
 
@@ -95,7 +97,7 @@ async def test_start_by_name_is_run_by_a_worker_on_postgres(
     await _start_then_a_worker_runs_it(postgres_url, workers)
 
 
-async def test_start_later_and_with_the_version_the_workers_run(db: str) -> None:
+async def test_start_later_and_pinned_or_unpinned(db: str) -> None:
     later = as_json(await acli("start", "pipeline", "--start-at", "1h", "--json", "--store", db))
     run = later["run"]
     assert run["status"] == "suspended"
@@ -107,12 +109,13 @@ async def test_start_later_and_with_the_version_the_workers_run(db: str) -> None
     dated = as_json(await acli("start", "slow", "1", "--start-at", at, "--json", "--store", db))
     assert dated["run"]["wake_at"].startswith(at[:19])
 
-    # No --version: the version of the workflow's newest run (what the workers run now).
-    as_json(await acli("start", "greeting", '"a"', "--version", "7", "--json", "--store", db))
-    newest = as_json(await acli("start", "greeting", '"b"', "--json", "--store", db))
-    assert newest["run"]["workflow_version"] == "7"
-    first_of_its_kind = as_json(await acli("start", "brand-new", "--json", "--store", db))
-    assert first_of_its_kind["run"]["workflow_version"] == "1"
+    # --version pins the run; without it the first engine executing it pins it.
+    pinned = as_json(
+        await acli("start", "greeting", '"a"', "--version", "7", "--json", "--store", db)
+    )
+    assert pinned["run"]["workflow_version"] == "7"
+    unpinned = as_json(await acli("start", "greeting", '"b"', "--json", "--store", db))
+    assert unpinned["run"]["workflow_version"] == ""
 
 
 async def test_start_a_run_id_with_control_characters(db: str) -> None:

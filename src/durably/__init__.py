@@ -12,6 +12,7 @@ import importlib
 from ._intercept import Interceptor, StepInfo, TurnInfo
 from ._lifecycle_events import EventKind, LifecycleEvent, Subscription
 from ._logs import RunContextFilter
+from .client import Client, SyncClient, SyncRunHandle
 from .context import ChildCall, Settled, Webhook, WorkflowContext
 from .durations import Duration
 from .engine import Engine, RunNotFound
@@ -23,6 +24,7 @@ from .errors import (
     GatherFailed,
     NondeterminismError,
     RunCancelled,
+    RunFailed,
     SchemaValidationError,
     SignalTimeout,
     SingletonQueueFull,
@@ -31,6 +33,7 @@ from .errors import (
     WrongEventLoop,
     is_control_flow,
 )
+from .handle import RunHandle
 from .model import Checkpoint, CheckpointStatus, Run, RunResult, RunStatus
 from .retry import RetryPolicy
 from .schedules import Schedule, ScheduleNotFound
@@ -43,6 +46,7 @@ __all__ = [
     "CheckpointStatus",
     "ChildCall",
     "ChildFailed",
+    "Client",
     "DurablyError",
     "Duration",
     "Engine",
@@ -57,6 +61,8 @@ __all__ = [
     "Run",
     "RunCancelled",
     "RunContextFilter",
+    "RunFailed",
+    "RunHandle",
     "RunNotFound",
     "RunPage",
     "RunResult",
@@ -72,6 +78,8 @@ __all__ = [
     "StepLogger",
     "StepRef",
     "Subscription",
+    "SyncClient",
+    "SyncRunHandle",
     "Transport",
     "TransportError",
     "TurnInfo",

@@ -30,6 +30,7 @@ from .model import (
     CheckpointStatus,
     ErrorInfo,
     Run,
+    RunResult,
     RunStatus,
 )
 from .stores import ChildEnd, RunChanges, RunQuery
@@ -449,7 +450,7 @@ def next_link_id(run_id: str) -> str:
     return f"{base}~{number + 1}"
 
 
-def continued_to(run: Run) -> str | None:
+def continued_to(run: Run | RunResult) -> str | None:
     """The next link of ``run``'s chain if it ended by continuing as new, else
     ``None`` (a run that merely returned a look-alike value names another id)."""
     output = run.output

@@ -19,11 +19,9 @@ from typing import Any, TypeVar
 
 import click
 
-from . import _codec as codec
 from ._logs import engine_logger
-from ._names import check_name
-from ._start import check_start, check_tags, new_run_id, start_time
 from ._urls import redact_url, scrub
+from .client import Client
 from .durations import Duration
 from .engine import Engine, RunNotFound
 from .model import Run, RunStatus
@@ -48,10 +46,6 @@ __all__ = [
     "start_by_name",
     "store_option",
 ]
-
-DEFAULT_VERSION = "1"
-"""The version a run started by name gets when the store has no run of its
-workflow yet: the default of ``@engine.workflow``."""
 
 DEFAULT_STORE = "sqlite:///durably.db"
 """The store used when neither ``--store`` nor ``DURABLY_DATABASE_URL`` is given."""
@@ -175,8 +169,8 @@ def sqlite_file(url: str) -> str | None:
 
 
 @asynccontextmanager
-async def open_client(store_url: str) -> AsyncIterator[Engine]:
-    """An opened ``Engine(store=store_url, drive=False)`` for client commands.
+async def open_client(store_url: str) -> AsyncIterator[Client]:
+    """An opened :class:`~durably.Client` on ``store_url`` for client commands.
 
     It never executes runs. A SQLite file that does not exist is an error here
     (rather than silently creating an empty database from a mistyped path).
@@ -187,24 +181,24 @@ async def open_client(store_url: str) -> AsyncIterator[Engine]:
             f"no SQLite database at {path!r} (pass --store URL or set DURABLY_DATABASE_URL)"
         )
     try:
-        engine = Engine(store=store_url, drive=False)
+        client = Client(store_url)
     except ValueError as exc:
         raise CliError(one_line(str(exc)), EXIT_USAGE) from None
     try:
-        await engine.open()
+        await client.open()
     except Exception as exc:
         raise CliError(f"cannot open the store {redact_url(store_url)}: {describe(exc)}") from None
     try:
-        yield engine
+        yield client
     finally:
         try:
-            await engine.close()
+            await client.close()
         except Exception as exc:  # closing must not mask the command's own outcome
             _log.debug("closing the store failed: %s", exc)
 
 
 async def start_by_name(
-    engine: Engine,
+    client: Client | Engine,
     workflow: str,
     input: Any,
     *,
@@ -214,59 +208,28 @@ async def start_by_name(
     priority: int = 0,
     start_at: datetime | Duration | None = None,
 ) -> tuple[Run, bool]:
-    """Create a run of ``workflow`` by name, as a producer without the
-    workflow registered does; return it and whether it is new.
+    """Create a run of ``workflow`` by name; return it and whether it is new.
 
     An engine that registers ``workflow`` (``--app``) starts it itself, which
-    validates the input and stamps the execution deadline. Otherwise the run is
-    written to the store as ``pending`` (``suspended`` until ``start_at``), for
-    whichever worker registers it; an id that exists returns that run. Without
-    ``version`` the run takes the version of the workflow's newest run in the
-    store (the release the workers run now), else ``"1"``.
+    validates the input and stamps the execution deadline. Otherwise a
+    :class:`~durably.Client` creates it for whichever worker registers it;
+    without ``version`` the first engine that executes it pins it to its
+    current version. An id that exists returns that run, unchanged.
     """
-    if workflow in engine.workflows:
-        before = await engine.get_run(run_id) if run_id is not None else None
-        run = await engine.start(
-            workflow,
-            input,
-            run_id=run_id,
-            version=version,
-            tags=tags,
-            priority=priority,
-            start_at=start_at,
-        )
-        return run, before is None
-    check_name(workflow, "workflow")
-    if not workflow:
-        raise ValueError("the workflow name must not be empty")
-    if version is not None:
-        check_name(version, "workflow version")
-    check_start(run_id, priority)
-    clean_tags = check_tags(tags)
-    stored_input = codec.to_jsonable(input, "input")
-    if version is None:
-        newest = await engine.list_runs(workflow=workflow, limit=1)
-        version = newest.runs[0].workflow_version if newest.runs else DEFAULT_VERSION
-    now = engine.clock.now_ms()
-    wake_at = start_time(start_at, now)
-    later = wake_at is not None and wake_at > now
-    run = Run(
-        run_id=run_id or new_run_id(),
-        workflow=workflow,
-        workflow_version=version,
-        status=RunStatus.SUSPENDED if later else RunStatus.PENDING,
-        input=stored_input,
-        namespace=engine.namespace,
-        tags=clean_tags,
+    before = await client.get_run(run_id) if run_id is not None else None
+    handle = await client.start(
+        workflow,
+        input,
+        run_id=run_id,
+        version=version,
+        tags=tags,
         priority=priority,
-        wake_at=wake_at if later else None,
-        created_at=now,
-        updated_at=now,
+        start_at=start_at,
     )
-    return await engine.store.create_run(run)
+    return handle.run, before is None
 
 
-async def resume_run(engine: Engine, run_id: str) -> tuple[Run, str]:
+async def resume_run(engine: Client, run_id: str) -> tuple[Run, str]:
     """Give the live run ``run_id`` a turn now (after a lost wake-up, say);
     return it as it was and what was done: ``"woken"``, ``"unblocked"``,
     ``"queued"`` (pending already) or ``"finished"`` (terminal: left alone).
@@ -288,6 +251,7 @@ async def resume_run(engine: Engine, run_id: str) -> tuple[Run, str]:
         if await engine.store.update_run_if(run_id, frozenset({RunStatus.BLOCKED}), changes, now):
             return run, "unblocked"
         return await resume_run(engine, run_id)  # it moved on meanwhile: judge it again
-    if await engine.store.request_wake(run_id, now):
+    # Releases a ctx.breakpoint too, and wakes the run.
+    if await engine.resume(run_id):
         return run, "woken"
     return run, "finished"

@@ -25,7 +25,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ._cli_render import format_duration, iso_time, plain, run_to_dict, status_text, visible
-from .engine import Engine
+from .client import Client
 from .model import Checkpoint, CheckpointStatus, Run, RunStatus
 
 __all__ = ["Liveness", "find_stale", "liveness_table"]
@@ -71,7 +71,7 @@ class Liveness:
 
 
 async def find_stale(
-    engine: Engine,
+    engine: Client,
     age_ms: int,
     limit: int,
     *,

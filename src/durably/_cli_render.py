@@ -188,7 +188,7 @@ def runs_table(runs: Iterable[Run], *, title: str | None = None) -> Table:
         table.add_row(
             plain(run.run_id),
             plain(run.workflow),
-            plain(run.workflow_version),
+            plain(run.workflow_version or "-"),
             status_text(run.status),
             plain(", ".join(run.tags)),
             format_time(run.created_at),
@@ -204,7 +204,9 @@ def run_details(run: Run, *, now_ms: int | None = None) -> Table:
     grid.add_column(style="bold", no_wrap=True)
     grid.add_column()
     grid.add_row("Run", plain(run.run_id))
-    grid.add_row("Workflow", plain(f"{run.workflow} (version {run.workflow_version})"))
+    # An empty version: a client started the run and no engine executed it yet.
+    version = f"version {run.workflow_version}" if run.workflow_version else "no version yet"
+    grid.add_row("Workflow", plain(f"{run.workflow} ({version})"))
     grid.add_row("Status", status_text(run.status))
     if run.namespace != "default":
         grid.add_row("Namespace", plain(run.namespace))

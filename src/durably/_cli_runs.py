@@ -46,8 +46,9 @@ from ._cli_render import (
     visible,
 )
 from ._urls import redact_url
+from .client import Client
 from .durations import to_ms
-from .engine import Engine, RunNotFound
+from .engine import RunNotFound
 from .errors import DurablyError
 from .model import Run, RunStatus
 
@@ -268,7 +269,7 @@ def cancel(store_url: str, run_id: str, as_json: bool) -> None:
     _cancel(store_url, run_id, as_json)
 
 
-def _operate(store_url: str, run_id: str, action: Callable[[Engine], Awaitable[T]]) -> T:
+def _operate(store_url: str, run_id: str, action: Callable[[Client], Awaitable[T]]) -> T:
     """Run ``action`` on a client engine; an unknown run and a refused
     operation (a run in the wrong status) become one-line errors."""
 
@@ -313,7 +314,7 @@ def runs_resume(store_url: str, run_id: str, as_json: bool) -> None:
     look at again. A finished run is left as it is (retry a failed one).
     """
 
-    async def resume(engine: Engine) -> tuple[Run, str]:
+    async def resume(engine: Client) -> tuple[Run, str]:
         return await resume_run(engine, run_id)
 
     run, action = _operate(store_url, run_id, resume)
@@ -341,7 +342,7 @@ def runs_resume(store_url: str, run_id: str, as_json: bool) -> None:
 def runs_delete(store_url: str, run_id: str, as_json: bool) -> None:
     """Delete a finished run and its history (cancel a live run first)."""
 
-    async def delete(engine: Engine) -> bool:
+    async def delete(engine: Client) -> bool:
         if not await engine.delete_run(run_id):
             raise RunNotFound(run_id)
         return True

@@ -34,7 +34,7 @@ from ._cli_render import (
     plain,
     visible,
 )
-from .engine import Engine
+from .client import Client
 from .errors import DurablyError
 from .schedules import Schedule, ScheduleNotFound
 
@@ -43,14 +43,14 @@ __all__ = ["schedules", "schedules_table"]
 T = TypeVar("T")
 
 
-def _with_engine(store_url: str, action: Callable[[Engine], Awaitable[T]]) -> T:
-    """Run ``action`` on a client engine opened on ``store_url``; an unknown
+def _with_client(store_url: str, action: Callable[[Client], Awaitable[T]]) -> T:
+    """Run ``action`` on a client opened on ``store_url``; an unknown
     schedule becomes a one-line CLI error."""
 
     async def go() -> T:
-        async with open_client(store_url) as engine:
+        async with open_client(store_url) as client:
             try:
-                return await action(engine)
+                return await action(client)
             except ScheduleNotFound as exc:
                 raise CliError(str(exc)) from None
 
@@ -119,10 +119,10 @@ def schedules() -> None:
 def schedules_list(store_url: str, as_json: bool) -> None:
     """List every schedule (all namespaces) with its state and next window."""
 
-    async def load(engine: Engine) -> list[Schedule]:
-        return [Schedule.from_record(r) for r in await engine.store.list_schedules()]
+    async def load(client: Client) -> list[Schedule]:
+        return [Schedule.from_record(r) for r in await client.store.list_schedules()]
 
-    found = _with_engine(store_url, load)
+    found = _with_client(store_url, load)
     if as_json:
         click.echo(json_text([iso_times(s.to_dict()) for s in found]))
         return
@@ -139,7 +139,7 @@ def schedules_list(store_url: str, as_json: bool) -> None:
 @json_option
 def schedules_pause(store_url: str, name: str, as_json: bool) -> None:
     """Stop firing NAME until it is resumed (for every instance, across restarts)."""
-    paused = _with_engine(store_url, lambda engine: engine.pause_schedule(name))
+    paused = _with_client(store_url, lambda client: client.pause_schedule(name))
     if as_json:
         click.echo(json_text(iso_times(paused.to_dict())))
     else:
@@ -152,7 +152,7 @@ def schedules_pause(store_url: str, name: str, as_json: bool) -> None:
 @json_option
 def schedules_resume(store_url: str, name: str, as_json: bool) -> None:
     """Fire NAME again from its next window (windows missed while paused are skipped)."""
-    resumed = _with_engine(store_url, lambda engine: engine.resume_schedule(name))
+    resumed = _with_client(store_url, lambda client: client.resume_schedule(name))
     if as_json:
         click.echo(json_text(iso_times(resumed.to_dict())))
         return
@@ -170,15 +170,15 @@ def schedules_trigger(store_url: str, name: str, as_json: bool) -> None:
     application (which has the workflow registered) starts it.
     """
 
-    async def trigger(engine: Engine) -> str:
+    async def trigger(client: Client) -> str:
         try:
-            return await engine.trigger_schedule(name)
+            return await client.trigger_schedule(name)
         except ScheduleNotFound:
             raise
         except DurablyError as exc:
             raise CliError(str(exc)) from None
 
-    run_id = _with_engine(store_url, trigger)
+    run_id = _with_client(store_url, trigger)
     if as_json:
         click.echo(json_text({"schedule": name, "run_id": run_id}))
         return
@@ -195,7 +195,7 @@ def schedules_trigger(store_url: str, name: str, as_json: bool) -> None:
 def schedules_remove(store_url: str, name: str, as_json: bool) -> None:
     """Delete schedule NAME (runs it started are kept). A schedule declared in
     the application's code comes back when the application starts again."""
-    if not _with_engine(store_url, lambda engine: engine.remove_schedule(name)):
+    if not _with_client(store_url, lambda client: client.remove_schedule(name)):
         raise CliError(f"no schedule named {name!r}")
     if as_json:
         click.echo(json_text({"schedule": name, "removed": True}))

@@ -28,6 +28,7 @@ from ._cli_common import (
 )
 from ._cli_render import json_text, run_to_dict, visible
 from ._cli_worker import configure_worker
+from .client import Client
 from .durations import Duration, to_ms
 from .engine import Engine
 from .errors import DurablyError
@@ -114,8 +115,8 @@ def start(
 
     async def go() -> tuple[Run, bool]:
         if app_spec is None:
-            async with open_client(store_url) as engine:
-                return await _start(engine)
+            async with open_client(store_url) as client:
+                return await _start(client)
         try:
             engine = load_engine(app_spec)
         except AppLoadError as exc:
@@ -133,7 +134,7 @@ def start(
         finally:
             await engine.close()
 
-    async def _start(engine: Engine) -> tuple[Run, bool]:
+    async def _start(engine: Client | Engine) -> tuple[Run, bool]:
         try:
             return await start_by_name(
                 engine,

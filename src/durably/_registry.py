@@ -16,9 +16,64 @@ from .errors import SchemaValidationError, WorkflowNotRegistered
 from .steps._flow import FlowQueue
 from .steps.definition import StepDefinition
 
-__all__ = ["Registry", "WorkflowDef"]
+__all__ = [
+    "UNPINNED",
+    "Registry",
+    "WorkflowDef",
+    "check_version",
+    "parse_input",
+    "validate_input",
+]
 
 WorkflowFn = Callable[..., Any]
+
+UNPINNED = ""
+"""The stored version of a run started without one (by a :class:`durably.Client`,
+which knows no registrations): the first engine that executes it pins it to
+that engine's current version of the workflow."""
+
+
+def check_version(version: object) -> None:
+    """Refuse a workflow version before anything is registered or stored: empty
+    (that is how an unpinned run is stored), or one no store can keep."""
+    if not str(version):
+        raise ValueError("a workflow version must be a non-empty string")
+    check_name(str(version), "workflow version")
+
+
+def validate_input(workflow: str, kind: Any, value: Any) -> Any:
+    """Check ``value`` against ``kind`` (a declared input type, ``None``: any)
+    and return it as JSON data.
+
+    Raises :class:`SchemaValidationError` for anything ``kind`` rejects or
+    that cannot be stored as JSON.
+    """
+    parsed = parse_input(workflow, kind, value)
+    try:
+        return codec.to_jsonable(parsed, "input")
+    except (TypeError, ValueError) as exc:
+        raise SchemaValidationError(
+            f"input of workflow {workflow!r} cannot be stored as JSON: {exc}"
+        ) from exc
+
+
+def parse_input(workflow: str, kind: Any, value: Any) -> Any:
+    """Convert ``value`` (stored JSON, or what a caller passed) into ``kind``."""
+    if kind is None:
+        return value
+    try:
+        return codec.parse_as(kind, value)
+    except Exception as exc:
+        details = None
+        errors = getattr(exc, "errors", None)
+        if callable(errors):
+            try:
+                details = codec.to_jsonable(errors())
+            except Exception:
+                details = None
+        raise SchemaValidationError(
+            f"invalid input for workflow {workflow!r}: {exc}", details
+        ) from exc
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +103,7 @@ class WorkflowDef:
         if not isinstance(name, str) or not name:
             raise ValueError("a workflow needs a non-empty name")
         check_name(name, "workflow name")
-        check_name(str(version), "workflow version")
+        check_version(version)
         return cls(
             name=name,
             version=str(version),
@@ -71,37 +126,13 @@ class WorkflowDef:
         return now_ms + self.execution_timeout_ms
 
     def validate_input(self, value: Any) -> Any:
-        """Check ``value`` against the declared input and return it as JSON data.
-
-        Raises :class:`SchemaValidationError` for anything the declared type
-        rejects or that cannot be stored as JSON.
-        """
-        parsed = self.parse_input(value)
-        try:
-            return codec.to_jsonable(parsed, "input")
-        except (TypeError, ValueError) as exc:
-            raise SchemaValidationError(
-                f"input of workflow {self.name!r} cannot be stored as JSON: {exc}"
-            ) from exc
+        """Check ``value`` against the declared input and return it as JSON data
+        (see :func:`validate_input`)."""
+        return validate_input(self.name, self.input_type, value)
 
     def parse_input(self, value: Any) -> Any:
         """Convert stored JSON back into the declared input type."""
-        kind = self.input_type
-        if kind is None:
-            return value
-        try:
-            return codec.parse_as(kind, value)
-        except Exception as exc:
-            details = None
-            errors = getattr(exc, "errors", None)
-            if callable(errors):
-                try:
-                    details = codec.to_jsonable(errors())
-                except Exception:
-                    details = None
-            raise SchemaValidationError(
-                f"invalid input for workflow {self.name!r}: {exc}", details
-            ) from exc
+        return parse_input(self.name, self.input_type, value)
 
 
 class Registry:
@@ -133,18 +164,24 @@ class Registry:
             )
         versions.pop(definition.version, None)
         versions[definition.version] = definition
-        self._executable = self._executable | {(definition.name, definition.version)}
+        # An unpinned run of this name is executable here too: its first turn
+        # pins it to this engine's current version.
+        self._executable = self._executable | {
+            (definition.name, definition.version),
+            (definition.name, UNPINNED),
+        }
         self._has_singletons = self._has_singletons or definition.singleton is not None
 
     def get(self, name: str, version: str | None = None) -> WorkflowDef:
-        """The definition for ``name`` (at ``version``, or the default version)."""
+        """The definition for ``name`` (at ``version``, or the default version
+        when ``version`` is ``None`` or :data:`UNPINNED`)."""
         versions = self._by_name.get(name)
         if not versions:
             known = ", ".join(sorted(self._by_name)) or "none"
             raise WorkflowNotRegistered(
                 f"workflow {name!r} is not registered (registered: {known})"
             )
-        if version is None:
+        if not version:
             return next(reversed(versions.values()))
         found = versions.get(version)
         if found is None:
@@ -153,6 +190,22 @@ class Registry:
                 f"(registered versions: {', '.join(versions)})"
             )
         return found
+
+    def of_function(self, fn: object) -> WorkflowDef:
+        """The definition whose body is ``fn`` (what ``@engine.workflow`` decorated)."""
+        found = [d for versions in self._by_name.values() for d in versions.values() if d.fn is fn]
+        name = getattr(fn, "__qualname__", repr(fn))
+        if not found:
+            raise WorkflowNotRegistered(
+                f"function {name} is not a workflow registered on this engine; decorate it "
+                "with @engine.workflow(...) or pass the workflow's name"
+            )
+        if len(found) > 1:
+            names = ", ".join(f"{d.name!r} version {d.version!r}" for d in found)
+            raise WorkflowNotRegistered(
+                f"function {name} is registered as several workflows ({names}); pass the name"
+            )
+        return found[0]
 
     def executable(self) -> frozenset[tuple[str, str]]:
         """Every registered ``(name, version)``: the runs an engine holding

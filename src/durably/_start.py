@@ -6,16 +6,13 @@ from __future__ import annotations
 import random
 from collections.abc import Awaitable
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import Any, Protocol, cast
 
 from . import _codec as codec
 from ._names import check_name, check_names, check_priority, check_token
 from .durations import Duration, to_ms
 from .errors import SchemaValidationError
 from .model import Run, RunStatus
-
-if TYPE_CHECKING:
-    from ._registry import WorkflowDef
 
 __all__ = [
     "StartRun",
@@ -92,9 +89,11 @@ def check_start(run_id: str | None, priority: int) -> None:
 
 
 def new_run(
-    definition: WorkflowDef,
+    workflow: str,
+    version: str,
     stored_input: Any,
     *,
+    execution_timeout_ms: int | None,
     run_id: str | None,
     namespace: str,
     tags: list[str],
@@ -102,20 +101,22 @@ def new_run(
     start_at: datetime | Duration | None,
     now: int,
 ) -> Run:
-    """A new run of ``definition``: ``pending``, or ``suspended`` until ``start_at``."""
+    """A new run of ``workflow`` at ``version``: ``pending``, or ``suspended``
+    until ``start_at``. An empty ``version`` leaves the run unpinned: the first
+    engine that executes it pins it to its current version."""
     wake_at = start_time(start_at, now)
     status = RunStatus.SUSPENDED if wake_at is not None and wake_at > now else RunStatus.PENDING
     return Run(
         run_id=run_id or new_run_id(),
-        workflow=definition.name,
-        workflow_version=definition.version,
+        workflow=workflow,
+        workflow_version=version,
         status=status,
         input=stored_input,
         namespace=namespace,
         tags=tags,
         priority=priority,
         wake_at=wake_at if status is RunStatus.SUSPENDED else None,
-        deadline_at=definition.deadline_from(now),
+        deadline_at=None if execution_timeout_ms is None else now + execution_timeout_ms,
         created_at=now,
         updated_at=now,
     )

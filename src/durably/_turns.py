@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from ._children import ChildRuns
     from ._ops.env import Services
     from ._options import EngineOptions
-    from ._registry import Registry
+    from ._registry import Registry, WorkflowDef
     from ._routing import RunRouter
     from .clock import Clock
     from .stores import StateStore
@@ -260,6 +260,8 @@ class TurnDriver:
             # Leased without the filter (a start here inserted it leased): not
             # ours to fail. Another release's instance executes it.
             return TurnOutcome(TurnEnd.CLOSED), None
+        if not run.workflow_version:
+            await self._pin(run, definition)
         try:
             value = definition.parse_input(run.input)
             singleton = definition.singleton
@@ -321,6 +323,21 @@ class TurnDriver:
             renewer.cancel()
             if active.get(run.run_id) is turn:
                 del active[run.run_id]
+
+    async def _pin(self, run: Run, definition: WorkflowDef) -> None:
+        """Pin an unpinned run (a client started it without a version) to the
+        version this turn executes, before anything is recorded: every later
+        turn, here or on an instance of another release, replays that
+        version's body, never the default of whoever takes the run next."""
+        changes: dict[str, Any] = {"workflow_version": definition.version}
+        deadline = definition.deadline_from(run.created_at)
+        if deadline is not None and run.deadline_at is None:
+            changes["deadline_at"] = deadline
+        await self._store.update_run_if(
+            run.run_id, frozenset({RunStatus.RUNNING}), changes, self._clock.now_ms()
+        )
+        run.workflow_version = definition.version
+        run.deadline_at = changes.get("deadline_at", run.deadline_at)
 
     async def _renew(self, turn: Turn) -> None:
         lease_ms = self._options().lease_ms

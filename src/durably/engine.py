@@ -24,7 +24,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from datetime import datetime
 from types import TracebackType
-from typing import Any, TypeVar, Unpack
+from typing import Any, TypeVar, Unpack, overload
 
 from ._children import RunNotFound
 from ._hooks import EvictHook, Handler, StalledHook
@@ -42,6 +42,7 @@ from ._worker import RECOVERY_BATCH, Phase
 from .clock import Clock, SystemClock
 from .durations import Duration
 from .errors import DurablyError, SchemaValidationError, SingletonQueueFull
+from .handle import RunHandle
 from .model import (
     TERMINAL_STATUSES,
     Checkpoint,
@@ -59,6 +60,7 @@ from .transports import Transport, open_transport
 __all__ = ["Engine", "RunNotFound"]
 
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
 
 _SETTLED = frozenset({*TERMINAL_STATUSES, RunStatus.SUSPENDED, RunStatus.BLOCKED})
 
@@ -577,6 +579,20 @@ class Engine:
 
     # -- client API -----------------------------------------------------------------------
 
+    @overload
+    async def start(
+        self,
+        workflow: Callable[..., Awaitable[T]],
+        input: Any = None,
+        *,
+        run_id: str | None = None,
+        start_at: datetime | Duration | None = None,
+        tags: list[str] | None = None,
+        priority: int = 0,
+        version: str | None = None,
+    ) -> RunHandle[T]: ...
+
+    @overload
     async def start(
         self,
         workflow: str,
@@ -587,27 +603,87 @@ class Engine:
         tags: list[str] | None = None,
         priority: int = 0,
         version: str | None = None,
-    ) -> Run:
-        """Create a run and return at once; the body runs on an executor.
+    ) -> RunHandle[Any]: ...
 
-        Idempotent by ``run_id``: starting an id that exists returns that run
-        (and re-dispatches it if still pending). ``start_at`` (an aware
-        datetime, or a delay) creates the run suspended until then. Raises
+    async def start(
+        self,
+        workflow: str | Callable[..., Awaitable[Any]],
+        input: Any = None,
+        *,
+        run_id: str | None = None,
+        start_at: datetime | Duration | None = None,
+        tags: list[str] | None = None,
+        priority: int = 0,
+        version: str | None = None,
+    ) -> RunHandle[Any]:
+        """Create a run and return its :class:`RunHandle` at once; the body
+        runs on an executor.
+
+        ``workflow`` is a registered name, or the decorated function itself
+        (then ``await handle.result()`` is typed as its return type, and
+        the run takes that function's version). Idempotent by ``run_id``:
+        starting an id that exists returns a handle on that run (and
+        re-dispatches it if still pending). ``start_at`` (an aware datetime,
+        or a delay) creates the run suspended until then. Raises
         :class:`WorkflowNotRegistered` or :class:`SchemaValidationError`
         before anything is stored.
         """
-        definition = self._registry.get(workflow, version)
+        if isinstance(workflow, str):
+            definition = self._registry.get(workflow, version)
+        elif not callable(workflow):
+            raise TypeError(
+                "workflow must be a workflow name or the function @engine.workflow decorated, "
+                f"not {type(workflow).__name__}"
+            )
+        else:
+            definition = self._registry.of_function(workflow)
+            if version is not None and version != definition.version:
+                raise ValueError(
+                    f"version {version!r} given for the function of workflow "
+                    f"{definition.name!r} version {definition.version!r}"
+                )
         stored_input = definition.validate_input(input) if definition.takes_input else None
         if definition.takes_input is False and input is not None:
-            raise SchemaValidationError(f"workflow {workflow!r} takes no input")
+            raise SchemaValidationError(f"workflow {definition.name!r} takes no input")
+        if definition.singleton is not None:
+            check_start(run_id, priority)
+            await self.open()
+            tags = await self._singleton_tags(definition, stored_input, run_id, check_tags(tags))
+        run = await self._create_run(
+            definition.name,
+            definition.version,
+            stored_input,
+            execution_timeout_ms=definition.execution_timeout_ms,
+            run_id=run_id,
+            start_at=start_at,
+            tags=tags,
+            priority=priority,
+        )
+        return RunHandle(run, self)
+
+    async def _create_run(
+        self,
+        workflow: str,
+        version: str,
+        stored_input: Any,
+        *,
+        execution_timeout_ms: int | None = None,
+        run_id: str | None,
+        start_at: datetime | Duration | None,
+        tags: list[str] | None,
+        priority: int,
+    ) -> Run:
+        # What start and durably.Client share once the input is checked: the
+        # client knows no registrations, so it passes the name and version
+        # (UNPINNED: the first engine that executes the run pins it).
         check_start(run_id, priority)
         clean_tags = check_tags(tags)
         await self.open()
-        if definition.singleton is not None:
-            clean_tags = await self._singleton_tags(definition, stored_input, run_id, clean_tags)
         run = new_run(
-            definition,
+            workflow,
+            version,
             stored_input,
+            execution_timeout_ms=execution_timeout_ms,
             run_id=run_id,
             namespace=self.namespace,
             tags=clean_tags,
@@ -750,7 +826,7 @@ class Engine:
 
     async def retry_with_input(
         self, run_id: str, input: Any, *, new_run_id: str | None = None
-    ) -> Run:
+    ) -> RunHandle[Any]:
         """Start a fresh run of the same workflow (latest version, same tags
         and priority) with corrected ``input``; the original stays as it is.
         The new id defaults to ``<run_id>~retry~<8 hex>``."""
@@ -784,6 +860,11 @@ class Engine:
         """The run, or ``None``."""
         await self.open()
         return await self.store.get_run(run_id)
+
+    async def get_handle(self, run_id: str) -> RunHandle[Any]:
+        """A :class:`RunHandle` on an existing run (raises :class:`RunNotFound`)."""
+        await self.open()
+        return RunHandle(await self._children.require(run_id), self)
 
     async def list_runs(
         self,
@@ -954,9 +1035,9 @@ class Engine:
         payload: Any = None,
         tags: list[str] | None = None,
         priority: int = 0,
-    ) -> Run:
+    ) -> RunHandle[Any]:
         """Start ``run_id`` unless it exists (idempotent, like :meth:`start`),
-        then send it signal ``token`` with ``payload``; return the run.
+        then send it signal ``token`` with ``payload``; return its handle.
 
         The signal is buffered until the run waits on ``token``, so entity and
         accumulator workflows can be fed without knowing whether they run yet.
@@ -964,9 +1045,9 @@ class Engine:
         too, the oldest wait takes it, so give each run a token of its own.
         """
         check_signal(token, payload)
-        run = await self.start(workflow, input, run_id=run_id, tags=tags, priority=priority)
+        handle = await self.start(workflow, input, run_id=run_id, tags=tags, priority=priority)
         await self.signal(token, payload)
-        return run
+        return handle
 
     # -- worker primitives ----------------------------------------------------------------
 
@@ -1052,7 +1133,7 @@ class Engine:
         *,
         run_id: str | None = None,
         tags: list[str] | None = None,
-    ) -> Awaitable[Run]:
+    ) -> Awaitable[RunHandle[Any]]:
         # Looked up on each call rather than bound once, so schedules, events
         # and failure handlers start through whatever ``start`` this engine has
         # now (a test's fault injection wraps it).

@@ -19,6 +19,7 @@ __all__ = [
     "GatherFailed",
     "NondeterminismError",
     "RunCancelled",
+    "RunFailed",
     "SchemaValidationError",
     "SignalTimeout",
     "SingletonQueueFull",
@@ -182,9 +183,38 @@ class NondeterminismError(DurablyError):
 
 
 class RunCancelled(DurablyError):
-    """The run was cancelled while the body was executing."""
+    """The run was cancelled: raised by ``await handle.result()`` (with the
+    ``run_id`` and the stored ``error``), and recorded when a body was stopped."""
 
     code = "cancelled"
+
+    def __init__(
+        self,
+        message: str = "cancelled",
+        *,
+        run_id: str | None = None,
+        error: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.run_id = run_id
+        self.error = error
+
+
+class RunFailed(DurablyError):
+    """``await handle.result()`` of a run that failed or went dead.
+
+    ``status`` is ``"failed"`` or ``"dead"``; ``error`` the stored failure
+    (``message``, ``code``, ``type``, ``details``), whose ``code`` this
+    exception carries too.
+    """
+
+    def __init__(self, run_id: str, status: str, error: dict[str, Any] | None) -> None:
+        self.run_id = run_id
+        self.status = status
+        self.error = error or {}
+        message = self.error.get("message") or status
+        super().__init__(f"run {run_id!r} {status}: {message}")
+        self.code = str(self.error.get("code") or status)
 
 
 class WorkflowNotRegistered(DurablyError):

@@ -306,3 +306,44 @@ async def test_a_blank_token_fails_at_boot_not_open(
         assert (await client.get("/api/runs")).status_code == 401
         ok = await client.get("/api/runs", headers={"Authorization": "Bearer s3cret"})
         assert ok.status_code == 200
+
+
+async def test_the_dashboard_over_a_client(tmp_path: Path) -> None:
+    store = f"sqlite:///{tmp_path / 'client.db'}"
+    engine = make_engine(store)  # executes the runs; the dashboard only sees the store
+    client_backend = durably.Client(store)
+    async with engine:
+        await engine.start("approval", "o-1", run_id="via-client")
+        await settled(engine, "via-client")
+        await engine.start("boom", 1, run_id="fails")
+        await finished(engine, "fails")
+        app = durably.dashboard.app(client_backend)
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://dash.test"
+        ) as http:
+            page = await http.get("/")
+            http.headers["X-Durably-CSRF"] = http.cookies["durably_csrf"]
+            listed = (await http.get("/api/runs")).json()
+            one = (await http.get("/api/runs/via-client")).json()
+            signalled = await http.post(
+                "/api/actions/signal", json={"token": "approve:via-client", "payload": 1}
+            )
+            retried = await http.post(
+                "/api/actions/retry-with-input", json={"run_id": "fails", "input": 2}
+            )
+            schedules = (await http.get("/api/schedules")).json()["schedules"]
+        assert page.status_code == 200
+        assert listed["counts"] == {"suspended": 1, "failed": 1}
+        assert [w["kind"] for w in one["waiting"]] == ["signal"]
+        assert signalled.json()["message"] == "signal approve:via-client delivered to via-client"
+        assert retried.json()["message"].startswith("started fails~retry~")
+        assert [s["name"] for s in schedules] == ["nightly-report"]
+        assert (await finished(engine, "via-client")).output == {"order": "o-1", "decision": 1}
+    await client_backend.close()
+
+
+def test_engine_and_client_both_answer_every_method_the_dashboard_calls() -> None:
+    wanted = {name for name in dir(durably.dashboard.DashboardBackend) if not name.startswith("_")}
+    assert wanted >= {"store", "get_run", "history", "cancel", "retry", "signal"}
+    for backend in (durably.Engine(store="memory://"), durably.Client("memory://")):
+        assert wanted <= set(dir(backend)), backend

@@ -36,7 +36,7 @@ async def test_start_runs_local_steps_to_completion(make_engine: EngineFactory) 
 
     async with engine:
         run = await engine.start("checkout", "o-1", run_id="checkout:o-1")
-        assert run.status is RunStatus.PENDING
+        assert run.run.status is RunStatus.PENDING
         result = await engine.wait_for_run(run.run_id, terminal=True, timeout=10)
 
     assert result.status is RunStatus.COMPLETED
@@ -60,11 +60,11 @@ async def test_start_is_idempotent_by_run_id(make_engine: EngineFactory) -> None
     async with engine:
         first = await engine.start("once", 1, run_id="same")
         second = await engine.start("once", 2, run_id="same")
-        assert second.input == 1 and first.run_id == second.run_id
+        assert second.run.input == 1 and first.run_id == second.run_id
         result = await engine.wait_for_run("same", terminal=True, timeout=10)
         third = await engine.start("once", 3, run_id="same")
     assert result.output == 1
-    assert third.status is RunStatus.COMPLETED
+    assert third.run.status is RunStatus.COMPLETED
     assert calls == 1
 
 

@@ -403,7 +403,7 @@ async def test_retry_with_input_starts_a_new_run(make_engine: EngineFactory) -> 
         await engine.start("double", -1, run_id="d", tags=["x"])
         await engine.wait_for_run("d", terminal=True, timeout=10)
         fixed = await engine.retry_with_input("d", 21)
-        assert fixed.run_id.startswith("d~retry~") and fixed.tags == ["x"]
+        assert fixed.run_id.startswith("d~retry~") and fixed.run.tags == ["x"]
         assert (await engine.wait_for_run(fixed.run_id, terminal=True, timeout=10)).output == 42
 
 

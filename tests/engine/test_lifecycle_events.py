@@ -347,4 +347,4 @@ async def test_failing_start_and_outbound_hooks_are_logged_not_raised(
     async with engine:
         run = await engine.start("dispatches")
         result = await engine.wait_for_run(run.run_id, terminal=True, timeout=30)
-    assert result.output == 6 and run.trace_context is None
+    assert result.output == 6 and run.run.trace_context is None

@@ -188,7 +188,7 @@ async def test_runs_replay_on_their_pinned_version(make_engine: EngineFactory) -
 
     async with new:
         fresh = await new.start("pinned", run_id="p2")
-        assert fresh.workflow_version == "2"
+        assert fresh.run.workflow_version == "2"
         await new.signal("go")
         assert (await new.wait_for_run("p1", terminal=True, timeout=10)).output == "v1"
         assert (await new.wait_for_run("p2", terminal=True, timeout=10)).output == "v2"

@@ -97,7 +97,7 @@ async def test_delayed_start(make_engine: EngineFactory, clock: VirtualClock) ->
 
     await engine.open()
     run = await engine.start("later", run_id="l", start_at="10m")
-    assert run.status is RunStatus.SUSPENDED
+    assert run.run.status is RunStatus.SUSPENDED
     await engine.run_pending()
     await engine.join()
     assert (await engine.get_run("l")).status is RunStatus.SUSPENDED  # type: ignore[union-attr]

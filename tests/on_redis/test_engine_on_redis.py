@@ -117,3 +117,21 @@ async def test_two_engines_compete_for_results_and_settle_each_once(
     finally:
         for engine in engines:
             await engine.close()
+
+
+async def test_a_client_start_reaches_an_engine_on_postgresql_and_redis(
+    postgres_url: str, redis_target: str
+) -> None:
+    """The store's notices wake the engine (its poll would come an hour later);
+    the run's step goes over Redis."""
+    engine = build(postgres_url, redis_target)
+    engine.poll_interval = 3600
+    client = durably.Client(postgres_url, transport=redis_target)
+    try:
+        await engine.start_worker()
+        await asyncio.sleep(0.2)  # the worker's first tick is behind it
+        handle = await client.start("double", 20)
+        assert await handle.result(timeout=30) == 41
+    finally:
+        await client.close()
+        await engine.close()

@@ -10,7 +10,7 @@ from ..model import Checkpoint, Run, RunStatus
 from ..schedules import Schedule
 from ..stores.base import QueueState, RunPage, RunQuery
 
-__all__ = ["DashboardBackend", "DashboardStore"]
+__all__ = ["DashboardBackend", "DashboardStore", "StartedRun"]
 
 
 class DashboardStore(Protocol):
@@ -31,6 +31,15 @@ class DashboardStore(Protocol):
 
     async def list_queues(self) -> list[QueueState]:
         """Flow-control queues holding slots or waiters."""
+
+
+class StartedRun(Protocol):
+    """What a start answers (a ``RunHandle``): the new run's id is all the
+    dashboard reads of it."""
+
+    @property
+    def run_id(self) -> str:
+        """The run's id."""
 
 
 class DashboardBackend(Protocol):
@@ -57,7 +66,7 @@ class DashboardBackend(Protocol):
 
     async def retry_with_input(
         self, run_id: str, input: Any, *, new_run_id: str | None = None
-    ) -> Run:
+    ) -> StartedRun:
         """A fresh run of the same workflow with corrected input."""
 
     async def signal(self, token: str, payload: Any = None) -> str | None:
