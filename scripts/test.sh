@@ -22,6 +22,14 @@ if command -v redis-cli >/dev/null 2>&1 && ! redis-cli -h 127.0.0.1 -p 6379 ping
     --dir /var/lib/redis --logfile /var/log/redis/ci.log || true
 fi
 
+# --- the dashboard's browser tests drive Debian's chromium through Playwright
+# (which cannot download a browser of its own here).
+if [ ! -x /usr/bin/chromium ] && command -v apt-get >/dev/null 2>&1; then
+  echo "installing chromium"
+  apt-get install -y -q chromium >/dev/null 2>&1 \
+    || { apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null; } || true
+fi
+
 # --- the project and its test dependencies, in a virtualenv of its own.
 PYTHON="${PYTHON:-python3}"
 if [ ! -x .venv/bin/python ]; then

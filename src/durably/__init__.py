@@ -7,6 +7,8 @@ work. Start here: :class:`Engine` and :class:`WorkflowContext`.
 
 from __future__ import annotations
 
+import importlib
+
 from ._intercept import Interceptor, StepInfo, TurnInfo
 from ._lifecycle_events import EventKind, LifecycleEvent, Subscription
 from ._logs import RunContextFilter
@@ -89,3 +91,11 @@ __all__ = [
 ]
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> object:
+    # ``durably.dashboard`` without an import of its own, loaded on first use:
+    # it needs the ``dashboard`` extra, which ``import durably`` must not.
+    if name == "dashboard":
+        return importlib.import_module(".dashboard", __name__)
+    raise AttributeError(f"module 'durably' has no attribute {name!r}")

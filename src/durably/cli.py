@@ -50,6 +50,7 @@ from ._cli_common import (
     one_line,
     scrub_urls,
 )
+from ._cli_dashboard import dashboard
 from ._cli_export import add_commands
 from ._cli_messages import events, signal_cmd
 from ._cli_render import json_text, make_console, visible
@@ -113,6 +114,7 @@ cli.add_command(signal_cmd)
 cli.add_command(events)
 cli.add_command(schedules)
 cli.add_command(workers)
+cli.add_command(dashboard)
 add_commands(cli, runs)
 
 

@@ -217,4 +217,13 @@ MIGRATIONS: list[str] = [
     """
     ALTER TABLE durably_runs ADD COLUMN trace_context TEXT;
     """,
+    # 8: the dashboard's queries (bench/dashboard.py explains each): search by
+    # id prefix (a byte-order index, so a range on it is a prefix whatever the
+    # database's collation), the counts per status of one workflow (read from
+    # the index alone), and the live view's "changed since" poll
+    """
+    CREATE INDEX durably_runs_id_prefix ON durably_runs (id COLLATE "C");
+    CREATE INDEX durably_runs_workflow_status ON durably_runs (workflow, status);
+    CREATE INDEX durably_runs_updated_at ON durably_runs (updated_at);
+    """,
 ]

@@ -20,7 +20,7 @@ from typing import Any
 
 from .. import _codec as codec
 from ..model import Checkpoint, CheckpointStatus, ErrorInfo, Run, RunStatus
-from .base import ScheduleRecord
+from .base import QueueState, ScheduleRecord
 
 __all__ = [
     "CP_COLUMNS",
@@ -40,6 +40,8 @@ __all__ = [
     "dump_json",
     "encode_cursor",
     "is_row_error",
+    "merge_queue_counts",
+    "prefix_bound",
     "run_column_value",
     "run_from_row",
     "run_params",
@@ -86,6 +88,33 @@ def encode_cursor(created_at: int, run_id: str) -> str:
     """An opaque cursor pointing just past ``(created_at, run_id)``."""
     raw = json.dumps([created_at, run_id], separators=(",", ":")).encode()
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def merge_queue_counts(
+    held: dict[str, int], waiting: dict[str, tuple[int, int | None]]
+) -> list[QueueState]:
+    """The SQL stores' two per-queue counts as :class:`QueueState` rows, by name."""
+    return [
+        QueueState(queue, held.get(queue, 0), *waiting.get(queue, (0, None)))
+        for queue in sorted(set(held) | set(waiting))
+    ]
+
+
+def prefix_bound(prefix: str) -> str | None:
+    """The least text greater than every text starting with ``prefix`` (in
+    code-point order, which is UTF-8 byte order), so ``prefix <= id <
+    prefix_bound(prefix)`` is an exact, indexed prefix search with no LIKE
+    pattern to escape. ``None`` when no text is greater (a prefix of only
+    U+10FFFF): then ``prefix <= id`` alone is the search."""
+    chars = prefix
+    while chars:
+        following = ord(chars[-1]) + 1
+        if following <= 0x10FFFF:
+            if 0xD800 <= following <= 0xDFFF:  # surrogates are no text a store keeps
+                following = 0xE000
+            return chars[:-1] + chr(following)
+        chars = chars[:-1]
+    return None
 
 
 def decode_cursor(cursor: str | None) -> tuple[int, str] | None:

@@ -200,4 +200,9 @@ MIGRATIONS: list[str] = [
     """
     ALTER TABLE durably_runs ADD COLUMN trace_context TEXT;
     """,
+    # 8: the dashboard's live view: "changed since" polls (the id prefix search
+    # rides on the primary key, which compares bytes)
+    """
+    CREATE INDEX durably_runs_updated_at ON durably_runs (updated_at);
+    """,
 ]

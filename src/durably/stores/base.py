@@ -74,6 +74,26 @@ class RunQuery:
     parent_id: str | None = None
     limit: int = 50
     cursor: str | None = None
+    run_id_prefix: str | None = None
+    """Runs whose id starts with this text (the dashboard's search by id)."""
+    created_after: int | None = None
+    """Runs created at or after this time (epoch ms)."""
+    created_before: int | None = None
+    """Runs created before this time (epoch ms)."""
+
+
+@dataclass(frozen=True, slots=True)
+class QueueState:
+    """A flow-control queue as the store sees it now."""
+
+    queue: str
+    held: int
+    """Slots held by dispatched steps (released slots kept for the rate window
+    do not count)."""
+    waiting: int
+    """Steps refused a slot and waiting for one."""
+    oldest_wait_at: int | None = None
+    """When the longest-waiting step first asked (epoch ms)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -666,6 +686,19 @@ class StoreInspector(Protocol):
 
     async def list_buffered_events(self, name: str) -> list[Any]:
         """Payloads buffered on event ``name``, oldest first (for inspection)."""
+
+    async def count_runs(self, query: RunQuery, cap: int) -> dict[str, int]:
+        """How many runs match ``query`` per status, each count stopping at
+        ``cap`` (so its cost is bounded whatever the table holds: ``cap``
+        means "at least"); statuses with none are left out. ``query.status``,
+        ``limit`` and ``cursor`` are ignored."""
+
+    async def list_changed(self, after: int, limit: int) -> list[Run]:
+        """Up to ``limit`` runs whose ``updated_at`` is after ``after`` (epoch
+        ms), oldest change first: what changed since a poll."""
+
+    async def list_queues(self) -> list[QueueState]:
+        """Flow-control queues holding slots or waiters, by name."""
 
     async def count_pending(self, namespace: str | None = None) -> int:
         """How many runs are ``pending`` (in ``namespace``; ``None``: all)."""

@@ -31,6 +31,7 @@ from .base import (
     Admission,
     ChildEnd,
     Executable,
+    QueueState,
     Resolution,
     RunChanges,
     RunPage,
@@ -116,6 +117,34 @@ class MemoryStore(MemoryWaits):
         more = len(matches) > query.limit
         cursor = encode_cursor(page[-1].created_at, page[-1].run_id) if more and page else None
         return RunPage([copy.deepcopy(r) for r in page], cursor)
+
+    async def count_runs(self, query: RunQuery, cap: int) -> dict[str, int]:
+        """Runs matching ``query`` per status, each count at most ``cap``."""
+        any_status = dataclasses.replace(query, status=None)
+        counts: dict[str, int] = {}
+        for run in self._runs.values():
+            if _matches(run, any_status):
+                counts[run.status.value] = min(cap, counts.get(run.status.value, 0) + 1)
+        return counts
+
+    async def list_queues(self) -> list[QueueState]:
+        """Flow-control queues holding slots or waiters, by name."""
+        states = []
+        for queue in sorted(set(self._slots) | set(self._flow_waiters)):
+            held = sum(1 for s in self._slots.get(queue, {}).values() if s.released_at is None)
+            waiters = self._flow_waiters.get(queue, {})
+            if held or waiters:
+                oldest = min((w.enqueued_at for w in waiters.values()), default=None)
+                states.append(QueueState(queue, held, len(waiters), oldest))
+        return states
+
+    async def list_changed(self, after: int, limit: int) -> list[Run]:
+        """Runs updated after ``after``, oldest change first."""
+        changed = sorted(
+            (r for r in self._runs.values() if r.updated_at > after),
+            key=lambda r: (r.updated_at, r.run_id),
+        )
+        return [copy.deepcopy(r) for r in changed[:limit]]
 
     async def delete_run(self, run_id: str) -> bool:
         """Delete a run with its history."""
@@ -851,4 +880,7 @@ def _matches(run: Run, q: RunQuery) -> bool:
         and (q.tag is None or q.tag in run.tags)
         and (q.namespace is None or run.namespace == q.namespace)
         and (q.parent_id is None or run.parent_id == q.parent_id)
+        and (q.run_id_prefix is None or run.run_id.startswith(q.run_id_prefix))
+        and (q.created_after is None or run.created_at >= q.created_after)
+        and (q.created_before is None or run.created_at < q.created_before)
     )

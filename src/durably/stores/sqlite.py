@@ -10,6 +10,7 @@ call is executed on one thread per store with group commit
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import inspect
 import os
@@ -44,6 +45,8 @@ from ._rows import (
     decode_cursor,
     dump_json,
     encode_cursor,
+    merge_queue_counts,
+    prefix_bound,
     run_column_value,
     run_from_row,
     run_params,
@@ -59,6 +62,7 @@ from .base import (
     ChildEnd,
     EventDelivery,
     Executable,
+    QueueState,
     Resolution,
     RunChanges,
     RunPage,
@@ -274,20 +278,7 @@ class SqliteStore:
 
     async def list_runs(self, query: RunQuery) -> RunPage:
         """Runs matching ``query``, newest first."""
-        clauses: list[str] = []
-        params: list[Any] = []
-        for column, value in (
-            ("status", query.status.value if query.status else None),
-            ("workflow", query.workflow),
-            ("namespace", query.namespace),
-            ("parent_id", query.parent_id),
-        ):
-            if value is not None:
-                clauses.append(f"{column} = ?")
-                params.append(value)
-        if query.tag is not None:
-            clauses.append("EXISTS (SELECT 1 FROM json_each(durably_runs.tags) WHERE value = ?)")
-            params.append(query.tag)
+        clauses, params = _run_filter(query)
         after = decode_cursor(query.cursor)
         if after is not None:
             clauses.append("(created_at < ? OR (created_at = ? AND id < ?))")
@@ -305,6 +296,53 @@ class SqliteStore:
                 return RunPage(runs, None)
             runs = runs[: query.limit]
             return RunPage(runs, encode_cursor(runs[-1].created_at, runs[-1].run_id))
+
+        return await self._db.run(op)
+
+    async def count_runs(self, query: RunQuery, cap: int) -> dict[str, int]:
+        """Runs matching ``query`` per status, each count at most ``cap``."""
+        clauses, filter_params = _run_filter(dataclasses.replace(query, status=None))
+        where = " AND ".join(["status = ?", *clauses])
+        # One bounded probe per status, as PostgreSQL does.
+        probe = f"SELECT count(*) FROM (SELECT 1 FROM durably_runs WHERE {where} LIMIT ?)"
+        statuses = [s.value for s in RunStatus]
+        sql = " UNION ALL ".join(f"SELECT ?, ({probe})" for _ in statuses)
+        params: list[Any] = []
+        for status in statuses:
+            params.extend([status, status, *filter_params, cap])
+
+        def op(conn: sqlite3.Connection) -> dict[str, int]:
+            return {status: n for status, n in conn.execute(sql, params) if n}
+
+        return await self._db.run(op)
+
+    async def list_queues(self) -> list[QueueState]:
+        """Flow-control queues holding slots or waiters, by name."""
+
+        def op(conn: sqlite3.Connection) -> list[QueueState]:
+            held = conn.execute(
+                "SELECT queue, count(*) FROM durably_flow_slots "
+                "WHERE released_at IS NULL GROUP BY queue"
+            )
+            waiting = conn.execute(
+                "SELECT queue, count(*), min(enqueued_at) FROM durably_flow_waiters GROUP BY queue"
+            )
+            return merge_queue_counts(
+                {queue: n for queue, n in held},
+                {queue: (n, oldest) for queue, n, oldest in waiting},
+            )
+
+        return await self._db.run(op)
+
+    async def list_changed(self, after: int, limit: int) -> list[Run]:
+        """Runs updated after ``after``, oldest change first."""
+        sql = (
+            f"SELECT {RUN_COLUMNS} FROM durably_runs WHERE updated_at > ? "
+            "ORDER BY updated_at, id LIMIT ?"
+        )
+
+        def op(conn: sqlite3.Connection) -> list[Run]:
+            return [run_from_row(row) for row in conn.execute(sql, (after, limit))]
 
         return await self._db.run(op)
 
@@ -1594,6 +1632,40 @@ def _lease_statement(statuses: int, of: str = "") -> str:
 def _fetch_run(conn: sqlite3.Connection, run_id: str) -> Run | None:
     row = conn.execute(f"SELECT {RUN_COLUMNS} FROM durably_runs WHERE id = ?", (run_id,)).fetchone()
     return run_from_row(row) if row else None
+
+
+def _run_filter(query: RunQuery) -> tuple[list[str], list[Any]]:
+    # The WHERE clauses of list_runs and count_runs, with their values.
+    clauses: list[str] = []
+    params: list[Any] = []
+    for column, value in (
+        ("status", query.status.value if query.status else None),
+        ("workflow", query.workflow),
+        ("namespace", query.namespace),
+        ("parent_id", query.parent_id),
+    ):
+        if value is not None:
+            clauses.append(f"{column} = ?")
+            params.append(value)
+    if query.tag is not None:
+        clauses.append("EXISTS (SELECT 1 FROM json_each(durably_runs.tags) WHERE value = ?)")
+        params.append(query.tag)
+    if query.run_id_prefix:
+        # The primary key compares bytes (BINARY): a range on it is the prefix.
+        clauses.append("id >= ?")
+        params.append(query.run_id_prefix)
+        bound = prefix_bound(query.run_id_prefix)
+        if bound is not None:
+            clauses.append("id < ?")
+            params.append(bound)
+    for clause, moment in (
+        ("created_at >= ?", query.created_after),
+        ("created_at < ?", query.created_before),
+    ):
+        if moment is not None:
+            clauses.append(clause)
+            params.append(moment)
+    return clauses, params
 
 
 class _Failed:

@@ -176,6 +176,14 @@ async def _listing_fixture(store: StateStore) -> None:
             RunQuery(workflow="beta", tag="y", namespace="default"), ["r4"], id="combined"
         ),
         pytest.param(RunQuery(limit=2), ["r5", "r4"], id="limit"),
+        pytest.param(RunQuery(created_after=NOW + 2), ["r5", "r4", "r3", "r2"], id="after"),
+        pytest.param(RunQuery(created_before=NOW + 2), ["r1"], id="before"),
+        pytest.param(
+            RunQuery(created_after=NOW + 2, created_before=NOW + 4), ["r3", "r2"], id="range"
+        ),
+        pytest.param(RunQuery(run_id_prefix="r"), ["r5", "r4", "r3", "r2", "r1"], id="prefix"),
+        pytest.param(RunQuery(run_id_prefix="r3"), ["r3"], id="exact-prefix"),
+        pytest.param(RunQuery(run_id_prefix="R"), [], id="prefix-case"),
     ],
 )
 async def test_list_runs_filters_newest_first(
@@ -224,6 +232,71 @@ async def test_list_runs_cursor_keeps_the_filter_and_ends_exactly(store: StateSt
     assert [r.run_id for r in first.runs] == ["p5", "p4", "p3"]
     assert [r.run_id for r in second.runs] == ["p2", "p1", "p0"]
     assert second.next_cursor is None
+
+
+async def test_list_runs_by_id_prefix_takes_wildcards_literally(store: StateStore) -> None:
+    for run_id in ["a%b", "a_b", "axb", "a%", "ab", "b"]:
+        await store.create_run(make_run(run_id))
+
+    found = {r.run_id for r in (await store.list_runs(RunQuery(run_id_prefix="a%"))).runs}
+    underscore = {r.run_id for r in (await store.list_runs(RunQuery(run_id_prefix="a_"))).runs}
+
+    assert found == {"a%b", "a%"}
+    assert underscore == {"a_b"}
+
+
+async def test_list_runs_by_id_prefix_at_the_edges_of_unicode(store: StateStore) -> None:
+    top = "\U0010ffff"
+    ids = ["é", "é\U0010ffffx", "ê", f"z{top}", f"z{top}{top}", "z\ud7ff!", "z\ue000"]
+    for run_id in ids:
+        await store.create_run(make_run(run_id))
+
+    async def found(prefix: str) -> set[str]:
+        return {r.run_id for r in (await store.list_runs(RunQuery(run_id_prefix=prefix))).runs}
+
+    assert await found("é") == {"é", "é\U0010ffffx"}
+    assert await found(f"z{top}") == {f"z{top}", f"z{top}{top}"}
+    assert await found(top) == set()
+    assert await found("z\ud7ff") == {"z\ud7ff!"}
+
+
+async def test_list_changed_returns_what_changed_oldest_change_first(store: StateStore) -> None:
+    await store.create_run(make_run("old", updated_at=NOW))
+    await store.create_run(make_run("b", created_at=NOW, updated_at=NOW + 20))
+    await store.create_run(make_run("a", created_at=NOW + 5, updated_at=NOW + 10))
+    await store.create_run(make_run("c", updated_at=NOW + 20))
+
+    changed = await store.list_changed(NOW, 10)
+    first_two = await store.list_changed(NOW, 2)
+
+    assert [r.run_id for r in changed] == ["a", "b", "c"]
+    assert [r.run_id for r in first_two] == ["a", "b"]
+    assert await store.list_changed(NOW + 20, 10) == []
+
+
+async def test_count_runs_per_status_under_the_other_filters(store: StateStore) -> None:
+    await _listing_fixture(store)
+
+    everything = await store.count_runs(RunQuery(status=RunStatus.FAILED, limit=1), 100)
+    billing = await store.count_runs(RunQuery(namespace="billing"), 100)
+    nothing = await store.count_runs(RunQuery(workflow="nope"), 100)
+    in_range = await store.count_runs(RunQuery(created_after=NOW + 2, run_id_prefix="r"), 100)
+
+    assert everything == {"pending": 2, "suspended": 1, "completed": 1, "failed": 1}
+    assert billing == {"suspended": 1, "completed": 1}
+    assert nothing == {}
+    assert in_range == {"pending": 1, "suspended": 1, "completed": 1, "failed": 1}
+
+
+async def test_count_runs_stops_each_count_at_the_cap(store: StateStore) -> None:
+    for i in range(7):
+        await store.create_run(make_run(f"p{i}"))
+    for i in range(2):
+        await store.create_run(make_run(f"f{i}", RunStatus.FAILED))
+
+    counts = await store.count_runs(RunQuery(), 5)
+
+    assert counts == {"pending": 5, "failed": 2}
 
 
 async def test_delete_run_removes_its_history_and_waiters(store: StateStore) -> None:

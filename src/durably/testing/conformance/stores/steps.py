@@ -16,7 +16,7 @@ import pytest
 
 from durably.model import Checkpoint, CheckpointStatus, Run, RunStatus
 from durably.stores import RunChanges, SettleResult, StateStore
-from durably.stores.base import Admission, Resolution
+from durably.stores.base import Admission, QueueState, Resolution
 
 if TYPE_CHECKING:
     from .. import StoreFactory
@@ -374,6 +374,24 @@ async def test_try_admit_caps_concurrency(store: StateStore) -> None:
     assert await store.try_admit(ask("c:1", concurrency=2, retry_ms=250), NOW + 300) == NOW + 550
     # another queue is counted apart
     assert await store.try_admit(ask("c:1", queue="other", concurrency=2), NOW + 3) is None
+
+
+async def test_list_queues_shows_held_slots_and_waiters(store: StateStore) -> None:
+    assert await store.list_queues() == []
+    await store.try_admit(ask("a:1", concurrency=2), NOW)
+    await store.try_admit(ask("b:1", concurrency=2), NOW + 1)
+    await store.try_admit(ask("c:1", concurrency=2), NOW + 2)
+    await store.try_admit(ask("d:1", concurrency=2), NOW + 3)
+    await store.try_admit(ask("e:1", queue="free"), NOW + 4)
+    await store.try_admit(ask("gone:1", queue="idle"), NOW + 5)
+    await store.release_slots("gone", NOW + 6)  # a released slot is kept, not held
+
+    queues = await store.list_queues()
+
+    assert queues == [
+        QueueState("free", held=1, waiting=0, oldest_wait_at=None),
+        QueueState("q", held=2, waiting=2, oldest_wait_at=NOW + 2),
+    ]
 
 
 async def test_count_flow_waiters_counts_refused_steps_by_queue(store: StateStore) -> None:
