@@ -208,9 +208,9 @@ class RunRouter:
             raise RuntimeError(f"run {run_id} could not be executed")
         return executed and not self.draining
 
-    async def namespaces_of(self, run_ids: list[str]) -> dict[str, str]:
-        """The pools of ``run_ids`` (for the run queue's topics)."""
-        return {run.run_id: run.namespace for run in await self._store.get_runs(run_ids)}
+    async def runs_of(self, run_ids: list[str]) -> dict[str, Run]:
+        """The stored runs of ``run_ids`` (their pools and pending states, for the run queue)."""
+        return {run.run_id: run for run in await self._store.get_runs(run_ids)}
 
     async def enqueue_failed(self, run_id: str, wake: bool) -> None:
         """A run could not be queued: a start stays pending for the poll; a

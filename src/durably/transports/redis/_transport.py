@@ -24,6 +24,7 @@ from ...wire import Heartbeat, StepResult, StepTask, WireError
 from ..base import CancelHandler, HeartbeatHandler, ResultHandler, TaskHandler, TransportError
 from ._bullmq import _Consumer, _delayed, _Job, _new_queue, _Processor, _Queue
 from ._names import RedisNames, bullmq_priority, split_url
+from ._runs import RedisRuns
 
 _log = logging.getLogger("durably.transport")
 
@@ -183,6 +184,11 @@ class RedisTransport:
             # workers get connections of their own (they block).
             queue = self._queues[name] = _new_queue(name, self._redis())
         return queue
+
+    def run_queue(self) -> RedisRuns:
+        """The fleet's run queue, on BullMQ (see :mod:`durably._run_queue`).
+        Available once :meth:`open` ran."""
+        return RedisRuns(self.names, self._connect_url, self._redis(), self._queue, self._give_back)
 
     # -- pub/sub -----------------------------------------------------------------------
 
