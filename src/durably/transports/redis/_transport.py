@@ -42,6 +42,9 @@ A worker closing while it blocks may swallow the queue's wake-up marker, and the
 others then sleep until their wait ends: this bounds that stall."""
 _TASK_JOB_OPTS: dict[str, Any] = {"removeOnComplete": True, "removeOnFail": {"age": 86_400}}
 _OTHER_JOB_OPTS: dict[str, Any] = {"removeOnComplete": True, "removeOnFail": True}
+_OPEN_RETRY_FIRST_S = 0.25
+_OPEN_RETRY_MAX_S = 5.0
+_REPORT_EVERY_S = 60.0
 _T = TypeVar("_T")
 
 
@@ -57,7 +60,9 @@ class RedisTransport:
     (package docstring). ``redeliver_delay_ms``: how long a task whose handler
     wrapper raised (or a results batch whose consumer raised) waits before it
     is delivered again. ``lock_ms``: BullMQ's job lock (a dead holder's jobs
-    come back after it, via the stalled-job check).
+    come back after it, via the stalled-job check). ``retry_open``: :meth:`open`
+    waits for an unreachable Redis (one log line, then retries) instead of
+    raising :class:`TransportError`; an engine's transport does.
     """
 
     def __init__(
@@ -68,6 +73,7 @@ class RedisTransport:
         namespace: str | None = None,
         redeliver_delay_ms: int = 1_000,
         lock_ms: int = 30_000,
+        retry_open: bool = False,
     ) -> None:
         scheme = url.partition("://")[0].lower()
         if scheme not in ("redis", "rediss"):
@@ -80,6 +86,7 @@ class RedisTransport:
         self.names = RedisNames(prefix, namespace)
         self.redeliver_delay_ms = redeliver_delay_ms
         self.lock_ms = lock_ms
+        self.retry_open = retry_open
         self.instance_id = f"durably-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         """Who publishes (the ``from`` of control notices)."""
         self._client: aioredis.Redis | None = None
@@ -122,21 +129,35 @@ class RedisTransport:
     # -- lifecycle ---------------------------------------------------------------------
 
     async def open(self) -> None:
-        """Connect and start hearing control notices. Idempotent."""
+        """Connect and start hearing control notices. Idempotent. Redis down:
+        :class:`TransportError`, or with ``retry_open`` one log line and a
+        retry every few seconds until it answers (a reminder each minute)."""
         async with self._opening:
             if self._client is not None:
                 return
-            pool = aioredis.BlockingConnectionPool.from_url(
-                self._connect_url, decode_responses=True, max_connections=32, timeout=30
-            )
-            client = aioredis.Redis.from_pool(pool)  # aclose() closes the pool too
-            try:
-                await client.ping()
-            except Exception as exc:
-                await client.aclose()
-                raise TransportError(
-                    f"cannot reach Redis at {self.url}: {type(exc).__name__}"
-                ) from None
+            delay, since, reported = _OPEN_RETRY_FIRST_S, time.monotonic(), 0.0
+            while True:
+                pool = aioredis.BlockingConnectionPool.from_url(
+                    self._connect_url, decode_responses=True, max_connections=32, timeout=30
+                )
+                client = aioredis.Redis.from_pool(pool)  # aclose() closes the pool too
+                try:
+                    await client.ping()
+                    break
+                except Exception as exc:
+                    await client.aclose()
+                    error = f"cannot reach Redis at {self.url}: {type(exc).__name__}"
+                    if not self.retry_open:
+                        raise TransportError(error) from None
+                    now = time.monotonic()
+                    if not reported or now - reported >= _REPORT_EVERY_S:
+                        waited = "" if not reported else f" (for {now - since:.0f} s)"
+                        _log.error("%s%s; retrying until it answers", error, waited)
+                        reported = now
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, _OPEN_RETRY_MAX_S)
+            if reported:
+                _log.warning("Redis at %s answers; going on", self.url)
             self._client = client
             self._closing = False
             await self._subscribe(self.names.control, self._heard_control)
@@ -375,6 +396,10 @@ class RedisTransport:
                     # close(): this process stops; the task goes to another one.
                     runner.cancel()
                     await self._hand_back(queue, job, token, 0)
+                except TransportError as exc:
+                    # Redis went away under the result: one line, not a traceback each.
+                    _log.warning("task %s: %s; delivering it again", task.step_id, exc)
+                    await self._hand_back(queue, job, token, self.redeliver_delay_ms)
                 except Exception:
                     _log.exception(
                         "task %s failed in its handler wrapper; delivering it again",
