@@ -147,6 +147,8 @@ def wire(
         owner=owner,
         executable=registry.executable,
     )
+    # A cancel heard from another instance stops the turn running here.
+    transport.on_cancel(worker.heard_cancel)
     lifecycle = Lifecycle(
         store,
         transport,

@@ -42,6 +42,8 @@ A worker closing while it blocks may swallow the queue's wake-up marker, and the
 others then sleep until their wait ends: this bounds that stall."""
 _TASK_JOB_OPTS: dict[str, Any] = {"removeOnComplete": True, "removeOnFail": {"age": 86_400}}
 _OTHER_JOB_OPTS: dict[str, Any] = {"removeOnComplete": True, "removeOnFail": True}
+_SILENT_S = 10.0
+"""How long a subscription may stay silent before the watchdog pings it."""
 _OPEN_RETRY_FIRST_S = 0.25
 _OPEN_RETRY_MAX_S = 5.0
 _REPORT_EVERY_S = 60.0
@@ -112,7 +114,11 @@ class RedisTransport:
         # pub/sub
         self._cancel_handlers: list[CancelHandler] = []
         self._readers: list[asyncio.Task[None]] = []
-        self._pubsubs: list[PubSub] = []
+        self._pubsubs: dict[str, PubSub] = {}
+        self.resubscriptions = 0
+        """Subscriptions replaced by the watchdog (for tests and metrics)."""
+        self.malformed: dict[str, int] = {}
+        """Malformed messages dropped, per channel."""
         # sends, batched while the previous batch is written
         self._results_out: _Batcher[dict[str, Any]] = _Batcher(self._write_results)
 
@@ -183,7 +189,7 @@ class RedisTransport:
             reader.cancel()
         await asyncio.gather(*self._readers, return_exceptions=True)
         self._readers.clear()
-        for pubsub in self._pubsubs:
+        for pubsub in self._pubsubs.values():
             with contextlib.suppress(Exception):
                 await pubsub.aclose()  # type: ignore[no-untyped-call]  # untyped in redis-py
         self._pubsubs.clear()
@@ -214,62 +220,122 @@ class RedisTransport:
     # -- pub/sub -----------------------------------------------------------------------
 
     async def _subscribe(self, channel: str, on_message: Callable[[Any], Awaitable[None]]) -> None:
-        pubsub = self._redis().pubsub()
-        await pubsub.subscribe(channel)
-        # Wait for the confirmation: a message published after this returns
-        # is heard (the subscription is live on the server).
-        while True:
-            message = await pubsub.get_message(timeout=5.0)
-            if message is None:
-                raise TransportError(f"no subscription confirmation for {channel} from Redis")
-            if message.get("type") == "subscribe":
-                break
-        self._pubsubs.append(pubsub)
+        """Hear ``channel`` from now on (the subscription is live on the server
+        when this returns), through a reader that keeps it alive."""
+        pubsub = await self._open_subscription(channel)
+        self._pubsubs[channel] = pubsub
         self._readers.append(
-            asyncio.create_task(self._read(pubsub, channel, on_message), name=f"durably-{channel}")
+            asyncio.create_task(self._read(channel, on_message), name=f"durably-{channel}")
         )
 
-    async def _read(
-        self, pubsub: PubSub, channel: str, on_message: Callable[[Any], Awaitable[None]]
-    ) -> None:
+    async def _open_subscription(self, channel: str) -> PubSub:
+        pubsub = self._redis().pubsub()
+        try:
+            await pubsub.subscribe(channel)
+            # Wait for the confirmation: a message published after this returns
+            # is heard (the subscription is live on the server).
+            while True:
+                message = await pubsub.get_message(timeout=5.0)
+                if message is None:
+                    raise TransportError(f"no subscription confirmation for {channel} from Redis")
+                if message.get("type") == "subscribe":
+                    return pubsub
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await pubsub.aclose()  # type: ignore[no-untyped-call]  # untyped in redis-py
+            raise
+
+    async def _read(self, channel: str, on_message: Callable[[Any], Awaitable[None]]) -> None:
+        """Deliver the channel's messages; the watchdog: a subscription silent
+        for :data:`_SILENT_S` is pinged, and one that does not answer (a dead
+        or half-open connection, a restarted server) is replaced by a new one."""
+        heard_at, pinged = time.monotonic(), False
         while True:
+            pubsub = self._pubsubs[channel]
             try:
-                message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+                message = await pubsub.get_message(timeout=1.0)
+                if message is not None:
+                    heard_at, pinged = time.monotonic(), False
+                elif time.monotonic() - heard_at >= _SILENT_S:
+                    if pinged:
+                        raise ConnectionError(f"no answer to a ping for {_SILENT_S:.0f} s")
+                    await pubsub.ping()
+                    heard_at, pinged = time.monotonic(), True
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                # redis-py reconnects and re-subscribes on the next read.
-                _log.warning("lost the Redis subscription to %s (%s); retrying", channel, exc)
-                await asyncio.sleep(1.0)
+                await self._resubscribe(channel, exc)
+                heard_at, pinged = time.monotonic(), False
                 continue
             if message is None or message.get("type") != "message":
                 continue
             try:
                 body = json.loads(message["data"])
             except (TypeError, ValueError):
-                _log.error("dropping a malformed message on %s", channel)
+                self._malformed(channel, "not JSON")
                 continue
             try:
                 await on_message(body)
             except Exception:
                 _log.exception("a message on %s could not be handled", channel)
 
+    async def _resubscribe(self, channel: str, error: Exception) -> None:
+        """Replace a dead subscription, retrying until Redis answers."""
+        _log.warning("lost the Redis subscription to %s (%s); reconnecting", channel, error)
+        old = self._pubsubs[channel]
+        with contextlib.suppress(Exception):
+            await old.aclose()  # type: ignore[no-untyped-call]  # untyped in redis-py
+        delay = _OPEN_RETRY_FIRST_S
+        while True:
+            try:
+                self._pubsubs[channel] = await self._open_subscription(channel)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, _OPEN_RETRY_MAX_S)
+                continue
+            self.resubscriptions += 1
+            _log.warning("subscribed to %s again", channel)
+            return
+
+    def _malformed(self, channel: str, why: str) -> None:
+        """Log the first malformed message of a channel; count the rest."""
+        self.malformed[channel] = self.malformed.get(channel, 0) + 1
+        if self.malformed[channel] == 1:
+            _log.error(
+                "dropping a malformed message on %s (%s); further ones are dropped silently",
+                channel,
+                why,
+            )
+
     async def _heard_control(self, body: Any) -> None:
-        if not isinstance(body, dict) or body.get("kind") != "cancel":
+        if not isinstance(body, dict) or not isinstance(body.get("kind"), str):
+            self._malformed(self.names.control, "not a control notice")
+            return
+        if body.get("from") == self.instance_id:
+            return  # our own: its handlers were told when it was sent
+        if body["kind"] != "cancel":
             return  # events and other notices are not a transport's business
         run_id = body.get("runId")
-        if not isinstance(run_id, str):
+        if not isinstance(run_id, str) or not run_id:
+            self._malformed(self.names.control, "a cancel without a runId")
             return
+        self._tell_cancel([run_id])
+
+    def _tell_cancel(self, run_ids: list[str]) -> None:
         for handler in list(self._cancel_handlers):
             try:
-                handler([run_id])
+                handler(run_ids)
             except Exception:
                 _log.exception("a cancel handler failed")
 
     async def publish_cancel(self, run_ids: list[str]) -> None:
-        """Publish one cancel notice per run on the control channel (best effort)."""
+        """Tell this process's handlers, and publish one cancel notice per run
+        on the control channel for every other instance (best effort)."""
         if not run_ids:
             return
+        self._tell_cancel(list(run_ids))
         try:
             async with self._redis().pipeline(transaction=False) as pipe:
                 for run_id in run_ids:
