@@ -86,7 +86,7 @@ def wire(
         store,
         transport,
         clock,
-        router.wake,
+        router.resume,
         options.heartbeat_throttle_ms,
         step=registry.step,
         queue=registry.queue,

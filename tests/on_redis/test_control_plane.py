@@ -150,3 +150,50 @@ async def test_a_cancel_reaches_the_handler_on_the_instance_running_the_run(
         await eventually(lambda: stopped == ["c1"], what="the handler stops", timeout=WAIT)
         result = await worker.wait_for_run("c1", terminal=True, timeout=WAIT)
         assert result.status is RunStatus.CANCELLED
+
+
+async def test_a_schedule_paused_on_one_instance_stops_firing_on_every_instance(
+    tmp_path: Path, redis_prefix: str
+) -> None:
+    store = f"sqlite:///{tmp_path / 'sched.db'}"
+    url = f"{REDIS_URL}?prefix={redis_prefix}"
+    web = durably.Engine(store, transport=url, consumers="never", poll_interval=0.05)
+    worker = durably.Engine(store, transport=url, poll_interval=0.05)
+    for engine in (web, worker):
+
+        @engine.workflow("tick")
+        async def tick(ctx: durably.WorkflowContext) -> None:
+            return None
+
+    passes = 0
+    async with web, worker:
+        looks = worker.store.list_due_schedules
+
+        async def counted(*args: Any, **kwargs: Any) -> Any:
+            nonlocal passes
+            passes += 1
+            return await looks(*args, **kwargs)
+
+        worker.store.list_due_schedules = counted  # type: ignore[method-assign]
+        await worker.start_worker()
+        await web.add_schedule("every-second", "tick", every="1s")
+
+        async def fired() -> int:
+            runs = await web.list_runs(workflow="tick")
+            return len(runs.runs)
+
+        async def fired_at_least(n: int) -> bool:
+            return await fired() >= n
+
+        await eventually(lambda: fired_at_least(1), what="the worker fires", timeout=WAIT)
+        await web.pause_schedule("every-second")  # on the web process
+        before, seen = await fired(), passes
+        # Forty passes of the worker's scheduler (2 s at its 50 ms poll): two windows.
+        await eventually(lambda: passes >= seen + 40, what="forty passes", timeout=WAIT)
+        assert await fired() <= before + 1  # at most a window claimed as the pause landed
+        paused_at = await fired()
+        seen = passes
+        await eventually(lambda: passes >= seen + 40, what="forty more passes", timeout=WAIT)
+        assert await fired() == paused_at
+        await web.resume_schedule("every-second")
+        await eventually(lambda: fired_at_least(paused_at + 1), what="firing again", timeout=WAIT)

@@ -229,6 +229,9 @@ async def test_an_instance_holds_at_most_64_and_another_takes_the_rest(
         await eventually(
             lambda: len(executing[a]) >= MAX_HELD, what="64 runs execute", timeout=WAIT
         )
+        await eventually(
+            lambda: queue_of(first).pushed == 100, what="every start is pushed", timeout=WAIT
+        )
         assert await jobs_in(redis_prefix) == 100  # taken or not, every job is there
         async with second:
             await second.start_worker()

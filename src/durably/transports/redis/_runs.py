@@ -137,6 +137,9 @@ class RedisRuns:
             for pool in pools:
                 self._consume(self._names.runs(pool))
         else:
+            # The default pool's queue at once (an engine without a namespace
+            # queues its own runs there); other pools' as they are found.
+            self._consume(self._names.runs(None))
             await self._discover_once()
             self._discovery = asyncio.create_task(self._discover(), name="durably-run-queues")
 
