@@ -166,7 +166,9 @@ class RedisRuns:
 
     async def _discover(self) -> None:
         """An engine driving every pool takes from every pool's queue, as pools appear."""
-        while True:
+        # Checked as well as cancelled: a cancellation that lands inside a
+        # redis-py call can be swallowed there, and the loop must still end.
+        while self._deliver is not None:
             await asyncio.sleep(_DISCOVER_EVERY_S)
             await self._discover_once()
 
@@ -196,7 +198,7 @@ class RedisRuns:
         discovery, self._discovery = self._discovery, None
         if discovery is not None:
             discovery.cancel()
-            await asyncio.gather(discovery, return_exceptions=True)
+            await asyncio.wait([discovery], timeout=_DISCOVER_EVERY_S * 2)
         consumers, self._consumers = list(self._consumers.values()), {}
         for consumer in consumers:
             # close() sets the worker closing at once (no more fetches), then
