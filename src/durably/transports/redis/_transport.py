@@ -250,7 +250,9 @@ class RedisTransport:
         for :data:`_SILENT_S` is pinged, and one that does not answer (a dead
         or half-open connection, a restarted server) is replaced by a new one."""
         heard_at, pinged = time.monotonic(), False
-        while True:
+        # The flag as well as the cancellation ends it: redis-py can swallow
+        # a cancellation that lands inside a read, and close() must not hang.
+        while not self._closing:
             pubsub = self._pubsubs[channel]
             try:
                 message = await pubsub.get_message(timeout=1.0)
@@ -286,7 +288,7 @@ class RedisTransport:
         with contextlib.suppress(Exception):
             await old.aclose()  # type: ignore[no-untyped-call]  # untyped in redis-py
         delay = _OPEN_RETRY_FIRST_S
-        while True:
+        while not self._closing:
             try:
                 self._pubsubs[channel] = await self._open_subscription(channel)
             except asyncio.CancelledError:
