@@ -6,8 +6,8 @@
     bash run.sh dispatch --repeat 3             # the same through run.sh (its venv)
 
 For each database (SQLite, PostgreSQL) and each scenario, every durably transport
-(``memory://``, ``local://``, ``db://``, on that database's store) and DBOS (a child workflow
-enqueued on a ``Queue`` and awaited, see dispatch_dbos.py) run one after the other, each in a
+(``memory://``, ``local://``, ``db://`` and ``redis://`` at ``BENCH_REDIS_URL``, on that
+database's store) and DBOS (a child workflow enqueued on a ``Queue`` and awaited, see dispatch_dbos.py) run one after the other, each in a
 fresh process on a freshly reset database. Scenarios (see dispatch_durably.py):
 
 - throughput: N=200 workflows of K=5 sequential dispatched steps, started at once;
@@ -39,7 +39,7 @@ from compare import (
     table,
 )
 
-TRANSPORTS = ("memory", "local", "db")
+TRANSPORTS = ("memory", "local", "db", "redis")
 
 
 def main() -> int:

@@ -8,6 +8,10 @@ One process both drives the workflows and serves the step handler (``@engine.ste
     python dispatch_durably.py --db sqlite --transport db throughput --n 200 --k 5
     python dispatch_durably.py --db postgres --transport local latency --count 200
     python dispatch_durably.py --db sqlite --transport memory fan --count 20 --width 100
+    python dispatch_durably.py --db postgres --transport redis latency --count 200
+
+``--transport redis`` uses the Redis at ``BENCH_REDIS_URL`` (default ``redis://127.0.0.1:6379/0``)
+under a prefix of the process's own, deleted at the end.
 
 Scenarios:
 
@@ -27,6 +31,7 @@ import argparse
 import asyncio
 import os
 import time
+import uuid
 from typing import Any
 
 from common import (
@@ -41,7 +46,29 @@ from common import (
     timed_batch,
 )
 
-TRANSPORTS = {"memory": "memory://", "local": "local://", "db": "db://"}
+REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
+REDIS_PREFIX = f"bench-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+TRANSPORTS = {
+    "memory": "memory://",
+    "local": "local://",
+    "db": "db://",
+    # BullMQ queues and pub/sub under a prefix of this process's own (deleted after).
+    "redis": f"{REDIS_URL}?prefix={REDIS_PREFIX}",
+}
+
+
+async def forget_redis_prefix() -> None:
+    """Delete this process's keys from the shared Redis."""
+    import redis.asyncio as aioredis
+
+    client = aioredis.Redis.from_url(REDIS_URL)
+    try:
+        for pattern in (f"bull:{REDIS_PREFIX}-*", f"{REDIS_PREFIX}-*"):
+            keys = [key async for key in client.scan_iter(match=pattern, count=1000)]
+            if keys:
+                await client.delete(*keys)
+    finally:
+        await client.aclose()
 
 
 def dispatch_parser(description: str, default_name: str) -> argparse.ArgumentParser:
@@ -182,6 +209,14 @@ async def run_scenario(args: Any, t: Target) -> dict[str, Any]:
     await reset_target(t)
     engine = build_engine(t, args.transport)
     prof = Profiler(args.profile)
+    try:
+        return await _scenario(engine, args, prof)
+    finally:
+        if args.transport == "redis":
+            await forget_redis_prefix()
+
+
+async def _scenario(engine: Any, args: Any, prof: Profiler) -> dict[str, Any]:
     async with engine:
         if args.scenario == "throughput":
             return await throughput(engine, args, prof)

@@ -31,8 +31,8 @@ if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
     "$VENV/bin/python" -m pip install -q -r "$HERE/requirements.txt" >&2
     # durably's own dependencies; compare.py also puts $ROOT/src first on PYTHONPATH, so the
     # working tree is what gets measured even if this editable install is not possible.
-    if ! "$VENV/bin/python" -m pip install -q -e "$ROOT[postgres]" >&2; then
-        echo "bench: 'pip install -e .[postgres]' failed; durably is imported from $ROOT/src" >&2
+    if ! "$VENV/bin/python" -m pip install -q -e "$ROOT[postgres,redis]" >&2; then
+        echo "bench: 'pip install -e .[postgres,redis]' failed; durably is imported from $ROOT/src" >&2
     fi
     echo "$want" >"$stamp"
 fi

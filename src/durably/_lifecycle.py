@@ -129,7 +129,7 @@ class Lifecycle:
                     options.lease_ms,
                     router.run_from_queue,
                     router.enqueue_failed,
-                    router.namespaces_of,
+                    router.runs_of,
                     capacity=options.max_concurrent_runs,
                 )
             if options.consumers == "always":

@@ -29,17 +29,22 @@ migrations: a deployment that never uses the queue never has it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from enum import Enum
 from typing import Protocol, runtime_checkable
 
 __all__ = [
     "PUSH_CHUNK",
+    "Deliver",
+    "Delivered",
     "Listener",
     "Message",
     "MessageQueue",
     "MessageStore",
     "OutMessage",
+    "QueuedRun",
+    "RunBroker",
     "Unlisten",
 ]
 
@@ -126,3 +131,78 @@ class MessageStore(Protocol):
     def messages(self) -> MessageQueue:
         """The store's message queue, made on first use."""
         ...
+
+
+# -- the run queue's carriers ---------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedRun:
+    """A run to give a turn, as the run queue hands it to its broker."""
+
+    run_id: str
+    wake: bool
+    """A wake of a run that already ran (else: a start, a retry, a recovery)."""
+    namespace: str
+    """The pool whose instances execute it."""
+    priority: int = 0
+    state: str | None = None
+    """The pending state a start is for (a broker that dedupes starts by it
+    asked for it with :attr:`RunBroker.wants_state`); ``None`` for a wake."""
+
+
+class Delivered(Enum):
+    """What became of a run message handed to the run queue."""
+
+    DONE = "done"
+    """Handled (or malformed and dropped): remove it."""
+    AGAIN = "again"
+    """Not taken here (draining): hand it back at once."""
+    LATER = "later"
+    """Not executed (a store error): deliver it again after a short delay."""
+
+
+Deliver = Callable[[str], Awaitable[Delivered]]
+"""``deliver(body)``: give the run in a message's JSON body its turn."""
+
+
+@runtime_checkable
+class RunBroker(Protocol):
+    """What carries the fleet's run queue (see :mod:`durably._run_queue`): the
+    ``db`` transport's message table or the ``redis`` transport's BullMQ queues.
+
+    At-least-once: a message is removed only once ``deliver`` said
+    :attr:`Delivered.DONE`, and a holder that dies has its messages delivered
+    again elsewhere. At most ``capacity`` messages are held at once.
+    """
+
+    wants_state: bool
+    """Whether :meth:`push` wants each start's :attr:`QueuedRun.state`."""
+
+    @property
+    def held(self) -> int:
+        """Messages taken and not yet removed or handed back."""
+        ...
+
+    @property
+    def consuming(self) -> bool:
+        """Whether :meth:`start` ran and :meth:`stop_claiming` did not."""
+        ...
+
+    async def push(self, runs: list[QueuedRun]) -> None:
+        """Queue the runs (all or, raising, possibly not all)."""
+
+    async def start(
+        self, pools: list[str] | None, deliver: Deliver, *, owner: str, lease_ms: int, capacity: int
+    ) -> None:
+        """Hand the runs of these pools (``None``: of every pool) to ``deliver``."""
+
+    async def stop_claiming(self) -> None:
+        """Take no more (a drain's first step); what is held stays held."""
+
+    async def hand_back(self) -> None:
+        """Give back every message still held (a drain's last step)."""
+
+    async def backlog(self) -> bool:
+        """Whether runs of the pools consumed here (not consuming: of any pool)
+        are queued or held."""

@@ -189,6 +189,16 @@ class RunRouter:
             return
         self.submit_here(run_id, wake=True)
 
+    async def resume(self, run_id: str) -> None:
+        """A step result for ``run_id`` was settled here: its next turn runs
+        here when this instance takes turns (results are already spread over
+        the instances by their own queue; a second hop through the run queue
+        would add a queue round trip to every step), else as :meth:`wake`."""
+        if run_id in self.active or not self.accepting or self.executor is None:
+            await self.wake(run_id)
+            return
+        self.submit_here(run_id, wake=True)
+
     async def run_from_queue(self, run_id: str, wake: bool) -> bool:
         """Execute a queued run here; ``False`` asks the queue to hand its
         message back (this instance is draining) instead of acking it."""
@@ -208,9 +218,9 @@ class RunRouter:
             raise RuntimeError(f"run {run_id} could not be executed")
         return executed and not self.draining
 
-    async def namespaces_of(self, run_ids: list[str]) -> dict[str, str]:
-        """The pools of ``run_ids`` (for the run queue's topics)."""
-        return {run.run_id: run.namespace for run in await self._store.get_runs(run_ids)}
+    async def runs_of(self, run_ids: list[str]) -> dict[str, Run]:
+        """The stored runs of ``run_ids`` (their pools and pending states, for the run queue)."""
+        return {run.run_id: run for run in await self._store.get_runs(run_ids)}
 
     async def enqueue_failed(self, run_id: str, wake: bool) -> None:
         """A run could not be queued: a start stays pending for the poll; a

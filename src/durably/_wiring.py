@@ -101,7 +101,7 @@ def wire(
         store,
         transport,
         clock,
-        router.wake,
+        router.resume,
         options.heartbeat_throttle_ms,
         step=registry.step,
         queue=registry.queue,
@@ -192,6 +192,8 @@ def wire(
         executable=registry.executable,
         events=hub,
     )
+    # A cancel heard from another instance stops the turn running here.
+    transport.on_cancel(worker.heard_cancel)
     lifecycle = Lifecycle(
         store,
         transport,

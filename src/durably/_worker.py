@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import TYPE_CHECKING
 
 from ._aio import wait_event
@@ -572,6 +572,13 @@ class Worker:
             await self.run_pending()
         except Exception as exc:
             self._failures.failed("worker phase run_pending", exc)
+
+    def heard_cancel(self, run_ids: Collection[str]) -> None:
+        """The transport's cancel notice (Redis pub/sub; PostgreSQL ``NOTIFY``
+        on ``db://``): the same as the store's "ended" notice, for stores whose
+        notices do not cross processes (SQLite) or arrive later."""
+        for run_id in run_ids:
+            self.on_store_event(StoreNotice.ENDED, run_id)
 
     def on_store_event(self, kind: str, run_id: str) -> None:
         """React to another process's change, as the store reports it."""

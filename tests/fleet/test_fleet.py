@@ -15,6 +15,7 @@ import random
 import signal
 import sys
 import time
+import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
@@ -24,6 +25,7 @@ from typing import Any
 
 import asyncpg
 import pytest
+import redis.asyncio as aioredis
 
 import durably
 from durably import RunStatus
@@ -42,6 +44,7 @@ APP = Path(__file__).with_name("app.py")
 ROOT = Path(__file__).resolve().parents[2]
 LIVE = ("pending", "running", "suspended", "blocked")
 NO_INPUT = frozenset({"where", "gated"})
+REDIS_URL = "redis://127.0.0.1:6379/0"
 
 
 # -- the processes ---------------------------------------------------------------------------
@@ -74,6 +77,7 @@ class Fleet:
     ledger: Path
     workers: list[Worker] = field(default_factory=list)
     spawned: int = 0
+    transport: str = "db://"
 
     async def spawn(
         self,
@@ -97,6 +101,7 @@ class Fleet:
             FLEET_GATES=str(self.tmp),
             FLEET_RECONCILE=reconcile,
             FLEET_STALL=stall,
+            FLEET_TRANSPORT=self.transport,
             PYTHONPATH=os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")]),
         )
         with log.open("wb") as err:
@@ -129,8 +134,8 @@ class Fleet:
 
 
 @asynccontextmanager
-async def fleet(url: str, tmp: Path) -> AsyncIterator[Fleet]:
-    crew = Fleet(url, tmp, tmp / "ledger.txt")
+async def fleet(url: str, tmp: Path, transport: str = "db://") -> AsyncIterator[Fleet]:
+    crew = Fleet(url, tmp, tmp / "ledger.txt", transport=transport)
     crew.ledger.touch()
     try:
         yield crew
@@ -306,27 +311,54 @@ KILLS = 4
 RECONCILE = "5s"
 
 
+@pytest.fixture(params=["db", "redis"])
+async def fleet_transport(request: pytest.FixtureRequest) -> AsyncIterator[str]:
+    """The fleet's transport: ``db://``, or Redis under a prefix of the test's own."""
+    if request.param == "db":
+        yield "db://"
+        return
+    prefix = f"durably-chaos-{uuid.uuid4().hex[:10]}"
+    yield f"{REDIS_URL}?prefix={prefix}"
+    client = aioredis.Redis.from_url(REDIS_URL)
+    try:
+        for pattern in (f"bull:{prefix}-*", f"{prefix}-*"):
+            keys = [key async for key in client.scan_iter(match=pattern, count=1000)]
+            if keys:
+                await client.delete(*keys)
+    finally:
+        await client.aclose()
+
+
 @pytest.mark.slow
-async def test_fleet_of_three_survives_sigkill(postgres_url: str, tmp_path: Path) -> None:
-    """Three workers and a producer on one schema; workers are SIGKILLed and
-    restarted (same stable id or a fresh one) while ~2,000 runs of steps,
-    durable sleeps, signals and fan-outs execute. Every run completes with
-    the right output, no completed step runs again, and all three did work."""
+async def test_fleet_of_three_survives_sigkill(
+    postgres_url: str, tmp_path: Path, fleet_transport: str
+) -> None:
+    """Three workers and a producer on one schema (and, on Redis, one prefix);
+    workers are SIGKILLed and restarted (same stable id or a fresh one) while
+    ~2,000 runs of steps, durable sleeps, signals and fan-outs execute. Every
+    run completes with the right output, no completed step runs again, and all
+    three did work. The producer never executes (on Redis it never consumes either)."""
     calls: list[str] = []
-    client = producer(postgres_url, calls)
+    never = {"consumers": "never"} if fleet_transport != "db://" else {}
+    client = producer(postgres_url, calls, transport=fleet_transport, **never)
     await client.open()  # the schema exists before the workers race to migrate it
     try:
-        await _run_the_fleet(client, calls, postgres_url, tmp_path)
+        await _run_the_fleet(client, calls, postgres_url, tmp_path, fleet_transport)
     finally:
         await client.close()
 
 
 async def _run_the_fleet(
-    client: durably.Engine, calls: list[str], postgres_url: str, tmp_path: Path
+    client: durably.Engine,
+    calls: list[str],
+    postgres_url: str,
+    tmp_path: Path,
+    transport: str = "db://",
 ) -> None:
     rng = random.Random()
     began = time.monotonic()
-    async with fleet(postgres_url, tmp_path) as crew, Observer(postgres_url) as store:
+    crew_of = fleet(postgres_url, tmp_path, transport)
+    async with crew_of as crew, Observer(postgres_url) as store:
         slots = list(
             await asyncio.gather(
                 *(crew.spawn(f"w{i}", f"fleet-{i}", reconcile=RECONCILE) for i in range(3))

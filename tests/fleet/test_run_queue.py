@@ -135,9 +135,9 @@ class SpyQueue:
 
 
 def spy_on(engine: durably.Engine) -> SpyQueue:
-    run_queue = queue_of(engine)
-    spy = SpyQueue(run_queue._queue)
-    run_queue._queue = spy
+    broker = queue_of(engine)._broker
+    spy = SpyQueue(broker._queue)
+    broker._queue = spy
     return spy
 
 

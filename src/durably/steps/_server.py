@@ -22,7 +22,7 @@ from .._logs import RUN_CONTEXT, LogContext, engine_logger
 from .._step_faults import StepFaults
 from .._threads import StepThreads
 from ..clock import wall_ms
-from ..transports.base import Transport
+from ..transports.base import Transport, TransportError
 from ..wire import Heartbeat, StepResult, StepTask, routing_token
 from .definition import BEAT_INTERVAL_S, StepDefinition, StepLogger, failure_of
 
@@ -237,6 +237,10 @@ class StepServer:
     async def _send_beat_now(self, beat: Heartbeat) -> None:
         try:
             await self._transport.send_heartbeat(beat)
+        except TransportError as exc:
+            # The broker is down: one line per beat, not a traceback each
+            # (a lost beat costs at most one silence window).
+            _log.warning("could not send a heartbeat for %s: %s", beat.step_id, exc)
         except Exception:
             _log.warning("could not send a heartbeat for %s", beat.step_id, exc_info=True)
 

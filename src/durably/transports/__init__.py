@@ -36,7 +36,7 @@ def open_transport(target: str | Transport | None, store: StateStore) -> Transpo
     if scheme in ("redis", "rediss"):
         from .redis import RedisTransport
 
-        return RedisTransport.from_url(target)
+        return RedisTransport.from_url(target, retry_open=True)
     raise ValueError(
         f"unknown transport URL {redact_url(target)!r}: "
         "expected local://, memory://, db:// or redis://"

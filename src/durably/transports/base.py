@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Collection
 from typing import Any, Protocol, runtime_checkable
 
-from .._queue import MessageQueue
+from .._queue import RunBroker
 from ..errors import DurablyError
 from ..wire import Heartbeat, StepResult, StepTask
 
@@ -131,11 +131,11 @@ class Transport(Protocol):
 
 @runtime_checkable
 class RunCarrier(Protocol):
-    """A transport that also carries the fleet's run queue (``db``): runs to
-    execute travel through it and spread over every driving instance."""
+    """A transport that also carries the fleet's run queue (``db``, ``redis``):
+    runs to execute travel through it and spread over every driving instance."""
 
-    def run_queue(self) -> MessageQueue:
-        """The message queue runs are queued on."""
+    def run_queue(self) -> RunBroker:
+        """A new carrier of the run queue (the transport must be open)."""
 
 
 TurnHandler = Callable[[Any], Awaitable[None]]

@@ -36,6 +36,7 @@ from .._notices import StoreNotice
 from .._queue import Message, MessageQueue, MessageStore, OutMessage, Unlisten
 from ..clock import wall_ms
 from ..wire import Heartbeat, StepResult, StepTask, WireError
+from ._db_runs import MessageRuns
 from .base import CancelHandler, HeartbeatHandler, ResultHandler, TaskHandler, TransportError
 
 __all__ = ["DbTransport"]
@@ -125,12 +126,12 @@ class DbTransport:
             self._unlisten = await queue.listen(self._heard)
             self._queue = queue
 
-    def run_queue(self) -> MessageQueue:
-        """The store's message queue, which also carries the fleet's run queue
-        (see :mod:`durably._run_queue`). Available once :meth:`open` ran."""
+    def run_queue(self) -> MessageRuns:
+        """The fleet's run queue, on the store's message queue (see
+        :mod:`durably._run_queue`). Available once :meth:`open` ran."""
         if self._queue is None:
             raise RuntimeError("open the db:// transport before using its run queue")
-        return self._queue
+        return MessageRuns(self._queue)
 
     async def close(self) -> None:
         """Stop both consumers; cancel running handlers and hand their tasks back."""

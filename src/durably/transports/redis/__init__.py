@@ -21,7 +21,15 @@ the TypeScript runtimes) speak, so any of them can serve a ``ctx.step``:
   its step's latest beat in ``{P}-step-beat:{stepId}`` for 30 s, so an engine
   instance that starts listening later learns which steps are alive.
   Run-scoped beats (no ``stepId``; remote workflow turns) are ignored here.
-- Cancel notices are ``{"from", "kind": "cancel", "runId"}`` on ``{P}-control``.
+- Cancel notices are ``{"from", "kind": "cancel", "runId"}`` on ``{P}-control``;
+  the sender's own handlers are told directly and its echo (same ``from``) is
+  dropped; malformed notices are logged once per channel. A subscription
+  silent for 10 s is pinged, and one that does not answer (or fails) is
+  replaced by a new one (the watchdog).
+- The fleet's run queue is the BullMQ queue ``{P}-runs`` (``{P}-runs@{pool}``
+  for an engine pool other than ``default``): see :mod:`._runs`.
+- An engine's transport (``retry_open``) waits for an unreachable Redis at
+  :meth:`~RedisTransport.open`: one log line, then retries.
 - Priorities are inverted for BullMQ: ``min(2097151, max(1, round(1048576 - p)))``.
   A task without one is queued at the neutral ``p = 0`` rather than
   unprioritised, because BullMQ serves unprioritised jobs before every

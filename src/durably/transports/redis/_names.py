@@ -55,9 +55,27 @@ class RedisNames:
         """The pub/sub channel of control notices (cancel…)."""
         return f"{self.base}-control"
 
+    def runs(self, pool: str | None) -> str:
+        """The run queue of an engine pool (the engine's ``namespace=``, the
+        upstream partition): ``{P}-runs``, or ``{P}-runs@{pool}`` for a pool
+        other than ``default`` (``:`` folded to ``-``, as in routing tokens)."""
+        if pool in (None, "", "default"):
+            return f"{self.base}-runs"
+        return f"{self.base}-runs@{pool.replace(':', '-')}"
+
+    @property
+    def runs_pattern(self) -> str:
+        """A ``SCAN MATCH`` pattern for every pool's run queue meta key."""
+        return f"bull:{glob_escape(self.base)}-runs*:meta"
+
     def step_beat(self, step_id: str) -> str:
         """The key holding a step's latest beat (durably workers only)."""
         return f"{self.base}-step-beat:{step_id}"
+
+
+def glob_escape(text: str) -> str:
+    """``text`` matched literally by a Redis ``MATCH`` pattern."""
+    return "".join(f"\\{c}" if c in "*?[]\\" else c for c in text)
 
 
 def split_url(url: str) -> tuple[str, dict[str, str]]:

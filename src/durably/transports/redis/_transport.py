@@ -32,6 +32,7 @@ from ..base import (
 from . import _turns
 from ._bullmq import _Consumer, _delayed, _Job, _new_queue, _Processor, _Queue
 from ._names import RedisNames, bullmq_priority, split_url
+from ._runs import RedisRuns
 
 _log = engine_logger("durably.transport")
 
@@ -49,6 +50,11 @@ A worker closing while it blocks may swallow the queue's wake-up marker, and the
 others then sleep until their wait ends: this bounds that stall."""
 _TASK_JOB_OPTS: dict[str, Any] = {"removeOnComplete": True, "removeOnFail": {"age": 86_400}}
 _OTHER_JOB_OPTS: dict[str, Any] = {"removeOnComplete": True, "removeOnFail": True}
+_SILENT_S = 10.0
+"""How long a subscription may stay silent before the watchdog pings it."""
+_OPEN_RETRY_FIRST_S = 0.25
+_OPEN_RETRY_MAX_S = 5.0
+_REPORT_EVERY_S = 60.0
 _T = TypeVar("_T")
 
 
@@ -64,7 +70,9 @@ class RedisTransport:
     (package docstring). ``redeliver_delay_ms``: how long a task whose handler
     wrapper raised (or a results batch whose consumer raised) waits before it
     is delivered again. ``lock_ms``: BullMQ's job lock (a dead holder's jobs
-    come back after it, via the stalled-job check).
+    come back after it, via the stalled-job check). ``retry_open``: :meth:`open`
+    waits for an unreachable Redis (one log line, then retries) instead of
+    raising :class:`TransportError`; an engine's transport does.
     """
 
     def __init__(
@@ -75,6 +83,7 @@ class RedisTransport:
         namespace: str | None = None,
         redeliver_delay_ms: int = 1_000,
         lock_ms: int = 30_000,
+        retry_open: bool = False,
     ) -> None:
         scheme = url.partition("://")[0].lower()
         if scheme not in ("redis", "rediss"):
@@ -87,6 +96,7 @@ class RedisTransport:
         self.names = RedisNames(prefix, namespace)
         self.redeliver_delay_ms = redeliver_delay_ms
         self.lock_ms = lock_ms
+        self.retry_open = retry_open
         self.instance_id = f"durably-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         """Who publishes (the ``from`` of control notices)."""
         self._client: aioredis.Redis | None = None
@@ -113,7 +123,11 @@ class RedisTransport:
         # pub/sub
         self._cancel_handlers: list[CancelHandler] = []
         self._readers: list[asyncio.Task[None]] = []
-        self._pubsubs: list[PubSub] = []
+        self._pubsubs: dict[str, PubSub] = {}
+        self.resubscriptions = 0
+        """Subscriptions replaced by the watchdog (for tests and metrics)."""
+        self.malformed: dict[str, int] = {}
+        """Malformed messages dropped, per channel."""
         # sends, batched while the previous batch is written
         self._results_out: _Batcher[dict[str, Any]] = _Batcher(self._write_results)
 
@@ -130,21 +144,35 @@ class RedisTransport:
     # -- lifecycle ---------------------------------------------------------------------
 
     async def open(self) -> None:
-        """Connect and start hearing control notices. Idempotent."""
+        """Connect and start hearing control notices. Idempotent. Redis down:
+        :class:`TransportError`, or with ``retry_open`` one log line and a
+        retry every few seconds until it answers (a reminder each minute)."""
         async with self._opening:
             if self._client is not None:
                 return
-            pool = aioredis.BlockingConnectionPool.from_url(
-                self._connect_url, decode_responses=True, max_connections=32, timeout=30
-            )
-            client = aioredis.Redis.from_pool(pool)  # aclose() closes the pool too
-            try:
-                await client.ping()
-            except Exception as exc:
-                await client.aclose()
-                raise TransportError(
-                    f"cannot reach Redis at {self.url}: {type(exc).__name__}"
-                ) from None
+            delay, since, reported = _OPEN_RETRY_FIRST_S, time.monotonic(), 0.0
+            while True:
+                pool = aioredis.BlockingConnectionPool.from_url(
+                    self._connect_url, decode_responses=True, max_connections=32, timeout=30
+                )
+                client = aioredis.Redis.from_pool(pool)  # aclose() closes the pool too
+                try:
+                    await client.ping()
+                    break
+                except Exception as exc:
+                    await client.aclose()
+                    error = f"cannot reach Redis at {self.url}: {type(exc).__name__}"
+                    if not self.retry_open:
+                        raise TransportError(error) from None
+                    now = time.monotonic()
+                    if not reported or now - reported >= _REPORT_EVERY_S:
+                        waited = "" if not reported else f" (for {now - since:.0f} s)"
+                        _log.error("%s%s; retrying until it answers", error, waited)
+                        reported = now
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, _OPEN_RETRY_MAX_S)
+            if reported:
+                _log.warning("Redis at %s answers; going on", self.url)
             self._client = client
             self._closing = False
             await self._subscribe(self.names.control, self._heard_control)
@@ -173,7 +201,7 @@ class RedisTransport:
             reader.cancel()
         await asyncio.gather(*self._readers, return_exceptions=True)
         self._readers.clear()
-        for pubsub in self._pubsubs:
+        for pubsub in self._pubsubs.values():
             with contextlib.suppress(Exception):
                 await pubsub.aclose()  # type: ignore[no-untyped-call]  # untyped in redis-py
         self._pubsubs.clear()
@@ -196,65 +224,132 @@ class RedisTransport:
             queue = self._queues[name] = _new_queue(name, self._redis())
         return queue
 
+    def run_queue(self) -> RedisRuns:
+        """The fleet's run queue, on BullMQ (see :mod:`durably._run_queue`).
+        Available once :meth:`open` ran."""
+        return RedisRuns(self.names, self._connect_url, self._redis(), self._queue, self._give_back)
+
     # -- pub/sub -----------------------------------------------------------------------
 
     async def _subscribe(self, channel: str, on_message: Callable[[Any], Awaitable[None]]) -> None:
-        pubsub = self._redis().pubsub()
-        await pubsub.subscribe(channel)
-        # Wait for the confirmation: a message published after this returns
-        # is heard (the subscription is live on the server).
-        while True:
-            message = await pubsub.get_message(timeout=5.0)
-            if message is None:
-                raise TransportError(f"no subscription confirmation for {channel} from Redis")
-            if message.get("type") == "subscribe":
-                break
-        self._pubsubs.append(pubsub)
+        """Hear ``channel`` from now on (the subscription is live on the server
+        when this returns), through a reader that keeps it alive."""
+        pubsub = await self._open_subscription(channel)
+        self._pubsubs[channel] = pubsub
         self._readers.append(
-            asyncio.create_task(self._read(pubsub, channel, on_message), name=f"durably-{channel}")
+            asyncio.create_task(self._read(channel, on_message), name=f"durably-{channel}")
         )
 
-    async def _read(
-        self, pubsub: PubSub, channel: str, on_message: Callable[[Any], Awaitable[None]]
-    ) -> None:
-        while True:
+    async def _open_subscription(self, channel: str) -> PubSub:
+        pubsub = self._redis().pubsub()
+        try:
+            await pubsub.subscribe(channel)
+            # Wait for the confirmation: a message published after this returns
+            # is heard (the subscription is live on the server).
+            while True:
+                message = await pubsub.get_message(timeout=5.0)
+                if message is None:
+                    raise TransportError(f"no subscription confirmation for {channel} from Redis")
+                if message.get("type") == "subscribe":
+                    return pubsub
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await pubsub.aclose()  # type: ignore[no-untyped-call]  # untyped in redis-py
+            raise
+
+    async def _read(self, channel: str, on_message: Callable[[Any], Awaitable[None]]) -> None:
+        """Deliver the channel's messages; the watchdog: a subscription silent
+        for :data:`_SILENT_S` is pinged, and one that does not answer (a dead
+        or half-open connection, a restarted server) is replaced by a new one."""
+        heard_at, pinged = time.monotonic(), False
+        # The flag as well as the cancellation ends it: redis-py can swallow
+        # a cancellation that lands inside a read, and close() must not hang.
+        while not self._closing:
+            pubsub = self._pubsubs[channel]
             try:
-                message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+                message = await pubsub.get_message(timeout=1.0)
+                if message is not None:
+                    heard_at, pinged = time.monotonic(), False
+                elif time.monotonic() - heard_at >= _SILENT_S:
+                    if pinged:
+                        raise ConnectionError(f"no answer to a ping for {_SILENT_S:.0f} s")
+                    await pubsub.ping()
+                    heard_at, pinged = time.monotonic(), True
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                # redis-py reconnects and re-subscribes on the next read.
-                _log.warning("lost the Redis subscription to %s (%s); retrying", channel, exc)
-                await asyncio.sleep(1.0)
+                await self._resubscribe(channel, exc)
+                heard_at, pinged = time.monotonic(), False
                 continue
             if message is None or message.get("type") != "message":
                 continue
             try:
                 body = json.loads(message["data"])
             except (TypeError, ValueError):
-                _log.error("dropping a malformed message on %s", channel)
+                self._malformed(channel, "not JSON")
                 continue
             try:
                 await on_message(body)
             except Exception:
                 _log.exception("a message on %s could not be handled", channel)
 
+    async def _resubscribe(self, channel: str, error: Exception) -> None:
+        """Replace a dead subscription, retrying until Redis answers."""
+        _log.warning("lost the Redis subscription to %s (%s); reconnecting", channel, error)
+        old = self._pubsubs[channel]
+        with contextlib.suppress(Exception):
+            await old.aclose()  # type: ignore[no-untyped-call]  # untyped in redis-py
+        delay = _OPEN_RETRY_FIRST_S
+        while not self._closing:
+            try:
+                self._pubsubs[channel] = await self._open_subscription(channel)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, _OPEN_RETRY_MAX_S)
+                continue
+            self.resubscriptions += 1
+            _log.warning("subscribed to %s again", channel)
+            return
+
+    def _malformed(self, channel: str, why: str) -> None:
+        """Log the first malformed message of a channel; count the rest."""
+        self.malformed[channel] = self.malformed.get(channel, 0) + 1
+        if self.malformed[channel] == 1:
+            _log.error(
+                "dropping a malformed message on %s (%s); further ones are dropped silently",
+                channel,
+                why,
+            )
+
     async def _heard_control(self, body: Any) -> None:
-        if not isinstance(body, dict) or body.get("kind") != "cancel":
+        if not isinstance(body, dict) or not isinstance(body.get("kind"), str):
+            self._malformed(self.names.control, "not a control notice")
+            return
+        if body.get("from") == self.instance_id:
+            return  # our own: its handlers were told when it was sent
+        if body["kind"] != "cancel":
             return  # events and other notices are not a transport's business
         run_id = body.get("runId")
-        if not isinstance(run_id, str):
+        if not isinstance(run_id, str) or not run_id:
+            self._malformed(self.names.control, "a cancel without a runId")
             return
+        self._tell_cancel([run_id])
+
+    def _tell_cancel(self, run_ids: list[str]) -> None:
         for handler in list(self._cancel_handlers):
             try:
-                handler([run_id])
+                handler(run_ids)
             except Exception:
                 _log.exception("a cancel handler failed")
 
     async def publish_cancel(self, run_ids: list[str]) -> None:
-        """Publish one cancel notice per run on the control channel (best effort)."""
+        """Tell this process's handlers, and publish one cancel notice per run
+        on the control channel for every other instance (best effort)."""
         if not run_ids:
             return
+        self._tell_cancel(list(run_ids))
         try:
             async with self._redis().pipeline(transaction=False) as pipe:
                 for run_id in run_ids:
@@ -381,6 +476,10 @@ class RedisTransport:
                     # close(): this process stops; the task goes to another one.
                     runner.cancel()
                     await self._hand_back(queue, job, token, 0)
+                except TransportError as exc:
+                    # Redis went away under the result: one line, not a traceback each.
+                    _log.warning("task %s: %s; delivering it again", task.step_id, exc)
+                    await self._hand_back(queue, job, token, self.redeliver_delay_ms)
                 except Exception:
                     _log.exception(
                         "task %s failed in its handler wrapper; delivering it again",

@@ -1,0 +1,233 @@
+"""The run queue on BullMQ (:class:`RedisRuns`): one queue per engine pool,
+``{P}-runs`` (``{P}-runs@{pool}`` for a pool other than ``default``).
+
+A job (name ``run``) carries ``{"runId", "wake"}`` and the run's priority
+(inverted for BullMQ, as step tasks'). A start's job id is derived from its
+run id and the pending state it is for, so a start pushed twice for the same
+state is queued once (BullMQ keeps the first job of an id), while a run that
+went pending again (a retry, a recovery) gets a job of its own even if the
+previous one is still being processed. Wakes get BullMQ's counter ids.
+
+One BullMQ worker per consumed pool, each taking at most ``capacity`` jobs,
+with one slot pool across them; BullMQ keeps the locks of held jobs alive and
+brings back the jobs of a holder that died (its stalled-job check). The
+shared rules live in :mod:`durably._run_queue`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+import redis.asyncio as aioredis
+
+from ..._queue import Deliver, Delivered, QueuedRun
+from ._bullmq import _Consumer, _delayed, _Job, _Queue
+from ._names import RedisNames, bullmq_priority
+
+__all__ = ["RedisRuns", "start_job_id"]
+
+_log = logging.getLogger("durably.runqueue")
+
+_ADD_CHUNK = 500
+"""Jobs per ``addBulk`` call."""
+_RETRY_DELAY_MS = 1000
+_JOB_OPTS: dict[str, Any] = {"removeOnComplete": True, "removeOnFail": True}
+_COUNTED = ("wait", "active", "delayed", "prioritized", "paused")
+_DISCOVER_EVERY_S = 1.0
+_STALLS_ALLOWED = 1_000_000
+"""A job whose holders keep dying comes back each time (BullMQ's default of 1
+would fail it for good; the store would still find the run, but only by polling)."""
+
+
+class GiveBack(Protocol):
+    """Moves a held job back to its queue, visible again after ``delay_ms``."""
+
+    def __call__(self, queue: str, job: _Job, token: str, delay_ms: int = 0) -> Awaitable[None]: ...
+
+
+def start_job_id(run_id: str, state: str) -> str:
+    """The job id of a start of ``run_id`` for one pending state (any run id
+    fits: BullMQ keys and ids stay free of ``:`` and never look numeric)."""
+    digest = hashlib.sha256(f"{run_id}\x00{state}".encode()).hexdigest()[:40]
+    return f"start-{digest}"
+
+
+class RedisRuns:
+    """A :class:`~durably._queue.RunBroker` over BullMQ queues."""
+
+    wants_state = True
+
+    def __init__(
+        self,
+        names: RedisNames,
+        connect_url: str,
+        client: aioredis.Redis,
+        queue: Callable[[str], _Queue],
+        give_back: GiveBack,
+    ) -> None:
+        self._names = names
+        self._connect_url = connect_url
+        self._client = client
+        self._queue = queue
+        self._give_back = give_back
+        self._deliver: Deliver | None = None
+        self._pools: list[str] | None = None
+        self._consumers: dict[str, _Consumer] = {}
+        self._closing: list[asyncio.Task[None]] = []
+        self._discovery: asyncio.Task[None] | None = None
+        self._slots = asyncio.Semaphore(1)
+        self._options: dict[str, Any] = {}
+        self._held: set[str] = set()
+        self._generation = 0
+
+    @property
+    def held(self) -> int:
+        """Jobs taken and not yet finished or handed back."""
+        return len(self._held)
+
+    @property
+    def consuming(self) -> bool:
+        """Whether this instance takes runs."""
+        return self._deliver is not None
+
+    # -- producing -----------------------------------------------------------------------
+
+    async def push(self, runs: list[QueuedRun]) -> None:
+        """Add one job per run, ``addBulk`` by 500 per queue."""
+        by_queue: dict[str, list[dict[str, Any]]] = {}
+        for run in runs:
+            opts = {**_JOB_OPTS, "priority": bullmq_priority(run.priority)}
+            if not run.wake and run.state is not None:
+                opts["jobId"] = start_job_id(run.run_id, run.state)
+            job = {"name": "run", "data": {"runId": run.run_id, "wake": run.wake}, "opts": opts}
+            by_queue.setdefault(self._names.runs(run.namespace), []).append(job)
+        await asyncio.gather(*(self._add(name, jobs) for name, jobs in by_queue.items()))
+
+    async def _add(self, name: str, jobs: list[dict[str, Any]]) -> None:
+        queue = self._queue(name)
+        for start in range(0, len(jobs), _ADD_CHUNK):
+            await queue.addBulk(jobs[start : start + _ADD_CHUNK])
+
+    # -- consuming -----------------------------------------------------------------------
+
+    async def start(
+        self, pools: list[str] | None, deliver: Deliver, *, owner: str, lease_ms: int, capacity: int
+    ) -> None:
+        """Take the runs of these pools (``None``: of every pool, found by scanning)."""
+        if self._deliver is not None:
+            return
+        self._deliver = deliver
+        self._pools = pools
+        self._generation += 1
+        self._slots = asyncio.Semaphore(capacity)
+        self._options = {
+            "concurrency": capacity,
+            "lockDuration": lease_ms,
+            "stalledInterval": lease_ms,
+            "maxStalledCount": _STALLS_ALLOWED,
+            "drainDelay": 1,
+        }
+        if pools is not None:
+            for pool in pools:
+                self._consume(self._names.runs(pool))
+        else:
+            # The default pool's queue at once (an engine without a namespace
+            # queues its own runs there); other pools' as they are found.
+            self._consume(self._names.runs(None))
+            await self._discover_once()
+            self._discovery = asyncio.create_task(self._discover(), name="durably-run-queues")
+
+    def _consume(self, name: str) -> None:
+        if name not in self._consumers:
+            process = self._processor(self._generation, name)
+            self._consumers[name] = _Consumer(
+                name, process, self._connect_url, self._options, self._give_back
+            )
+
+    async def _queue_names(self) -> list[str]:
+        keys = [key async for key in self._client.scan_iter(match=self._names.runs_pattern)]
+        return sorted(str(key)[len("bull:") : -len(":meta")] for key in keys)
+
+    async def _discover_once(self) -> None:
+        try:
+            names = await self._queue_names()
+        except Exception as exc:
+            _log.warning("could not list the run queues: %s", exc)
+            return
+        if self._deliver is not None:
+            for name in names:
+                self._consume(name)
+
+    async def _discover(self) -> None:
+        """An engine driving every pool takes from every pool's queue, as pools appear."""
+        # Checked as well as cancelled: a cancellation that lands inside a
+        # redis-py call can be swallowed there, and the loop must still end.
+        while self._deliver is not None:
+            await asyncio.sleep(_DISCOVER_EVERY_S)
+            await self._discover_once()
+
+    def _processor(self, generation: int, queue: str) -> Callable[[_Job, str], Awaitable[None]]:
+        async def process(job: _Job, token: str) -> None:
+            key = f"{queue}/{job.id}"
+            self._held.add(key)
+            try:
+                async with self._slots:
+                    deliver = self._deliver
+                    if deliver is None or generation != self._generation:
+                        outcome = Delivered.AGAIN
+                    else:
+                        outcome = await deliver(json.dumps(job.data))
+                if outcome is not Delivered.DONE:
+                    delay = _RETRY_DELAY_MS if outcome is Delivered.LATER else 0
+                    await self._give_back(queue, job, token, delay)
+                    raise _delayed()
+            finally:
+                self._held.discard(key)
+
+        return process
+
+    async def stop_claiming(self) -> None:
+        """Stop fetching jobs; the held ones are finished or handed back by their turns."""
+        self._deliver = None
+        discovery, self._discovery = self._discovery, None
+        if discovery is not None:
+            discovery.cancel()
+            await asyncio.wait([discovery], timeout=_DISCOVER_EVERY_S * 2)
+        consumers, self._consumers = list(self._consumers.values()), {}
+        for consumer in consumers:
+            # close() sets the worker closing at once (no more fetches), then
+            # waits for the jobs it holds: awaited by hand_back(), once the
+            # drain handed the running turns back.
+            self._closing.append(asyncio.create_task(consumer.close()))
+        await asyncio.sleep(0)
+
+    async def hand_back(self) -> None:
+        """Wait for the held jobs to be finished or handed back, and the workers closed."""
+        closing, self._closing = self._closing, []
+        if not closing:
+            return
+        _done, pending = await asyncio.wait(closing, timeout=10.0)
+        for task in pending:
+            # A job still held after the drain: its lock runs out and BullMQ
+            # gives it to another instance.
+            task.cancel()
+        with contextlib.suppress(Exception):
+            await asyncio.gather(*closing, return_exceptions=True)
+
+    async def backlog(self) -> bool:
+        """Whether our pools' queues (producers: any run queue) hold jobs, taken or not."""
+        if self._pools is not None and self._deliver is not None:
+            names = [self._names.runs(pool) for pool in self._pools]
+        else:
+            names = await self._queue_names()
+        for name in names:
+            counts = await self._queue(name).getJobCounts(*_COUNTED)
+            if any(counts.values()):
+                return True
+        return False
