@@ -535,13 +535,20 @@ class Worker:
             poll.cancel()
         task, self._loop_task = self._loop_task, None
         if task is not None:
-            task.cancel()
+            # A client library may swallow a cancellation (redis-py inside a
+            # SCAN a phase makes): the loop then carries on and a single cancel
+            # would leave the close waiting forever. Ask again until it ends;
+            # the loop also sees the task is gone at its next iteration.
+            while not task.done():
+                task.cancel()
+                await asyncio.wait({task}, timeout=1.0)
             await asyncio.gather(task, return_exceptions=True)
 
     async def _worker_loop(self) -> None:
         wake = self._loop_wake
         assert wake is not None
-        while True:
+        me = asyncio.current_task()
+        while self._loop_task is me:
             wake.clear()
             await self.tick()
             # A store that notifies (PostgreSQL) cuts the wait short when
