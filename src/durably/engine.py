@@ -26,6 +26,8 @@ from datetime import datetime
 from types import TracebackType
 from typing import Any, TypeVar, Unpack, cast, overload
 
+from ._attributes import check_attributes
+from ._attributes import check_filters as check_attributes_filters
 from ._children import RunNotFound
 from ._hooks import EvictHook, Handler, StalledHook
 from ._intercept import Interceptor, StepInterceptor
@@ -670,6 +672,7 @@ class Engine:
         tags: list[str] | None = None,
         priority: int = 0,
         version: str | None = None,
+        attributes: dict[str, Any] | None = None,
     ) -> RunHandle[T]: ...
 
     @overload
@@ -683,6 +686,7 @@ class Engine:
         tags: list[str] | None = None,
         priority: int = 0,
         version: str | None = None,
+        attributes: dict[str, Any] | None = None,
     ) -> RunHandle[Any]: ...
 
     async def start(
@@ -695,6 +699,7 @@ class Engine:
         tags: list[str] | None = None,
         priority: int = 0,
         version: str | None = None,
+        attributes: dict[str, Any] | None = None,
     ) -> RunHandle[Any]:
         """Create a run and return its :class:`RunHandle` at once; the body
         runs on an executor.
@@ -704,10 +709,13 @@ class Engine:
         the run takes that function's version). Idempotent by ``run_id``:
         starting an id that exists returns a handle on that run (and
         re-dispatches it if still pending). ``start_at`` (an aware datetime,
-        or a delay) creates the run suspended until then. Raises
+        or a delay) creates the run suspended until then. ``attributes``
+        are its search attributes (str, int, float, bool or aware datetime
+        values; see ``list_runs``), written with the run. Raises
         :class:`WorkflowNotRegistered` or :class:`SchemaValidationError`
         before anything is stored.
         """
+        clean_attributes = check_attributes(attributes)
         if isinstance(workflow, str):
             definition = self._registry.get(workflow, version)
         elif not callable(workflow):
@@ -738,6 +746,7 @@ class Engine:
             start_at=start_at,
             tags=tags,
             priority=priority,
+            attributes=clean_attributes,
         )
         # The result decodes as the output type of the version the run took.
         return RunHandle(run, self, self._output_decoder(run))
@@ -753,12 +762,14 @@ class Engine:
         start_at: datetime | Duration | None,
         tags: list[str] | None,
         priority: int,
+        attributes: dict[str, Any] | None = None,
     ) -> Run:
         # What start and durably.Client share once the input is checked: the
         # client knows no registrations, so it passes the name and version
         # (UNPINNED: the first engine that executes the run pins it).
         check_start(run_id, priority)
         clean_tags = check_tags(tags)
+        clean_attributes = check_attributes(attributes)
         await self.open()
         run = new_run(
             workflow,
@@ -774,7 +785,7 @@ class Engine:
         )
         if self._intercept.starts:
             self._intercept.stamp(run)
-        return await self._router.insert(run, self.instance_id, self.lease_ms)
+        return await self._router.insert(run, self.instance_id, self.lease_ms, clean_attributes)
 
     def _output_decoder(self, run: Run) -> Callable[[Any], Any]:
         """How a handle decodes ``run``'s output: its workflow version's output
@@ -960,24 +971,47 @@ class Engine:
     async def list_runs(
         self,
         *,
-        status: RunStatus | str | None = None,
+        status: RunStatus | str | list[RunStatus | str] | None = None,
         workflow: str | None = None,
         tag: str | None = None,
+        parent_id: str | None = None,
+        attributes: list[tuple[str, str, Any]] | dict[str, Any] | None = None,
         limit: int = 50,
         cursor: str | None = None,
     ) -> RunPage:
-        """Runs newest first, filtered; pass ``page.next_cursor`` for the next page."""
+        """Runs newest first, filtered; pass ``page.next_cursor`` for the next page.
+
+        ``status`` is one status or a list of them; ``parent_id`` keeps the
+        children of that run. ``attributes`` are search-attribute conditions
+        ``(key, op, value)``, all of which must hold: ``op`` is ``eq``, ``ne``,
+        ``lt``, ``lte``, ``gt`` or ``gte`` (a bool takes only ``eq``/``ne``);
+        a run without the key never matches, not even ``ne``; a value only
+        matches one of its own type (int and float compare together). A dict
+        is shorthand for equalities.
+        """
         if not 1 <= limit <= 1000:
             raise ValueError("limit must be between 1 and 1000")
+        filters = check_attributes_filters(attributes)
+        one, several = _status_filter(status)
         await self.open()
         query = RunQuery(
-            status=RunStatus(status) if status is not None else None,
+            status=one,
+            statuses=several,
             workflow=workflow,
             tag=tag,
+            parent_id=parent_id,
+            attributes=filters,
             limit=limit,
             cursor=cursor,
         )
         return await self.store.list_runs(query)
+
+    async def get_attributes(self, run_id: str) -> dict[str, Any]:
+        """The run's search attributes (a datetime comes back in UTC); raises
+        :class:`RunNotFound` for an unknown run."""
+        await self.open()
+        await self._children.require(run_id)
+        return await self.store.get_attributes(run_id)
 
     async def history(self, run_id: str) -> list[Checkpoint]:
         """The run's checkpoints in seq order: its step timeline."""
@@ -1239,3 +1273,14 @@ class Engine:
         duplicate result is harmless: only a pending step is settled."""
         await self.open()
         return await self._steps.redispatch(await self._children.require(run_id))
+
+
+def _status_filter(
+    status: RunStatus | str | list[RunStatus | str] | None,
+) -> tuple[RunStatus | None, tuple[RunStatus, ...] | None]:
+    # One status keeps its own index-friendly equality; a list is an IN.
+    if status is None:
+        return None, None
+    if isinstance(status, str):
+        return RunStatus(status), None
+    return None, tuple(dict.fromkeys(RunStatus(one) for one in status))
