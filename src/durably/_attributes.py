@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, cast
 
 from ._names import check_name
@@ -37,6 +37,9 @@ OPS = {"eq": "=", "ne": "<>", "lt": "<", "lte": "<=", "gt": ">", "gte": ">="}
 """The filter operators and the SQL comparison each one is."""
 
 NUMBER_TYPES = ("int", "float")
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+MILLISECOND = timedelta(milliseconds=1)
 
 MAX_EXACT_INT = 2**53
 """Numbers are stored as 64-bit floats (one indexed column for every numeric
@@ -100,7 +103,9 @@ def encode(value: Any) -> tuple[AttributeType, str | None, float | None]:
     if kind == "str":
         return kind, value, None
     if kind == "datetime":
-        return kind, None, float(int(value.timestamp() * 1000))
+        # Integer arithmetic: timestamp() * 1000 is a float product that can
+        # land a millisecond low.
+        return kind, None, float((value - EPOCH) // MILLISECOND)
     return kind, None, float(value)
 
 
@@ -114,7 +119,7 @@ def decode(kind: str, str_value: str | None, num_value: float | None) -> Any:
     if kind == "bool":
         return bool(num_value)
     if kind == "datetime":
-        return datetime.fromtimestamp(num_value / 1000, UTC)
+        return EPOCH + int(num_value) * MILLISECOND
     return float(num_value)
 
 

@@ -711,7 +711,8 @@ class Engine:
         re-dispatches it if still pending). ``start_at`` (an aware datetime,
         or a delay) creates the run suspended until then. ``attributes``
         are its search attributes (str, int, float, bool or aware datetime
-        values; see ``list_runs``), written with the run. Raises
+        values; see ``list_runs``), written with the run (a start that finds
+        the id taken leaves that run's attributes as they are). Raises
         :class:`WorkflowNotRegistered` or :class:`SchemaValidationError`
         before anything is stored.
         """

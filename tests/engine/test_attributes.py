@@ -52,6 +52,7 @@ async def test_attributes_set_at_start_and_in_the_body_are_merged_and_searchable
             "stage": "reserving",
             "total": 150,  # the body's value replaced the start's
         }
+        assert (await engine.get_attributes("o1"))["due"].tzinfo is UTC
         big_for_c1 = [("customer", "eq", "c-1"), ("total", "gte", 100)]
         assert _ids(await engine.list_runs(attributes=big_for_c1)) == ["o1"]
         due_soon = [("due", "lt", datetime(2026, 5, 2, tzinfo=UTC))]

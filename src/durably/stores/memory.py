@@ -89,7 +89,7 @@ class MemoryStore(MemoryWaits):
             return copy.deepcopy(existing), False
         self._runs[run.run_id] = copy.deepcopy(run)
         if attributes:
-            self._attributes[run.run_id] = dict(attributes)
+            self._attributes[run.run_id] = _as_stored(attributes)
         return copy.deepcopy(run), True
 
     async def create_runs(self, runs: list[Run]) -> list[str]:
@@ -560,7 +560,7 @@ class MemoryStore(MemoryWaits):
         if not self._holds(checkpoint.run_id, owner):
             return False
         self._put(checkpoint)
-        self._attributes.setdefault(checkpoint.run_id, {}).update(attributes)
+        self._attributes.setdefault(checkpoint.run_id, {}).update(_as_stored(attributes))
         return True
 
     def _matches(self, run: Run, query: RunQuery) -> bool:
@@ -899,6 +899,12 @@ def _due_key(run: Run, now: int) -> int:
     if run.wake_at is not None and run.wake_at <= now:
         times.append(run.wake_at)
     return min(times) if times else 0
+
+
+def _as_stored(attributes: dict[str, Any]) -> dict[str, Any]:
+    # What a SQL store reads back (a datetime in UTC, to the millisecond), so
+    # all three stores answer alike.
+    return {key: attrcodec.decode(*attrcodec.encode(value)) for key, value in attributes.items()}
 
 
 def _matches(run: Run, q: RunQuery) -> bool:

@@ -7,7 +7,7 @@ Same fixtures as every ``stores`` module (see :mod:`durably.testing.conformance`
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
@@ -34,6 +34,16 @@ async def test_attributes_written_with_the_run_read_back_typed(store: StateStore
     assert found == given
     assert [type(v) for v in found.values()] == [type(given[k]) for k in found]
     assert await store.get_attributes("unknown") == {}
+
+
+async def test_a_datetime_reads_back_in_utc_to_the_millisecond(store: StateStore) -> None:
+    local = datetime(2026, 3, 1, 14, 30, 0, 123456, tzinfo=timezone(timedelta(hours=2)))
+
+    await store.create_run(make_run("r1"), {"at": local})
+
+    found = (await store.get_attributes("r1"))["at"]
+    assert found == DAY.replace(microsecond=123000)
+    assert found.tzinfo is UTC
 
 
 async def test_a_second_create_leaves_the_first_runs_attributes(store: StateStore) -> None:
