@@ -295,6 +295,7 @@ class Engine:
         singleton: Callable[[Any], Any] | None = None,
         limit: int = 1,
         max_queue: int | None = None,
+        tags: list[str] | None = None,
     ) -> Callable[[F], F]:
         """Decorator registering ``async def fn(ctx, input)`` as workflow ``name``.
 
@@ -316,6 +317,9 @@ class Engine:
         With ``max_queue``, ``start`` raises :class:`SingletonQueueFull` when
         the key already has ``limit + max_queue`` live runs, before creating
         anything.
+
+        ``tags`` are static tags every run started here carries, merged
+        (first, without duplicates) with the tags ``start`` is given.
         """
 
         def decorate(fn: F) -> F:
@@ -329,6 +333,7 @@ class Engine:
                 singleton=singleton,
                 limit=limit,
                 max_queue=max_queue,
+                tags=tags,
             )
             if schedule is not None:
                 options = {"cron": schedule} if isinstance(schedule, str) else dict(schedule)
@@ -351,13 +356,14 @@ class Engine:
         singleton: Callable[[Any], Any] | None = None,
         limit: int = 1,
         max_queue: int | None = None,
+        tags: list[str] | None = None,
     ) -> None:
         """Register ``fn`` as version ``version`` of workflow ``name``.
 
         Register several versions side by side during a breaking change: runs
         replay on the version they started with; new runs take the version
-        registered last. ``input``, ``output`` and ``execution_timeout`` are
-        those of :meth:`workflow`.
+        registered last. ``input``, ``output``, ``execution_timeout`` and
+        ``tags`` are those of :meth:`workflow`.
         """
         self._registry.add(
             WorkflowDef.build(
@@ -368,6 +374,7 @@ class Engine:
                 output=output,
                 execution_timeout=execution_timeout,
                 singleton=Singleton.build(singleton, limit, max_queue),
+                tags=check_tags(tags),
             )
         )
 
@@ -734,6 +741,9 @@ class Engine:
         stored_input = definition.validate_input(input) if definition.takes_input else None
         if definition.takes_input is False and input is not None:
             raise SchemaValidationError(f"workflow {definition.name!r} takes no input")
+        if definition.tags:
+            # Static tags first; check_tags drops a repeated one.
+            tags = [*definition.tags, *check_tags(tags)]
         if definition.singleton is not None:
             check_start(run_id, priority)
             await self.open()

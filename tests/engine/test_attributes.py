@@ -211,3 +211,31 @@ async def test_list_runs_filters_by_several_statuses_and_by_parent(
         assert sorted(_ids(ended)) == ["c0", "c1"]
         assert _ids(await engine.list_runs(status=["failed"])) == ["c1"]
         assert _ids(await engine.list_runs(status=[])) == []
+
+
+async def test_static_tags_are_merged_with_the_start_tags(make_engine: EngineFactory) -> None:
+    engine = make_engine()
+
+    @engine.workflow("billing", tags=["billing", "team-a"])
+    async def billing(ctx: durably.WorkflowContext) -> None:
+        return None
+
+    async with engine:
+        handle = await engine.start("billing", run_id="b1", tags=["vip", "billing"])
+        await engine.start("billing", run_id="b2")
+        assert handle.run.tags == ["billing", "team-a", "vip"]
+        stored = await engine.get_run("b2")
+        assert stored is not None and stored.tags == ["billing", "team-a"]
+        assert sorted(_ids(await engine.list_runs(tag="team-a"))) == ["b1", "b2"]
+        assert _ids(await engine.list_runs(tag="vip")) == ["b1"]
+
+
+@pytest.mark.parametrize("tags", [["ok", ""], "billing", ["x" * 300]])
+def test_bad_static_tags_are_refused_at_registration(tags: Any) -> None:
+    engine = durably.Engine("memory://")
+
+    with pytest.raises(ValueError, match="tag"):
+
+        @engine.workflow("w", tags=tags)
+        async def w(ctx: durably.WorkflowContext) -> None:
+            return None
