@@ -170,3 +170,24 @@ async def test_list_runs_filters_by_several_statuses(
     page = await store.list_runs(RunQuery(statuses=statuses))
 
     assert [r.run_id for r in page.runs] == expected
+
+
+HOSTILE = "k'; DROP TABLE durably_run_attributes; --"
+
+
+async def test_text_compares_by_code_point_and_hostile_keys_are_data(store: StateStore) -> None:
+    names = {"t1": "Zoe", "t2": "adam", "t3": "émile", "t4": "😀"}
+    for i, (run_id, name) in enumerate(names.items()):
+        await store.create_run(make_run(run_id, created_at=NOW + i), {"name": name, HOSTILE: i})
+
+    async def ids(*filters: tuple[str, str, Any]) -> list[str]:
+        page = await store.list_runs(RunQuery(attributes=check_filters(list(filters))))
+        return [r.run_id for r in page.runs]
+
+    # By code point, as every store compares: "Z" < "a" < "é" < "😀" (never a
+    # locale's order, which would put "émile" before "Zoe").
+    assert await ids(("name", "lt", "a")) == ["t1"]
+    assert await ids(("name", "gt", "z")) == ["t4", "t3"]
+    assert await ids(("name", "gte", "😀")) == ["t4"]
+    assert await ids((HOSTILE, "gte", 2)) == ["t4", "t3"]
+    assert (await store.get_attributes("t2"))[HOSTILE] == 1
