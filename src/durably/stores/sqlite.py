@@ -289,17 +289,7 @@ class SqliteStore:
 
     async def list_runs(self, query: RunQuery) -> RunPage:
         """Runs matching ``query``, newest first."""
-        clauses, params = _run_filter(query)
-        after = decode_cursor(query.cursor)
-        if after is not None:
-            clauses.append("(created_at < ? OR (created_at = ? AND id < ?))")
-            params.extend([after[0], after[0], after[1]])
-        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
-        sql = (
-            f"SELECT {RUN_COLUMNS} FROM durably_runs {where} "
-            "ORDER BY created_at DESC, id DESC LIMIT ?"
-        )
-        params.append(query.limit + 1)
+        sql, params = list_runs_sql(query)
 
         def op(conn: sqlite3.Connection) -> RunPage:
             runs = [run_from_row(row) for row in conn.execute(sql, params)]
@@ -1670,6 +1660,22 @@ def _lease_statement(statuses: int, of: str = "") -> str:
     )
 
 
+def list_runs_sql(query: RunQuery) -> tuple[str, list[Any]]:
+    """The statement ``list_runs`` runs for ``query``, with its parameters
+    (a test explains it to prove the indexes serve it)."""
+    clauses, params = _run_filter(query)
+    after = decode_cursor(query.cursor)
+    if after is not None:
+        clauses.append("(created_at < ? OR (created_at = ? AND id < ?))")
+        params.extend([after[0], after[0], after[1]])
+    where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+    sql = (
+        f"SELECT {RUN_COLUMNS} FROM durably_runs {where} ORDER BY created_at DESC, id DESC LIMIT ?"
+    )
+    params.append(query.limit + 1)
+    return sql, params
+
+
 def _attribute_rows(run_id: str, values: dict[str, Any] | None) -> list[tuple[Any, ...]]:
     return [(run_id, key, *attrcodec.encode(value)) for key, value in (values or {}).items()]
 
@@ -1699,11 +1705,13 @@ def _run_filter(query: RunQuery) -> tuple[list[str], list[Any]]:
         clauses.append(f"status IN ({','.join('?' * len(query.statuses)) or 'NULL'})")
         params.extend(status.value for status in query.statuses)
     for flt in query.attributes:
-        # One probe of the (key, value) index per condition; a run without
-        # the key has no row, so it never matches (not even ``ne``).
+        # The runs the (key, value) index lists, looked up by id: a
+        # correlated EXISTS would walk every run newest first and probe
+        # each (30-60 ms at 100k runs for a rare value, against 1-9 ms). A run
+        # without the key has no row, so it never matches (not even ``ne``).
         clauses.append(
-            "EXISTS (SELECT 1 FROM durably_run_attributes a WHERE a.run_id = durably_runs.id "
-            f"AND a.key = ? AND a.type IN ({','.join('?' * len(flt.types))}) "
+            "id IN (SELECT a.run_id FROM durably_run_attributes a "
+            f"WHERE a.key = ? AND a.type IN ({','.join('?' * len(flt.types))}) "
             f"AND a.{flt.column} {attrcodec.OPS[flt.op]} ?)"
         )
         params.extend([flt.key, *flt.types, flt.value])
