@@ -117,6 +117,8 @@ async def test_a_deleted_run_leaves_no_attributes_behind(make_engine: EngineFact
         assert await engine.delete_run("q")
         assert _ids(await engine.list_runs(attributes={"batch": "b-7"})) == []
         assert _ids(await engine.list_runs(attributes={"customer": "c-9"})) == []
+        with pytest.raises(durably.RunNotFound):
+            await engine.get_attributes("q")
 
 
 @pytest.mark.parametrize(
