@@ -487,6 +487,9 @@ class TurnDriver:
         next_id = next_link_id(run.run_id)
         definition = self._registry.get(run.workflow)
         now = self._clock.now_ms()
+        # The next link is found by the same search attributes (written with
+        # it, so a crash never leaves it without them).
+        attributes = await self._store.get_attributes(run.run_id)
         # Persisted before this run completes, so a crash in between never
         # loses the chain: the next link already exists and is pending.
         await self._store.create_run(
@@ -505,7 +508,8 @@ class TurnDriver:
                 created_at=now,
                 updated_at=now,
                 deadline_at=definition.deadline_from(now),
-            )
+            ),
+            attributes,
         )
         self._router.route(next_id, namespace=run.namespace, priority=run.priority)
         return next_id

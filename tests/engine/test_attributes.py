@@ -241,3 +241,28 @@ def test_bad_static_tags_are_refused_at_registration(tags: Any) -> None:
         @engine.workflow("w", tags=tags)
         async def w(ctx: durably.WorkflowContext) -> None:
             return None
+
+
+async def test_continue_as_new_carries_the_attributes_to_the_next_link(
+    make_engine: EngineFactory,
+) -> None:
+    engine = make_engine()
+
+    @engine.workflow("counter")
+    async def counter(ctx: durably.WorkflowContext, n: int) -> int:
+        ctx.upsert_attributes({"round": n})
+        if n < 2:
+            ctx.continue_as_new(n + 1)
+        return n
+
+    async with engine:
+        await engine.start("counter", 0, run_id="c", attributes={"customer": "c-5"})
+
+        async def last_link_done() -> bool:
+            page = await engine.list_runs(attributes={"customer": "c-5", "round": 2})
+            return [run.status for run in page.runs] == [RunStatus.COMPLETED]
+
+        await eventually(last_link_done, what="the last link, found by its attributes")
+        assert len((await engine.list_runs(attributes={"customer": "c-5"})).runs) == 3
+        rounds = await engine.list_runs(attributes=[("round", "lt", 2)])
+        assert len(rounds.runs) == 2
