@@ -136,7 +136,13 @@ class RunRouter:
             if lease_here:
                 self.promised_slots += 1
             try:
-                stored, created = await self._store.create_run(run, attributes)
+                # Without attributes, the one-argument call a wrapped or
+                # older store also answers.
+                stored, created = await (
+                    self._store.create_run(run, attributes)
+                    if attributes
+                    else self._store.create_run(run)
+                )
             finally:
                 if lease_here:
                     self.promised_slots -= 1

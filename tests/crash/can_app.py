@@ -55,10 +55,10 @@ def _install_kill_point(store: Any) -> None:
     target = f"~{KILL_LINK}"
     create_run, settle_run = store.create_run, store.settle_run
 
-    async def create_run_then_maybe_die(run: Run, attributes: Any = None) -> Any:
+    async def create_run_then_maybe_die(run: Run) -> Any:
         if KILL == "before-create" and run.run_id.endswith(target):
             _die()
-        result = await create_run(run, attributes)
+        result = await create_run(run)
         if KILL == "after-create" and run.run_id.endswith(target):
             _die()
         return result
