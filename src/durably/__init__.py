@@ -34,7 +34,7 @@ from .errors import (
     is_control_flow,
 )
 from .handle import RunHandle
-from .model import Checkpoint, CheckpointStatus, Run, RunResult, RunStatus
+from .model import BulkCancel, Checkpoint, CheckpointStatus, Run, RunResult, RunStatus
 from .retry import RetryPolicy
 from .schedules import Schedule, ScheduleNotFound
 from .steps import StepLogger, StepRef
@@ -42,6 +42,7 @@ from .stores import RunPage
 from .transports import Transport, TransportError
 
 __all__ = [
+    "BulkCancel",
     "Checkpoint",
     "CheckpointStatus",
     "ChildCall",

@@ -33,7 +33,7 @@ from .durations import Duration
 from .engine import Engine
 from .errors import SchemaValidationError, WorkflowNotRegistered
 from .handle import RunHandle
-from .model import Checkpoint, Run, RunResult, RunStatus
+from .model import BulkCancel, Checkpoint, Run, RunResult, RunStatus
 from .schedules import Schedule
 from .stores import RunPage, StateStore
 from .transports import Transport
@@ -233,6 +233,27 @@ class Client:
         """Cancel a run and its live children (see ``Engine.cancel``); the turn
         executing it elsewhere is stopped at its next ``ctx`` call or write."""
         return await self._engine.cancel(run_id, compensate=compensate)
+
+    async def cancel_where(
+        self,
+        *,
+        status: RunStatus | str | None = None,
+        workflow: str | None = None,
+        tag: str | None = None,
+        attributes: list[tuple[str, str, Any]] | dict[str, Any] | None = None,
+        limit: int = 500,
+        compensate: bool = False,
+    ) -> BulkCancel:
+        """Cancel the live runs matching the filter, at most ``limit`` per call
+        (see ``Engine.cancel_where``)."""
+        return await self._engine.cancel_where(
+            status=status,
+            workflow=workflow,
+            tag=tag,
+            attributes=attributes,
+            limit=limit,
+            compensate=compensate,
+        )
 
     async def retry(self, run_id: str) -> Run:
         """Run a failed or dead run again from where it failed (see ``Engine.retry``)."""

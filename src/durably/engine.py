@@ -52,6 +52,7 @@ from .errors import (
 from .handle import RunHandle
 from .model import (
     TERMINAL_STATUSES,
+    BulkCancel,
     Checkpoint,
     Run,
     RunResult,
@@ -78,6 +79,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
 
 _SETTLED = frozenset({*TERMINAL_STATUSES, RunStatus.SUSPENDED, RunStatus.BLOCKED})
+# In the order cancel_where takes them: queued first, then those executing or waiting.
+_LIVE = (RunStatus.PENDING, RunStatus.RUNNING, RunStatus.SUSPENDED, RunStatus.BLOCKED)
 
 
 class Engine:
@@ -1023,6 +1026,49 @@ class Engine:
         await self.open()
         await self._children.require(run_id)
         return await self.store.get_attributes(run_id)
+
+    async def cancel_where(
+        self,
+        *,
+        status: RunStatus | str | None = None,
+        workflow: str | None = None,
+        tag: str | None = None,
+        attributes: list[tuple[str, str, Any]] | dict[str, Any] | None = None,
+        limit: int = 500,
+        compensate: bool = False,
+    ) -> BulkCancel:
+        """Cancel the live runs matching every given filter, newest first, at most
+        ``limit`` (1 to 500) per call; ``.more`` says whether matching runs were left.
+
+        Each run is cancelled as :meth:`cancel` does (children too); a run that
+        ended meanwhile is not counted in ``cancelled``. ``attributes`` are
+        search-attribute conditions, as in :meth:`list_runs`.
+        """
+        if not 1 <= limit <= 500:
+            raise ValueError("limit must be between 1 and 500")
+        statuses = [RunStatus(status)] if status is not None else list(_LIVE)
+        matched: list[str] = []
+        more = False
+        for live in statuses:
+            if live in TERMINAL_STATUSES:
+                continue
+            page = await self.list_runs(
+                status=live,
+                workflow=workflow,
+                tag=tag,
+                attributes=attributes,
+                limit=limit - len(matched) + 1,
+            )
+            matched.extend(run.run_id for run in page.runs)
+            if len(matched) > limit or page.next_cursor is not None:
+                more = True
+                matched = matched[:limit]
+                break
+        cancelled = 0
+        for run_id in matched:
+            before = await self.cancel(run_id, compensate=compensate)
+            cancelled += 0 if before in TERMINAL_STATUSES else 1
+        return BulkCancel(len(matched), cancelled, more)
 
     async def history(self, run_id: str) -> list[Checkpoint]:
         """The run's checkpoints in seq order: its step timeline."""

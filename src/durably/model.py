@@ -199,6 +199,18 @@ class Checkpoint:
 
 
 @dataclass(frozen=True, slots=True)
+class BulkCancel:
+    """What ``cancel_where`` did."""
+
+    matched: int
+    """Live runs that matched the filter (at most the call's ``limit``)."""
+    cancelled: int
+    """Of those, the runs this call cancelled (the rest ended meanwhile)."""
+    more: bool
+    """Whether matching live runs were left beyond ``limit``: call again."""
+
+
+@dataclass(frozen=True, slots=True)
 class RunResult:
     """What ``wait_for_run`` returns. It never raises for a failed run: check ``status``."""
 

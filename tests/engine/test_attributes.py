@@ -266,3 +266,28 @@ async def test_continue_as_new_carries_the_attributes_to_the_next_link(
         assert len((await engine.list_runs(attributes={"customer": "c-5"})).runs) == 3
         rounds = await engine.list_runs(attributes=[("round", "lt", 2)])
         assert len(rounds.runs) == 2
+
+
+async def test_cancel_where_takes_attribute_filters(make_engine: EngineFactory) -> None:
+    engine = make_engine()
+
+    @engine.workflow("waits")
+    async def waits(ctx: durably.WorkflowContext) -> None:
+        await ctx.wait_for_signal(f"go:{ctx.run_id}")
+
+    async with engine:
+        for n in range(4):
+            await engine.start("waits", run_id=f"w{n}", attributes={"batch": n % 2})
+        for n in range(4):
+            await engine.wait_for_run(f"w{n}", timeout=30)
+
+        done = await engine.cancel_where(attributes={"batch": 1})
+
+        assert (done.matched, done.cancelled, done.more) == (2, 2, False)
+        statuses = {run.run_id: run.status for run in (await engine.list_runs()).runs}
+        assert statuses == {
+            "w0": RunStatus.SUSPENDED,
+            "w1": RunStatus.CANCELLED,
+            "w2": RunStatus.SUSPENDED,
+            "w3": RunStatus.CANCELLED,
+        }

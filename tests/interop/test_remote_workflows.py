@@ -200,9 +200,11 @@ async def test_worker_health_lists_the_live_durable_worker_and_checks_its_descri
     async with remote_engine(tmp_path, prefix) as engine, workflow_worker(interop_python, prefix):
 
         async def announced() -> dict[str, Any] | None:
-            # The worker writes its keys as it starts, not necessarily before READY.
+            # The worker writes its keys as it starts, not necessarily before READY,
+            # and its liveness key and its descriptor in two writes: wait for both.
             health = await engine.worker_health()
-            return health if len(health["workers"]) == 1 else None
+            workers = health["workers"]
+            return health if len(workers) == 1 and workers[0]["runtime"] is not None else None
 
         health = await eventually(announced, timeout=30)
         [worker] = health["workers"]

@@ -23,7 +23,7 @@ from ..model import Checkpoint, CheckpointKind, CheckpointStatus
 from ..retry import RetryPolicy
 from .env import TurnEnv
 
-__all__ = ["local_step", "recorded_value"]
+__all__ = ["after_failed_attempt", "local_step", "recorded_value"]
 
 
 async def local_step(
@@ -116,31 +116,19 @@ async def local_step(
                         error=error_info(exc),
                         final=fatal or retry_number == policy.retries,
                     )
-                if fatal or retry_number == policy.retries:
-                    failure = error_info(exc)
-                    await env.save(
-                        env.checkpoint(
-                            seq,
-                            name,
-                            CheckpointKind.LOCAL,
-                            CheckpointStatus.FAILED,
-                            error=failure,
-                            attempts=attempts,
-                            started_at=started,
-                            finished_at=clock.now_ms(),
-                        )
-                    )
-                    raise StepFailed.from_error(name, failure, attempts) from exc
-                delay = policy.delay_ms(retry_number + 1)
-                env.log.info(
-                    "step %s attempt %d failed (%s); retrying in %d ms",
+                final = fatal or retry_number == policy.retries
+                await after_failed_attempt(
+                    env,
+                    seq,
                     name,
-                    attempts,
+                    CheckpointKind.LOCAL,
                     exc,
-                    delay,
+                    final,
+                    attempts,
+                    started,
+                    policy,
+                    retry_number,
                 )
-                await clock.sleep(delay / 1000)
-                turn.ensure_open()
                 continue
             turn.ensure_open()
             if events.active:
@@ -174,6 +162,42 @@ async def local_step(
                 env.fence_lost()
             return value
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+async def after_failed_attempt(
+    env: TurnEnv,
+    seq: int,
+    name: str,
+    kind: CheckpointKind,
+    exc: Exception,
+    final: bool,
+    attempts: int,
+    started: int,
+    policy: RetryPolicy,
+    retry_number: int,
+) -> None:
+    """After attempt ``attempts`` of a step raised ``exc``: when ``final``, record
+    the step failed and raise :class:`StepFailed`; else wait out the backoff of
+    retry ``retry_number + 1`` (counted within this turn)."""
+    if final:
+        failure = error_info(exc)
+        await env.save(
+            env.checkpoint(
+                seq,
+                name,
+                kind,
+                CheckpointStatus.FAILED,
+                error=failure,
+                attempts=attempts,
+                started_at=started,
+                finished_at=env.clock.now_ms(),
+            )
+        )
+        raise StepFailed.from_error(name, failure, attempts) from exc
+    delay = policy.delay_ms(retry_number + 1)
+    env.log.info("step %s attempt %d failed (%s); retrying in %d ms", name, attempts, exc, delay)
+    await env.clock.sleep(delay / 1000)
+    env.turn.ensure_open()
 
 
 async def recorded_value(

@@ -13,12 +13,12 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import _codec as codec
-from .._replay import error_info
 from ..errors import FatalError, StepFailed
 from ..model import Checkpoint, CheckpointKind, CheckpointStatus
 from ..retry import RetryPolicy
 from ..stores.base import TransactionStore
 from .env import TurnEnv
+from .local_step import after_failed_attempt
 
 __all__ = ["transaction"]
 
@@ -69,32 +69,20 @@ async def transaction(
                     )
             except Exception as exc:
                 turn.ensure_open()
-                fatal = isinstance(exc, FatalError | codec.EncodeError)
-                if fatal or retry_number == policy.retries:
-                    failure = error_info(exc)
-                    await env.save(
-                        env.checkpoint(
-                            seq,
-                            name,
-                            CheckpointKind.TRANSACTION,
-                            CheckpointStatus.FAILED,
-                            error=failure,
-                            attempts=attempts,
-                            started_at=started,
-                            finished_at=clock.now_ms(),
-                        )
-                    )
-                    raise StepFailed.from_error(name, failure, attempts) from exc
-                delay = policy.delay_ms(retry_number + 1)
-                env.log.info(
-                    "transaction %s attempt %d failed and was rolled back (%s); retrying in %d ms",
+                final = isinstance(exc, FatalError | codec.EncodeError)
+                # The attempt's writes were rolled back with its checkpoint.
+                await after_failed_attempt(
+                    env,
+                    seq,
                     name,
-                    attempts,
+                    CheckpointKind.TRANSACTION,
                     exc,
-                    delay,
+                    final or retry_number == policy.retries,
+                    attempts,
+                    started,
+                    policy,
+                    retry_number,
                 )
-                await clock.sleep(delay / 1000)
-                turn.ensure_open()
                 continue
             if not held:
                 env.fence_lost()
