@@ -311,14 +311,35 @@ def timeline_table(
     return table
 
 
-def render_run(run: Run, checkpoints: list[Checkpoint], *, now_ms: int | None = None) -> Group:
-    """``durably runs show``: the run's details, then its step timeline."""
-    parts: list[RenderableType] = [run_details(run, now_ms=now_ms), Text("")]
+def render_run(
+    run: Run,
+    checkpoints: list[Checkpoint],
+    *,
+    now_ms: int | None = None,
+    attributes: dict[str, Any] | None = None,
+) -> Group:
+    """``durably runs show``: the run's details (with its search attributes),
+    then its step timeline."""
+    details = run_details(run, now_ms=now_ms)
+    if attributes:
+        shown = ", ".join(f"{k}={v}" for k, v in attributes_to_json(attributes).items())
+        details.add_row("Attributes", plain(shown))
+    parts: list[RenderableType] = [details, Text("")]
     if checkpoints:
         parts.append(timeline_table(checkpoints, now_ms=now_ms))
     else:
         parts.append(Text("No steps recorded yet.", style="dim"))
     return Group(*parts)
+
+
+def attributes_to_json(attributes: dict[str, Any]) -> dict[str, Any]:
+    """Search attributes as JSON values (a datetime as ISO-8601 UTC)."""
+    return {
+        key: value.astimezone(UTC).isoformat().replace("+00:00", "Z")
+        if isinstance(value, datetime)
+        else value
+        for key, value in attributes.items()
+    }
 
 
 def iso_time(ms: int | None) -> str | None:

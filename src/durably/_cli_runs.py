@@ -3,7 +3,7 @@
 A click group for the ``durably`` command to attach (``cli.add_command(runs)``);
 other modules add their own subcommands with ``runs.add_command(...)``::
 
-    durably runs list [--status …] [--workflow …] [--tag …] [--limit N] [--cursor C]
+    durably runs list [--status …] [--workflow …] [--tag …] [--attr K=V …] [--limit N]
     durably runs list --stale [AGE]    live runs nothing moved for AGE (15m), with hints
     durably runs show RUN_ID           a run and its step timeline
     durably runs retry RUN_ID          run a failed or dead run again from where it failed
@@ -17,7 +17,9 @@ The commands talk to the store only (``--store URL``, ``DURABLY_DATABASE_URL``).
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Awaitable, Callable
+from datetime import datetime
 from typing import Any, TypeVar
 
 import click
@@ -37,6 +39,7 @@ from ._cli_common import (
 )
 from ._cli_liveness import Liveness, find_stale, liveness_table
 from ._cli_render import (
+    attributes_to_json,
     checkpoint_to_dict,
     json_text,
     make_console,
@@ -110,6 +113,15 @@ def runs() -> None:
 @click.option("--workflow", metavar="NAME", help="Only runs of this workflow.")
 @click.option("--tag", metavar="TAG", help="Only runs carrying this tag.")
 @click.option(
+    "--attr",
+    "attrs",
+    metavar="KEY<OP>VALUE",
+    multiple=True,
+    help="Only runs whose search attribute matches (repeatable, ANDed): OP is =, !=, <, <=, "
+    ">, >=; VALUE is read as a number, true/false, an ISO datetime with a zone, or else "
+    "text (quote it, '\"42\"', to force text).",
+)
+@click.option(
     "--limit", type=click.IntRange(1, 1000), default=20, show_default=True, help="Page size."
 )
 @click.option(
@@ -134,19 +146,28 @@ def runs_list(
     cursor: str | None,
     stale: str | None,
     as_json: bool,
+    attrs: tuple[str, ...] = (),
 ) -> None:
     """List runs, newest first, one page at a time (or the stale ones: --stale)."""
     if stale is not None:
+        if attrs:
+            raise CliError("--attr does not combine with --stale", EXIT_USAGE)
         _list_stale(store_url, stale, status, workflow, tag, limit, as_json)
         return
+    filters = [parse_attribute_filter(text) for text in attrs]
 
     async def go() -> tuple[list[Any], str | None]:
         async with open_client(store_url) as engine:
             try:
                 page = await engine.list_runs(
-                    status=status, workflow=workflow, tag=tag, limit=limit, cursor=cursor
+                    status=status,
+                    workflow=workflow,
+                    tag=tag,
+                    attributes=filters,
+                    limit=limit,
+                    cursor=cursor,
                 )
-            except ValueError as exc:
+            except (TypeError, ValueError) as exc:
                 raise CliError(one_line(str(exc)), EXIT_USAGE) from None
             return page.runs, page.next_cursor
 
@@ -165,6 +186,41 @@ def runs_list(
         console.print(Text(f"(more runs: add --cursor {cursor_text})", style="dim"))
     else:
         console.print(f"[dim]{len(found)} run(s); end of list[/dim]")
+
+
+_FILTER = re.compile(r"^(?P<key>[^=!<>]+)(?P<op>!=|<=|>=|=|<|>)(?P<value>.*)$", re.DOTALL)
+_OPS = {"=": "eq", "!=": "ne", "<": "lt", "<=": "lte", ">": "gt", ">=": "gte"}
+
+
+def parse_attribute_filter(text: str) -> tuple[str, str, Any]:
+    """``--attr total>=100`` → ``("total", "gte", 100)``, the value typed as
+    it reads: an int, a float, true/false, an aware ISO datetime, else text
+    (``"..."`` in double quotes is always text)."""
+    found = _FILTER.match(text)
+    if found is None:
+        raise CliError(
+            f"--attr {visible(text)}: expected KEY<OP>VALUE with OP one of = != < <= > >=",
+            EXIT_USAGE,
+        )
+    key, value = found["key"].strip(), found["value"]
+    return key, _OPS[found["op"]], _typed(value)
+
+
+def _typed(value: str) -> Any:
+    if len(value) >= 2 and value[0] == value[-1] == '"':
+        return value[1:-1]
+    if value in ("true", "false"):
+        return value == "true"
+    for kind in (int, float):
+        try:
+            return kind(value)
+        except ValueError:
+            pass
+    try:
+        moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return value
+    return moment if moment.tzinfo is not None else value
 
 
 def _list_stale(
@@ -211,25 +267,26 @@ def _list_stale(
 def runs_show(store_url: str, run_id: str, as_json: bool) -> None:
     """Show a run and its step timeline."""
 
-    async def go() -> tuple[Any, list[Any]]:
+    async def go() -> tuple[Any, list[Any], dict[str, Any]]:
         async with open_client(store_url) as engine:
             run = await engine.get_run(run_id)
             if run is None:
                 raise no_such_run(run_id, store_url)
-            return run, await engine.history(run_id)
+            return run, await engine.history(run_id), await engine.get_attributes(run_id)
 
-    run, checkpoints = run_sync(go())
+    run, checkpoints, attributes = run_sync(go())
     if as_json:
         click.echo(
             json_text(
                 {
                     "run": run_to_dict(run),
+                    "attributes": attributes_to_json(attributes),
                     "checkpoints": [checkpoint_to_dict(c) for c in checkpoints],
                 }
             )
         )
         return
-    make_console().print(render_run(run, checkpoints))
+    make_console().print(render_run(run, checkpoints, attributes=attributes))
 
 
 def _cancel(store_url: str, run_id: str, as_json: bool) -> None:

@@ -114,6 +114,8 @@ class WorkflowDef:
     """How the output is checked, stored and decoded as :attr:`output_type`."""
     remote: RemoteSpec | None = None
     """Set for a remote workflow: its body runs in a worker elsewhere."""
+    tags: tuple[str, ...] = ()
+    """Static tags every run ``start`` creates carries (checked at registration)."""
 
     @classmethod
     def build(
@@ -126,6 +128,7 @@ class WorkflowDef:
         execution_timeout: Duration | None,
         singleton: Singleton | None = None,
         output: Any = None,
+        tags: list[str] | None = None,
     ) -> WorkflowDef:
         """Validate ``engine.register``'s arguments and build the definition."""
         if not isinstance(name, str) or not name:
@@ -148,6 +151,7 @@ class WorkflowDef:
             singleton=singleton,
             output_type=output_type,
             typed_output=typed.typed_for(output_type, f"the output of workflow {name!r}"),
+            tags=tuple(tags or ()),
         )
 
     @property

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ._logs import engine_logger
 from .model import RunStatus
@@ -106,7 +106,9 @@ class RunRouter:
         if self.accepting and self.executor is not None:
             self.executor.submit(run_id, wake=wake)
 
-    async def insert(self, run: Run, owner: str, lease_ms: int) -> Run:
+    async def insert(
+        self, run: Run, owner: str, lease_ms: int, attributes: dict[str, Any] | None = None
+    ) -> Run:
         """Store a new run and give it its first turn; return it as seen from outside.
 
         An id that exists already returns that run (routed again if still
@@ -134,7 +136,13 @@ class RunRouter:
             if lease_here:
                 self.promised_slots += 1
             try:
-                stored, created = await self._store.create_run(run)
+                # Without attributes, the one-argument call a wrapped or
+                # older store also answers.
+                stored, created = await (
+                    self._store.create_run(run, attributes)
+                    if attributes
+                    else self._store.create_run(run)
+                )
             finally:
                 if lease_here:
                     self.promised_slots -= 1

@@ -487,25 +487,30 @@ class TurnDriver:
         next_id = next_link_id(run.run_id)
         definition = self._registry.get(run.workflow)
         now = self._clock.now_ms()
+        # The next link is found by the same search attributes (written with
+        # it, so a crash never leaves it without them).
+        attributes = await self._store.get_attributes(run.run_id)
         # Persisted before this run completes, so a crash in between never
         # loses the chain: the next link already exists and is pending.
-        await self._store.create_run(
-            run.replace(
-                run_id=next_id,
-                workflow_version=definition.version,
-                status=RunStatus.PENDING,
-                input=new_input,
-                output=None,
-                error=None,
-                wake_at=None,
-                wake_requested_at=None,
-                locked_by=None,
-                locked_until=None,
-                recovery_attempts=0,
-                created_at=now,
-                updated_at=now,
-                deadline_at=definition.deadline_from(now),
-            )
+        link = run.replace(
+            run_id=next_id,
+            workflow_version=definition.version,
+            status=RunStatus.PENDING,
+            input=new_input,
+            output=None,
+            error=None,
+            wake_at=None,
+            wake_requested_at=None,
+            locked_by=None,
+            locked_until=None,
+            recovery_attempts=0,
+            created_at=now,
+            updated_at=now,
+            deadline_at=definition.deadline_from(now),
+        )
+        # Without attributes, the one-argument call a wrapped store also answers.
+        await (
+            self._store.create_run(link, attributes) if attributes else self._store.create_run(link)
         )
         self._router.route(next_id, namespace=run.namespace, priority=run.priority)
         return next_id

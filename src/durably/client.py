@@ -141,6 +141,7 @@ class Client:
         tags: list[str] | None = None,
         priority: int = 0,
         version: str | None = None,
+        attributes: dict[str, Any] | None = None,
     ) -> RunHandle[Any]:
         """Create a run of ``workflow`` and return its handle at once.
 
@@ -160,6 +161,7 @@ class Client:
             start_at=start_at,
             tags=tags,
             priority=priority,
+            attributes=attributes,
         )
         return RunHandle(run, self)
 
@@ -238,13 +240,19 @@ class Client:
         status: RunStatus | str | None = None,
         workflow: str | None = None,
         tag: str | None = None,
+        attributes: list[tuple[str, str, Any]] | dict[str, Any] | None = None,
         limit: int = 500,
         compensate: bool = False,
     ) -> BulkCancel:
         """Cancel the live runs matching the filter, at most ``limit`` per call
         (see ``Engine.cancel_where``)."""
         return await self._engine.cancel_where(
-            status=status, workflow=workflow, tag=tag, limit=limit, compensate=compensate
+            status=status,
+            workflow=workflow,
+            tag=tag,
+            attributes=attributes,
+            limit=limit,
+            compensate=compensate,
         )
 
     async def retry(self, run_id: str) -> Run:
@@ -298,16 +306,28 @@ class Client:
     async def list_runs(
         self,
         *,
-        status: RunStatus | str | None = None,
+        status: RunStatus | str | list[RunStatus | str] | None = None,
         workflow: str | None = None,
         tag: str | None = None,
+        parent_id: str | None = None,
+        attributes: list[tuple[str, str, Any]] | dict[str, Any] | None = None,
         limit: int = 50,
         cursor: str | None = None,
     ) -> RunPage:
-        """Runs newest first, filtered; pass ``page.next_cursor`` for the next page."""
+        """Runs newest first, filtered (see ``Engine.list_runs``)."""
         return await self._engine.list_runs(
-            status=status, workflow=workflow, tag=tag, limit=limit, cursor=cursor
+            status=status,
+            workflow=workflow,
+            tag=tag,
+            parent_id=parent_id,
+            attributes=attributes,
+            limit=limit,
+            cursor=cursor,
         )
+
+    async def get_attributes(self, run_id: str) -> dict[str, Any]:
+        """The run's search attributes (see ``Engine.get_attributes``)."""
+        return await self._engine.get_attributes(run_id)
 
     async def history(self, run_id: str) -> list[Checkpoint]:
         """The run's checkpoints in seq order."""
@@ -508,6 +528,7 @@ class SyncClient:
         tags: list[str] | None = None,
         priority: int = 0,
         version: str | None = None,
+        attributes: dict[str, Any] | None = None,
     ) -> SyncRunHandle[Any]:
         """Create a run of ``workflow`` and return its handle (see :meth:`Client.start`)."""
         handle = self._call(
@@ -519,6 +540,7 @@ class SyncClient:
                 tags=tags,
                 priority=priority,
                 version=version,
+                attributes=attributes,
             ),
             "start",
         )
@@ -600,19 +622,31 @@ class SyncClient:
     def list_runs(
         self,
         *,
-        status: RunStatus | str | None = None,
+        status: RunStatus | str | list[RunStatus | str] | None = None,
         workflow: str | None = None,
         tag: str | None = None,
+        parent_id: str | None = None,
+        attributes: list[tuple[str, str, Any]] | dict[str, Any] | None = None,
         limit: int = 50,
         cursor: str | None = None,
     ) -> RunPage:
-        """Runs newest first, filtered; pass ``page.next_cursor`` for the next page."""
+        """Runs newest first, filtered (see :meth:`Client.list_runs`)."""
         return self._call(
             self._client.list_runs(
-                status=status, workflow=workflow, tag=tag, limit=limit, cursor=cursor
+                status=status,
+                workflow=workflow,
+                tag=tag,
+                parent_id=parent_id,
+                attributes=attributes,
+                limit=limit,
+                cursor=cursor,
             ),
             "list_runs",
         )
+
+    def get_attributes(self, run_id: str) -> dict[str, Any]:
+        """The run's search attributes (see :meth:`Client.get_attributes`)."""
+        return self._call(self._client.get_attributes(run_id), "get_attributes")
 
     def history(self, run_id: str) -> list[Checkpoint]:
         """The run's checkpoints in seq order."""

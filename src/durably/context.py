@@ -19,9 +19,17 @@ from typing import Any, TypeVar, Unpack, overload
 from urllib.parse import quote
 
 from . import _codec as codec
+from ._attributes import check_attributes
 from ._names import check_name as check_key
 from ._names import check_priority, check_token
-from ._ops.boundaries import BREAKPOINT_PREFIX, breakpoint_token, new_webhook, record_value, task
+from ._ops.boundaries import (
+    BREAKPOINT_PREFIX,
+    breakpoint_token,
+    new_webhook,
+    record_attributes,
+    record_value,
+    task,
+)
 from ._ops.env import Services, TurnEnv
 from ._ops.fan import ChildCall, Settled, gather
 from ._ops.local_step import local_step, recorded_value
@@ -499,6 +507,24 @@ class WorkflowContext:
         stored = codec.to_jsonable(value, f"the value of {key!r}")
         seq, recorded = self._turn.allocate(name, CheckpointKind.VALUE)
         record_value(self._env, seq, name, stored, recorded)
+
+    def upsert_attributes(self, attributes: Mapping[str, Any]) -> None:
+        """Merge ``attributes`` into the run's search attributes (key by key:
+        a key given replaces its value, the others stay) for
+        ``engine.list_runs(attributes=...)``.
+
+        Values are str, int, float, bool or aware datetime; anything else
+        raises :class:`TypeError` here. Recorded in history, so a replay does
+        not write them again. Not awaited: written with the run's next
+        checkpoint write, at the latest when the turn ends.
+        """
+        clean = check_attributes(
+            dict(attributes) if isinstance(attributes, Mapping) else attributes
+        )
+        if not clean:
+            return
+        seq, recorded = self._turn.allocate("attributes", CheckpointKind.ATTRIBUTES)
+        record_attributes(self._env, seq, clean, recorded)
 
     def webhook(self) -> Awaitable[Webhook]:
         """Make a webhook: an unguessable token (and a URL when the engine has a

@@ -26,6 +26,8 @@ from datetime import datetime
 from types import TracebackType
 from typing import Any, TypeVar, Unpack, cast, overload
 
+from ._attributes import check_attributes
+from ._attributes import check_filters as check_attributes_filters
 from ._children import RunNotFound
 from ._hooks import EvictHook, Handler, StalledHook
 from ._intercept import Interceptor, StepInterceptor
@@ -296,6 +298,7 @@ class Engine:
         singleton: Callable[[Any], Any] | None = None,
         limit: int = 1,
         max_queue: int | None = None,
+        tags: list[str] | None = None,
     ) -> Callable[[F], F]:
         """Decorator registering ``async def fn(ctx, input)`` as workflow ``name``.
 
@@ -317,6 +320,9 @@ class Engine:
         With ``max_queue``, ``start`` raises :class:`SingletonQueueFull` when
         the key already has ``limit + max_queue`` live runs, before creating
         anything.
+
+        ``tags`` are static tags every run started here carries, merged
+        (first, without duplicates) with the tags ``start`` is given.
         """
 
         def decorate(fn: F) -> F:
@@ -330,6 +336,7 @@ class Engine:
                 singleton=singleton,
                 limit=limit,
                 max_queue=max_queue,
+                tags=tags,
             )
             if schedule is not None:
                 options = {"cron": schedule} if isinstance(schedule, str) else dict(schedule)
@@ -352,13 +359,14 @@ class Engine:
         singleton: Callable[[Any], Any] | None = None,
         limit: int = 1,
         max_queue: int | None = None,
+        tags: list[str] | None = None,
     ) -> None:
         """Register ``fn`` as version ``version`` of workflow ``name``.
 
         Register several versions side by side during a breaking change: runs
         replay on the version they started with; new runs take the version
-        registered last. ``input``, ``output`` and ``execution_timeout`` are
-        those of :meth:`workflow`.
+        registered last. ``input``, ``output``, ``execution_timeout`` and
+        ``tags`` are those of :meth:`workflow`.
         """
         self._registry.add(
             WorkflowDef.build(
@@ -369,6 +377,7 @@ class Engine:
                 output=output,
                 execution_timeout=execution_timeout,
                 singleton=Singleton.build(singleton, limit, max_queue),
+                tags=check_tags(tags),
             )
         )
 
@@ -673,6 +682,7 @@ class Engine:
         tags: list[str] | None = None,
         priority: int = 0,
         version: str | None = None,
+        attributes: dict[str, Any] | None = None,
     ) -> RunHandle[T]: ...
 
     @overload
@@ -686,6 +696,7 @@ class Engine:
         tags: list[str] | None = None,
         priority: int = 0,
         version: str | None = None,
+        attributes: dict[str, Any] | None = None,
     ) -> RunHandle[Any]: ...
 
     async def start(
@@ -698,6 +709,7 @@ class Engine:
         tags: list[str] | None = None,
         priority: int = 0,
         version: str | None = None,
+        attributes: dict[str, Any] | None = None,
     ) -> RunHandle[Any]:
         """Create a run and return its :class:`RunHandle` at once; the body
         runs on an executor.
@@ -707,10 +719,14 @@ class Engine:
         the run takes that function's version). Idempotent by ``run_id``:
         starting an id that exists returns a handle on that run (and
         re-dispatches it if still pending). ``start_at`` (an aware datetime,
-        or a delay) creates the run suspended until then. Raises
+        or a delay) creates the run suspended until then. ``attributes``
+        are its search attributes (str, int, float, bool or aware datetime
+        values; see ``list_runs``), written with the run (a start that finds
+        the id taken leaves that run's attributes as they are). Raises
         :class:`WorkflowNotRegistered` or :class:`SchemaValidationError`
         before anything is stored.
         """
+        clean_attributes = check_attributes(attributes)
         if isinstance(workflow, str):
             definition = self._registry.get(workflow, version)
         elif not callable(workflow):
@@ -728,6 +744,9 @@ class Engine:
         stored_input = definition.validate_input(input) if definition.takes_input else None
         if definition.takes_input is False and input is not None:
             raise SchemaValidationError(f"workflow {definition.name!r} takes no input")
+        if definition.tags:
+            # Static tags first; check_tags drops a repeated one.
+            tags = [*definition.tags, *check_tags(tags)]
         if definition.singleton is not None:
             check_start(run_id, priority)
             await self.open()
@@ -741,6 +760,7 @@ class Engine:
             start_at=start_at,
             tags=tags,
             priority=priority,
+            attributes=clean_attributes,
         )
         # The result decodes as the output type of the version the run took.
         return RunHandle(run, self, self._output_decoder(run))
@@ -756,12 +776,14 @@ class Engine:
         start_at: datetime | Duration | None,
         tags: list[str] | None,
         priority: int,
+        attributes: dict[str, Any] | None = None,
     ) -> Run:
         # What start and durably.Client share once the input is checked: the
         # client knows no registrations, so it passes the name and version
         # (UNPINNED: the first engine that executes the run pins it).
         check_start(run_id, priority)
         clean_tags = check_tags(tags)
+        clean_attributes = check_attributes(attributes)
         await self.open()
         run = new_run(
             workflow,
@@ -777,7 +799,7 @@ class Engine:
         )
         if self._intercept.starts:
             self._intercept.stamp(run)
-        return await self._router.insert(run, self.instance_id, self.lease_ms)
+        return await self._router.insert(run, self.instance_id, self.lease_ms, clean_attributes)
 
     def _output_decoder(self, run: Run) -> Callable[[Any], Any]:
         """How a handle decodes ``run``'s output: its workflow version's output
@@ -963,24 +985,47 @@ class Engine:
     async def list_runs(
         self,
         *,
-        status: RunStatus | str | None = None,
+        status: RunStatus | str | list[RunStatus | str] | None = None,
         workflow: str | None = None,
         tag: str | None = None,
+        parent_id: str | None = None,
+        attributes: list[tuple[str, str, Any]] | dict[str, Any] | None = None,
         limit: int = 50,
         cursor: str | None = None,
     ) -> RunPage:
-        """Runs newest first, filtered; pass ``page.next_cursor`` for the next page."""
+        """Runs newest first, filtered; pass ``page.next_cursor`` for the next page.
+
+        ``status`` is one status or a list of them; ``parent_id`` keeps the
+        children of that run. ``attributes`` are search-attribute conditions
+        ``(key, op, value)``, all of which must hold: ``op`` is ``eq``, ``ne``,
+        ``lt``, ``lte``, ``gt`` or ``gte`` (a bool takes only ``eq``/``ne``);
+        a run without the key never matches, not even ``ne``; a value only
+        matches one of its own type (int and float compare together). A dict
+        is shorthand for equalities.
+        """
         if not 1 <= limit <= 1000:
             raise ValueError("limit must be between 1 and 1000")
+        filters = check_attributes_filters(attributes)
+        one, several = _status_filter(status)
         await self.open()
         query = RunQuery(
-            status=RunStatus(status) if status is not None else None,
+            status=one,
+            statuses=several,
             workflow=workflow,
             tag=tag,
+            parent_id=parent_id,
+            attributes=filters,
             limit=limit,
             cursor=cursor,
         )
         return await self.store.list_runs(query)
+
+    async def get_attributes(self, run_id: str) -> dict[str, Any]:
+        """The run's search attributes (a datetime comes back in UTC); raises
+        :class:`RunNotFound` for an unknown run."""
+        await self.open()
+        await self._children.require(run_id)
+        return await self.store.get_attributes(run_id)
 
     async def cancel_where(
         self,
@@ -988,6 +1033,7 @@ class Engine:
         status: RunStatus | str | None = None,
         workflow: str | None = None,
         tag: str | None = None,
+        attributes: list[tuple[str, str, Any]] | dict[str, Any] | None = None,
         limit: int = 500,
         compensate: bool = False,
     ) -> BulkCancel:
@@ -995,7 +1041,8 @@ class Engine:
         ``limit`` (1 to 500) per call; ``.more`` says whether matching runs were left.
 
         Each run is cancelled as :meth:`cancel` does (children too); a run that
-        ended meanwhile is not counted in ``cancelled``.
+        ended meanwhile is not counted in ``cancelled``. ``attributes`` are
+        search-attribute conditions, as in :meth:`list_runs`.
         """
         if not 1 <= limit <= 500:
             raise ValueError("limit must be between 1 and 500")
@@ -1006,7 +1053,11 @@ class Engine:
             if live in TERMINAL_STATUSES:
                 continue
             page = await self.list_runs(
-                status=live, workflow=workflow, tag=tag, limit=limit - len(matched) + 1
+                status=live,
+                workflow=workflow,
+                tag=tag,
+                attributes=attributes,
+                limit=limit - len(matched) + 1,
             )
             matched.extend(run.run_id for run in page.runs)
             if len(matched) > limit or page.next_cursor is not None:
@@ -1279,3 +1330,14 @@ class Engine:
         duplicate result is harmless: only a pending step is settled."""
         await self.open()
         return await self._steps.redispatch(await self._children.require(run_id))
+
+
+def _status_filter(
+    status: RunStatus | str | list[RunStatus | str] | None,
+) -> tuple[RunStatus | None, tuple[RunStatus, ...] | None]:
+    # One status keeps its own index-friendly equality; a list is an IN.
+    if status is None:
+        return None, None
+    if isinstance(status, str):
+        return RunStatus(status), None
+    return None, tuple(dict.fromkeys(RunStatus(one) for one in status))

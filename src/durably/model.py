@@ -114,6 +114,8 @@ class CheckpointKind(StrEnum):
     """``ctx.task``: an external task's token and its dispatch."""
     TRANSACTION = "transaction"
     """``ctx.transaction``: app writes committed with their checkpoint."""
+    ATTRIBUTES = "attributes"
+    """``ctx.upsert_attributes``: search attributes merged into the run's."""
 
 
 @dataclass(slots=True)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import _codec as codec
+from .._attributes import to_jsonable as attribute_json
 from .._names import MAX_NAME_LENGTH
 from .._replay import error_info
 from ..errors import FatalError, StepFailed
@@ -36,6 +37,7 @@ __all__ = [
     "breakpoint_token",
     "make_token",
     "parse_token",
+    "record_attributes",
     "record_value",
     "task",
     "task_outcome",
@@ -115,6 +117,31 @@ def record_value(env: TurnEnv, seq: int, key: str, value: Any, recorded: Checkpo
             finished_at=now,
         )
     )
+
+
+def record_attributes(
+    env: TurnEnv, seq: int, attributes: dict[str, Any], recorded: Checkpoint | None
+) -> None:
+    """Merge checked search ``attributes`` into the run's, recorded at ``seq``.
+
+    The checkpoint and the index rows are one store transaction (written with
+    the turn's next flush): a crash leaves both or neither, and a replay,
+    finding the checkpoint, writes nothing again.
+    """
+    if recorded is not None or env.turn.unwinding:
+        return
+    now = env.clock.now_ms()
+    checkpoint = env.checkpoint(
+        seq,
+        "attributes",
+        CheckpointKind.ATTRIBUTES,
+        CheckpointStatus.COMPLETED,
+        output=attribute_json(attributes),
+        attempts=1,
+        started_at=now,
+        finished_at=now,
+    )
+    env.turn.write_later(env.store.upsert_attributes(checkpoint, attributes, env.turn.owner))
 
 
 async def new_webhook(env: TurnEnv, seq: int, name: str, recorded: Checkpoint | None) -> str:

@@ -226,4 +226,20 @@ MIGRATIONS: list[str] = [
     CREATE INDEX durably_runs_workflow_status ON durably_runs (workflow, status);
     CREATE INDEX durably_runs_updated_at ON durably_runs (updated_at);
     """,
+    # 9: search attributes, one row per (run, key), typed; list_runs filters
+    # through an index on (key, value), never by scanning JSON. Text compares
+    # by code point (COLLATE "C"), as on SQLite and in memory, whatever the
+    # database's collation.
+    """
+    CREATE TABLE durably_run_attributes (
+        run_id TEXT NOT NULL,
+        key TEXT NOT NULL,
+        type TEXT NOT NULL,
+        str_value TEXT COLLATE "C",
+        num_value DOUBLE PRECISION,
+        PRIMARY KEY (run_id, key)
+    );
+    CREATE INDEX durably_run_attributes_str ON durably_run_attributes (key, str_value, run_id);
+    CREATE INDEX durably_run_attributes_num ON durably_run_attributes (key, num_value, run_id);
+    """,
 ]

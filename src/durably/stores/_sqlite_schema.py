@@ -205,4 +205,18 @@ MIGRATIONS: list[str] = [
     """
     CREATE INDEX durably_runs_updated_at ON durably_runs (updated_at);
     """,
+    # 9: search attributes, one row per (run, key), typed; list_runs filters
+    # through an index on (key, value), never by scanning JSON
+    """
+    CREATE TABLE durably_run_attributes (
+        run_id TEXT NOT NULL,
+        key TEXT NOT NULL,
+        type TEXT NOT NULL,
+        str_value TEXT,
+        num_value REAL,
+        PRIMARY KEY (run_id, key)
+    ) WITHOUT ROWID;
+    CREATE INDEX durably_run_attributes_str ON durably_run_attributes (key, str_value, run_id);
+    CREATE INDEX durably_run_attributes_num ON durably_run_attributes (key, num_value, run_id);
+    """,
 ]

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol, runtime_checkable
 
+from .._attributes import AttributeFilter
 from ..model import Checkpoint, CheckpointStatus, ErrorInfo, Run, RunStatus
 
 __all__ = [
@@ -80,6 +81,11 @@ class RunQuery:
     """Runs created at or after this time (epoch ms)."""
     created_before: int | None = None
     """Runs created before this time (epoch ms)."""
+    statuses: tuple[RunStatus, ...] | None = None
+    """Runs in any of these statuses (ANDed with ``status`` when both are given)."""
+    attributes: tuple[AttributeFilter, ...] = ()
+    """Search-attribute conditions, all of which must hold (see
+    :mod:`durably._attributes`): served by the attributes index table."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,9 +259,13 @@ class RunStore(Protocol):
     """Runs as rows: create, read, list, delete, and the guarded updates any
     instance may make without holding the lease."""
 
-    async def create_run(self, run: Run) -> tuple[Run, bool]:
+    async def create_run(
+        self, run: Run, attributes: dict[str, Any] | None = None
+    ) -> tuple[Run, bool]:
         """Insert ``run`` unless its id exists. *Atomic*: of two racing creates
-        exactly one returns ``created=True``; both return the stored run."""
+        exactly one returns ``created=True``; both return the stored run. A
+        created run's search ``attributes`` (checked values) are written in the
+        same transaction; an existing run's are left alone."""
 
     async def create_runs(self, runs: list[Run]) -> list[str]:
         """Insert many runs at once, skipping ids that exist; return the ids
@@ -271,7 +281,20 @@ class RunStore(Protocol):
         """Runs matching ``query``, newest first, paged by an opaque cursor."""
 
     async def delete_run(self, run_id: str) -> bool:
-        """Delete a run with its checkpoints and waiters; ``False`` if absent."""
+        """Delete a run with its checkpoints, waiters and search attributes;
+        ``False`` if absent."""
+
+    async def get_attributes(self, run_id: str) -> dict[str, Any]:
+        """The run's search attributes, each as the type it was set as
+        (``{}`` for an unknown run)."""
+
+    async def upsert_attributes(
+        self, checkpoint: Checkpoint, attributes: dict[str, Any], owner: str
+    ) -> bool:
+        """*Atomic*, under ``owner``'s lease of the checkpoint's run: write the
+        checkpoint recording ``ctx.upsert_attributes`` and merge ``attributes``
+        (checked values) into the run's, key by key. ``False`` (nothing
+        written) if ``owner`` no longer holds the lease."""
 
     async def update_run_if(
         self, run_id: str, statuses: frozenset[RunStatus], changes: dict[str, Any], now: int
@@ -690,7 +713,7 @@ class StoreInspector(Protocol):
     async def count_runs(self, query: RunQuery, cap: int) -> dict[str, int]:
         """How many runs match ``query`` per status, each count stopping at
         ``cap`` (so its cost is bounded whatever the table holds: ``cap``
-        means "at least"); statuses with none are left out. ``query.status``,
+        means "at least"); statuses with none are left out. ``query.status``, ``statuses``,
         ``limit`` and ``cursor`` are ignored."""
 
     async def list_changed(self, after: int, limit: int) -> list[Run]:

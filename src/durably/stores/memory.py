@@ -12,6 +12,7 @@ from collections import defaultdict, deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from .. import _attributes as attrcodec
 from ..model import (
     TERMINAL_STATUSES,
     Checkpoint,
@@ -51,6 +52,8 @@ class MemoryStore(MemoryWaits):
         self.ordered_writes = False
         self._runs: dict[str, Run] = {}
         self._checkpoints: dict[str, dict[int, Checkpoint]] = defaultdict(dict)
+        # Search attributes by run (values are immutable: str, numbers, datetimes).
+        self._attributes: dict[str, dict[str, Any]] = {}
         self._awaiting: dict[str, str] = {}
         # token -> its waits (run, seq) in the order they registered
         self._waiters: dict[str, dict[tuple[str, int], None]] = {}
@@ -77,12 +80,16 @@ class MemoryStore(MemoryWaits):
 
     # -- runs --------------------------------------------------------------------
 
-    async def create_run(self, run: Run) -> tuple[Run, bool]:
-        """Insert unless the id exists."""
+    async def create_run(
+        self, run: Run, attributes: dict[str, Any] | None = None
+    ) -> tuple[Run, bool]:
+        """Insert unless the id exists (with its search attributes)."""
         existing = self._runs.get(run.run_id)
         if existing is not None:
             return copy.deepcopy(existing), False
         self._runs[run.run_id] = copy.deepcopy(run)
+        if attributes:
+            self._attributes[run.run_id] = _as_stored(attributes)
         return copy.deepcopy(run), True
 
     async def create_runs(self, runs: list[Run]) -> list[str]:
@@ -107,7 +114,7 @@ class MemoryStore(MemoryWaits):
         """Runs matching ``query``, newest first."""
         after = decode_cursor(query.cursor)
         matches = sorted(
-            (r for r in self._runs.values() if _matches(r, query)),
+            (r for r in self._runs.values() if self._matches(r, query)),
             key=lambda r: (r.created_at, r.run_id),
             reverse=True,
         )
@@ -120,10 +127,10 @@ class MemoryStore(MemoryWaits):
 
     async def count_runs(self, query: RunQuery, cap: int) -> dict[str, int]:
         """Runs matching ``query`` per status, each count at most ``cap``."""
-        any_status = dataclasses.replace(query, status=None)
+        any_status = dataclasses.replace(query, status=None, statuses=None)
         counts: dict[str, int] = {}
         for run in self._runs.values():
-            if _matches(run, any_status):
+            if self._matches(run, any_status):
                 counts[run.status.value] = min(cap, counts.get(run.status.value, 0) + 1)
         return counts
 
@@ -151,6 +158,7 @@ class MemoryStore(MemoryWaits):
         if self._runs.pop(run_id, None) is None:
             return False
         self._checkpoints.pop(run_id, None)
+        self._attributes.pop(run_id, None)
         self._drop_waiters(run_id)
         for slots in self._slots.values():
             for step_id in [k for k, slot in slots.items() if slot.run_id == run_id]:
@@ -541,6 +549,26 @@ class MemoryStore(MemoryWaits):
             self._put(checkpoint)
         return True
 
+    async def get_attributes(self, run_id: str) -> dict[str, Any]:
+        """The run's search attributes."""
+        return dict(sorted(self._attributes.get(run_id, {}).items()))
+
+    async def upsert_attributes(
+        self, checkpoint: Checkpoint, attributes: dict[str, Any], owner: str
+    ) -> bool:
+        """Write the checkpoint and merge the attributes, under the lease."""
+        if not self._holds(checkpoint.run_id, owner):
+            return False
+        self._put(checkpoint)
+        self._attributes.setdefault(checkpoint.run_id, {}).update(_as_stored(attributes))
+        return True
+
+    def _matches(self, run: Run, query: RunQuery) -> bool:
+        return _matches(run, query) and (
+            not query.attributes
+            or attrcodec.matches(self._attributes.get(run.run_id, {}), query.attributes)
+        )
+
     async def delete_checkpoints(self, run_id: str, seqs: list[int]) -> None:
         """Forget the given checkpoints."""
         history = self._checkpoints.get(run_id, {})
@@ -873,9 +901,16 @@ def _due_key(run: Run, now: int) -> int:
     return min(times) if times else 0
 
 
+def _as_stored(attributes: dict[str, Any]) -> dict[str, Any]:
+    # What a SQL store reads back (a datetime in UTC, to the millisecond), so
+    # all three stores answer alike.
+    return {key: attrcodec.decode(*attrcodec.encode(value)) for key, value in attributes.items()}
+
+
 def _matches(run: Run, q: RunQuery) -> bool:
     return (
         (q.status is None or run.status == q.status)
+        and (q.statuses is None or run.status in q.statuses)
         and (q.workflow is None or run.workflow == q.workflow)
         and (q.tag is None or q.tag in run.tags)
         and (q.namespace is None or run.namespace == q.namespace)

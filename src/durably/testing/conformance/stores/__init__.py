@@ -6,12 +6,12 @@ pytest collect them there; see :mod:`durably.testing.conformance`.
 
 from __future__ import annotations
 
+from .attributes import *  # noqa: F403  # noqa: F403
 from .checkpoints import *  # noqa: F403
 from .children import *  # noqa: F403
 from .decisions import *  # noqa: F403
 from .events import *  # noqa: F403
 from .lifecycle import *  # noqa: F403
-from .runs import *  # noqa: F403
 from .schedules import *  # noqa: F403
 from .signals import *  # noqa: F403
 from .steps import *  # noqa: F403
