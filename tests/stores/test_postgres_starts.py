@@ -1,0 +1,119 @@
+"""PostgreSQL's shared start statements: concurrent ``create_run`` calls go out
+as one multi-row insert, and one row the database refuses fails only its own
+caller. (Idempotence, duplicates and racing instances are in the store
+conformance suite, which runs on this store too.)"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from durably.model import Run, RunStatus
+from durably.stores.postgres import PostgresStore
+
+NOW = 1_700_000_000_000
+
+
+@pytest.fixture
+async def store(postgres_url: str) -> AsyncIterator[PostgresStore]:
+    """An open store in a fresh schema."""
+    store = PostgresStore(postgres_url)
+    await store.open()
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
+def _run(run_id: str, status: RunStatus = RunStatus.PENDING, **fields: object) -> Run:
+    return Run(
+        run_id=run_id,
+        workflow="wf",
+        workflow_version="1",
+        status=status,
+        created_at=NOW,
+        updated_at=NOW,
+        **fields,  # type: ignore[arg-type]
+    )
+
+
+def _batch_sizes(store: PostgresStore) -> list[int]:
+    """Record the size of each batch the store's start batcher sends (a spy:
+    the real statements still run)."""
+    sizes: list[int] = []
+    batch = store._starts._batch  # pyright: ignore[reportPrivateUsage]
+    call = batch._call  # pyright: ignore[reportPrivateUsage]
+
+    async def spy(runs: list[Run]) -> list[object]:
+        sizes.append(len(runs))
+        return await call(runs)
+
+    batch._call = spy  # type: ignore[assignment]  # pyright: ignore[reportPrivateUsage]
+    return sizes
+
+
+async def test_concurrent_starts_share_statements_and_a_lone_one_goes_alone(
+    store: PostgresStore,
+) -> None:
+    sizes = _batch_sizes(store)
+    assert await store.create_run(_run("alone")) == (_run("alone"), True)
+    assert sizes == [1]
+
+    runs = [_run(f"r{n:04}") for n in range(1200)]
+    results = await asyncio.gather(*(store.create_run(run) for run in runs))
+
+    assert results == [(run, True) for run in runs]
+    assert sum(sizes) == 1201 and max(sizes) == 500  # a few statements, not 1,200
+    assert len(sizes) <= 5
+    assert sorted(r.run_id for r in await store.get_runs([r.run_id for r in runs])) == [
+        r.run_id for r in runs
+    ]
+
+
+async def test_a_row_the_database_refuses_fails_only_its_own_start(store: PostgresStore) -> None:
+    sizes = _batch_sizes(store)
+    good = [_run(f"ok-{n:02}") for n in range(40)]
+    # jsonb takes no NUL; an integer column no value past 32 bits.
+    nul_tag = _run("bad-tag", tags=["a\x00b"])
+    huge = _run("bad-priority", priority=2**40)
+    calls = [*good[:20], nul_tag, *good[20:], huge]
+
+    results = await asyncio.gather(
+        *(store.create_run(run) for run in calls), return_exceptions=True
+    )
+
+    answers = dict(zip((run.run_id for run in calls), results, strict=True))
+    assert isinstance(answers.pop("bad-tag"), Exception)
+    assert isinstance(answers.pop("bad-priority"), Exception)
+    assert answers == {run.run_id: (run, True) for run in good}
+    assert max(sizes) > 2  # the refused rows were in a shared batch
+    assert await store.get_run("bad-tag") is None
+    assert await store.get_run("bad-priority") is None
+    assert len(await store.get_runs([run.run_id for run in good])) == len(good)
+
+
+async def test_a_shared_insert_announces_each_pending_run_by_id(store: PostgresStore) -> None:
+    """As a lone start does: a listener here knows its own starts by id, and
+    a run leased to its creator or suspended is nobody else's business."""
+    heard: list[tuple[str, str]] = []
+    unlisten = await store.listen(lambda kind, argument: heard.append((kind, argument)))
+    try:
+        pending = [_run(f"p{n}") for n in range(30)]
+        others = [
+            _run("mine", RunStatus.RUNNING, locked_by="me", locked_until=NOW + 1),
+            _run("later", RunStatus.SUSPENDED, wake_at=NOW + 1),
+        ]
+        await asyncio.gather(*(store.create_run(run) for run in [*pending, *others]))
+        await store.create_run(_run("marker"))
+
+        for _ in range(500):  # bounded wait for the last notice to arrive
+            if ("pending", "marker") in heard:
+                break
+            await asyncio.sleep(0.01)
+    finally:
+        unlisten()
+
+    announced = {argument for kind, argument in heard if kind == "pending"}
+    assert announced == {run.run_id for run in pending} | {"marker"}
