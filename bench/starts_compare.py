@@ -79,6 +79,7 @@ def main() -> int:
     header = ["db", *(f"{side} starts/s" for side in sides)]
     others = [side for side in sides if side != "durably"]
     header += [f"durably vs {side}" for side in others]
+    header += [f"{side} commits/start" for side in sides]
     rows: list[list[str]] = []
     for db in dbs:
         ours = cells[("durably", db)].median("starts_per_s")
@@ -86,6 +87,7 @@ def main() -> int:
         for side in others:
             theirs = cells[(side, db)].median("starts_per_s")
             row.append(f"{ours / theirs:.1f}x" if ours and theirs else "n/a")
+        row += [fmt_cell(cells[(side, db)], "commits_per_start", digits=3) for side in sides]
         rows.append(row)
     print(f"\n{n:,} starts at once (durably at {durably_revision()}, {started}, repeat={args.repeat})")
     print(table(header, rows))

@@ -29,6 +29,24 @@ from typing import Any
 from common import Target, emit, error_result, make_target, prepare_workdir, reset_target
 
 
+async def commits(t: Target) -> int | None:
+    """Transactions committed in the target database so far (PostgreSQL's statistics; a
+    backend reports its own when it exits, so read this after the side closed its pool)."""
+    if t.db != "postgres":
+        return None
+    import asyncpg
+
+    await asyncio.sleep(0.5)  # the pool's backends report as they exit
+    conn = await asyncpg.connect(t.url)
+    try:
+        value: int = await conn.fetchval(
+            "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
+        )
+        return value
+    finally:
+        await conn.close()
+
+
 async def durably_starts(t: Target, n: int, warmup: int) -> dict[str, Any]:
     import durably
 
@@ -98,7 +116,14 @@ def main() -> None:
 
     async def run() -> dict[str, Any]:
         await reset_target(t)
-        return await asyncio.wait_for(measure(t, args.n, args.warmup), args.timeout)
+        before = await commits(t)
+        result = await asyncio.wait_for(measure(t, args.n, args.warmup), args.timeout)
+        after = await commits(t)
+        if before is not None and after is not None:
+            # Every commit in the database while the side ran (schema setup and warm-up
+            # included, so slightly more than the starts' own), per start.
+            result["commits_per_start"] = round((after - before) / (args.n + args.warmup), 3)
+        return result
 
     try:
         emit({**base, **asyncio.run(run())})
