@@ -22,7 +22,17 @@ import sys
 import time
 from pathlib import Path
 
-from compare import HERE, NOTES, WORK, Cell, durably_revision, fmt_cell, pg_reachable, run_side, table
+from compare import (
+    HERE,
+    NOTES,
+    WORK,
+    Cell,
+    durably_revision,
+    fmt_cell,
+    pg_reachable,
+    run_side,
+    table,
+)
 
 
 def export_src(revision: str) -> Path:
@@ -63,7 +73,12 @@ def main() -> int:
         dbs = [d for d in dbs if d != "postgres"] or ["sqlite"]
     sides: dict[str, list[str]] = {"durably": ["--side", "durably"]}
     if args.baseline:
-        sides[f"durably@{args.baseline}"] = ["--side", "durably", "--src", str(export_src(args.baseline))]
+        sides[f"durably@{args.baseline}"] = [
+            "--side",
+            "durably",
+            "--src",
+            str(export_src(args.baseline)),
+        ]
     if not args.no_dbos:
         sides["DBOS"] = ["--side", "dbos"]
     cells: dict[tuple[str, str], Cell] = {}
@@ -74,7 +89,9 @@ def main() -> int:
             for side, argv in sides.items():
                 c = cells.setdefault((side, db), Cell(f"starts {side} {db}"))
                 cmd = ["starts_side.py", *argv, "--db", db, "--n", str(n)]
-                c.runs.append(run_side(c.label, [*cmd, "--timeout", str(args.timeout)], args.timeout))
+                c.runs.append(
+                    run_side(c.label, [*cmd, "--timeout", str(args.timeout)], args.timeout)
+                )
 
     header = ["db", *(f"{side} starts/s" for side in sides)]
     others = [side for side in sides if side != "durably"]
@@ -89,7 +106,9 @@ def main() -> int:
             row.append(f"{ours / theirs:.1f}x" if ours and theirs else "n/a")
         row += [fmt_cell(cells[(side, db)], "commits_per_start", digits=3) for side in sides]
         rows.append(row)
-    print(f"\n{n:,} starts at once (durably at {durably_revision()}, {started}, repeat={args.repeat})")
+    print(
+        f"\n{n:,} starts at once (durably at {durably_revision()}, {started}, repeat={args.repeat})"
+    )
     print(table(header, rows))
     if NOTES:
         print("\nWhy a cell is n/a:")

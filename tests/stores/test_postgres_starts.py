@@ -12,6 +12,7 @@ import pytest
 
 from durably.model import Run, RunStatus
 from durably.stores.postgres import PostgresStore
+from durably.testing import eventually
 
 NOW = 1_700_000_000_000
 
@@ -108,10 +109,8 @@ async def test_a_shared_insert_announces_each_pending_run_by_id(store: PostgresS
         await asyncio.gather(*(store.create_run(run) for run in [*pending, *others]))
         await store.create_run(_run("marker"))
 
-        for _ in range(500):  # bounded wait for the last notice to arrive
-            if ("pending", "marker") in heard:
-                break
-            await asyncio.sleep(0.01)
+        # Notices arrive in commit order: once the last one is here, all are.
+        await eventually(lambda: ("pending", "marker") in heard, what="the last notice")
     finally:
         unlisten()
 
