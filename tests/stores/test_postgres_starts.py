@@ -116,3 +116,35 @@ async def test_a_shared_insert_announces_each_pending_run_by_id(store: PostgresS
 
     announced = {argument for kind, argument in heard if kind == "pending"}
     assert announced == {run.run_id for run in pending} | {"marker"}
+
+
+async def test_repeated_and_existing_ids_in_a_batch_are_answered_by_the_batch(
+    store: PostgresStore,
+) -> None:
+    """Their callers hear the stored run from the batch's own read, not from
+    a statement each."""
+    await store.create_run(_run("old", input="first"))
+    alone: list[str] = []
+    starts = store._starts  # pyright: ignore[reportPrivateUsage]
+    create_one = starts._create_one  # pyright: ignore[reportPrivateUsage]
+
+    async def spy(run: Run) -> tuple[Run, bool]:
+        alone.append(run.run_id)
+        return await create_one(run)
+
+    starts._create_one = spy  # pyright: ignore[reportPrivateUsage]
+    calls = [
+        *(_run(f"n{n}") for n in range(20)),
+        *(_run("dup", input=n) for n in range(4)),
+        _run("old", input="second"),
+    ]
+
+    results = await asyncio.gather(*(store.create_run(run) for run in calls))
+
+    assert alone == []  # one shared insert and its read-back answered them all
+    dups = [stored for run, (stored, _) in zip(calls, results, strict=True) if run.run_id == "dup"]
+    assert [
+        created for run, (_, created) in zip(calls, results, strict=True) if run.run_id == "dup"
+    ].count(True) == 1
+    assert all(stored == dups[0] for stored in dups)
+    assert results[-1][1] is False and results[-1][0].input == "first"

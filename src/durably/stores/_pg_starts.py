@@ -15,6 +15,7 @@ the batch is then inserted row by row and only that row's caller hears of it.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any
@@ -129,7 +130,10 @@ class PgStartBatcher:
             inserted = {
                 row["id"] for row in await conn.fetch(_INSERT_RUNS, *columns, self._channel)
             }
-            others = list({run.run_id for run in runs} - inserted)
+            # Read back every id some caller here did not insert: ids that
+            # existed, and ids repeated in the batch (the repeats' callers).
+            callers = Counter(run.run_id for run in runs)
+            others = [i for i, count in callers.items() if count > 1 or i not in inserted]
             if not others:
                 return inserted, {}
             # A statement of its own: it sees rows other transactions committed
