@@ -55,19 +55,35 @@ def _batch_sizes(store: PostgresStore) -> list[int]:
     return sizes
 
 
+def _alone(store: PostgresStore) -> list[str]:
+    """Record the ids of the starts inserted by a single-row statement (a spy)."""
+    ids: list[str] = []
+    starts = store._starts  # pyright: ignore[reportPrivateUsage]
+    create_one = starts._create_one  # pyright: ignore[reportPrivateUsage]
+
+    async def spy(run: Run) -> tuple[Run, bool]:
+        ids.append(run.run_id)
+        return await create_one(run)
+
+    starts._create_one = spy  # pyright: ignore[reportPrivateUsage]
+    return ids
+
+
 async def test_concurrent_starts_share_statements_and_a_lone_one_goes_alone(
     store: PostgresStore,
 ) -> None:
     sizes = _batch_sizes(store)
+    alone = _alone(store)
     assert await store.create_run(_run("alone")) == (_run("alone"), True)
-    assert sizes == [1]
+    assert (alone, sizes) == (["alone"], [])
 
     runs = [_run(f"r{n:04}") for n in range(1200)]
     results = await asyncio.gather(*(store.create_run(run) for run in runs))
 
     assert results == [(run, True) for run in runs]
-    assert sum(sizes) == 1201 and max(sizes) == 500  # a few statements, not 1,200
-    assert len(sizes) <= 5
+    # The first went out at once; the rest queued meanwhile: a few statements, not 1,199.
+    assert alone == ["alone", "r0000"]
+    assert sum(sizes) == 1199 and max(sizes) == 500 and len(sizes) <= 5
     assert sorted(r.run_id for r in await store.get_runs([r.run_id for r in runs])) == [
         r.run_id for r in runs
     ]
@@ -124,16 +140,9 @@ async def test_repeated_and_existing_ids_in_a_batch_are_answered_by_the_batch(
     """Their callers hear the stored run from the batch's own read, not from
     a statement each."""
     await store.create_run(_run("old", input="first"))
-    alone: list[str] = []
-    starts = store._starts  # pyright: ignore[reportPrivateUsage]
-    create_one = starts._create_one  # pyright: ignore[reportPrivateUsage]
-
-    async def spy(run: Run) -> tuple[Run, bool]:
-        alone.append(run.run_id)
-        return await create_one(run)
-
-    starts._create_one = spy  # pyright: ignore[reportPrivateUsage]
+    alone = _alone(store)
     calls = [
+        _run("lead"),
         *(_run(f"n{n}") for n in range(20)),
         *(_run("dup", input=n) for n in range(4)),
         _run("old", input="second"),
@@ -141,7 +150,8 @@ async def test_repeated_and_existing_ids_in_a_batch_are_answered_by_the_batch(
 
     results = await asyncio.gather(*(store.create_run(run) for run in calls))
 
-    assert alone == []  # one shared insert and its read-back answered them all
+    # The lead went out alone; one shared insert and its read-back answered the rest.
+    assert alone == ["lead"]
     dups = [stored for run, (stored, _) in zip(calls, results, strict=True) if run.run_id == "dup"]
     assert [
         created for run, (_, created) in zip(calls, results, strict=True) if run.run_id == "dup"

@@ -69,9 +69,19 @@ class PgStartBatcher:
         self._create_one = create_one
         self._select_runs = select_runs
         self._batch: BatchCall[Run, _Answer] = BatchCall(self._insert, max_batch=max_batch)
+        self._alone = False
 
     async def create(self, run: Run) -> tuple[Run, bool]:
         """Insert ``run`` unless its id exists (see ``RunStore.create_run``)."""
+        if not self._alone and self._batch.idle:
+            # The latency path: a start while nothing else is being inserted
+            # goes out at once, without waiting for the batch task to be
+            # scheduled; starts arriving meanwhile queue in the batch.
+            self._alone = True
+            try:
+                return await self._create_one(run)
+            finally:
+                self._alone = False
         answer = await self._batch(run)
         if isinstance(answer, Exception):
             raise answer
@@ -83,7 +93,7 @@ class PgStartBatcher:
 
     async def _insert(self, runs: list[Run]) -> list[_Answer]:
         if len(runs) == 1:
-            # The latency path: a lone start is the single-row statement.
+            # A batch of one is the single-row statement.
             return [await self._create_one(runs[0])]
         answers: list[_Answer | None] = [None] * len(runs)
         # The first start of each id is inserted; its duplicates in the same
