@@ -95,13 +95,17 @@ async def test_a_row_the_database_refuses_fails_only_its_own_start(store: Postgr
     # jsonb takes no NUL; an integer column no value past 32 bits.
     nul_tag = _run("bad-tag", tags=["a\x00b"])
     huge = _run("bad-priority", priority=2**40)
-    calls = [*good[:20], nul_tag, *good[20:], huge]
+    # The same id twice: the refused first start, then one that goes in.
+    twice = [_run("twice", tags=["\x00"]), _run("twice")]
+    calls = [*good[:20], nul_tag, twice[0], *good[20:], huge, twice[1]]
 
     results = await asyncio.gather(
         *(store.create_run(run) for run in calls), return_exceptions=True
     )
 
+    assert isinstance(results[21], Exception) and results[-1] == (twice[1], True)
     answers = dict(zip((run.run_id for run in calls), results, strict=True))
+    answers.pop("twice")
     assert isinstance(answers.pop("bad-tag"), Exception)
     assert isinstance(answers.pop("bad-priority"), Exception)
     assert answers == {run.run_id: (run, True) for run in good}
@@ -158,3 +162,21 @@ async def test_repeated_and_existing_ids_in_a_batch_are_answered_by_the_batch(
     ].count(True) == 1
     assert all(stored == dups[0] for stored in dups)
     assert results[-1][1] is False and results[-1][0].input == "first"
+
+
+async def test_a_refused_start_fails_alone_in_a_batch_of_one_id(store: PostgresStore) -> None:
+    """A batch holding a single id, started twice: the refused first start
+    fails; the second, which PostgreSQL takes, creates the run."""
+    sizes = _batch_sizes(store)
+    bad, good = _run("twice", tags=["\x00"]), _run("twice")
+
+    results = await asyncio.gather(
+        store.create_run(_run("lead")),  # in flight while the two queue together
+        store.create_run(bad),
+        store.create_run(good),
+        return_exceptions=True,
+    )
+
+    assert sizes == [2]
+    assert isinstance(results[1], Exception)
+    assert results[2] == (good, True)

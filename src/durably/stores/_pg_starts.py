@@ -111,8 +111,8 @@ class PgStartBatcher:
             try:
                 inserted, stored = await self._write(rows, runs)
             except Exception as exc:
-                if not is_row_error(exc) or len(rows) == 1:
-                    raise
+                if not is_row_error(exc):
+                    raise  # the store's fault (a lost connection): every caller's
                 _log.warning(
                     "a batch of %d starts failed (%s); inserting them one by one", len(rows), exc
                 )
