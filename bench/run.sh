@@ -5,6 +5,7 @@
 #   bash bench/run.sh --quick    # smoke run, under a minute
 #   bash bench/run.sh --db sqlite --repeat 2 --scale     # any compare.py flag passes through
 #   bash bench/run.sh dispatch [--repeat 3] [--quick]    # dispatched steps (dispatch_compare.py)
+#   bash bench/run.sh starts [--repeat 3] [--baseline REV]  # 10,000 starts (starts_compare.py)
 #
 # It keeps its own virtualenv in bench/.venv (git-ignored) with DBOS, asyncpg and durably
 # (editable, from this checkout), reinstalling only when bench/requirements.txt or
@@ -41,5 +42,9 @@ cd "$HERE"
 if [ "${1:-}" = "dispatch" ]; then
     shift
     exec "$VENV/bin/python" "$HERE/dispatch_compare.py" "$@"
+fi
+if [ "${1:-}" = "starts" ]; then
+    shift
+    exec "$VENV/bin/python" "$HERE/starts_compare.py" "$@"
 fi
 exec "$VENV/bin/python" "$HERE/compare.py" "$@"

@@ -68,3 +68,21 @@ async def test_a_short_answer_is_an_error_not_a_silent_mismatch() -> None:
     batch: BatchCall[int, int] = BatchCall(call)
     with pytest.raises(RuntimeError, match="1 answers for 2 calls"):
         await asyncio.gather(batch(1), batch(2))
+
+
+async def test_idle_until_the_last_batch_has_answered() -> None:
+    release = asyncio.Event()
+
+    async def call(items: list[int]) -> list[int]:
+        await release.wait()
+        return items
+
+    batch: BatchCall[int, int] = BatchCall(call)
+    assert batch.idle
+    pending = asyncio.ensure_future(batch(1))
+    await asyncio.sleep(0)
+    assert not batch.idle
+    release.set()
+    assert await pending == 1
+    await batch.drain()
+    assert batch.idle

@@ -33,6 +33,11 @@ class BatchCall(Generic[T, R]):
         self._queued: list[tuple[T, asyncio.Future[R]]] = []
         self._task: asyncio.Task[None] | None = None
 
+    @property
+    def idle(self) -> bool:
+        """Nothing queued and no batch in flight."""
+        return not self._queued and (self._task is None or self._task.done())
+
     async def __call__(self, item: T) -> R:
         future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
         self._queued.append((item, future))

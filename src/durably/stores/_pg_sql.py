@@ -1,10 +1,16 @@
-"""SQL fragments the PostgreSQL store and its write batcher share: one
+"""SQL fragments the PostgreSQL store and its batchers share: one
 checkpoint row's typed parameters and the upsert rule (the column list itself
-is :data:`._rows.CP_COLUMNS`)."""
+is :data:`._rows.CP_COLUMNS`), and many runs' rows as one ``unnest``."""
 
 from __future__ import annotations
 
-__all__ = ["CP_PARAMS", "CP_UPSERT_TAIL", "NOTICE_ARGUMENT_BYTES", "notice_argument"]
+__all__ = [
+    "CP_PARAMS",
+    "CP_UPSERT_TAIL",
+    "NOTICE_ARGUMENT_BYTES",
+    "RUNS_UNNEST",
+    "notice_argument",
+]
 
 NOTICE_ARGUMENT_BYTES = 1024
 """The longest id (in UTF-8 bytes) a notice names; ids bounded at the API
@@ -42,3 +48,13 @@ CP_UPSERT_TAIL = """
         progress = coalesce(excluded.progress, durably_checkpoints.progress)
     WHERE durably_checkpoints.status <> 'completed'
 """
+
+# Many runs as rows: one array per column of ``RUN_COLUMNS`` ($1..$22), in
+# that order (see ``_rows.run_params``).
+RUNS_UNNEST = (
+    "SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], "
+    "$5::text[], $6::text[], $7::text[], $8::text[], $9::text[], $10::jsonb[], "
+    "$11::integer[], $12::bigint[], $13::bigint[], $14::text[], $15::bigint[], "
+    "$16::integer[], $17::bigint[], $18::bigint[], $19::bigint[], "
+    "$20::integer[], $21::text[], $22::text[])"
+)

@@ -47,7 +47,9 @@ from ._pg_connection import PgConnection
 from ._pg_messages import PgMessageQueue
 from ._pg_sql import CP_PARAMS as _CP_PARAMS
 from ._pg_sql import CP_UPSERT_TAIL as _CP_UPSERT_TAIL
+from ._pg_sql import RUNS_UNNEST as _RUNS_UNNEST
 from ._pg_sql import notice_argument
+from ._pg_starts import PgStartBatcher
 from ._rows import (
     CP_COLUMNS,
     CP_SELECT,
@@ -267,6 +269,12 @@ class PostgresStore:
         """The LISTEN/NOTIFY channel of this store's schema."""
         self._messages: PgMessageQueue | None = None
         self._batcher: PgWriteBatcher | None = None
+        self._starts = PgStartBatcher(
+            self._db.connection,
+            self.channel,
+            self._create_one,
+            f"SELECT {_SELECT_RUN} FROM durably_runs WHERE id = ANY($1::text[])",
+        )
 
     async def open(self) -> None:
         """Connect the pool and create or upgrade the schema."""
@@ -292,6 +300,7 @@ class PostgresStore:
     async def close(self) -> None:
         """Commit queued writes and close the pool."""
         await self._db.stop_listening()
+        await self._starts.drain()
         batcher, self._batcher = self._batcher, None
         if batcher is not None:
             await batcher.close()
@@ -308,7 +317,18 @@ class PostgresStore:
     async def create_run(
         self, run: Run, attributes: dict[str, Any] | None = None
     ) -> tuple[Run, bool]:
-        """Insert unless the id exists (with its search attributes)."""
+        """Insert unless the id exists (with its search attributes). Concurrent
+        calls share statements: a lone one goes out at once, those made
+        meanwhile as one multi-row insert; a run with attributes goes alone,
+        in a transaction with its attribute rows."""
+        if attributes:
+            return await self._create_one(run, attributes)
+        return await self._starts.create(run)
+
+    async def _create_one(
+        self, run: Run, attributes: dict[str, Any] | None = None
+    ) -> tuple[Run, bool]:
+        """Insert one run in a statement of its own, unless the id exists."""
         rows = _attribute_rows(run.run_id, attributes)
         while True:
             # A transaction only when there are attributes to write with the
@@ -343,12 +363,7 @@ class PostgresStore:
                 chunk = runs[start : start + 500]
                 columns = list(zip(*(run_params(run) for run in chunk), strict=True))
                 rows = await conn.fetch(
-                    f"INSERT INTO durably_runs ({RUN_COLUMNS}) "
-                    "SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], "
-                    "$5::text[], $6::text[], $7::text[], $8::text[], $9::text[], $10::jsonb[], "
-                    "$11::integer[], $12::bigint[], $13::bigint[], $14::text[], $15::bigint[], "
-                    "$16::integer[], $17::bigint[], $18::bigint[], $19::bigint[], "
-                    "$20::integer[], $21::text[], $22::text[]) "
+                    f"INSERT INTO durably_runs ({RUN_COLUMNS}) {_RUNS_UNNEST} "
                     "ON CONFLICT (id) DO NOTHING RETURNING id",
                     *[list(column) for column in columns],
                 )

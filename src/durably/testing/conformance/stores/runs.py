@@ -69,6 +69,55 @@ async def test_racing_creates_converge_on_one_winner(store_factory: StoreFactory
     assert await stores[0].get_run("race") == winner
 
 
+async def test_concurrent_creates_each_get_their_own_answer(store: StateStore) -> None:
+    """Many starts at once (which a store may share statements between): a
+    new id is created with the caller's run; an id that existed, or that
+    another create in the same burst took first, returns the stored run."""
+    for n in range(5):
+        await store.create_run(make_run(f"old-{n}", workflow="old"))
+    fresh = [make_run(f"new-{n:03}", input={"n": n}) for n in range(200)]
+    leased_run = make_run("leased", RunStatus.RUNNING, locked_by=OWNER, locked_until=NOW + 1)
+    suspended = make_run("later", RunStatus.SUSPENDED, wake_at=NOW + 5)
+    dups = [make_run("dup", workflow=f"wf-{n}") for n in range(5)]
+    olds = [make_run(f"old-{n}", workflow="new") for n in range(5)]
+    calls = [*fresh[:100], *dups[:3], leased_run, *olds, suspended, *fresh[100:], *dups[3:]]
+
+    results = await asyncio.gather(*(store.create_run(run) for run in calls))
+
+    answers = dict(zip(map(id, calls), results, strict=True))
+    for run in [*fresh, leased_run, suspended]:
+        assert answers[id(run)] == (run, True)
+        assert await store.get_run(run.run_id) == run
+    for run in olds:
+        stored, created = answers[id(run)]
+        assert created is False and stored.workflow == "old"
+    dup_results = [answers[id(run)] for run in dups]
+    assert [created for _, created in dup_results].count(True) == 1
+    winner = next(run for run, created in dup_results if created)
+    assert all(run == winner for run, _ in dup_results)
+    assert await store.get_run("dup") == winner
+
+
+async def test_concurrent_creates_of_the_same_ids_on_two_stores_converge(
+    store_factory: StoreFactory,
+) -> None:
+    """Two instances each starting the same new ids at once, in opposite
+    orders: every id is created exactly once, both hear the winner, and
+    neither is aborted as a deadlock on the other's new keys."""
+    first, second = await store_factory(), await store_factory()
+    ids = [f"race-{n:03}" for n in range(150)]
+
+    a, b = await asyncio.gather(
+        asyncio.gather(*(first.create_run(make_run(i, workflow="a")) for i in ids)),
+        asyncio.gather(*(second.create_run(make_run(i, workflow="b")) for i in ids[::-1])),
+    )
+
+    for (run_a, created_a), (run_b, created_b) in zip(a, b[::-1], strict=True):
+        assert created_a != created_b
+        assert run_a == run_b
+        assert await first.get_run(run_a.run_id) == run_a
+
+
 async def test_every_run_field_round_trips(store: StateStore) -> None:
     run = Run(
         run_id="run:ü:🎉",
