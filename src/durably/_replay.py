@@ -116,6 +116,10 @@ class Turn:
         self._generation = 0
         self._wakeup: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._unflushed: list[asyncio.Future[bool]] = []
+        self.unordered_writes = False
+        """Whether a write went around the store's ordered writes (its own
+        transaction): the turn's outcome must then wait for it, not just
+        queue behind the ordered ones."""
         self.closed = False
         self.close_reason: CloseReason | None = None
         self.fenced = False
@@ -198,7 +202,7 @@ class Turn:
         self.close_reason = CloseReason.STORE
         return _TurnClosed(CloseReason.STORE)
 
-    def write_later(self, write: Awaitable[bool]) -> None:
+    def write_later(self, write: Awaitable[bool], *, ordered: bool = True) -> None:
         """Start a checkpoint write without waiting for it.
 
         Used for results (a step's output, a recorded ``now``): nothing
@@ -206,6 +210,7 @@ class Turn:
         end of the turn, and both :meth:`flush` first. A sequential
         workflow thus pays one store round trip per step, not two.
         """
+        self.unordered_writes = self.unordered_writes or not ordered
         self._unflushed.append(asyncio.ensure_future(write))
 
     def needs_fence(self) -> bool:

@@ -321,7 +321,7 @@ class TurnDriver:
                 return outcome, turn
             unwind = turn.unwinding or (outcome.end is TurnEnd.FAILED and bool(saga))
             try:
-                if unwind or not self._store.ordered_writes:
+                if unwind or not self._store.ordered_writes or turn.unordered_writes:
                     await turn.flush()  # every result is durable before the outcome
                 if unwind:
                     outcome = after_unwind(

@@ -141,7 +141,9 @@ def record_attributes(
         started_at=now,
         finished_at=now,
     )
-    env.turn.write_later(env.store.upsert_attributes(checkpoint, attributes, env.turn.owner))
+    env.turn.write_later(
+        env.store.upsert_attributes(checkpoint, attributes, env.turn.owner), ordered=False
+    )
 
 
 async def new_webhook(env: TurnEnv, seq: int, name: str, recorded: Checkpoint | None) -> str:
