@@ -36,6 +36,7 @@ class StartRun(Protocol):
         *,
         run_id: str | None = None,
         tags: list[str] | None = None,
+        start_at: datetime | None = None,
     ) -> Awaitable[Any]: ...
 
 

@@ -1100,6 +1100,8 @@ class Engine:
         overlap: Overlap = "skip",
         catchup: bool = False,
         paused: bool = False,
+        max_catchup: int | None = None,
+        jitter: Duration | None = None,
     ) -> None:
         """Declare schedule ``name``: start ``workflow`` with ``input`` on every
         window of ``cron`` (five fields, in IANA time zone ``tz``, default UTC)
@@ -1110,11 +1112,22 @@ class Engine:
         ``overlap``: ``"skip"`` a window while the previous run is live,
         ``"allow"`` it, or ``"cancel_previous"``. After downtime only the most
         recent missed window fires, unless ``catchup=True`` (every missed
-        window, oldest first). ``paused`` is the state the schedule is created
-        in; later pauses and resumes persist across restarts.
+        window, oldest first; with ``max_catchup=N`` only the N latest of them).
+        ``jitter`` starts each window's run up to that much later (a delay
+        fixed per window, the same on every instance), so many schedules on
+        one boundary do not all start at once. ``paused`` is the state the
+        schedule is created in; later pauses and resumes persist across restarts.
         """
         spec = ScheduleSpec.build(
-            workflow, cron=cron, every=every, tz=tz, input=input, overlap=overlap, catchup=catchup
+            workflow,
+            cron=cron,
+            every=every,
+            tz=tz,
+            input=input,
+            overlap=overlap,
+            catchup=catchup,
+            max_catchup=max_catchup,
+            jitter=jitter,
         )
         self._scheduler.declare(name, spec, paused=paused)
 
@@ -1130,6 +1143,8 @@ class Engine:
         overlap: Overlap = "skip",
         catchup: bool = False,
         paused: bool = False,
+        max_catchup: int | None = None,
+        jitter: Duration | None = None,
     ) -> Schedule:
         """Create (or replace) a schedule at runtime, persisted in the store;
         options as :meth:`schedule`. The workflow must be registered here."""
@@ -1141,6 +1156,8 @@ class Engine:
             input=input,
             overlap=overlap,
             catchup=catchup,
+            max_catchup=max_catchup,
+            jitter=jitter,
             source="runtime",
         )
         await self.open()
@@ -1315,11 +1332,12 @@ class Engine:
         *,
         run_id: str | None = None,
         tags: list[str] | None = None,
+        start_at: datetime | None = None,
     ) -> Awaitable[RunHandle[Any]]:
         # Looked up on each call rather than bound once, so schedules, events
         # and failure handlers start through whatever ``start`` this engine has
         # now (a test's fault injection wraps it).
-        return self.start(workflow, input, run_id=run_id, tags=tags)
+        return self.start(workflow, input, run_id=run_id, tags=tags, start_at=start_at)
 
     async def _after_failure(self, run: Run) -> None:
         await self._hooks.after_failure(run, self._start_late)

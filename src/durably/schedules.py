@@ -31,8 +31,10 @@ since the Unix epoch (UTC).
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -99,6 +101,10 @@ class ScheduleSpec:
     input: Any = None
     overlap: Overlap = "skip"
     catchup: bool = False
+    max_catchup: int | None = None
+    """With ``catchup``: fire at most this many of the latest missed windows."""
+    jitter_ms: int = 0
+    """Each window's run starts up to this much later (fixed per window)."""
     source: str = "code"
     """``code`` (declared in the application) or ``runtime`` (``add_schedule``)."""
 
@@ -113,6 +119,8 @@ class ScheduleSpec:
         input: Any = None,
         overlap: str = "skip",
         catchup: bool = False,
+        max_catchup: int | None = None,
+        jitter: Duration | None = None,
         source: str = "code",
     ) -> ScheduleSpec:
         """Validate the arguments of ``engine.schedule`` into a spec (``ValueError`` if wrong)."""
@@ -135,6 +143,13 @@ class ScheduleSpec:
             zone = "UTC"
         if overlap not in _OVERLAPS:
             raise ValueError(f"overlap must be one of {', '.join(_OVERLAPS)}; got {overlap!r}")
+        if max_catchup is not None and (
+            isinstance(max_catchup, bool) or not isinstance(max_catchup, int) or max_catchup < 1
+        ):
+            raise ValueError("max_catchup must be an int >= 1 (or None: every missed window)")
+        if max_catchup is not None and not catchup:
+            raise ValueError("max_catchup bounds catchup=True; without catchup one window fires")
+        jitter_ms = 0 if jitter is None else to_ms(jitter, name="jitter")
         try:
             stored_input = codec.to_jsonable(input, "schedule input")
         except (TypeError, ValueError) as exc:
@@ -147,6 +162,8 @@ class ScheduleSpec:
             input=stored_input,
             overlap=overlap,  # type: ignore[arg-type]
             catchup=bool(catchup),
+            max_catchup=max_catchup,
+            jitter_ms=jitter_ms,
             source=source,
         )
 
@@ -162,6 +179,8 @@ class ScheduleSpec:
             "input": self.input,
             "overlap": self.overlap,
             "catchup": self.catchup,
+            "max_catchup": self.max_catchup,
+            "jitter_ms": self.jitter_ms,
             "source": self.source,
         }
 
@@ -176,6 +195,8 @@ class ScheduleSpec:
             input=data.get("input"),
             overlap=data.get("overlap", "skip"),
             catchup=bool(data.get("catchup", False)),
+            max_catchup=data.get("max_catchup"),
+            jitter_ms=int(data.get("jitter_ms") or 0),
             source=str(data.get("source", "code")),
         )
 
@@ -198,6 +219,29 @@ class ScheduleSpec:
             return at_ms - at_ms % self.every_ms
         assert self.cron is not None
         return _cron.latest_at(self.cron, _zone(self.tz), at_ms)
+
+    def earliest_caught_up(self, at_ms: int) -> int | None:
+        """The oldest of the ``max_catchup`` latest windows at or before ``at_ms``
+        (``None``: no bound, or no window yet)."""
+        if self.max_catchup is None:
+            return None
+        window = self.latest_at(at_ms)
+        for _ in range(self.max_catchup - 1):
+            if window is None:
+                return None
+            earlier = self.latest_at(window - 1)
+            if earlier is None:
+                return window
+            window = earlier
+        return window
+
+    def jitter_of(self, run_id: str) -> int:
+        """The delay (ms, below ``jitter_ms``) of the window whose run is ``run_id``:
+        derived from the id, so every instance and every retry of the start agree."""
+        if self.jitter_ms <= 0:
+            return 0
+        digest = hashlib.blake2b(run_id.encode("utf-8", "surrogatepass"), digest_size=8)
+        return int.from_bytes(digest.digest(), "big") % self.jitter_ms
 
     def windows(self, start_ms: int, end_ms: int) -> list[int]:
         """Every window in ``(start_ms, end_ms]``, in order (for inspection and tests)."""
@@ -278,6 +322,12 @@ class Schedule:
 def window_run_id(name: str, window_ms: int) -> str:
     """The run id of a schedule's window: ``sched:<name>:<window epoch ms>``."""
     return f"sched:{name}:{window_ms}"
+
+
+def _window_of(run_id: str) -> int | None:
+    """The window a ``sched:<name>:<ms>`` run id names (``None`` for a manual one)."""
+    head, _, tail = run_id.rpartition(":")
+    return int(tail) if head.startswith("sched:") and tail.isdigit() else None
 
 
 def manual_run_id(name: str, now_ms: int) -> str:
@@ -451,7 +501,8 @@ class Scheduler:
             # A claimed start that was never confirmed (a crash, or a trigger
             # queued by an engine without the workflow): start it, idempotently.
             exists = await store.get_run(record.firing_run_id) is not None
-            if not exists and await self._start(name, spec, record.firing_run_id):
+            window = _window_of(record.firing_run_id)
+            if not exists and await self._start(name, spec, record.firing_run_id, window=window):
                 started += 1
             cleared = await store.update_schedule(
                 name, {"firing_run_id": None}, now, revision=record.revision
@@ -465,6 +516,9 @@ class Scheduler:
             window = record.next_fire_at if spec.catchup else spec.latest_at(now)
             if window is None or window < record.next_fire_at:
                 window = record.next_fire_at
+            floor = spec.earliest_caught_up(now) if spec.catchup else None
+            if floor is not None and window < floor:
+                window = floor  # older missed windows beyond max_catchup are skipped
             run_id = window_run_id(name, window)
             previous = record.last_run_id
             live = False
@@ -486,7 +540,7 @@ class Scheduler:
                 continue
             if live and spec.overlap == "cancel_previous" and previous is not None:
                 await self._cancel(previous)
-            if await self._start(name, spec, run_id):
+            if await self._start(name, spec, run_id, window=window):
                 started += 1
                 _log.info("schedule %s fired window %s: run %s", name, window, run_id)
             cleared = await store.update_schedule(
@@ -498,11 +552,26 @@ class Scheduler:
         return started
 
     async def _start(
-        self, name: str, spec: ScheduleSpec, run_id: str, strict: bool = False
+        self,
+        name: str,
+        spec: ScheduleSpec,
+        run_id: str,
+        strict: bool = False,
+        window: int | None = None,
     ) -> bool:
+        start_at = None
+        if window is not None and spec.jitter_ms > 0:
+            # Relative to the window, not to now: a late pass does not add the
+            # delay again, and every instance computes the same time.
+            due = window + spec.jitter_of(run_id)
+            start_at = datetime.fromtimestamp(due / 1000, tz=UTC)
         try:
             await self._start_run(
-                spec.workflow, spec.input, run_id=run_id, tags=[f"schedule:{name}"]
+                spec.workflow,
+                spec.input,
+                run_id=run_id,
+                tags=[f"schedule:{name}"],
+                start_at=start_at,
             )
         except (WorkflowNotRegistered, SchemaValidationError) as exc:
             if strict:

@@ -639,3 +639,59 @@ async def test_the_worker_loop_fires_schedules_in_real_time(make_engine: EngineF
 def test_window_run_ids_are_deterministic() -> None:
     when = datetime(2027, 1, 1, tzinfo=UTC) + timedelta(hours=1)
     assert window_run_id("n", int(when.timestamp() * 1000)) == "sched:n:1798765200000"
+
+
+async def test_max_catchup_fires_only_the_latest_missed_windows(
+    make_engine: EngineFactory, clock: VirtualClock
+) -> None:
+    engine = _engine(make_engine, clock)
+    engine.schedule("bounded", "job", every="1m", overlap="allow", catchup=True, max_catchup=3)
+    start = clock.now_ms()
+    await engine.open()
+    assert await engine.fire_schedules() == 0
+    clock.advance("10m")  # ten windows missed
+
+    assert await engine.fire_schedules() == 3
+    fired = await _scheduled_runs(engine, "bounded")
+    assert fired == sorted(window_run_id("bounded", start + m * 60_000) for m in (8, 9, 10))
+    (info,) = await engine.list_schedules()
+    assert info.next_fire_at == start + 11 * 60_000
+    clock.advance("1m")
+    assert await engine.fire_schedules() == 1
+
+
+async def test_jitter_delays_each_window_by_a_fixed_amount(
+    make_engine: EngineFactory, clock: VirtualClock
+) -> None:
+    first, second = _engine(make_engine, clock), _engine(make_engine, clock)
+    for engine in (first, second):
+        engine.schedule("spread", "job", every="1h", jitter="10m")
+        await engine.open()
+    start = clock.now_ms()
+    clock.advance("1h")
+    await asyncio.gather(first.fire_schedules(), second.fire_schedules())
+
+    run_id = window_run_id("spread", start + HOUR)
+    spec = ScheduleSpec.build("job", every="1h", jitter="10m")
+    delay = spec.jitter_of(run_id)
+    assert 0 <= delay < 600_000
+    assert delay == spec.jitter_of(run_id)  # the same on every instance, every retry
+    run = await first.get_run(run_id)
+    assert run is not None and run.status is RunStatus.SUSPENDED
+    assert run.wake_at == start + HOUR + delay
+    assert await _scheduled_runs(first, "spread") == [run_id]
+
+    clock.advance(delay / 1000 + 0.001)
+    assert await first.resume_due_timers() == 1
+    assert (await first.wait_for_run(run_id, terminal=True, timeout=10)).status is (
+        RunStatus.COMPLETED
+    )
+
+
+def test_bad_catchup_and_jitter_options_are_refused() -> None:
+    with pytest.raises(ValueError, match="max_catchup bounds catchup"):
+        ScheduleSpec.build("job", every="1m", max_catchup=3)
+    with pytest.raises(ValueError, match="max_catchup must be"):
+        ScheduleSpec.build("job", every="1m", catchup=True, max_catchup=0)
+    with pytest.raises(ValueError, match="invalid jitter"):
+        ScheduleSpec.build("job", every="1m", jitter="-1m")
