@@ -80,6 +80,8 @@ class ChildStart(Protocol):
     def input(self) -> Any: ...
     @property
     def seq(self) -> int: ...
+    @property
+    def priority(self) -> int | None: ...
 
 
 class ChildRuns:
@@ -143,7 +145,7 @@ class ChildRuns:
                     namespace=parent.namespace,
                     parent_id=parent.run_id,
                     parent_seq=call.seq,
-                    priority=parent.priority,
+                    priority=parent.priority if call.priority is None else call.priority,
                     deadline_at=definition.deadline_from(now),
                     created_at=now,
                     updated_at=now,

@@ -607,11 +607,19 @@ class WorkflowContext:
 
     # -- composition ---------------------------------------------------------------------
 
-    def child(self, workflow: str, input: Any = None, *, run_id: str | None = None) -> ChildCall:
+    def child(
+        self,
+        workflow: str,
+        input: Any = None,
+        *,
+        run_id: str | None = None,
+        priority: int | None = None,
+    ) -> ChildCall:
         """Start ``workflow`` as a child run and wait for its output.
 
         The child's id is ``run_id`` or ``<this run>.child.<seq>``, the same on
-        every replay, so it is started once. It runs in this run's namespace.
+        every replay, so it is started once. It runs in this run's namespace,
+        at ``priority`` (default: this run's).
         Its output comes back decoded into the child workflow's output type
         when that workflow is registered here.
         The await raises :class:`ChildFailed` if the child fails, is
@@ -624,13 +632,16 @@ class WorkflowContext:
             if not isinstance(run_id, str) or not run_id:
                 raise ValueError("ctx.child: run_id must be a non-empty string")
             check_key(run_id, "child run_id")
+        if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)):
+            raise ValueError("ctx.child: priority must be an int")
+        check_priority(priority, "child priority")
         seq, recorded = self._turn.allocate(f"child:{workflow}", CheckpointKind.CHILD)
         if recorded is not None and isinstance(recorded.input, dict):
             child_id = str(recorded.input.get("run_id"))
         else:
             child_id = run_id or f"{self.run_id}.child.{seq}"
         decode = self._env.services.child_output(workflow)
-        return ChildCall(self._env, seq, child_id, workflow, input, recorded, decode)
+        return ChildCall(self._env, seq, child_id, workflow, input, recorded, decode, priority)
 
     def all(
         self, items: Iterable[Awaitable[Any]], *, fail_fast: bool = False

@@ -494,3 +494,36 @@ async def test_a_compensating_cancel_waits_on_nothing_new(make_engine: EngineFac
     result = await engine.wait_for_run("o", terminal=True, timeout=10)
     assert result.status is RunStatus.CANCELLED and undone == ["R"]
     assert [c.name for c in await engine.history("o") if c.seq >= 0] == ["reserve", "signal:paid"]
+
+
+async def test_a_child_runs_at_its_own_priority_or_its_parents(
+    make_engine: EngineFactory,
+) -> None:
+    engine = make_engine()
+
+    @engine.workflow("leaf")
+    async def leaf(ctx: durably.WorkflowContext, n: int) -> int:
+        return n
+
+    @engine.workflow("fan")
+    async def fan(ctx: durably.WorkflowContext) -> list[int]:
+        return await ctx.all(
+            [ctx.child("leaf", 1, run_id="urgent", priority=9), ctx.child("leaf", 2, run_id="same")]
+        )
+
+    async with engine:
+        await engine.start("fan", run_id="parent", priority=3)
+        result = await engine.wait_for_run("parent", terminal=True, timeout=30)
+        assert result.output == [1, 2]
+        urgent, same = await engine.get_run("urgent"), await engine.get_run("same")
+        assert urgent is not None and urgent.priority == 9
+        assert same is not None and same.priority == 3
+
+        @engine.workflow("bad-priority")
+        async def bad(ctx: durably.WorkflowContext) -> None:
+            await ctx.child("leaf", 1, priority=2**40)
+
+        await engine.start("bad-priority", run_id="bad")
+        failed = await engine.wait_for_run("bad", terminal=True, timeout=30)
+        assert failed.status is durably.RunStatus.FAILED
+        assert failed.error is not None and "child priority" in failed.error["message"]

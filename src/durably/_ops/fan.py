@@ -39,7 +39,7 @@ class ChildCall:
     created together (one bulk insert) and awaited with one suspension.
     """
 
-    __slots__ = ("_env", "decode", "input", "recorded", "run_id", "seq", "workflow")
+    __slots__ = ("_env", "decode", "input", "priority", "recorded", "run_id", "seq", "workflow")
 
     def __init__(
         self,
@@ -50,8 +50,11 @@ class ChildCall:
         input: Any,
         recorded: Checkpoint | None,
         decode: Decoder = identity,
+        priority: int | None = None,
     ) -> None:
         self._env = env
+        self.priority = priority
+        """The child run's priority (``None``: its parent's)."""
         self.decode = decode
         """The child's output (JSON data) as its workflow's output type."""
         self.seq = seq
