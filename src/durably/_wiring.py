@@ -42,7 +42,7 @@ from .steps._server import StepServer
 from .steps.definition import StepDefinition
 from .stores import StateStore
 from .transports import Transport
-from .transports.base import TurnCarrier
+from .transports.base import EventCarrier, TurnCarrier
 
 __all__ = ["Parts", "wire"]
 
@@ -91,7 +91,7 @@ def wire(
     ``settings()`` and ``owner()`` at each use, for what may change before
     a start."""
     hooks = Hooks()
-    hub = events_hub(store, owner, open, publish=options.publish_events)
+    hub = events_hub(store, transport, owner, open, publish=options.publish_events)
     intercept = Interceptors()
     registry = Registry()
     threads = StepThreads(options.step_threads)
@@ -236,15 +236,22 @@ def wire(
 
 def events_hub(
     store: StateStore,
+    transport: Transport,
     owner: Callable[[], str],
     open: Callable[[], Awaitable[None]],
     *,
     publish: bool,
 ) -> EventHub:
-    """The engine's lifecycle events; across processes through the store's
-    broadcasts, when it keeps a message queue (SQLite: this process only)."""
+    """The engine's lifecycle events; across processes through the transport's
+    fan-out where it has one (Redis pub/sub), else through the store's
+    broadcasts when it keeps a message queue (SQLite: this process only)."""
     hub = EventHub(owner, StoreNotice.EVENT)
-    if isinstance(store, MessageStore):
+    if isinstance(transport, EventCarrier):
+        carrier = transport
+        hub.connect(listen=carrier.listen_events, open=open)
+        if publish:
+            hub.publish_with(carrier.broadcast_events)
+    elif isinstance(store, MessageStore):
         messages = store.messages
         hub.connect(listen=lambda listener: messages().listen(listener), open=open)
         if publish:

@@ -22,6 +22,7 @@ from ..wire import Heartbeat, StepResult, StepTask
 
 __all__ = [
     "CancelHandler",
+    "EventCarrier",
     "HeartbeatHandler",
     "ResultHandler",
     "RunCarrier",
@@ -141,6 +142,20 @@ class RunCarrier(Protocol):
 TurnHandler = Callable[[Any], Awaitable[None]]
 """Engine side: one message from a worker executing remote turns, as parsed
 JSON (the handler checks its shape). Raising delivers it again later."""
+
+
+@runtime_checkable
+class EventCarrier(Protocol):
+    """A transport that fans lifecycle events out to every instance (``redis``
+    pub/sub), so ``engine.subscribe()`` hears runs executing anywhere even on
+    a store whose notices do not cross processes (SQLite)."""
+
+    async def broadcast_events(self, kind: str, notices: list[str]) -> None:
+        """Publish events (compact JSON each) to every other instance."""
+
+    async def listen_events(self, listener: Callable[[str, str], None]) -> Callable[[], None]:
+        """Call ``listener(kind, notice)`` for other instances' events; returns
+        the removal."""
 
 
 @runtime_checkable

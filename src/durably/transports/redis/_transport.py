@@ -19,6 +19,7 @@ from redis.asyncio.client import PubSub
 
 from ..._aio import wait_event
 from ..._logs import engine_logger
+from ..._notices import StoreNotice
 from ..._urls import redact_url
 from ...wire import Heartbeat, StepResult, StepTask, WireError
 from ..base import (
@@ -35,6 +36,8 @@ from ._names import RedisNames, bullmq_priority, split_url
 from ._runs import RedisRuns
 
 _log = engine_logger("durably.transport")
+_EVENTS = "durably.events"
+"""The control notice kind of lifecycle events (ours; upstream instances ignore it)."""
 
 _RESULT_BATCH = 256
 _RESULT_WINDOW_S = 0.002
@@ -122,6 +125,7 @@ class RedisTransport:
         self._settled: OrderedDict[str, None] = OrderedDict()
         # pub/sub
         self._cancel_handlers: list[CancelHandler] = []
+        self._event_listeners: list[Callable[[str, str], None]] = []
         self._readers: list[asyncio.Task[None]] = []
         self._pubsubs: dict[str, PubSub] = {}
         self.resubscriptions = 0
@@ -329,8 +333,11 @@ class RedisTransport:
             return
         if body.get("from") == self.instance_id:
             return  # our own: its handlers were told when it was sent
+        if body["kind"] == _EVENTS:
+            self._tell_events(body.get("notices"))
+            return
         if body["kind"] != "cancel":
-            return  # events and other notices are not a transport's business
+            return  # other notices are not a transport's business
         run_id = body.get("runId")
         if not isinstance(run_id, str) or not run_id:
             self._malformed(self.names.control, "a cancel without a runId")
@@ -358,6 +365,39 @@ class RedisTransport:
                 await pipe.execute()
         except Exception as exc:
             _log.warning("could not publish the cancellation of %d run(s): %s", len(run_ids), exc)
+
+    async def broadcast_events(self, kind: str, notices: list[str]) -> None:
+        """Publish lifecycle events (compact JSON each) to every instance on the
+        control channel, so a subscriber anywhere hears runs executing here."""
+        if not notices:
+            return
+        body = {"from": self.instance_id, "kind": _EVENTS, "notices": notices}
+        await self._redis().publish(self.names.control, json.dumps(body))
+
+    async def listen_events(self, listener: Callable[[str, str], None]) -> Callable[[], None]:
+        """Hear other instances' lifecycle events: ``listener(kind, notice)``
+        with the store notice kind of events; returns its removal."""
+        await self.open()
+        self._event_listeners.append(listener)
+
+        def remove() -> None:
+            if listener in self._event_listeners:
+                self._event_listeners.remove(listener)
+
+        return remove
+
+    def _tell_events(self, notices: Any) -> None:
+        if not isinstance(notices, list):
+            self._malformed(self.names.control, "events without a notices list")
+            return
+        for notice in notices:
+            if not isinstance(notice, str):
+                continue
+            for listener in list(self._event_listeners):
+                try:
+                    listener(StoreNotice.EVENT, notice)
+                except Exception:
+                    _log.exception("a lifecycle event listener failed")
 
     def on_cancel(self, handler: CancelHandler) -> None:
         """Register a cancel-notice handler."""
