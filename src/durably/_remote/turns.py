@@ -70,6 +70,8 @@ class _Child:
     workflow: str
     input: Any
     seq: int
+    priority: int | None = None
+    """A remote child runs at its parent's priority."""
 
 
 class RemoteTurns:
