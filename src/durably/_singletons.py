@@ -105,12 +105,5 @@ async def count_live(store: RunStore, workflow: str, tag: str, bound: int) -> in
     processes may each see room for one more, so ``max_queue`` can be
     exceeded by the number of concurrent starters; ``limit`` never is.
     """
-    live = 0
-    for status in _LIVE:
-        page = await store.list_runs(
-            RunQuery(status=status, workflow=workflow, tag=tag, limit=bound + 1)
-        )
-        live += len(page.runs)
-        if live >= bound:
-            break
-    return live
+    page = await store.list_runs(RunQuery(statuses=_LIVE, workflow=workflow, tag=tag, limit=bound))
+    return len(page.runs)

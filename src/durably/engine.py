@@ -1046,24 +1046,17 @@ class Engine:
         """
         if not 1 <= limit <= 500:
             raise ValueError("limit must be between 1 and 500")
-        statuses = [RunStatus(status)] if status is not None else list(_LIVE)
-        matched: list[str] = []
-        more = False
-        for live in statuses:
-            if live in TERMINAL_STATUSES:
-                continue
-            page = await self.list_runs(
-                status=live,
-                workflow=workflow,
-                tag=tag,
-                attributes=attributes,
-                limit=limit - len(matched) + 1,
-            )
-            matched.extend(run.run_id for run in page.runs)
-            if len(matched) > limit or page.next_cursor is not None:
-                more = True
-                matched = matched[:limit]
-                break
+        wanted = [RunStatus(status)] if status is not None else list(_LIVE)
+        statuses: list[RunStatus | str] = [s for s in wanted if s not in TERMINAL_STATUSES]
+        if not statuses:
+            return BulkCancel(0, 0, False)
+        # One read for every live status: a page one longer than ``limit`` says
+        # whether matching runs are left for the next call.
+        page = await self.list_runs(
+            status=statuses, workflow=workflow, tag=tag, attributes=attributes, limit=limit + 1
+        )
+        matched = [run.run_id for run in page.runs[:limit]]
+        more = len(page.runs) > limit
         cancelled = 0
         for run_id in matched:
             before = await self.cancel(run_id, compensate=compensate)
