@@ -11,6 +11,17 @@ if command -v pg_isready >/dev/null 2>&1 && ! pg_isready -h 127.0.0.1 -p 5432 -q
   for _ in $(seq 1 30); do pg_isready -h 127.0.0.1 -p 5432 -q && break; sleep 1; done
 fi
 if command -v psql >/dev/null 2>&1 && pg_isready -h 127.0.0.1 -p 5432 -q; then
+  # The fleet and chaos tests run several engines (each a pool of up to 10 connections) plus
+  # subprocesses at once; Debian's default of 100 connections refuses some of them on a busy
+  # run. Raised only when we are the machine's root and PostgreSQL is local.
+  conns="$(psql -h 127.0.0.1 -U postgres -tAc 'SHOW max_connections' 2>/dev/null || echo 0)"
+  if [ "${conns:-0}" -lt 400 ] && [ "$(id -u)" = 0 ] && command -v pg_ctlcluster >/dev/null 2>&1; then
+    echo "raising PostgreSQL max_connections ${conns} -> 400"
+    psql -h 127.0.0.1 -U postgres -qc "ALTER SYSTEM SET max_connections = 400" >/dev/null \
+      && pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -n1)" main restart \
+      || true
+    for _ in $(seq 1 30); do pg_isready -h 127.0.0.1 -p 5432 -q && break; sleep 1; done
+  fi
   if ! psql -h 127.0.0.1 -U postgres -tAc "SELECT 1 FROM pg_database WHERE datname='test'" | grep -q 1; then
     psql -h 127.0.0.1 -U postgres -c "CREATE DATABASE test" >/dev/null
   fi

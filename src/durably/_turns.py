@@ -272,7 +272,9 @@ class TurnDriver:
             # Leased without the filter (a start here inserted it leased): not
             # ours to fail. Another release's instance executes it.
             return TurnOutcome(TurnEnd.CLOSED), None
-        if not run.workflow_version:
+        if not run.workflow_version or (
+            run.deadline_at is None and definition.execution_timeout_ms is not None
+        ):
             await self._pin(run, definition)
         try:
             value = definition.parse_input(run.input)
@@ -339,7 +341,11 @@ class TurnDriver:
         """Pin an unpinned run (a client started it without a version) to the
         version this turn executes, before anything is recorded: every later
         turn, here or on an instance of another release, replays that
-        version's body, never the default of whoever takes the run next."""
+        version's body, never the default of whoever takes the run next.
+
+        A run started by name (a client, the CLI) got no deadline either, as
+        its starter knew no registration: the workflow's ``execution_timeout``
+        is set here, counted from the run's creation."""
         changes: dict[str, Any] = {"workflow_version": definition.version}
         deadline = definition.deadline_from(run.created_at)
         if deadline is not None and run.deadline_at is None:

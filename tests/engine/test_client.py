@@ -461,3 +461,27 @@ async def test_result_follows_a_run_that_continued_as_new_to_its_last_link(
         mimic = await client.start("look-alike", run_id="mimic")
         assert await mimic.result(timeout=30) == {"continued_as": "look-alike~1"}
     await client.close()
+
+
+async def test_a_run_started_by_name_and_version_still_gets_its_execution_timeout(
+    make_engine: EngineFactory, store_url: str
+) -> None:
+    # The client knows no registrations, so it cannot set the deadline at start:
+    # the first turn of the engine that knows the workflow must, or the run
+    # could wait on its signal forever.
+    worker = make_engine()
+
+    @worker.workflow("approval", version="3", execution_timeout="1s")
+    async def approval(ctx: durably.WorkflowContext) -> Any:
+        return await ctx.wait_for_signal("never")
+
+    client = client_for(store_url, worker)
+    handle = await client.start("approval", run_id="approval:1", version="3")
+    assert handle.run.deadline_at is None
+    async with worker:
+        with pytest.raises((durably.RunFailed, durably.RunCancelled)):
+            await handle.result(timeout=30)
+        run = await client.get_run("approval:1")
+    await client.close()
+    assert run is not None and run.deadline_at is not None
+    assert run.error is not None and run.error.get("code") == "execution_timeout"
