@@ -42,9 +42,11 @@ class StepInfo:
     step: str
     seq: int
     attempt: int
-    kind: Literal["local", "served"]
+    kind: Literal["local", "served", "transaction"]
     """``"local"``: ``ctx.local_step`` in the turn; ``"served"``: a handler of
-    ``@engine.step`` serving a dispatched task."""
+    ``@engine.step`` serving a dispatched task; ``"transaction"``:
+    ``ctx.transaction``, wrapped around its commit (the body gets what was
+    committed: a value an interceptor returns instead is not used)."""
     workflow: str | None = None
     """The run's workflow (``None`` for a served step: tasks do not carry it)."""
     traceparent: str | None = None

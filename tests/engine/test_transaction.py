@@ -195,3 +195,37 @@ async def test_memory_store_refuses_a_transaction() -> None:
         assert result.status is RunStatus.FAILED
         assert result.error is not None
         assert "needs a SQL store" in result.error["message"]
+
+
+async def test_each_attempt_is_told_and_intercepted_like_a_steps(sql_store: str) -> None:
+    # Operators watching step events (dashboards, Prometheus, OpenTelemetry)
+    # must see a transaction's attempts, failures included, as they see a
+    # local step's: otherwise the strongest step kind is the invisible one.
+    engine = durably.Engine(sql_store, poll_interval=0.05)
+    calls: list[int] = []
+    insert = _writer(sql_store, 1, calls, RuntimeError("serialization failure"))
+    seen: list[str] = []
+
+    async def spy(info: durably.StepInfo, call_next: Any) -> Any:
+        seen.append(f"{info.step}:{info.kind}:{info.attempt}")
+        return await call_next()
+
+    engine.use(spy)
+
+    @engine.workflow("order")
+    async def order(ctx: durably.WorkflowContext, order_id: str) -> Any:
+        return await ctx.transaction("insert", insert, order_id, retries=2, backoff_base=0.01)
+
+    steps = ["step.started", "step.failed", "step.completed"]
+    async with engine, engine.subscribe(kinds=steps) as sub:
+        await engine.start("order", "o-9", run_id="o9")
+        assert (await engine.wait_for_run("o9", terminal=True, timeout=30)).output == "o-9"
+        events = [await asyncio.wait_for(sub.__anext__(), 10) for _ in range(4)]
+    assert [(e.kind, e.step, e.attempt) for e in events] == [
+        ("step.started", "insert", 1),
+        ("step.failed", "insert", 1),
+        ("step.started", "insert", 2),
+        ("step.completed", "insert", 2),
+    ]
+    assert events[1].error is not None and events[1].final is False
+    assert seen == ["insert:transaction:1", "insert:transaction:2"]

@@ -14,13 +14,13 @@ from typing import Any
 
 from .. import _codec as codec
 from .._intercept import StepInfo
-from .._lifecycle_events import EventKind
 from .._logs import RUN_CONTEXT, with_step
 from .._replay import error_info
 from .._typed import PLAIN, Misfit, Typed
 from ..errors import FatalError, StepFailed
 from ..model import Checkpoint, CheckpointKind, CheckpointStatus
 from ..retry import RetryPolicy
+from .attempts import AttemptEvents
 from .env import TurnEnv
 
 __all__ = ["after_failed_attempt", "local_step", "recorded_value"]
@@ -53,7 +53,8 @@ async def local_step(
         return await turn.park(seq, None, reconcile=False)
     attempts = recorded.attempts if recorded is not None else 0
     started = clock.now_ms()
-    events, intercept = env.services.events, env.services.intercept
+    intercept = env.services.intercept
+    told = AttemptEvents(env, name, seq) if env.services.events.active else None
     with turn.in_flight():
         for retry_number in range(policy.retries + 1):
             attempts += 1
@@ -76,17 +77,8 @@ async def local_step(
                     env.save_later(running)
             else:
                 await turn.flush()
-            attempt_at = clock.now_ms() if events.active else None
-            if attempt_at is not None:
-                events.event(
-                    EventKind.STEP_STARTED,
-                    env.run_id,
-                    attempt_at,
-                    workflow=turn.run.workflow,
-                    step=name,
-                    seq=seq,
-                    attempt=attempts,
-                )
+            if told is not None:
+                told.started(attempts)
             try:
                 env.services.faults.starting(name)
                 step_context = with_step(name)
@@ -102,21 +94,9 @@ async def local_step(
             except Exception as exc:
                 turn.ensure_open()
                 fatal = isinstance(exc, FatalError | codec.EncodeError | Misfit)
-                if events.active:
-                    at = clock.now_ms()
-                    events.event(
-                        EventKind.STEP_FAILED,
-                        env.run_id,
-                        at,
-                        workflow=turn.run.workflow,
-                        step=name,
-                        seq=seq,
-                        attempt=attempts,
-                        duration_ms=None if attempt_at is None else at - attempt_at,
-                        error=error_info(exc),
-                        final=fatal or retry_number == policy.retries,
-                    )
                 final = fatal or retry_number == policy.retries
+                if told is not None:
+                    told.failed(attempts, exc, final)
                 await after_failed_attempt(
                     env,
                     seq,
@@ -131,18 +111,8 @@ async def local_step(
                 )
                 continue
             turn.ensure_open()
-            if events.active:
-                at = clock.now_ms()
-                events.event(
-                    EventKind.STEP_COMPLETED,
-                    env.run_id,
-                    at,
-                    workflow=turn.run.workflow,
-                    step=name,
-                    seq=seq,
-                    attempt=attempts,
-                    duration_ms=None if attempt_at is None else at - attempt_at,
-                )
+            if told is not None:
+                told.completed(attempts)
             env.save_later(
                 env.checkpoint(
                     seq,

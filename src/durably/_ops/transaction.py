@@ -9,14 +9,17 @@ land, or neither does, and a retry starts from a clean slate.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
 from .. import _codec as codec
+from .._intercept import StepInfo
 from ..errors import FatalError, StepFailed
 from ..model import Checkpoint, CheckpointKind, CheckpointStatus
 from ..retry import RetryPolicy
 from ..stores.base import TransactionStore
+from .attempts import AttemptEvents
 from .env import TurnEnv
 from .local_step import after_failed_attempt
 
@@ -44,6 +47,19 @@ async def transaction(
         return await turn.park(seq, None, reconcile=False)
     started = clock.now_ms()
     attempts = 0
+    intercept = env.services.intercept
+    told = AttemptEvents(env, name, seq) if env.services.events.active else None
+    committed: list[tuple[bool, Any]] = []
+
+    async def commit(checkpoint_for: Callable[[Any], Checkpoint]) -> Any:
+        with turn.store_calls:
+            committed.append(
+                await store.transact(
+                    env.run_id, turn.owner, lambda conn: fn(conn, *args), checkpoint_for
+                )
+            )
+        return committed[-1][1]
+
     with turn.in_flight():
         for retry_number in range(policy.retries + 1):
             attempts += 1
@@ -62,14 +78,25 @@ async def transaction(
 
             # Earlier results first: this commit must not overtake them.
             await turn.flush()
+            if told is not None:
+                told.started(attempts)
             try:
-                with turn.store_calls:
-                    held, output = await store.transact(
-                        env.run_id, turn.owner, lambda conn: fn(conn, *args), checkpoint_for
+                if intercept.steps:
+                    # What the body gets is what was committed with the
+                    # checkpoint (and what replay returns): an interceptor's
+                    # substitute value cannot be, so it is not used.
+                    info = StepInfo(
+                        env.run_id, name, seq, attempts, "transaction", turn.run.workflow
                     )
+                    await intercept.run_step(info, functools.partial(commit, checkpoint_for))
+                else:
+                    await commit(checkpoint_for)
+                held, output = committed[-1]
             except Exception as exc:
                 turn.ensure_open()
                 final = isinstance(exc, FatalError | codec.EncodeError)
+                if told is not None:
+                    told.failed(attempts, exc, final or retry_number == policy.retries)
                 # The attempt's writes were rolled back with its checkpoint.
                 await after_failed_attempt(
                     env,
@@ -86,5 +113,7 @@ async def transaction(
                 continue
             if not held:
                 env.fence_lost()
+            if told is not None:
+                told.completed(attempts)
             return output
     raise AssertionError("unreachable")  # pragma: no cover
