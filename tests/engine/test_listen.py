@@ -122,3 +122,50 @@ async def test_a_dropped_listen_connection_reconnects_and_delivers_again(
     finally:
         await producer.close()
         await admin.close()
+
+
+async def test_a_listen_outage_longer_than_any_backoff_still_ends_in_listening(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A database restart can outlast any fixed retry schedule: an engine that
+    # stopped retrying would hear nothing again until restarted, silently
+    # leaning on a poll that may be an hour (as here).
+    from durably.stores import _pg_connection
+
+    monkeypatch.setattr(_pg_connection, "RELISTEN_DELAYS", (0.01, 0.02), raising=False)
+    worker = durably.Engine(postgres_url, poll_interval=NEVER)
+    register(worker)
+    producer = durably.Engine(postgres_url, drive=False)
+    register(producer)
+    admin = await asyncpg.connect(ADMIN_URL)
+    real_connect = asyncpg.connect
+    refused = 0
+
+    async def outage(*args: Any, **kwargs: Any) -> Any:
+        nonlocal refused
+        if refused < 12:  # many more than the schedule's steps
+            refused += 1
+            raise OSError("connection refused (the database is restarting)")
+        return await real_connect(*args, **kwargs)
+
+    try:
+        async with worker:
+            channel = channel_of(worker)
+            before = await listeners(admin, channel)
+            monkeypatch.setattr(_pg_connection.asyncpg, "connect", outage)
+            await admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM unnest($1::int[]) pid", list(before)
+            )
+
+            async def relistening() -> bool:
+                now = await listeners(admin, channel)
+                return bool(now) and not (now & before)
+
+            await eventually(relistening)
+            assert refused == 12
+            run = await producer.start("greet", "after the outage", run_id="after-outage")
+            result = await worker.wait_for_run(run.run_id, terminal=True, timeout=60)
+            assert result.output == "hello after the outage"
+    finally:
+        await producer.close()
+        await admin.close()

@@ -34,6 +34,10 @@ __all__ = ["PgConnection", "split_schema"]
 _log = engine_logger("durably.stores.postgres")
 
 _LOCK_MIGRATIONS = "SELECT pg_advisory_xact_lock(hashtextextended('durably:migrate', 0))"
+RELISTEN_DELAYS: tuple[float, ...] = (0.5, 1, 2, 5, 10, 30)
+"""Seconds between attempts to LISTEN again after the connection dropped; the
+last repeats until it works."""
+
 _SCHEMA_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 
 
@@ -71,6 +75,7 @@ class PgConnection:
         self._listener: Any = None
         self._on_event: Callable[[str, str], None] | None = None
         self._listeners: list[Callable[[str, str], None]] = []  # besides on_event
+        self._relistening: asyncio.Task[None] | None = None
 
     # -- the pool ----------------------------------------------------------------------
 
@@ -179,14 +184,14 @@ class PgConnection:
         """LISTEN on the channel; ``on_event(kind, argument)`` for each
         notification (one subscriber: a later call replaces it)."""
         self._on_event = on_event
-        if self._listener is None:
+        if self._listener is None and not self._reconnecting():
             await self._listen()
 
     async def listen(self, listener: Callable[[str, str], None]) -> Callable[[], None]:
         """Also call ``listener(kind, argument)`` for each notification on the
         channel (LISTENing from now on); returns its removal."""
         self._listeners.append(listener)
-        if self._listener is None:
+        if self._listener is None and not self._reconnecting():
             await self._listen()
 
         def unlisten() -> None:
@@ -199,6 +204,9 @@ class PgConnection:
         """Forget every listener and close the LISTEN connection. Idempotent."""
         self._on_event = None
         self._listeners.clear()
+        relistening, self._relistening = self._relistening, None
+        if relistening is not None and relistening is not asyncio.current_task():
+            relistening.cancel()
         listener, self._listener = self._listener, None
         if listener is not None:
             await listener.close()
@@ -220,19 +228,47 @@ class PgConnection:
             listener(kind, argument)
 
     def _listener_lost(self, _conn: Any) -> None:
-        if (self._on_event is None and not self._listeners) or self._pool is None:
+        if not self._wants_notices():
             return  # closing
         _log.warning("lost the LISTEN connection of %s; reconnecting", self.channel)
-        asyncio.get_running_loop().create_task(self._relisten())
+        self._listener = None
+        if self._relistening is None or self._relistening.done():
+            # Kept referenced: the loop holds tasks weakly, and a collected
+            # one would end the reconnecting silently.
+            self._relistening = asyncio.get_running_loop().create_task(self._relisten())
+
+    def _reconnecting(self) -> bool:
+        return self._relistening is not None and not self._relistening.done()
+
+    def _wants_notices(self) -> bool:
+        return (self._on_event is not None or bool(self._listeners)) and self._pool is not None
 
     async def _relisten(self) -> None:
-        for delay in (0.5, 1, 2, 5, 10, 30):
+        # Until it works or nobody listens any more: a database restart can
+        # outlast any fixed schedule, and giving up would leave the engine
+        # deaf until restarted (leaning on its poll, which may be long).
+        attempt = 0
+        while self._wants_notices() and self._listener is None:
             try:
                 await self._listen()
-                return
-            except (OSError, asyncpg.PostgresError):
+            except (OSError, asyncpg.PostgresError) as exc:
+                delay = RELISTEN_DELAYS[min(attempt, len(RELISTEN_DELAYS) - 1)]
+                if attempt == len(RELISTEN_DELAYS) - 1:
+                    _log.error(
+                        "cannot LISTEN on %s (%s); relying on polling, retrying every %ss",
+                        self.channel,
+                        exc,
+                        delay,
+                    )
+                attempt += 1
                 await asyncio.sleep(delay)
-        _log.error("could not LISTEN on %s; relying on polling", self.channel)
+                continue
+            if not self._wants_notices():
+                # Stopped while connecting: do not keep a connection nobody closes.
+                stray: Any = self._listener
+                self._listener = None
+                await stray.close()
+            return
 
 
 async def _keep_session(_conn: Any) -> None:
