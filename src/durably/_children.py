@@ -16,11 +16,12 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from ._batch import BatchCall
 from ._lifecycle_events import RUN_OUTCOMES, EventHub
 from ._logs import engine_logger
+from ._ops.env import ChildStart
 from ._replay import CloseReason, error_info
 from .errors import DurablyError, SchemaValidationError, WorkflowNotRegistered
 from .model import (
@@ -66,22 +67,6 @@ class RunNotFound(DurablyError, LookupError):
     """No run has the given id."""
 
     code = "run_not_found"
-
-
-class ChildStart(Protocol):
-    """What creating a child needs from ``ctx.child``'s call (typed by shape,
-    so this module stays below the workflow context)."""
-
-    @property
-    def run_id(self) -> str: ...
-    @property
-    def workflow(self) -> str: ...
-    @property
-    def input(self) -> Any: ...
-    @property
-    def seq(self) -> int: ...
-    @property
-    def priority(self) -> int | None: ...
 
 
 class ChildRuns:
