@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ._batch import BatchCall
@@ -333,16 +333,31 @@ class ChildRuns:
                 continue
 
     async def cancel_children(self, run_id: str) -> None:
-        """Cancel the live children of ``run_id``, a page of 500 at a time."""
+        """Cancel the live children of ``run_id`` but its detached ones, a page
+        of 500 at a time."""
         cursor: str | None = None
+        detached: set[str] | None = None
         while True:
             page = await self._store.list_runs(RunQuery(parent_id=run_id, limit=500, cursor=cursor))
-            await self.cancel_runs(
-                [r.run_id for r in page.runs if r.status not in TERMINAL_STATUSES]
-            )
+            live = [r.run_id for r in page.runs if r.status not in TERMINAL_STATUSES]
+            if live and detached is None:
+                # Read only when there is something to cancel: the parent's
+                # placeholders say which children were started detached.
+                detached = detached_children(await self._store.load_checkpoints(run_id))
+            await self.cancel_runs([child for child in live if child not in (detached or ())])
             cursor = page.next_cursor
             if cursor is None:
                 return
+
+    async def cancel_attached(self, run_id: str, child_ids: Collection[str]) -> None:
+        """``run_id`` ended: cancel those of ``child_ids`` (its children not
+        started detached) still running, so none outlives it unasked."""
+        if not child_ids:
+            return
+        runs = await self._store.get_runs(sorted(child_ids))
+        await self.cancel_runs(
+            [r.run_id for r in runs if r.parent_id == run_id and r.status in LIVE]
+        )
 
     async def end_from_outside(self, run: Run, error: dict[str, Any]) -> bool:
         """Cancel ``run`` if it is still as read (``False`` if it moved), and do
@@ -417,6 +432,17 @@ class ChildRuns:
             for run in runs
             if run.status in TERMINAL_STATUSES or run.cancel_requested is not None
         }
+
+
+def detached_children(checkpoints: dict[int, Checkpoint]) -> set[str]:
+    """The ids of the children a run started ``detached`` (from its placeholders)."""
+    return {
+        str(cp.input.get("run_id"))
+        for cp in checkpoints.values()
+        if cp.kind == CheckpointKind.CHILD
+        and isinstance(cp.input, dict)
+        and cp.input.get("detached") is True
+    }
 
 
 def _report(child: Run) -> Resolution:

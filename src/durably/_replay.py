@@ -132,6 +132,9 @@ class Turn:
         an outage into :meth:`store_failed` (a signal the body cannot catch)."""
         self.missing_children: set[str] = set()
         """Children waited on whose runs were never created (see the engine)."""
+        self.attached_children: set[str] = set()
+        """Children this run may leave running that must not outlive it (all but
+        ``detached`` ones): cancelled when the run ends."""
         self.blocked: ErrorInfo | None = None
         """Why a step of this turn found no live capable worker (see :meth:`block`)."""
         self.unwinding = run.cancel_requested == CancelMode.COMPENSATE
@@ -212,6 +215,24 @@ class Turn:
         """
         self.unordered_writes = self.unordered_writes or not ordered
         self._unflushed.append(asyncio.ensure_future(write))
+
+    def write_after_earlier(self, write: Callable[[], Awaitable[bool]]) -> asyncio.Future[bool]:
+        """Start ``write()`` once every write started before it is done (a
+        side effect made at a call, such as creating a child, must not exist
+        before the results it was built on are durable); returned, and
+        collected by the next :meth:`flush` like any write."""
+        earlier = list(self._unflushed)
+
+        async def after() -> bool:
+            results = await asyncio.gather(*earlier, return_exceptions=True)
+            if any(result is False or isinstance(result, BaseException) for result in results):
+                return True  # the flush reports the earlier write's failure or fence
+            return await write()
+
+        future = asyncio.ensure_future(after())
+        self.unordered_writes = True
+        self._unflushed.append(future)
+        return future
 
     def needs_fence(self) -> bool:
         """Whether a side effect must first await a write to be safe.

@@ -468,6 +468,8 @@ class TurnDriver:
             self._router.notify(run_id, RunResult(run_id, status, changes.output, changes.error))
             if status in TERMINAL_STATUSES:
                 await self._children.after_end(run_id, cancelled=status is RunStatus.CANCELLED)
+                if turn is not None and status is not RunStatus.CANCELLED:
+                    await self._children.cancel_attached(run_id, turn.attached_children)
                 if status is RunStatus.FAILED:
                     await self._after_failure(ended)
                 if status is RunStatus.CANCELLED:

@@ -31,7 +31,7 @@ from ._ops.boundaries import (
     task,
 )
 from ._ops.env import Services, TurnEnv
-from ._ops.fan import ChildCall, Settled, gather
+from ._ops.fan import ChildCall, ChildHandle, ChildStarts, Settled, gather
 from ._ops.local_step import local_step, recorded_value
 from ._ops.saga import Saga
 from ._ops.step import StepCall, StepRunner
@@ -91,6 +91,7 @@ class WorkflowContext:
         self._turn = turn
         self._env = TurnEnv(turn, services)
         self._saga = Saga() if saga is None else saga
+        self._starts = ChildStarts(self._env)
         self.log = self._env.log
         """A logger that tags every record with the run id and workflow."""
 
@@ -623,25 +624,76 @@ class WorkflowContext:
         Its output comes back decoded into the child workflow's output type
         when that workflow is registered here.
         The await raises :class:`ChildFailed` if the child fails, is
-        cancelled, goes dead or cannot be started.
+        cancelled, goes dead or cannot be started. With the ``run_id`` of a
+        child this body started with :meth:`start_child`, it waits for that
+        child instead of starting one.
         """
+        if run_id is not None and (joined := self._starts.started(run_id)) is not None:
+            # Started earlier by start_child: wait for that child, creating nothing.
+            if joined.workflow != workflow:
+                raise ValueError(
+                    f"ctx.child: child {run_id!r} was started as {joined.workflow!r}, "
+                    f"not {workflow!r}"
+                )
+            return joined
+        return self._child_call("ctx.child", workflow, input, run_id, priority, False)
+
+    def start_child(
+        self,
+        workflow: str,
+        input: Any = None,
+        *,
+        run_id: str | None = None,
+        priority: int | None = None,
+        detached: bool = False,
+    ) -> ChildHandle:
+        """Start ``workflow`` as a child run now and return a handle to join later.
+
+        The child is created at this call (recorded at this position, so a
+        replay never creates it twice), whether or not it is ever waited for.
+        ``await handle.result()`` waits for its output as :meth:`child` does;
+        a later ``ctx.child(..., run_id=handle.run_id)`` joins it too.
+        When this run ends (completes, fails, is cancelled, continues as new)
+        a child still running is cancelled, unless started ``detached=True``:
+        a detached child outlives its parent, even its cancel.
+        """
+        if not isinstance(detached, bool):
+            raise TypeError("ctx.start_child: detached must be True or False")
+        if run_id is not None and self._starts.started(run_id) is not None:
+            raise ValueError(f"ctx.start_child: child {run_id!r} was already started by this run")
+        call = self._child_call("ctx.start_child", workflow, input, run_id, priority, detached)
+        return self._starts.start(call)
+
+    def _child_call(
+        self,
+        what: str,
+        workflow: str,
+        input: Any,
+        run_id: str | None,
+        priority: int | None,
+        detached: bool,
+    ) -> ChildCall:
         if not isinstance(workflow, str) or not workflow:
-            raise ValueError("ctx.child needs a workflow name")
+            raise ValueError(f"{what} needs a workflow name")
         check_key(workflow, "child workflow name")
         if run_id is not None:
             if not isinstance(run_id, str) or not run_id:
-                raise ValueError("ctx.child: run_id must be a non-empty string")
+                raise ValueError(f"{what}: run_id must be a non-empty string")
             check_key(run_id, "child run_id")
         if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)):
-            raise ValueError("ctx.child: priority must be an int")
+            raise ValueError(f"{what}: priority must be an int")
         check_priority(priority, "child priority")
         seq, recorded = self._turn.allocate(f"child:{workflow}", CheckpointKind.CHILD)
         if recorded is not None and isinstance(recorded.input, dict):
             child_id = str(recorded.input.get("run_id"))
         else:
             child_id = run_id or f"{self.run_id}.child.{seq}"
+        if not detached and (recorded is None or recorded.status is CheckpointStatus.PENDING):
+            self._turn.attached_children.add(child_id)
         decode = self._env.services.child_output(workflow)
-        return ChildCall(self._env, seq, child_id, workflow, input, recorded, decode, priority)
+        return ChildCall(
+            self._env, seq, child_id, workflow, input, recorded, decode, priority, detached
+        )
 
     def all(
         self, items: Iterable[Awaitable[Any]], *, fail_fast: bool = False

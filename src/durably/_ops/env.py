@@ -34,6 +34,7 @@ StepGuard = Callable[[str, frozenset[str]], Awaitable[ErrorInfo | None]]
 """``(routing token, required capabilities)``: why no live worker can take a
 step sent to that token (the run is then parked ``blocked``), or ``None``."""
 
+
 class ChildStart(Protocol):
     """What creating a child run needs from the call that asks for it (a
     ``ctx.child`` / ``ctx.start_child`` call, or a remote turn's decision).
