@@ -1,0 +1,95 @@
+"""An engine process that SIGKILLs itself at one write of a composition feature.
+
+Configured by environment variables:
+
+- ``COMPOSE_STORE``: the store URL (SQLite or PostgreSQL);
+- ``COMPOSE_LEDGER``: a file each child body / undo appends one line to;
+- ``COMPOSE_RUN``: the workflow to start (``spawner-join``, ``spawner-forget``);
+- ``COMPOSE_KILL``: where to die:
+
+  - ``before-create``: as the children's rows are about to be inserted
+    (their placeholders are stored already);
+  - ``after-create``: once the children's rows are inserted, before the
+    parent's turn ends.
+
+The hooks wrap the store object of *this* process only; the test builds the
+same engine (:func:`build`) as the survivor that takes the run over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from typing import Any
+
+import durably
+from durably.model import Run
+
+KIDS = 3
+"""Children each spawner starts."""
+
+
+def _die() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _append(ledger: str, line: str) -> None:
+    fd = os.open(ledger, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, f"{line}\n".encode())
+    finally:
+        os.close(fd)
+
+
+def install_kill_point(store: Any, kill: str) -> None:
+    """Wrap ``store`` so this process dies at ``kill``."""
+    create_runs = store.create_runs
+
+    async def create_runs_then_maybe_die(runs: list[Run]) -> Any:
+        kids = any(run.run_id.startswith("kid-") for run in runs)
+        if kill == "before-create" and kids:
+            _die()
+        created = await create_runs(runs)
+        if kill == "after-create" and kids:
+            _die()
+        return created
+
+    store.create_runs = create_runs_then_maybe_die
+
+
+def build(store: str, ledger: str, **options: Any) -> durably.Engine:
+    """The app's engine (the doomed process's and the survivor's)."""
+    engine = durably.Engine(store, poll_interval=0.05, **options)
+
+    @engine.workflow("kid")
+    async def kid(ctx: durably.WorkflowContext, n: int) -> int:
+        _append(ledger, f"kid {ctx.run_id}")
+        return n * 10
+
+    @engine.workflow("spawner-join")
+    async def spawner_join(ctx: durably.WorkflowContext) -> int:
+        handles = [ctx.start_child("kid", n, run_id=f"kid-{n}") for n in range(KIDS)]
+        return sum(await ctx.all([h.result() for h in handles]))
+
+    @engine.workflow("spawner-forget")
+    async def spawner_forget(ctx: durably.WorkflowContext) -> str:
+        for n in range(KIDS):
+            ctx.start_child("kid", n, run_id=f"kid-{n}", detached=True)
+        return "started"
+
+    return engine
+
+
+async def main() -> None:
+    engine = build(
+        os.environ["COMPOSE_STORE"], os.environ["COMPOSE_LEDGER"], lease="1s", instance_id="doomed"
+    )
+    install_kill_point(engine.store, os.environ.get("COMPOSE_KILL", ""))
+    async with engine:
+        await engine.start(os.environ["COMPOSE_RUN"], run_id="parent")
+        await asyncio.Event().wait()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
