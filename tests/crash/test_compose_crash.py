@@ -44,6 +44,11 @@ async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
         yield url
 
 
+def _spawn(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    with log.open("wb") as err:
+        return subprocess.Popen([sys.executable, str(APP)], env=env, stderr=err)
+
+
 async def _run_doomed(store: str, ledger: Path, tmp_path: Path, run: str, kill: str) -> None:
     env = dict(os.environ)
     env.update(
@@ -54,8 +59,7 @@ async def _run_doomed(store: str, ledger: Path, tmp_path: Path, run: str, kill: 
         PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT), env.get("PYTHONPATH", "")]),
     )
     log = tmp_path / "doomed.log"
-    with log.open("wb") as err:
-        proc = subprocess.Popen([sys.executable, str(APP)], env=env, stderr=err)
+    proc = _spawn(env, log)
     try:
         returncode = await asyncio.to_thread(proc.wait, 120)
     finally:
