@@ -139,6 +139,7 @@ class Turn:
         """Why a step of this turn found no live capable worker (see :meth:`block`)."""
         self.unwinding = run.cancel_requested == CancelMode.COMPENSATE
         """A compensating cancel: replay only, park anything new, then undo."""
+        self._phase: Turn | None = None
 
     # -- used by the context's operations ----------------------------------------------
 
@@ -312,8 +313,27 @@ class Turn:
             self.blocked = reason
         return await self.park(seq, poll_at, reconcile=False)
 
+    def unwind_phase(self) -> Turn:
+        """A fresh turn over the same snapshot and lease, for the saga's unwind
+        after the body ended: it parks like any turn (a dispatched undo that is
+        out), and closing this turn (a cancel, a fence, a drain) closes it too."""
+        phase = Turn(
+            self.run,
+            self.checkpoints,
+            self.owner,
+            self._now_ms,
+            self._reconcile_ms,
+            self._lease_ms,
+        )
+        phase.lease_until = self.lease_until
+        phase.unwinding = False  # the undos execute; nothing of the body runs again
+        self._phase = phase
+        return phase
+
     def close(self, reason: CloseReason) -> None:
         """Stop the turn from outside (cancel, fence, drain)."""
+        if self._phase is not None:
+            self._phase.close(reason)
         if not self.closed:
             self.closed = True
             self.close_reason = reason

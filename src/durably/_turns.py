@@ -324,8 +324,12 @@ class TurnDriver:
                 if unwind or not self._store.ordered_writes or turn.unordered_writes:
                     await turn.flush()  # every result is durable before the outcome
                 if unwind:
-                    outcome = after_unwind(
-                        outcome, await saga.compensate(turn, self._services), turn.unwinding
+                    undone = await saga.compensate(turn, self._services)
+                    # A TurnOutcome: a dispatched undo is out; the run suspends mid-unwind.
+                    outcome = (
+                        undone
+                        if isinstance(undone, TurnOutcome)
+                        else after_unwind(outcome, undone, turn.unwinding)
                     )
             except _TurnClosed:
                 outcome = TurnOutcome(TurnEnd.CLOSED)

@@ -33,8 +33,8 @@ from ._ops.boundaries import (
 from ._ops.env import Services, TurnEnv
 from ._ops.fan import ChildCall, ChildHandle, ChildStarts, Settled, gather
 from ._ops.local_step import local_step, recorded_value
-from ._ops.saga import Saga
-from ._ops.step import StepCall, StepRunner
+from ._ops.saga import Saga, Undo
+from ._ops.step import StepRunner, resolve_step
 from ._ops.transaction import transaction
 from ._ops.waits import check_match, check_name, timer, wait_for_event, wait_for_signal
 from ._replay import Turn
@@ -43,7 +43,7 @@ from .durations import Duration, to_ms
 from .errors import NondeterminismError, _ContinueAsNew
 from .model import CheckpointKind, CheckpointStatus
 from .retry import RetryPolicy
-from .steps import StepDefinition, StepPolicy, StepRef
+from .steps import StepPolicy, StepRef
 from .steps.definition import check_policy
 from .stores.base import TransactionStore
 
@@ -131,6 +131,7 @@ class WorkflowContext:
         jitter: bool | None = None,
         track_start: bool | None = None,
         compensate: Callable[..., Any] | None = None,
+        compensation_retries: int | None = None,
         output: Any = None,
     ) -> Awaitable[T]:
         """Run ``fn(*args)`` in this process and checkpoint its result.
@@ -159,7 +160,8 @@ class WorkflowContext:
         ``compensate(output)`` registers an undo (a saga step): if the run
         later fails, or is cancelled with ``compensate=True``, the undos of the
         completed steps run in reverse order, each exactly once even across
-        crashes.
+        crashes; a failing undo is retried ``compensation_retries`` times
+        (default: the engine's, 2), then skipped and logged.
         """
         if not isinstance(name, str) or not name:
             raise ValueError("a local step needs a non-empty name")
@@ -176,15 +178,16 @@ class WorkflowContext:
         )
         if compensate is not None and not callable(compensate):
             raise TypeError(f"local step {name!r}: compensate must be callable")
+        undo = self._saga.local_undo(self._env.services, name, compensate, compensation_retries)
         track = self._env.services.track_start if track_start is None else track_start
         if output is not None:
             check_declared(output, f"local step {name!r}")
         typed = typed_for(output_type_of(fn, output), f"the result of step {name!r}")
         seq, recorded = self._turn.allocate(name, CheckpointKind.LOCAL)
         step = local_step(self._env, seq, name, fn, args, policy, track, recorded, typed)
-        if compensate is None:
+        if undo is None:
             return step
-        return self._saga.with_undo(seq, name, compensate, step)
+        return self._saga.with_undo(seq, name, undo, step)
 
     def transaction(
         self,
@@ -270,6 +273,8 @@ class WorkflowContext:
         fairness_key: str | None = None,
         context: Any = None,
         output: None = None,
+        compensate: Undo | None = None,
+        compensation_retries: int | None = None,
         **policy: Unpack[StepPolicy],
     ) -> Awaitable[T]: ...
     @overload
@@ -281,6 +286,8 @@ class WorkflowContext:
         fairness_key: str | None = None,
         context: Any = None,
         output: Any = None,
+        compensate: Undo | None = None,
+        compensation_retries: int | None = None,
         **policy: Unpack[StepPolicy],
     ) -> Awaitable[Any]: ...
     def step(
@@ -291,6 +298,8 @@ class WorkflowContext:
         fairness_key: str | None = None,
         context: Any = None,
         output: Any = None,
+        compensate: Undo | None = None,
+        compensation_retries: int | None = None,
         **policy: Unpack[StepPolicy],
     ) -> Awaitable[Any]:
         """Dispatch a step by name to whichever worker serves it and return its result.
@@ -319,69 +328,26 @@ class WorkflowContext:
         The result comes back decoded into ``output``, else the registered
         step's output type (its ``output=`` or its handler's return
         annotation); a step served elsewhere, with neither, returns JSON data.
+
+        ``compensate`` registers an undo (a saga step) run if the run later
+        fails or is cancelled with ``compensate=True``: a function called
+        with the step's output, or a step (reference or name) dispatched
+        like this one with ``{"input": <this input>, "output": <its output>}``
+        and checkpointed, so an unwind interrupted by a crash never runs a
+        finished undo again. An undo that fails is retried
+        ``compensation_retries`` times (default: the engine's, 2), then
+        skipped and logged; the run's own error stays its error.
         """
         check_policy("WorkflowContext.step", policy)
-        timeout, pickup_timeout = policy.get("timeout"), policy.get("pickup_timeout")
-        queue, priority = policy.get("queue"), policy.get("priority")
-        definition: StepDefinition | None
-        if isinstance(step, StepRef):
-            name, definition = step.name, step.definition
-        elif isinstance(step, str) and step:
-            # A registered step's name was checked when it was registered.
-            check_key(step, "step name")
-            name, definition = step, self._env.services.steps.definition(step)
-        else:
-            raise TypeError("ctx.step takes a step reference or a non-empty step name")
-        check_priority(priority, "step priority")
-        if fairness_key is not None:
-            check_key(fairness_key, "fairness_key")
-        base = definition.retry if definition is not None else self._env.services.default_retry
-        retry = RetryPolicy.build(
-            policy.get("retries"),
-            policy.get("backoff"),
-            policy.get("backoff_base"),
-            policy.get("backoff_max"),
-            policy.get("jitter"),
-            default=base,
-        )
-        timeout_ms = (
-            to_ms(timeout, name="step timeout")
-            if timeout is not None
-            else (definition.timeout_ms if definition else None)
-        )
-        pickup_ms = (
-            to_ms(pickup_timeout, name="pickup timeout")
-            if pickup_timeout is not None
-            else (definition.pickup_timeout_ms if definition else None)
-        )
-        queue_name = queue if queue is not None else (definition.queue if definition else None)
-        if queue_name is not None and self._env.services.steps.queue(queue_name) is None:
-            raise ValueError(f"ctx.step: queue {queue_name!r} is not registered on this engine")
-        try:
-            payload = codec.to_jsonable(input, f"the input of step {name!r}")
-        except (TypeError, ValueError) as exc:
-            raise TypeError(f"step {name!r}: input cannot be sent as JSON: {exc}") from exc
-        call = StepCall(
-            name=name,
-            input=payload,
-            policy=retry,
-            timeout_ms=timeout_ms,
-            pickup_ms=pickup_ms,
-            queue=queue_name,
-            priority=priority
-            if priority is not None
-            else ((definition and definition.priority) or None),
-            fairness_key=fairness_key,
-            context=context,
-            requires=definition.requires if definition is not None else frozenset(),
-        )
+        call, decode = resolve_step(self._env.services, step, input, fairness_key, context, policy)
         if output is not None:
-            check_declared(output, f"ctx.step {name!r}")
-            decode = typed_for(output, f"the result of step {name!r}").decode
-        else:
-            decode = definition.typed_output.decode if definition is not None else identity
-        seq, recorded = self._turn.allocate(name, CheckpointKind.STEP)
+            check_declared(output, f"ctx.step {call.name!r}")
+            decode = typed_for(output, f"the result of step {call.name!r}").decode
+        undo = self._saga.undo_for(self._env.services, call, compensate, compensation_retries)
+        seq, recorded = self._turn.allocate(call.name, CheckpointKind.STEP)
         result = StepRunner(self._env).run(seq, call, recorded)
+        if undo is not None:
+            return self._saga.with_undo(seq, call.name, undo, result, decode, call.input)
         return result if decode is identity else _decoded(result, decode)
 
     # -- deterministic sources -----------------------------------------------------------

@@ -97,6 +97,8 @@ class Services:
     registered default version's output type; plain data when unknown here)."""
     step_guard: StepGuard | None = None
     """``(token, requires)``: why no live worker can take a step, or ``None``."""
+    compensation_retries: int = 2
+    """Retries of a failing saga undo before it is skipped (the engine's default)."""
 
 
 class WorkflowLogger(logging.LoggerAdapter[logging.Logger]):
