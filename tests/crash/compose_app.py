@@ -4,13 +4,17 @@ Configured by environment variables:
 
 - ``COMPOSE_STORE``: the store URL (SQLite or PostgreSQL);
 - ``COMPOSE_LEDGER``: a file each child body / undo appends one line to;
-- ``COMPOSE_RUN``: the workflow to start (``spawner-join``, ``spawner-forget``);
+- ``COMPOSE_RUN``: the workflow to start (``spawner-join``, ``spawner-forget``,
+  ``saga``);
 - ``COMPOSE_KILL``: where to die:
 
   - ``before-create``: as the children's rows are about to be inserted
     (their placeholders are stored already);
   - ``after-create``: once the children's rows are inserted, before the
-    parent's turn ends.
+    parent's turn ends;
+  - ``after-first-undo``: once the result of the first dispatched undo of the
+    ``saga`` run (at seq -3: the stack unwinds last in, first out) is stored,
+    before the run is woken for the next one.
 
 The hooks wrap the store object of *this* process only; the test builds the
 same engine (:func:`build`) as the survivor that takes the run over.
@@ -25,6 +29,7 @@ from typing import Any
 
 import durably
 from durably.model import Run
+from durably.stores.base import Resolution
 
 KIDS = 3
 """Children each spawner starts."""
@@ -55,12 +60,23 @@ def install_kill_point(store: Any, kill: str) -> None:
             _die()
         return created
 
+    resolve_checkpoints = store.resolve_checkpoints
+
+    async def resolve_then_maybe_die(resolutions: list[Resolution], now: int) -> Any:
+        answers = await resolve_checkpoints(resolutions, now)
+        if kill == "after-first-undo" and any(r.seq == -3 for r in resolutions):
+            _die()
+        return answers
+
     store.create_runs = create_runs_then_maybe_die
+    store.resolve_checkpoints = resolve_then_maybe_die
 
 
 def build(store: str, ledger: str, **options: Any) -> durably.Engine:
     """The app's engine (the doomed process's and the survivor's)."""
-    engine = durably.Engine(store, poll_interval=0.05, **options)
+    # A run suspended mid-unwind whose wake died with its process is found by
+    # the reconcile wake: kept short so the survivor finds it soon.
+    engine = durably.Engine(store, poll_interval=0.05, reconcile="2s", **options)
 
     @engine.workflow("kid")
     async def kid(ctx: durably.WorkflowContext, n: int) -> int:
@@ -77,6 +93,24 @@ def build(store: str, ledger: str, **options: Any) -> durably.Engine:
         for n in range(KIDS):
             ctx.start_child("kid", n, run_id=f"kid-{n}", detached=True)
         return "started"
+
+    @engine.step("book")
+    async def book(what: str) -> str:
+        return f"booked {what}"
+
+    @engine.step("unbook", retries=0)
+    async def unbook(data: dict[str, Any]) -> None:
+        _append(ledger, f"undo {data['output']}")
+
+    @engine.step("fail", retries=0)
+    async def fail(_: Any) -> None:
+        raise durably.FatalError("nothing left", code="sold_out")
+
+    @engine.workflow("saga")
+    async def saga(ctx: durably.WorkflowContext) -> None:
+        await ctx.step(book, "a", compensate=unbook)
+        await ctx.step(book, "b", compensate="unbook")
+        await ctx.step(fail, None)
 
     return engine
 

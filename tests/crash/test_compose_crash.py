@@ -1,4 +1,5 @@
-"""Composition survives a SIGKILL: ``ctx.start_child`` creates each child once.
+"""Composition survives a SIGKILL: ``ctx.start_child`` creates each child once,
+and a saga's dispatched undos each run once across a kill mid-unwind.
 
 A process (``compose_app.py``) starts a parent and kills itself with SIGKILL
 while its turn creates the children — after their placeholders are stored,
@@ -95,3 +96,22 @@ async def test_start_child_creates_each_child_once_across_a_sigkill(
     assert runs == Counter(dict.fromkeys(kids, 1)), runs
     children = [cp for cp in history if cp.kind == "child"]
     assert [cp.input["run_id"] for cp in children] == kids
+
+
+async def test_a_finished_dispatched_undo_does_not_run_again_after_a_sigkill_mid_unwind(
+    store: str, tmp_path: Path
+) -> None:
+    ledger = tmp_path / "ledger.txt"
+    ledger.touch()
+    await _run_doomed(store, ledger, tmp_path, "saga", "after-first-undo")
+    assert ledger.read_text().splitlines() == ["undo booked b"]
+    survivor = build(store, str(ledger), lease="1s", instance_id="survivor")
+    async with survivor:
+        result = await survivor.wait_for_run("parent", terminal=True, timeout=120)
+        history = await survivor.history("parent")
+    assert result.status is RunStatus.FAILED and result.error is not None
+    assert result.error["code"] == "sold_out"
+    assert "compensation_failures" not in str(result.error.get("details"))
+    assert ledger.read_text().splitlines() == ["undo booked b", "undo booked a"]
+    undos = {cp.seq: (cp.name, cp.status.value, cp.attempts) for cp in history if cp.seq < 0}
+    assert undos == {-2: ("unbook", "completed", 1), -3: ("unbook", "completed", 1)}
