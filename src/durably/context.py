@@ -36,7 +36,16 @@ from ._ops.local_step import local_step, recorded_value
 from ._ops.saga import Saga, Undo
 from ._ops.step import StepRunner, resolve_step
 from ._ops.transaction import transaction
-from ._ops.waits import check_match, check_name, timer, wait_for_event, wait_for_signal
+from ._ops.waits import (
+    EventBatch,
+    check_batch,
+    check_match,
+    check_name,
+    timer,
+    wait_for_event,
+    wait_for_events,
+    wait_for_signal,
+)
 from ._replay import Turn
 from ._typed import Decoder, check_declared, identity, output_type_of, typed_for
 from .durations import Duration, to_ms
@@ -456,6 +465,38 @@ class WorkflowContext:
         label = f"event:{name}"
         seq, recorded = self._turn.allocate(label, CheckpointKind.EVENT)
         return wait_for_event(self._env, seq, label, name, clean, timeout_ms, recorded)
+
+    def wait_for_events(
+        self,
+        name: str,
+        *,
+        max_items: int,
+        window: Duration,
+        match: Mapping[str, Any] | None = None,
+        timeout: Duration | None = None,
+    ) -> Awaitable[list[Any]]:
+        """Collect a batch of ``name`` events and return their payloads, in arrival order.
+
+        Waits for a first event (as :meth:`wait_for_event`, with ``match``;
+        with ``timeout`` raises :class:`EventTimeout` if none comes), then
+        keeps taking events until ``max_items`` (1 to 1000) were taken or
+        ``window`` passed since the first was taken, whichever comes first:
+        the window is fixed from the first event, not restarted by each
+        (``window=0``: only those already buffered). Every event taken is
+        recorded, so a replay returns the same list.
+        """
+        check_name(name)
+        clean = check_match(match)
+        window_ms = to_ms(window, name="event window")
+        count = check_batch(max_items, window_ms)
+        timeout_ms = None if timeout is None else to_ms(timeout, name="event timeout")
+        label = f"events:{name}"
+        turn = self._turn
+        first = turn.allocate(label, CheckpointKind.EVENT)
+        opened = turn.allocate(f"{label}:window", CheckpointKind.NOW)
+        rest = [turn.allocate(label, CheckpointKind.EVENT) for _ in range(count - 1)]
+        batch = EventBatch(label, first, opened, rest)
+        return wait_for_events(self._env, batch, name, clean, window_ms, timeout_ms)
 
     # -- the outside world ---------------------------------------------------------------
 
