@@ -330,6 +330,15 @@ class Turn:
         self._phase = phase
         return phase
 
+    @property
+    def holds_lease(self) -> bool:
+        """Whether the turn still works under its lease: open, or its body
+        ended of itself (its results and saga unwind may follow), or its
+        unwind phase is open — so a long unwind keeps the lease renewed."""
+        if self._phase is not None:
+            return not self._phase.closed
+        return not self.closed or self.close_reason in (CloseReason.DONE, CloseReason.SUSPENDED)
+
     def close(self, reason: CloseReason) -> None:
         """Stop the turn from outside (cancel, fence, drain)."""
         if self._phase is not None:

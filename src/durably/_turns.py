@@ -359,7 +359,7 @@ class TurnDriver:
         interval = lease_ms / 2000
         while True:
             await self._clock.sleep(interval)
-            if turn.closed:
+            if not turn.holds_lease:
                 return
             until = self._clock.now_ms() + lease_ms
             try:

@@ -56,7 +56,7 @@ from .steps import StepPolicy, StepRef
 from .steps.definition import check_policy
 from .stores.base import TransactionStore
 
-__all__ = ["ChildCall", "Settled", "Webhook", "WorkflowContext"]
+__all__ = ["ChildCall", "ChildHandle", "Settled", "Webhook", "WorkflowContext"]
 
 T = TypeVar("T")
 

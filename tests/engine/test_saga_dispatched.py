@@ -10,7 +10,7 @@ import pytest
 
 import durably
 from durably import CheckpointStatus, RunStatus
-from durably.testing import eventually
+from durably.testing import VirtualClock, eventually
 
 from .conftest import EngineFactory
 
@@ -220,3 +220,36 @@ async def test_compensate_refuses_bad_input(make_engine: EngineFactory) -> None:
             assert history == [], case  # refused before anything was recorded
     with pytest.raises(ValueError, match="compensation_retries"):
         durably.Engine("memory://", compensation_retries=-1)
+
+
+async def test_the_lease_is_renewed_through_a_long_unwind(
+    make_engine: EngineFactory, clock: VirtualClock
+) -> None:
+    engine = make_engine(clock=clock, lease="1s")
+    undoing = asyncio.Event()
+    release = asyncio.Event()
+
+    async def slow_undo(_: Any) -> None:
+        undoing.set()
+        await release.wait()
+
+    @engine.workflow("order")
+    async def order(ctx: durably.WorkflowContext) -> None:
+        await ctx.local_step("reserve", lambda: "R", compensate=slow_undo)
+        raise durably.FatalError("boom")
+
+    async with engine:
+        await engine.start("order", run_id="o")
+        await asyncio.wait_for(undoing.wait(), timeout=15)
+
+        async def renewed() -> bool:
+            run = await engine.get_run("o")
+            assert run is not None
+            return run.locked_until is not None and run.locked_until > clock.now_ms()
+
+        for _ in range(8):  # four leases pass while the undo runs, each renewed
+            clock.advance("0.5s")
+            await eventually(renewed, timeout=15)
+        release.set()
+        result = await engine.wait_for_run("o", terminal=True, timeout=15)
+    assert result.status is RunStatus.FAILED
