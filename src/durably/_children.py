@@ -424,11 +424,12 @@ class ChildRuns:
             except Exception:
                 _log.warning("could not publish the cancel of run %s", run_id, exc_info=True)
 
-    async def ended_runs(self, run_ids: list[str]) -> set[str]:
-        """Of ``run_ids``, those that ended or are being cancelled (for step handlers)."""
+    async def ended_runs(self, run_ids: list[str]) -> dict[str, bool]:
+        """Of ``run_ids``, those that ended (``True``) or are being cancelled
+        (``False``: a compensating cancel unwinds them), for step handlers."""
         runs = await self._store.get_runs(run_ids)
         return {
-            run.run_id
+            run.run_id: run.status in TERMINAL_STATUSES
             for run in runs
             if run.status in TERMINAL_STATUSES or run.cancel_requested is not None
         }

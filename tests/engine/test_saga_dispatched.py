@@ -253,3 +253,46 @@ async def test_the_lease_is_renewed_through_a_long_unwind(
         release.set()
         result = await engine.wait_for_run("o", terminal=True, timeout=15)
     assert result.status is RunStatus.FAILED
+
+
+async def test_an_undo_handler_is_not_told_its_unwinding_run_is_cancelled(
+    make_engine: EngineFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from durably.steps import _server
+
+    monkeypatch.setattr(_server, "_CANCEL_POLL_S", 0.01)
+    engine = make_engine()
+    seen: dict[str, bool] = {}
+    polled = asyncio.Event()
+
+    @engine.step("book")
+    async def book(_: Any) -> str:
+        return "B"
+
+    @engine.step("unbook", retries=0)
+    async def unbook(data: dict[str, Any], log: durably.StepLogger) -> None:
+        polled.clear()
+        await polled.wait()  # the cancel watcher looked at this run meanwhile
+        seen["undo told cancelled"] = log.cancelled
+
+    @engine.workflow("order")
+    async def order(ctx: durably.WorkflowContext) -> None:
+        await ctx.step(book, None, compensate=unbook)
+        await ctx.wait_for_signal("never")
+
+    async with engine:
+        check = engine._step_server._cancelled_runs
+
+        async def watched(run_ids: list[str]) -> dict[str, bool]:
+            found = await check(run_ids)
+            if "o" in found:
+                polled.set()
+            return found
+
+        engine._step_server._cancelled_runs = watched
+        await engine.start("order", run_id="o")
+        await engine.wait_for_run("o", timeout=15)
+        await engine.cancel("o", compensate=True)
+        result = await engine.wait_for_run("o", terminal=True, timeout=15)
+    assert result.status is RunStatus.CANCELLED, result.error
+    assert seen == {"undo told cancelled": False}
