@@ -160,8 +160,12 @@ class Saga:
         phase = turn.unwind_phase()
         failures: list[ErrorInfo] = []
         outcome = await phase.execute(lambda: self._unwind(phase, services, failures))
-        if phase.fenced:
-            turn.fenced = True
+        try:
+            if outcome.end is not TurnEnd.CLOSED:
+                with phase.store_calls:
+                    await phase.flush()  # the unwind's writes are durable before the outcome
+        finally:
+            turn.fenced = turn.fenced or phase.fenced
         if outcome.end is TurnEnd.COMPLETED:
             return failures
         if outcome.end in (TurnEnd.SUSPENDED, TurnEnd.BLOCKED):
