@@ -3,6 +3,7 @@ window fixed from the first event; recorded, so a replay returns the same list."
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -159,3 +160,29 @@ async def test_wait_for_events_refuses_bad_input(
             expected = error.__name__ if workflow == "collect" else "ValueError"
             assert result.error["type"] == expected, result.error
             assert await engine.history(workflow) == []
+
+
+async def test_a_batch_gathered_with_other_calls_replays_deterministically(
+    make_engine: EngineFactory,
+) -> None:
+    engine = make_engine()
+
+    @engine.workflow("collect")
+    async def collect(ctx: durably.WorkflowContext) -> list[Any]:
+        batch, x = await asyncio.gather(
+            ctx.wait_for_events("e", max_items=3, window="1h"), ctx.local_step("x", lambda: 1)
+        )
+        y = await ctx.local_step("y", lambda: 2)  # its position follows all the batch's
+        await ctx.wait_for_signal("go")
+        return [batch, x, y]
+
+    async with engine:
+        await engine.start("collect", run_id="c")
+        for n in range(3):
+            assert (await engine.wait_for_run("c", timeout=10)).status is RunStatus.SUSPENDED
+            assert await engine.publish_event("e", n) == 1
+        assert (await engine.wait_for_run("c", timeout=10)).status is RunStatus.SUSPENDED
+        await engine.signal("go", None)
+        result = await engine.wait_for_run("c", terminal=True, timeout=10)
+    assert result.status is RunStatus.COMPLETED, result.error
+    assert result.output == [[0, 1, 2], 1, 2]
