@@ -5,7 +5,7 @@ Configured by environment variables:
 - ``COMPOSE_STORE``: the store URL (SQLite or PostgreSQL);
 - ``COMPOSE_LEDGER``: a file each child body / undo appends one line to;
 - ``COMPOSE_RUN``: the workflow to start (``spawner-join``, ``spawner-forget``,
-  ``saga``);
+  ``saga``, ``batch``);
 - ``COMPOSE_KILL``: where to die:
 
   - ``before-create``: as the children's rows are about to be inserted
@@ -14,7 +14,9 @@ Configured by environment variables:
     parent's turn ends;
   - ``after-first-undo``: once the result of the first dispatched undo of the
     ``saga`` run (at seq -3: the stack unwinds last in, first out) is stored,
-    before the run is woken for the next one.
+    before the run is woken for the next one;
+  - ``after-second-item``: once the ``batch`` run's wait for its second event
+    took a buffered one (the store recorded it), before anything else.
 
 The hooks wrap the store object of *this* process only; the test builds the
 same engine (:func:`build`) as the survivor that takes the run over.
@@ -68,6 +70,16 @@ def install_kill_point(store: Any, kill: str) -> None:
             _die()
         return answers
 
+    wait_event = store.wait_event
+
+    async def wait_event_then_maybe_die(checkpoint: Any, *args: Any) -> Any:
+        answer = await wait_event(checkpoint, *args)
+        # Positions: 0 the first event, 1 the window's opening, 2 the second event.
+        if kill == "after-second-item" and checkpoint.seq == 2:
+            _die()
+        return answer
+
+    store.wait_event = wait_event_then_maybe_die
     store.create_runs = create_runs_then_maybe_die
     store.resolve_checkpoints = resolve_then_maybe_die
 
@@ -112,6 +124,10 @@ def build(store: str, ledger: str, **options: Any) -> durably.Engine:
         await ctx.step(book, "b", compensate="unbook")
         await ctx.step(fail, None)
 
+    @engine.workflow("batch")
+    async def batch(ctx: durably.WorkflowContext) -> list[Any]:
+        return await ctx.wait_for_events("item", max_items=3, window="1h")
+
     return engine
 
 
@@ -121,6 +137,9 @@ async def main() -> None:
     )
     install_kill_point(engine.store, os.environ.get("COMPOSE_KILL", ""))
     async with engine:
+        if os.environ["COMPOSE_RUN"] == "batch":
+            for n in range(2):
+                await engine.publish_event("item", n)  # buffered for the run
         await engine.start(os.environ["COMPOSE_RUN"], run_id="parent")
         await asyncio.Event().wait()
 

@@ -1,5 +1,6 @@
 """Composition survives a SIGKILL: ``ctx.start_child`` creates each child once,
-and a saga's dispatched undos each run once across a kill mid-unwind.
+a saga's dispatched undos each run once across a kill mid-unwind, and a
+batch of events loses and repeats no item across a kill between two items.
 
 A process (``compose_app.py``) starts a parent and kills itself with SIGKILL
 while its turn creates the children — after their placeholders are stored,
@@ -24,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from durably import RunStatus
+from durably.testing import eventually
 
 from .compose_app import KIDS, build
 
@@ -115,3 +117,22 @@ async def test_a_finished_dispatched_undo_does_not_run_again_after_a_sigkill_mid
     assert ledger.read_text().splitlines() == ["undo booked b", "undo booked a"]
     undos = {cp.seq: (cp.name, cp.status.value, cp.attempts) for cp in history if cp.seq < 0}
     assert undos == {-2: ("unbook", "completed", 1), -3: ("unbook", "completed", 1)}
+
+
+async def test_a_batch_of_events_loses_no_item_across_a_sigkill(store: str, tmp_path: Path) -> None:
+    ledger = tmp_path / "ledger.txt"
+    ledger.touch()
+    await _run_doomed(store, ledger, tmp_path, "batch", "after-second-item")
+    survivor = build(store, str(ledger), lease="1s", instance_id="survivor")
+    async with survivor:
+        assert await survivor.store.list_buffered_events("item") == []  # both were taken
+
+        async def waiting() -> bool:
+            history = {cp.seq: cp for cp in await survivor.history("parent")}
+            return 3 in history and history[3].status.value == "pending"
+
+        await eventually(waiting, timeout=120)  # the survivor took the run over
+        assert await survivor.publish_event("item", 2) == 1
+        result = await survivor.wait_for_run("parent", terminal=True, timeout=120)
+    assert result.status is RunStatus.COMPLETED, result.error
+    assert result.output == [0, 1, 2]
