@@ -13,7 +13,7 @@ from ._intercept import Interceptor, StepInfo, TurnInfo
 from ._lifecycle_events import EventKind, LifecycleEvent, Subscription
 from ._logs import RunContextFilter
 from .client import Client, SyncClient, SyncRunHandle
-from .context import ChildCall, Settled, Webhook, WorkflowContext
+from .context import ChildCall, ChildHandle, Settled, Webhook, WorkflowContext
 from .durations import Duration
 from .engine import Engine, RunNotFound
 from .errors import (
@@ -47,6 +47,7 @@ __all__ = [
     "CheckpointStatus",
     "ChildCall",
     "ChildFailed",
+    "ChildHandle",
     "Client",
     "DurablyError",
     "Duration",

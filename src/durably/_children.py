@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Callable, Collection, Sequence
+from typing import TYPE_CHECKING, Any
 
 from ._batch import BatchCall
 from ._lifecycle_events import RUN_OUTCOMES, EventHub
 from ._logs import engine_logger
+from ._ops.env import ChildStart
 from ._replay import CloseReason, error_info
 from .errors import DurablyError, SchemaValidationError, WorkflowNotRegistered
 from .model import (
@@ -66,22 +67,6 @@ class RunNotFound(DurablyError, LookupError):
     """No run has the given id."""
 
     code = "run_not_found"
-
-
-class ChildStart(Protocol):
-    """What creating a child needs from ``ctx.child``'s call (typed by shape,
-    so this module stays below the workflow context)."""
-
-    @property
-    def run_id(self) -> str: ...
-    @property
-    def workflow(self) -> str: ...
-    @property
-    def input(self) -> Any: ...
-    @property
-    def seq(self) -> int: ...
-    @property
-    def priority(self) -> int | None: ...
 
 
 class ChildRuns:
@@ -348,16 +333,31 @@ class ChildRuns:
                 continue
 
     async def cancel_children(self, run_id: str) -> None:
-        """Cancel the live children of ``run_id``, a page of 500 at a time."""
+        """Cancel the live children of ``run_id`` but its detached ones, a page
+        of 500 at a time."""
         cursor: str | None = None
+        detached: set[str] | None = None
         while True:
             page = await self._store.list_runs(RunQuery(parent_id=run_id, limit=500, cursor=cursor))
-            await self.cancel_runs(
-                [r.run_id for r in page.runs if r.status not in TERMINAL_STATUSES]
-            )
+            live = [r.run_id for r in page.runs if r.status not in TERMINAL_STATUSES]
+            if live and detached is None:
+                # Read only when there is something to cancel: the parent's
+                # placeholders say which children were started detached.
+                detached = detached_children(await self._store.load_checkpoints(run_id))
+            await self.cancel_runs([child for child in live if child not in (detached or ())])
             cursor = page.next_cursor
             if cursor is None:
                 return
+
+    async def cancel_attached(self, run_id: str, child_ids: Collection[str]) -> None:
+        """``run_id`` ended: cancel those of ``child_ids`` (its children not
+        started detached) still running, so none outlives it unasked."""
+        if not child_ids:
+            return
+        runs = await self._store.get_runs(sorted(child_ids))
+        await self.cancel_runs(
+            [r.run_id for r in runs if r.parent_id == run_id and r.status in LIVE]
+        )
 
     async def end_from_outside(self, run: Run, error: dict[str, Any]) -> bool:
         """Cancel ``run`` if it is still as read (``False`` if it moved), and do
@@ -424,14 +424,26 @@ class ChildRuns:
             except Exception:
                 _log.warning("could not publish the cancel of run %s", run_id, exc_info=True)
 
-    async def ended_runs(self, run_ids: list[str]) -> set[str]:
-        """Of ``run_ids``, those that ended or are being cancelled (for step handlers)."""
+    async def ended_runs(self, run_ids: list[str]) -> dict[str, bool]:
+        """Of ``run_ids``, those that ended (``True``) or are being cancelled
+        (``False``: a compensating cancel unwinds them), for step handlers."""
         runs = await self._store.get_runs(run_ids)
         return {
-            run.run_id
+            run.run_id: run.status in TERMINAL_STATUSES
             for run in runs
             if run.status in TERMINAL_STATUSES or run.cancel_requested is not None
         }
+
+
+def detached_children(checkpoints: dict[int, Checkpoint]) -> set[str]:
+    """The ids of the children a run started ``detached`` (from its placeholders)."""
+    return {
+        str(cp.input.get("run_id"))
+        for cp in checkpoints.values()
+        if cp.kind == CheckpointKind.CHILD
+        and isinstance(cp.input, dict)
+        and cp.input.get("detached") is True
+    }
 
 
 def _report(child: Run) -> Resolution:

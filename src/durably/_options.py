@@ -71,6 +71,7 @@ class EngineOptions:
     webhook_base_url: str | None = None
     publish_events: bool = False
     remote_advance_silence: Duration = "30s"
+    compensation_retries: int = 2
 
     lease_ms: int = field(init=False)
     """How long a turn's lease lasts without renewal."""
@@ -123,6 +124,12 @@ class EngineOptions:
             derive("serve_steps", frozenset(self.serve_steps))
         if self.consumers not in ("auto", "always", "never"):
             raise ValueError("consumers must be 'auto', 'always' or 'never'")
+        if (
+            isinstance(self.compensation_retries, bool)
+            or not isinstance(self.compensation_retries, int)
+            or not 0 <= self.compensation_retries <= 100
+        ):
+            raise ValueError("compensation_retries must be an int from 0 to 100")
         if self.step_concurrency < 1 or self.remote_redispatch_max < 0:
             raise ValueError("step_concurrency must be >= 1 and remote_redispatch_max >= 0")
         derive(

@@ -132,10 +132,14 @@ class Turn:
         an outage into :meth:`store_failed` (a signal the body cannot catch)."""
         self.missing_children: set[str] = set()
         """Children waited on whose runs were never created (see the engine)."""
+        self.attached_children: set[str] = set()
+        """Children this run may leave running that must not outlive it (all but
+        ``detached`` ones): cancelled when the run ends."""
         self.blocked: ErrorInfo | None = None
         """Why a step of this turn found no live capable worker (see :meth:`block`)."""
         self.unwinding = run.cancel_requested == CancelMode.COMPENSATE
         """A compensating cancel: replay only, park anything new, then undo."""
+        self._phase: Turn | None = None
 
     # -- used by the context's operations ----------------------------------------------
 
@@ -212,6 +216,24 @@ class Turn:
         """
         self.unordered_writes = self.unordered_writes or not ordered
         self._unflushed.append(asyncio.ensure_future(write))
+
+    def write_after_earlier(self, write: Callable[[], Awaitable[bool]]) -> asyncio.Future[bool]:
+        """Start ``write()`` once every write started before it is done (a
+        side effect made at a call, such as creating a child, must not exist
+        before the results it was built on are durable); returned, and
+        collected by the next :meth:`flush` like any write."""
+        earlier = list(self._unflushed)
+
+        async def after() -> bool:
+            results = await asyncio.gather(*earlier, return_exceptions=True)
+            if any(result is False or isinstance(result, BaseException) for result in results):
+                return True  # the flush reports the earlier write's failure or fence
+            return await write()
+
+        future = asyncio.ensure_future(after())
+        self.unordered_writes = True
+        self._unflushed.append(future)
+        return future
 
     def needs_fence(self) -> bool:
         """Whether a side effect must first await a write to be safe.
@@ -291,8 +313,36 @@ class Turn:
             self.blocked = reason
         return await self.park(seq, poll_at, reconcile=False)
 
+    def unwind_phase(self) -> Turn:
+        """A fresh turn over the same snapshot and lease, for the saga's unwind
+        after the body ended: it parks like any turn (a dispatched undo that is
+        out), and closing this turn (a cancel, a fence, a drain) closes it too."""
+        phase = Turn(
+            self.run,
+            self.checkpoints,
+            self.owner,
+            self._now_ms,
+            self._reconcile_ms,
+            self._lease_ms,
+        )
+        phase.lease_until = self.lease_until
+        phase.unwinding = False  # the undos execute; nothing of the body runs again
+        self._phase = phase
+        return phase
+
+    @property
+    def holds_lease(self) -> bool:
+        """Whether the turn still works under its lease: open, or its body
+        ended of itself (its results and saga unwind may follow), or its
+        unwind phase is open — so a long unwind keeps the lease renewed."""
+        if self._phase is not None:
+            return not self._phase.closed
+        return not self.closed or self.close_reason in (CloseReason.DONE, CloseReason.SUSPENDED)
+
     def close(self, reason: CloseReason) -> None:
         """Stop the turn from outside (cancel, fence, drain)."""
+        if self._phase is not None:
+            self._phase.close(reason)
         if not self.closed:
             self.closed = True
             self.close_reason = reason

@@ -326,8 +326,12 @@ class TurnDriver:
                 if unwind or not self._store.ordered_writes or turn.unordered_writes:
                     await turn.flush()  # every result is durable before the outcome
                 if unwind:
-                    outcome = after_unwind(
-                        outcome, await saga.compensate(turn, self._services), turn.unwinding
+                    undone = await saga.compensate(turn, self._services)
+                    # A TurnOutcome: a dispatched undo is out; the run suspends mid-unwind.
+                    outcome = (
+                        undone
+                        if isinstance(undone, TurnOutcome)
+                        else after_unwind(outcome, undone, turn.unwinding)
                     )
             except _TurnClosed:
                 outcome = TurnOutcome(TurnEnd.CLOSED)
@@ -361,7 +365,7 @@ class TurnDriver:
         interval = lease_ms / 2000
         while True:
             await self._clock.sleep(interval)
-            if turn.closed:
+            if not turn.holds_lease:
                 return
             until = self._clock.now_ms() + lease_ms
             try:
@@ -474,6 +478,8 @@ class TurnDriver:
             self._router.notify(run_id, RunResult(run_id, status, changes.output, changes.error))
             if status in TERMINAL_STATUSES:
                 await self._children.after_end(run_id, cancelled=status is RunStatus.CANCELLED)
+                if turn is not None and status is not RunStatus.CANCELLED:
+                    await self._children.cancel_attached(run_id, turn.attached_children)
                 if status is RunStatus.FAILED:
                     await self._after_failure(ended)
                 if status is RunStatus.CANCELLED:

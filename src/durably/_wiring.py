@@ -142,6 +142,7 @@ def wire(
         events=hub,
         child_output=registry.output_decoder,
         step_guard=capabilities.check_step,
+        compensation_retries=options.compensation_retries,
     )
     turns = TurnDriver(
         store,

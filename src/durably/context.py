@@ -31,23 +31,32 @@ from ._ops.boundaries import (
     task,
 )
 from ._ops.env import Services, TurnEnv
-from ._ops.fan import ChildCall, Settled, gather
+from ._ops.fan import ChildCall, ChildHandle, ChildStarts, Settled, gather
 from ._ops.local_step import local_step, recorded_value
-from ._ops.saga import Saga
-from ._ops.step import StepCall, StepRunner
+from ._ops.saga import Saga, Undo
+from ._ops.step import StepRunner, resolve_step
 from ._ops.transaction import transaction
-from ._ops.waits import check_match, check_name, timer, wait_for_event, wait_for_signal
+from ._ops.waits import (
+    EventBatch,
+    check_batch,
+    check_match,
+    check_name,
+    timer,
+    wait_for_event,
+    wait_for_events,
+    wait_for_signal,
+)
 from ._replay import Turn
 from ._typed import Decoder, check_declared, identity, output_type_of, typed_for
 from .durations import Duration, to_ms
 from .errors import NondeterminismError, _ContinueAsNew
 from .model import CheckpointKind, CheckpointStatus
 from .retry import RetryPolicy
-from .steps import StepDefinition, StepPolicy, StepRef
+from .steps import StepPolicy, StepRef
 from .steps.definition import check_policy
 from .stores.base import TransactionStore
 
-__all__ = ["ChildCall", "Settled", "Webhook", "WorkflowContext"]
+__all__ = ["ChildCall", "ChildHandle", "Settled", "Webhook", "WorkflowContext"]
 
 T = TypeVar("T")
 
@@ -91,6 +100,7 @@ class WorkflowContext:
         self._turn = turn
         self._env = TurnEnv(turn, services)
         self._saga = Saga() if saga is None else saga
+        self._starts = ChildStarts(self._env)
         self.log = self._env.log
         """A logger that tags every record with the run id and workflow."""
 
@@ -130,6 +140,7 @@ class WorkflowContext:
         jitter: bool | None = None,
         track_start: bool | None = None,
         compensate: Callable[..., Any] | None = None,
+        compensation_retries: int | None = None,
         output: Any = None,
     ) -> Awaitable[T]:
         """Run ``fn(*args)`` in this process and checkpoint its result.
@@ -158,7 +169,8 @@ class WorkflowContext:
         ``compensate(output)`` registers an undo (a saga step): if the run
         later fails, or is cancelled with ``compensate=True``, the undos of the
         completed steps run in reverse order, each exactly once even across
-        crashes.
+        crashes; a failing undo is retried ``compensation_retries`` times
+        (default: the engine's, 2), then skipped and logged.
         """
         if not isinstance(name, str) or not name:
             raise ValueError("a local step needs a non-empty name")
@@ -175,15 +187,16 @@ class WorkflowContext:
         )
         if compensate is not None and not callable(compensate):
             raise TypeError(f"local step {name!r}: compensate must be callable")
+        undo = self._saga.local_undo(self._env.services, name, compensate, compensation_retries)
         track = self._env.services.track_start if track_start is None else track_start
         if output is not None:
             check_declared(output, f"local step {name!r}")
         typed = typed_for(output_type_of(fn, output), f"the result of step {name!r}")
         seq, recorded = self._turn.allocate(name, CheckpointKind.LOCAL)
         step = local_step(self._env, seq, name, fn, args, policy, track, recorded, typed)
-        if compensate is None:
+        if undo is None:
             return step
-        return self._saga.with_undo(seq, name, compensate, step)
+        return self._saga.with_undo(seq, name, undo, step)
 
     def transaction(
         self,
@@ -269,6 +282,8 @@ class WorkflowContext:
         fairness_key: str | None = None,
         context: Any = None,
         output: None = None,
+        compensate: Undo | None = None,
+        compensation_retries: int | None = None,
         **policy: Unpack[StepPolicy],
     ) -> Awaitable[T]: ...
     @overload
@@ -280,6 +295,8 @@ class WorkflowContext:
         fairness_key: str | None = None,
         context: Any = None,
         output: Any = None,
+        compensate: Undo | None = None,
+        compensation_retries: int | None = None,
         **policy: Unpack[StepPolicy],
     ) -> Awaitable[Any]: ...
     def step(
@@ -290,6 +307,8 @@ class WorkflowContext:
         fairness_key: str | None = None,
         context: Any = None,
         output: Any = None,
+        compensate: Undo | None = None,
+        compensation_retries: int | None = None,
         **policy: Unpack[StepPolicy],
     ) -> Awaitable[Any]:
         """Dispatch a step by name to whichever worker serves it and return its result.
@@ -318,69 +337,26 @@ class WorkflowContext:
         The result comes back decoded into ``output``, else the registered
         step's output type (its ``output=`` or its handler's return
         annotation); a step served elsewhere, with neither, returns JSON data.
+
+        ``compensate`` registers an undo (a saga step) run if the run later
+        fails or is cancelled with ``compensate=True``: a function called
+        with the step's output, or a step (reference or name) dispatched
+        like this one with ``{"input": <this input>, "output": <its output>}``
+        and checkpointed, so an unwind interrupted by a crash never runs a
+        finished undo again. An undo that fails is retried
+        ``compensation_retries`` times (default: the engine's, 2), then
+        skipped and logged; the run's own error stays its error.
         """
         check_policy("WorkflowContext.step", policy)
-        timeout, pickup_timeout = policy.get("timeout"), policy.get("pickup_timeout")
-        queue, priority = policy.get("queue"), policy.get("priority")
-        definition: StepDefinition | None
-        if isinstance(step, StepRef):
-            name, definition = step.name, step.definition
-        elif isinstance(step, str) and step:
-            # A registered step's name was checked when it was registered.
-            check_key(step, "step name")
-            name, definition = step, self._env.services.steps.definition(step)
-        else:
-            raise TypeError("ctx.step takes a step reference or a non-empty step name")
-        check_priority(priority, "step priority")
-        if fairness_key is not None:
-            check_key(fairness_key, "fairness_key")
-        base = definition.retry if definition is not None else self._env.services.default_retry
-        retry = RetryPolicy.build(
-            policy.get("retries"),
-            policy.get("backoff"),
-            policy.get("backoff_base"),
-            policy.get("backoff_max"),
-            policy.get("jitter"),
-            default=base,
-        )
-        timeout_ms = (
-            to_ms(timeout, name="step timeout")
-            if timeout is not None
-            else (definition.timeout_ms if definition else None)
-        )
-        pickup_ms = (
-            to_ms(pickup_timeout, name="pickup timeout")
-            if pickup_timeout is not None
-            else (definition.pickup_timeout_ms if definition else None)
-        )
-        queue_name = queue if queue is not None else (definition.queue if definition else None)
-        if queue_name is not None and self._env.services.steps.queue(queue_name) is None:
-            raise ValueError(f"ctx.step: queue {queue_name!r} is not registered on this engine")
-        try:
-            payload = codec.to_jsonable(input, f"the input of step {name!r}")
-        except (TypeError, ValueError) as exc:
-            raise TypeError(f"step {name!r}: input cannot be sent as JSON: {exc}") from exc
-        call = StepCall(
-            name=name,
-            input=payload,
-            policy=retry,
-            timeout_ms=timeout_ms,
-            pickup_ms=pickup_ms,
-            queue=queue_name,
-            priority=priority
-            if priority is not None
-            else ((definition and definition.priority) or None),
-            fairness_key=fairness_key,
-            context=context,
-            requires=definition.requires if definition is not None else frozenset(),
-        )
+        call, decode = resolve_step(self._env.services, step, input, fairness_key, context, policy)
         if output is not None:
-            check_declared(output, f"ctx.step {name!r}")
-            decode = typed_for(output, f"the result of step {name!r}").decode
-        else:
-            decode = definition.typed_output.decode if definition is not None else identity
-        seq, recorded = self._turn.allocate(name, CheckpointKind.STEP)
+            check_declared(output, f"ctx.step {call.name!r}")
+            decode = typed_for(output, f"the result of step {call.name!r}").decode
+        undo = self._saga.undo_for(self._env.services, call, compensate, compensation_retries)
+        seq, recorded = self._turn.allocate(call.name, CheckpointKind.STEP)
         result = StepRunner(self._env).run(seq, call, recorded)
+        if undo is not None:
+            return self._saga.with_undo(seq, call.name, undo, result, decode, call.input)
         return result if decode is identity else _decoded(result, decode)
 
     # -- deterministic sources -----------------------------------------------------------
@@ -489,6 +465,38 @@ class WorkflowContext:
         label = f"event:{name}"
         seq, recorded = self._turn.allocate(label, CheckpointKind.EVENT)
         return wait_for_event(self._env, seq, label, name, clean, timeout_ms, recorded)
+
+    def wait_for_events(
+        self,
+        name: str,
+        *,
+        max_items: int,
+        window: Duration,
+        match: Mapping[str, Any] | None = None,
+        timeout: Duration | None = None,
+    ) -> Awaitable[list[Any]]:
+        """Collect a batch of ``name`` events and return their payloads, in arrival order.
+
+        Waits for a first event (as :meth:`wait_for_event`, with ``match``;
+        with ``timeout`` raises :class:`EventTimeout` if none comes), then
+        keeps taking events until ``max_items`` (1 to 1000) were taken or
+        ``window`` passed since the first was taken, whichever comes first:
+        the window is fixed from the first event, not restarted by each
+        (``window=0``: only those already buffered). Every event taken is
+        recorded, so a replay returns the same list.
+        """
+        check_name(name)
+        clean = check_match(match)
+        window_ms = to_ms(window, name="event window")
+        count = check_batch(max_items, window_ms)
+        timeout_ms = None if timeout is None else to_ms(timeout, name="event timeout")
+        label = f"events:{name}"
+        turn = self._turn
+        first = turn.allocate(label, CheckpointKind.EVENT)
+        opened = turn.allocate(f"{label}:window", CheckpointKind.NOW)
+        rest = [turn.allocate(label, CheckpointKind.EVENT) for _ in range(count - 1)]
+        batch = EventBatch(label, first, opened, rest)
+        return wait_for_events(self._env, batch, name, clean, window_ms, timeout_ms)
 
     # -- the outside world ---------------------------------------------------------------
 
@@ -623,25 +631,76 @@ class WorkflowContext:
         Its output comes back decoded into the child workflow's output type
         when that workflow is registered here.
         The await raises :class:`ChildFailed` if the child fails, is
-        cancelled, goes dead or cannot be started.
+        cancelled, goes dead or cannot be started. With the ``run_id`` of a
+        child this body started with :meth:`start_child`, it waits for that
+        child instead of starting one.
         """
+        if run_id is not None and (joined := self._starts.started(run_id)) is not None:
+            # Started earlier by start_child: wait for that child, creating nothing.
+            if joined.workflow != workflow:
+                raise ValueError(
+                    f"ctx.child: child {run_id!r} was started as {joined.workflow!r}, "
+                    f"not {workflow!r}"
+                )
+            return joined
+        return self._child_call("ctx.child", workflow, input, run_id, priority, False)
+
+    def start_child(
+        self,
+        workflow: str,
+        input: Any = None,
+        *,
+        run_id: str | None = None,
+        priority: int | None = None,
+        detached: bool = False,
+    ) -> ChildHandle:
+        """Start ``workflow`` as a child run now and return a handle to join later.
+
+        The child is created at this call (recorded at this position, so a
+        replay never creates it twice), whether or not it is ever waited for.
+        ``await handle.result()`` waits for its output as :meth:`child` does;
+        a later ``ctx.child(..., run_id=handle.run_id)`` joins it too.
+        When this run ends (completes, fails, is cancelled, continues as new)
+        a child still running is cancelled, unless started ``detached=True``:
+        a detached child outlives its parent, even its cancel.
+        """
+        if not isinstance(detached, bool):
+            raise TypeError("ctx.start_child: detached must be True or False")
+        if run_id is not None and self._starts.started(run_id) is not None:
+            raise ValueError(f"ctx.start_child: child {run_id!r} was already started by this run")
+        call = self._child_call("ctx.start_child", workflow, input, run_id, priority, detached)
+        return self._starts.start(call)
+
+    def _child_call(
+        self,
+        what: str,
+        workflow: str,
+        input: Any,
+        run_id: str | None,
+        priority: int | None,
+        detached: bool,
+    ) -> ChildCall:
         if not isinstance(workflow, str) or not workflow:
-            raise ValueError("ctx.child needs a workflow name")
+            raise ValueError(f"{what} needs a workflow name")
         check_key(workflow, "child workflow name")
         if run_id is not None:
             if not isinstance(run_id, str) or not run_id:
-                raise ValueError("ctx.child: run_id must be a non-empty string")
+                raise ValueError(f"{what}: run_id must be a non-empty string")
             check_key(run_id, "child run_id")
         if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)):
-            raise ValueError("ctx.child: priority must be an int")
+            raise ValueError(f"{what}: priority must be an int")
         check_priority(priority, "child priority")
         seq, recorded = self._turn.allocate(f"child:{workflow}", CheckpointKind.CHILD)
         if recorded is not None and isinstance(recorded.input, dict):
             child_id = str(recorded.input.get("run_id"))
         else:
             child_id = run_id or f"{self.run_id}.child.{seq}"
+        if not detached and (recorded is None or recorded.status is CheckpointStatus.PENDING):
+            self._turn.attached_children.add(child_id)
         decode = self._env.services.child_output(workflow)
-        return ChildCall(self._env, seq, child_id, workflow, input, recorded, decode, priority)
+        return ChildCall(
+            self._env, seq, child_id, workflow, input, recorded, decode, priority, detached
+        )
 
     def all(
         self, items: Iterable[Awaitable[Any]], *, fail_fast: bool = False

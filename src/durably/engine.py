@@ -140,6 +140,9 @@ class Engine:
         remote_advance_silence: a remote workflow turn (:meth:`remote_workflow`)
             that sent no decision and no run heartbeat for this long is sent
             again under a fresh task id (its worker died or the turn was lost).
+        compensation_retries: how many times a failing saga undo is retried
+            before it is skipped and logged (default 2: three attempts); a
+            ``compensate=`` step may set its own.
     """
 
     def __init__(
@@ -173,6 +176,7 @@ class Engine:
         webhook_base_url: str | None = None,
         publish_events: bool = False,
         remote_advance_silence: Duration = "30s",
+        compensation_retries: int = 2,
     ) -> None:
         # Taken first, while the locals are exactly the parameters: the keywords
         # are EngineOptions' fields, by name.

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import Any, NoReturn, Protocol
 
 from .._intercept import Interceptors
 from .._lifecycle_events import EventHub
@@ -28,19 +28,49 @@ from ..retry import RetryPolicy
 from ..steps._dispatcher import StepDispatcher
 from ..stores.base import StateStore
 
-__all__ = ["Services", "SpawnChildren", "StepGuard", "TurnEnv"]
+__all__ = ["ChildStart", "Services", "SpawnChildren", "StepGuard", "TurnEnv"]
 
 StepGuard = Callable[[str, frozenset[str]], Awaitable[ErrorInfo | None]]
 """``(routing token, required capabilities)``: why no live worker can take a
 step sent to that token (the run is then parked ``blocked``), or ``None``."""
 
-SpawnChildren = Callable[[Run, list[Any]], Awaitable[list[ErrorInfo | None]]]
-"""Create child runs for a parent; return a start error per child (or ``None``).
 
-Each item has ``run_id``, ``seq``, ``workflow`` and ``input`` (a
-:class:`durably._ops.fan.ChildCall`). Typed by shape, not by that class, so
-this module stays below :mod:`durably._ops.fan`.
-"""
+class ChildStart(Protocol):
+    """What creating a child run needs from the call that asks for it (a
+    ``ctx.child`` / ``ctx.start_child`` call, or a remote turn's decision).
+
+    Typed by shape, not by those classes, so this module stays below them,
+    and a caller that forgets a field (``priority``...) fails the type check.
+    """
+
+    @property
+    def run_id(self) -> str:
+        """The child's run id."""
+        ...
+
+    @property
+    def workflow(self) -> str:
+        """The child's workflow name."""
+        ...
+
+    @property
+    def input(self) -> Any:
+        """The child's input (validated by its workflow's input type)."""
+        ...
+
+    @property
+    def seq(self) -> int:
+        """The parent's position whose placeholder the child settles."""
+        ...
+
+    @property
+    def priority(self) -> int | None:
+        """The child's priority (``None``: its parent's)."""
+        ...
+
+
+SpawnChildren = Callable[[Run, Sequence[ChildStart]], Awaitable[list[ErrorInfo | None]]]
+"""Create child runs for a parent; return a start error per child (or ``None``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +97,8 @@ class Services:
     registered default version's output type; plain data when unknown here)."""
     step_guard: StepGuard | None = None
     """``(token, requires)``: why no live worker can take a step, or ``None``."""
+    compensation_retries: int = 2
+    """Retries of a failing saga undo before it is skipped (the engine's default)."""
 
 
 class WorkflowLogger(logging.LoggerAdapter[logging.Logger]):

@@ -20,7 +20,7 @@ from ..errors import ChildFailed, GatherFailed, RunCancelled, is_control_flow
 from ..model import Checkpoint, CheckpointKind, CheckpointStatus, ErrorInfo
 from .env import TurnEnv
 
-__all__ = ["ChildCall", "Settled", "gather"]
+__all__ = ["ChildCall", "ChildHandle", "ChildStarts", "Settled", "gather"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +39,18 @@ class ChildCall:
     created together (one bulk insert) and awaited with one suspension.
     """
 
-    __slots__ = ("_env", "decode", "input", "priority", "recorded", "run_id", "seq", "workflow")
+    __slots__ = (
+        "_env",
+        "decode",
+        "detached",
+        "input",
+        "priority",
+        "ready",
+        "recorded",
+        "run_id",
+        "seq",
+        "workflow",
+    )
 
     def __init__(
         self,
@@ -51,8 +62,14 @@ class ChildCall:
         recorded: Checkpoint | None,
         decode: Decoder = identity,
         priority: int | None = None,
+        detached: bool = False,
     ) -> None:
         self._env = env
+        self.detached = detached
+        """Whether the child outlives its parent (``ctx.start_child(..., detached=True)``)."""
+        self.ready: asyncio.Future[bool] | None = None
+        """For a child started by ``ctx.start_child``: its creation, awaited
+        before the child is waited on (``None``: nothing to create)."""
         self.priority = priority
         """The child run's priority (``None``: its parent's)."""
         self.decode = decode
@@ -117,6 +134,9 @@ async def _run_children(
     env: TurnEnv, calls: list[ChildCall], group: str | None, fail_fast: bool
 ) -> list[tuple[bool, Any]]:
     turn, services = env.turn, env.services
+    for call in calls:
+        if call.ready is not None:
+            await call.ready  # created at ``ctx.start_child``: wait for that to finish
     outcomes: list[tuple[bool, Any] | None] = [None] * len(calls)
     fresh: list[int] = []
     waiting: list[int] = []
@@ -150,18 +170,7 @@ async def _run_children(
     if fresh:
         now = env.clock.now_ms()
         # The placeholders a child settles exist before any child can finish.
-        placeholders = [
-            env.checkpoint(
-                calls[i].seq,
-                f"child:{calls[i].workflow}",
-                CheckpointKind.CHILD,
-                CheckpointStatus.PENDING,
-                input={"run_id": calls[i].run_id, "workflow": calls[i].workflow},
-                started_at=now,
-                group=group,
-            )
-            for i in fresh
-        ]
+        placeholders = [_placeholder(env, calls[i], now, group) for i in fresh]
         with turn.in_flight(), turn.store_calls:
             await turn.flush()
             if not await env.store.save_checkpoints(placeholders, turn.owner):
@@ -185,6 +194,126 @@ async def _run_children(
     if waiting:
         await turn.park(min(calls[i].seq for i in waiting), None, reconcile=True)
     return [o if o is not None else (False, RuntimeError("unsettled")) for o in outcomes]
+
+
+class ChildHandle:
+    """A child started by :meth:`WorkflowContext.start_child`: created already
+    (at the call), joined later with :meth:`result`, or never (fire and forget)."""
+
+    __slots__ = ("_call",)
+
+    def __init__(self, call: ChildCall) -> None:
+        self._call = call
+
+    @property
+    def run_id(self) -> str:
+        """The child's run id (``engine.get_run(handle.run_id)`` from outside)."""
+        return self._call.run_id
+
+    @property
+    def workflow(self) -> str:
+        """The child's workflow name."""
+        return self._call.workflow
+
+    @property
+    def detached(self) -> bool:
+        """Whether the child outlives its parent."""
+        return self._call.detached
+
+    def result(self) -> ChildCall:
+        """Wait for the child and return its output, as ``await ctx.child(...)``
+        does (raises :class:`ChildFailed` if it failed, was cancelled, went
+        dead or could not start). Pass it to ``ctx.all`` to wait for many."""
+        return self._call
+
+    def __repr__(self) -> str:
+        return f"ChildHandle(run_id={self.run_id!r}, workflow={self.workflow!r})"
+
+
+class ChildStarts:
+    """The children this turn's ``ctx.start_child`` calls create, created at the call.
+
+    Each call takes its position at once; the creation (placeholder first,
+    then the run) is deferred one event-loop step, so starts made together
+    (a loop of ``start_child``) are created in one bulk write. The turn does
+    not end before they are created: each batch is one of the turn's
+    unflushed writes, and marks the turn busy while it runs.
+    """
+
+    __slots__ = ("_batch", "_by_id", "_creating", "_env")
+
+    def __init__(self, env: TurnEnv) -> None:
+        self._env = env
+        self._by_id: dict[str, ChildCall] = {}
+        self._batch: list[ChildCall] = []
+        self._creating: asyncio.Future[bool] | None = None
+
+    def started(self, run_id: str) -> ChildCall | None:
+        """The call that started ``run_id`` earlier in this body, if any (a
+        later ``ctx.child`` with that id joins it)."""
+        return self._by_id.get(run_id)
+
+    def start(self, call: ChildCall) -> ChildHandle:
+        """Create ``call``'s child (unless history shows it was) and hand back its handle."""
+        turn = self._env.turn
+        self._by_id[call.run_id] = call
+        recorded = call.recorded
+        fresh = recorded is None
+        # A placeholder stored by a turn that died before creating the child.
+        lost = (
+            recorded is not None
+            and recorded.status is CheckpointStatus.PENDING
+            and call.run_id in turn.missing_children
+        )
+        if turn.unwinding or not (fresh or lost):
+            return ChildHandle(call)
+        if not self._batch or self._creating is None:
+            self._creating = turn.write_after_earlier(self._create)
+        self._batch.append(call)
+        call.ready = self._creating  # every call of a batch waits for the same creation
+        return ChildHandle(call)
+
+    async def _create(self) -> bool:
+        env, turn, services = self._env, self._env.turn, self._env.services
+        await asyncio.sleep(0)  # the starts made in the same stretch of the body join the batch
+        batch, self._batch, self._creating = self._batch, [], None
+        with turn.in_flight(), turn.store_calls:
+            now = env.clock.now_ms()
+            fresh = [call for call in batch if call.recorded is None]
+            placeholders = {call.run_id: _placeholder(env, call, now, None) for call in fresh}
+            # The placeholders a child settles exist before any child can finish.
+            if placeholders and not await env.store.save_checkpoints(
+                list(placeholders.values()), turn.owner
+            ):
+                env.fence_lost()
+            errors = await services.spawn_children(turn.run, batch)
+        for call, error in zip(batch, errors, strict=True):
+            turn.missing_children.discard(call.run_id)
+            if error is None:
+                if call.run_id in placeholders:
+                    call.recorded = placeholders[call.run_id]
+                continue
+            failed = _placeholder(env, call, now, None)
+            failed.status, failed.error, failed.finished_at = CheckpointStatus.FAILED, error, now
+            call.recorded = failed
+            turn.attached_children.discard(call.run_id)
+        return True
+
+
+def _placeholder(env: TurnEnv, call: ChildCall, now: int, group: str | None) -> Checkpoint:
+    """The ``pending`` checkpoint a child settles when it ends."""
+    details: dict[str, Any] = {"run_id": call.run_id, "workflow": call.workflow}
+    if call.detached:
+        details["detached"] = True
+    return env.checkpoint(
+        call.seq,
+        f"child:{call.workflow}",
+        CheckpointKind.CHILD,
+        CheckpointStatus.PENDING,
+        input=details,
+        started_at=now,
+        group=group,
+    )
 
 
 def _child_failed(run_id: str, error: ErrorInfo | None) -> ChildFailed:

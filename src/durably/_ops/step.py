@@ -19,19 +19,26 @@ over its checkpoint:
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .. import _codec as codec
+from .._names import check_name as check_key
+from .._names import check_priority
+from .._typed import Decoder, identity
+from ..durations import to_ms
 from ..errors import StepFailed
 from ..model import Checkpoint, CheckpointKind, CheckpointStatus, ErrorInfo
 from ..retry import RetryPolicy
+from ..steps import StepDefinition, StepRef
 from ..steps._dispatcher import LiveStep
 from ..stores.base import Admission
 from ..transports.base import TransportError
 from ..wire import StepTask, routing_token
-from .env import TurnEnv
+from .env import Services, TurnEnv
 
-__all__ = ["StepCall", "StepRunner"]
+__all__ = ["StepCall", "StepRunner", "resolve_step"]
 
 _SEND_RETRY_MS = 1000
 """When a step whose task the transport refused is sent again."""
@@ -346,3 +353,73 @@ class StepRunner:
             error=None if result.ok else (result.error or {"message": "step failed"}),
             started_at=cp.started_at,
         )
+
+
+def resolve_step(
+    services: Services,
+    step: StepRef[Any] | str,
+    input: Any,
+    fairness_key: str | None,
+    context: Any,
+    policy: Mapping[str, Any],
+) -> tuple[StepCall, Decoder]:
+    """A ``ctx.step`` call's options resolved against the step's registration
+    and the engine's defaults, checked: the call, and the decoder of its result
+    (the registered step's output type; JSON data for a step served elsewhere).
+    Raises ``TypeError`` / ``ValueError`` for bad input, before anything runs."""
+    timeout, pickup_timeout = policy.get("timeout"), policy.get("pickup_timeout")
+    queue, priority = policy.get("queue"), policy.get("priority")
+    definition: StepDefinition | None
+    if isinstance(step, StepRef):
+        name, definition = step.name, step.definition
+    elif isinstance(step, str) and step:
+        # A registered step's name was checked when it was registered.
+        check_key(step, "step name")
+        name, definition = step, services.steps.definition(step)
+    else:
+        raise TypeError("ctx.step takes a step reference or a non-empty step name")
+    check_priority(priority, "step priority")
+    if fairness_key is not None:
+        check_key(fairness_key, "fairness_key")
+    base = definition.retry if definition is not None else services.default_retry
+    retry = RetryPolicy.build(
+        policy.get("retries"),
+        policy.get("backoff"),
+        policy.get("backoff_base"),
+        policy.get("backoff_max"),
+        policy.get("jitter"),
+        default=base,
+    )
+    timeout_ms = (
+        to_ms(timeout, name="step timeout")
+        if timeout is not None
+        else (definition.timeout_ms if definition else None)
+    )
+    pickup_ms = (
+        to_ms(pickup_timeout, name="pickup timeout")
+        if pickup_timeout is not None
+        else (definition.pickup_timeout_ms if definition else None)
+    )
+    queue_name = queue if queue is not None else (definition.queue if definition else None)
+    if queue_name is not None and services.steps.queue(queue_name) is None:
+        raise ValueError(f"ctx.step: queue {queue_name!r} is not registered on this engine")
+    try:
+        payload = codec.to_jsonable(input, f"the input of step {name!r}")
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"step {name!r}: input cannot be sent as JSON: {exc}") from exc
+    call = StepCall(
+        name=name,
+        input=payload,
+        policy=retry,
+        timeout_ms=timeout_ms,
+        pickup_ms=pickup_ms,
+        queue=queue_name,
+        priority=priority
+        if priority is not None
+        else ((definition and definition.priority) or None),
+        fairness_key=fairness_key,
+        context=context,
+        requires=definition.requires if definition is not None else frozenset(),
+    )
+    decode = definition.typed_output.decode if definition is not None else identity
+    return call, decode

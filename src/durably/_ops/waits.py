@@ -27,7 +27,19 @@ from ..stores._match import canonical
 from ..stores.base import SignalWait
 from .env import TurnEnv
 
-__all__ = ["check_match", "check_name", "timer", "wait_for_event", "wait_for_signal"]
+__all__ = [
+    "EventBatch",
+    "check_batch",
+    "check_match",
+    "check_name",
+    "timer",
+    "wait_for_event",
+    "wait_for_events",
+    "wait_for_signal",
+]
+
+MAX_BATCH_ITEMS = 1000
+"""The most events one ``wait_for_events`` collects (each is a checkpoint)."""
 
 
 def check_name(name: str) -> None:
@@ -168,6 +180,94 @@ def wait_for_event(
     return _wait(env, seq, name, CheckpointKind.EVENT, stored_input, timeout_ms, recorded, mailbox)
 
 
+def check_batch(max_items: object, window_ms: int) -> int:
+    """``max_items`` of a ``wait_for_events`` as a count (1 to 1000), or a clear error."""
+    if isinstance(max_items, bool) or not isinstance(max_items, int):
+        raise TypeError(f"wait_for_events: max_items must be an int, got {max_items!r}")
+    if not 1 <= max_items <= MAX_BATCH_ITEMS:
+        raise ValueError(
+            f"wait_for_events: max_items must be between 1 and {MAX_BATCH_ITEMS}, got {max_items}"
+        )
+    if window_ms < 0:
+        raise ValueError("wait_for_events: window must not be negative")
+    return max_items
+
+
+class EventBatch:
+    """The positions of one ``ctx.wait_for_events`` call, all taken at the call
+    (so a concurrent ``ctx`` call never lands between them, however the
+    events arrive): the first event's wait, the moment the window opened,
+    then one wait per further event."""
+
+    __slots__ = ("first", "label", "rest", "window")
+
+    def __init__(
+        self,
+        label: str,
+        first: tuple[int, Checkpoint | None],
+        window: tuple[int, Checkpoint | None],
+        rest: list[tuple[int, Checkpoint | None]],
+    ) -> None:
+        self.label = label
+        self.first = first
+        self.window = window
+        self.rest = rest
+
+
+async def wait_for_events(
+    env: TurnEnv,
+    batch: EventBatch,
+    event: str,
+    match: dict[str, Any] | None,
+    window_ms: int,
+    timeout_ms: int | None,
+) -> list[Any]:
+    """The body of ``ctx.wait_for_events``: wait for a first event (raising
+    :class:`EventTimeout` after ``timeout_ms``), then collect more until the
+    batch is full or ``window_ms`` passed since the first was taken."""
+    stored_input = {"match": match} if match else None
+    mailbox = _Event(event, match)
+    label, kind = batch.label, CheckpointKind.EVENT
+    seq, recorded = batch.first
+    items = [await _wait(env, seq, label, kind, stored_input, timeout_ms, recorded, mailbox)]
+    if not batch.rest:
+        return items
+    opened = await _window_opened(env, *batch.window, f"{label}:window")
+    closes = opened + window_ms
+    for seq, recorded in batch.rest:
+        try:
+            item = await _wait(
+                env, seq, label, kind, stored_input, None, recorded, mailbox, deadline_at=closes
+            )
+        except EventTimeout:
+            break  # the window closed (recorded, so a replay stops here too)
+        items.append(item)
+    return items
+
+
+async def _window_opened(env: TurnEnv, seq: int, recorded: Checkpoint | None, name: str) -> int:
+    """When the batch's first event was taken (epoch ms), recorded at ``seq``."""
+    if recorded is not None and recorded.status is CheckpointStatus.COMPLETED:
+        return int(recorded.output)
+    turn = env.turn
+    if turn.unwinding:
+        return int(await turn.park(seq, None, reconcile=False))
+    now = env.clock.now_ms()
+    env.save_later(
+        env.checkpoint(
+            seq,
+            name,
+            CheckpointKind.NOW,
+            CheckpointStatus.COMPLETED,
+            output=now,
+            attempts=1,
+            started_at=now,
+            finished_at=now,
+        )
+    )
+    return now
+
+
 async def _wait(
     env: TurnEnv,
     seq: int,
@@ -177,6 +277,8 @@ async def _wait(
     timeout_ms: int | None,
     recorded: Checkpoint | None,
     mailbox: _Mailbox,
+    *,
+    deadline_at: int | None = None,
 ) -> Any:
     turn = env.turn
     if recorded is not None:
@@ -198,7 +300,7 @@ async def _wait(
                 return won.output
             raise mailbox.timed_out()
         return await turn.park(seq, deadline, reconcile=True)
-    deadline = None if timeout_ms is None else now + timeout_ms
+    deadline = deadline_at if timeout_ms is None else now + timeout_ms
     checkpoint = env.checkpoint(
         seq,
         name,
@@ -226,4 +328,11 @@ async def _wait(
                 token=mailbox.token,
             )
         return result.payload
+    if deadline is not None and deadline <= now:
+        # Due already (a batch window that closed): no turn waits for nothing.
+        with turn.in_flight(), turn.store_calls:
+            won = await mailbox.cancel(env, seq, error_info(mailbox.timed_out()), now)
+        if won is not None:
+            return won.output
+        raise mailbox.timed_out()
     return await turn.park(seq, deadline, reconcile=True)

@@ -25,11 +25,12 @@ from __future__ import annotations
 import logging
 import uuid
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .._faults import FailureLog
+from .._ops.env import SpawnChildren
 from .._registry import RemoteSpec
 from .._replay import TurnEnd, TurnOutcome
 from ..model import Checkpoint, CheckpointKind, CheckpointStatus, ErrorInfo, Run, RunStatus
@@ -60,7 +61,6 @@ _log = logging.getLogger("durably.remote")
 _EXTENDED_MEMORY = 10_000
 
 Conclude = Callable[[Run, TurnOutcome], Awaitable[None]]
-SpawnChildren = Callable[[Run, Sequence[Any]], Awaitable[list[ErrorInfo | None]]]
 Guard = Callable[[Run, "WorkflowDef"], Awaitable[ErrorInfo | None]]
 
 

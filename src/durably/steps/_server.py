@@ -31,8 +31,10 @@ __all__ = ["StepServer", "served_tokens"]
 _log = engine_logger("durably.worker")
 _CANCEL_POLL_S = 1.0
 
-CancelCheck = Callable[[list[str]], Awaitable[set[str]]]
-"""Given run ids, return those that were cancelled or ended (read from the store)."""
+CancelCheck = Callable[[list[str]], Awaitable[dict[str, bool]]]
+"""Given run ids, return those that ended or are being cancelled (read from
+the store), each mapped to whether it ended (``False``: a compensating cancel
+is unwinding it)."""
 
 
 def served_tokens(
@@ -244,10 +246,13 @@ class StepServer:
         except Exception:
             _log.warning("could not send a heartbeat for %s", beat.step_id, exc_info=True)
 
-    def _cancel(self, run_ids: Collection[str]) -> None:
-        wanted = set(run_ids)
+    def _cancel(self, run_ids: Collection[str], unwinding: Collection[str] = ()) -> None:
+        """Tell the handlers of ``run_ids`` (runs that ended) that their run is
+        cancelled, and those of ``unwinding`` (runs a compensating cancel is
+        unwinding) but their undos (``seq < 0``): those are the unwind itself."""
+        ended, undoing = set(run_ids), set(unwinding)
         for log in self._running.values():
-            if log.run_id in wanted:
+            if log.run_id in ended or (log.run_id in undoing and log.seq >= 0):
                 log._cancelled.set()
 
     async def _watch_cancellations(self) -> None:
@@ -259,6 +264,10 @@ class StepServer:
             if not run_ids:
                 continue
             try:
-                self._cancel(await self._cancelled_runs(run_ids))
+                found = await self._cancelled_runs(run_ids)
+                self._cancel(
+                    [run for run, ended in found.items() if ended],
+                    [run for run, ended in found.items() if not ended],
+                )
             except Exception:
                 _log.warning("could not check runs for cancellation", exc_info=True)
