@@ -116,6 +116,8 @@ class CheckpointKind(StrEnum):
     """``ctx.transaction``: app writes committed with their checkpoint."""
     ATTRIBUTES = "attributes"
     """``ctx.upsert_attributes``: search attributes merged into the run's."""
+    UPDATE = "update"
+    """An update (``engine.update``) handled by a ``ctx.on_update`` handler."""
 
 
 @dataclass(slots=True)
