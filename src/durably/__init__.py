@@ -34,7 +34,15 @@ from .errors import (
     is_control_flow,
 )
 from .handle import RunHandle
-from .model import BulkCancel, Checkpoint, CheckpointStatus, Run, RunResult, RunStatus
+from .model import (
+    BulkCancel,
+    Checkpoint,
+    CheckpointStatus,
+    Run,
+    RunResult,
+    RunStatus,
+    UpdateResult,
+)
 from .retry import RetryPolicy
 from .schedules import Schedule, ScheduleNotFound
 from .steps import StepLogger, StepRef
@@ -84,6 +92,7 @@ __all__ = [
     "Transport",
     "TransportError",
     "TurnInfo",
+    "UpdateResult",
     "Webhook",
     "WorkflowContext",
     "WorkflowNotRegistered",

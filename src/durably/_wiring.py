@@ -31,6 +31,7 @@ from ._start import StartRun
 from ._step_faults import StepFaults
 from ._threads import StepThreads
 from ._turns import TurnDriver
+from ._update_calls import UpdateCalls
 from ._watch import RunWatcher
 from ._worker import Phase, Worker
 from .clock import Clock
@@ -69,6 +70,7 @@ class Parts:
     faults: StepFaults
     hub: EventHub
     intercept: Interceptors
+    updates: UpdateCalls
 
 
 def wire(
@@ -97,6 +99,7 @@ def wire(
     threads = StepThreads(options.step_threads)
     watcher = RunWatcher(store.get_runs)
     router = RunRouter(store, clock, watcher, settings)
+    updates = UpdateCalls(store, clock, router.wake)
     steps = StepDispatcher(
         store,
         transport,
@@ -142,6 +145,7 @@ def wire(
         events=hub,
         child_output=registry.output_decoder,
         step_guard=capabilities.check_step,
+        update_answered=updates.answered,
     )
     turns = TurnDriver(
         store,
@@ -231,6 +235,7 @@ def wire(
         faults=faults,
         hub=hub,
         intercept=intercept,
+        updates=updates,
     )
 
 

@@ -57,6 +57,7 @@ from .model import (
     Run,
     RunResult,
     RunStatus,
+    UpdateResult,
 )
 from .schedules import Overlap, Schedule, ScheduleSpec
 from .steps._flow import FlowQueue
@@ -213,6 +214,7 @@ class Engine:
         self._worker, self._lifecycle = parts.worker, parts.lifecycle
         self._step_faults = parts.faults  # what durably.testing.TestEnv arranges
         self._outside = OutsideCalls(self.store, self.signal, self._router.wake)
+        self._updates = parts.updates
         self._hub, self._intercept = parts.hub, parts.intercept
         self._router.worker_looping = lambda: self._worker.looping
 
@@ -639,6 +641,7 @@ class Engine:
 
     async def close(self) -> None:
         """Drain, stop the worker loop and close the store."""
+        await self._updates.close()
         await self._lifecycle.close(self.drain_timeout)
 
     async def __aenter__(self) -> Engine:
@@ -862,6 +865,32 @@ class Engine:
             raise ValueError("get_value needs a non-empty key")
         await self.open()
         return await self._outside.get_value(run_id, key, default)
+
+    async def update(
+        self,
+        run_id: str,
+        name: str,
+        payload: Any = None,
+        *,
+        update_id: str | None = None,
+        timeout: float | None = None,
+    ) -> UpdateResult:
+        """Send update ``name`` with ``payload`` to the run's ``ctx.on_update``
+        handler and wait for its answer (:class:`UpdateResult`): accepted with
+        the handler's result, rejected by its validator with a reason, failed
+        (the handler raised), or ended (the run ended before handling it).
+
+        An update that arrives before the run registers its handler waits in
+        the run's inbox; one whose name the run never registers waits until
+        the run ends. Sending again with the same ``update_id`` (say, after a
+        lost connection) handles it once and returns the same answer. With
+        ``timeout`` (seconds) a :class:`TimeoutError` is raised and the update
+        stays in the inbox. Raises :class:`RunNotFound` for an unknown run.
+        """
+        await self.open()
+        return await self._updates.update(
+            run_id, name, payload, update_id=update_id, timeout=timeout
+        )
 
     async def complete_task(self, token: str, result: Any = None) -> bool:
         """Complete the ``ctx.task`` whose dispatch was given ``token``: its await returns

@@ -67,6 +67,11 @@ class Services:
     registered default version's output type; plain data when unknown here)."""
     step_guard: StepGuard | None = None
     """``(token, requires)``: why no live worker can take a step, or ``None``."""
+    update_answered: Callable[[str, str], None] = lambda _run_id, _update_id: None
+    """Told ``(run_id, update_id)`` of each update a turn here answered, so a
+    caller waiting in this process hears at once (others poll the store)."""
+    entity_call: Callable[..., Awaitable[Any]] | None = None
+    """``ctx.call_entity``'s way to an entity (:mod:`durably._entities`)."""
 
 
 class WorkflowLogger(logging.LoggerAdapter[logging.Logger]):

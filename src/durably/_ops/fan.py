@@ -117,6 +117,9 @@ async def _run_children(
     env: TurnEnv, calls: list[ChildCall], group: str | None, fail_fast: bool
 ) -> list[tuple[bool, Any]]:
     turn, services = env.turn, env.services
+    gate = turn.gate([call.seq for call in calls])
+    if gate is not None:
+        await gate  # held on a replay until the updates handled meanwhile apply again
     outcomes: list[tuple[bool, Any] | None] = [None] * len(calls)
     fresh: list[int] = []
     waiting: list[int] = []
