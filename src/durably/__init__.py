@@ -19,6 +19,7 @@ from .engine import Engine, RunNotFound
 from .errors import (
     ChildFailed,
     DurablyError,
+    EntityError,
     EventTimeout,
     FatalError,
     GatherFailed,
@@ -59,6 +60,7 @@ __all__ = [
     "DurablyError",
     "Duration",
     "Engine",
+    "EntityError",
     "EventKind",
     "EventTimeout",
     "FatalError",

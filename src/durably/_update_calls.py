@@ -22,11 +22,11 @@ from typing import Any, Protocol
 
 from . import _codec as codec
 from ._aio import wait_event
-from ._children import RunNotFound
+from ._children import RunNotFound, continued_to
 from ._names import check_name as check_key
 from ._ops.updates import check_update_name
 from .clock import Clock
-from .model import TERMINAL_STATUSES, Run, RunStatus, UpdateResult
+from .model import TERMINAL_STATUSES, Run, UpdateResult
 from .stores.base import UpdateRecord
 
 __all__ = ["UpdateCalls", "check_update_id"]
@@ -77,9 +77,12 @@ class UpdateCalls:
         self._poke = asyncio.Event()
         self._poller: asyncio.Task[None] | None = None
 
-    async def send(self, run_id: str, name: str, payload: Any, update_id: str | None) -> str:
-        """Put an update in ``run_id``'s inbox (once per id) and wake the run;
-        return the update id. Checks everything before anything is written."""
+    async def send(
+        self, run_id: str, name: str, payload: Any, update_id: str | None
+    ) -> tuple[str, str]:
+        """Put an update in the inbox of ``run_id`` — or of the last link of
+        its continue-as-new chain — once per id, and wake that run; return
+        the run and the update id. Checks everything before anything is written."""
         check_update_name(name)
         uid = check_update_id(update_id)
         data = codec.to_jsonable(payload, f"the payload of update {name!r}")
@@ -88,12 +91,21 @@ class UpdateCalls:
         run = await self._store.get_run(run_id)
         if run is None:
             raise RunNotFound(run_id)
+        while (follow := continued_to(run)) is not None:
+            # Continued as new: the chain's live link takes it (a retry of an
+            # update the earlier link answered is found there by the wait).
+            if (await self._store.get_update(run_id, uid)) is not None:
+                break
+            nxt = await self._store.get_run(follow)
+            if nxt is None:
+                break
+            run_id, run = follow, nxt
         record = await self._store.put_update(
             UpdateRecord(run_id, uid, name, data, self._clock.now_ms())
         )
         if record.answer is None and run.status not in TERMINAL_STATUSES:
             await self._wake(run_id)
-        return uid
+        return run_id, uid
 
     async def update(
         self,
@@ -105,7 +117,7 @@ class UpdateCalls:
         timeout: float | None = None,
     ) -> UpdateResult:
         """Send an update and wait for its answer (see ``Engine.update``)."""
-        uid = await self.send(run_id, name, payload, update_id)
+        run_id, uid = await self.send(run_id, name, payload, update_id)
         return await self.result(run_id, uid, timeout=timeout)
 
     async def result(
@@ -223,7 +235,7 @@ class UpdateCalls:
     async def _after_end(self, run_id: str, run: Run | None, update_id: str) -> None:
         """The run ended without taking the update: hand it on, or answer ``ended``."""
         now = self._clock.now_ms()
-        follow = _continued_as(run)
+        follow = None if run is None else continued_to(run)
         if follow is not None:
             record = await self._store.get_update(run_id, update_id)
             if record is None or record.answer is not None:
@@ -243,10 +255,3 @@ class UpdateCalls:
             {"outcome": "ended", "reason": f"run {run_id!r} ended ({status}) before handling it"},
             now,
         )
-
-
-def _continued_as(run: Run | None) -> str | None:
-    if run is None or run.status is not RunStatus.COMPLETED or not isinstance(run.output, dict):
-        return None
-    follow = run.output.get("continued_as")
-    return follow if isinstance(follow, str) else None

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._children import ChildRuns
+from ._entities import Entities
 from ._events import EventRouter
 from ._hooks import Hooks
 from ._intercept import Interceptors
@@ -71,6 +72,7 @@ class Parts:
     hub: EventHub
     intercept: Interceptors
     updates: UpdateCalls
+    entities: Entities
 
 
 def wire(
@@ -100,6 +102,7 @@ def wire(
     watcher = RunWatcher(store.get_runs)
     router = RunRouter(store, clock, watcher, settings)
     updates = UpdateCalls(store, clock, router.wake)
+    entities = Entities(store, updates, start)
     steps = StepDispatcher(
         store,
         transport,
@@ -146,6 +149,7 @@ def wire(
         child_output=registry.output_decoder,
         step_guard=capabilities.check_step,
         update_answered=updates.answered,
+        entity_call=entities.call,
     )
     turns = TurnDriver(
         store,
@@ -236,6 +240,7 @@ def wire(
         hub=hub,
         intercept=intercept,
         updates=updates,
+        entities=entities,
     )
 
 

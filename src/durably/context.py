@@ -30,6 +30,13 @@ from ._ops.boundaries import (
     record_value,
     task,
 )
+from ._ops.entities import (
+    ENTITY_PREFIX,
+    call_update_id,
+    check_entity_key,
+    check_entity_name,
+    check_op,
+)
 from ._ops.env import Services, TurnEnv
 from ._ops.fan import ChildCall, Settled, gather
 from ._ops.local_step import local_step, recorded_value
@@ -757,6 +764,30 @@ class WorkflowContext:
             raise TypeError(f"wait_condition: {predicate!r} is not callable")
         self._turn.ensure_open()
         return self._updates.wait_condition(predicate)
+
+    def call_entity(self, name: str, key: str, op: str, payload: Any = None) -> Awaitable[Any]:
+        """Apply ``op`` to entity ``name``'s key ``key`` and return its reply
+        (see ``Engine.call_entity``).
+
+        Recorded like a local step: a replay returns the recorded reply, and a
+        re-execution after a crash sends the same operation id, so it is
+        applied once. A failed operation raises :class:`StepFailed` carrying
+        the entity's error (never retried).
+        """
+        check_entity_name(name)
+        check_entity_key(name, key)
+        check_op(name, op)
+        label = f"{ENTITY_PREFIX}{name}:{op}"
+        check_key(label, "entity step name")
+        call = self._env.services.entity_call
+        if call is None:
+            raise RuntimeError("ctx.call_entity needs an engine (entity_call is not wired)")
+        update_id = call_update_id(self.run_id, self._turn.next_seq)
+
+        async def apply() -> Any:
+            return await call(name, key, op, payload, update_id=update_id)
+
+        return self.local_step(label, apply, retries=0)
 
     def _gated(self, operation: Awaitable[T], *seqs: int) -> Awaitable[T]:
         """``operation``, held on a replay until the recorded updates handled

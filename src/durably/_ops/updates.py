@@ -79,6 +79,9 @@ class TurnUpdates:
         self._env = env
         turn = env.turn
         self.handlers: dict[str, Handler] = {}
+        self.fallback: Handler | None = None
+        """Takes the updates no handler is registered for (an entity refuses
+        an unknown operation at once instead of leaving it in the inbox)."""
         self._recorded: deque[Checkpoint] = deque(
             cp for _, cp in sorted(turn.checkpoints.items()) if cp.kind == CheckpointKind.UPDATE
         )
@@ -158,7 +161,7 @@ class TurnUpdates:
             inbox = await self._env.store.pending_updates(turn.run.run_id, _BATCH)
         moved = False
         for record in inbox:
-            handler = self.handlers.get(record.name)
+            handler = self.handlers.get(record.name) or self.fallback
             if handler is None or record.update_id in self._handled:
                 continue  # no handler (yet): it stays in the inbox
             moved = True
