@@ -2,7 +2,7 @@
 
 ``ENTITY_STORE`` (a store URL), ``ENTITY_TRANSPORT`` (default ``db://``),
 ``ENTITY_CALLS`` (how many concurrent ``call_entity`` this process makes once
-``ENTITY_GO`` exists; 0: none, it only executes), ``ENTITY_OPS`` (the
+it reads a line on stdin; 0: none, it only executes), ``ENTITY_OPS`` (the
 entity's ``ops_per_run``). Prints ``ready``, then (when it calls) one line
 ``replies <json list>`` and keeps executing until killed.
 
@@ -17,7 +17,6 @@ import json
 import logging
 import os
 import sys
-from pathlib import Path
 from typing import Any
 
 import durably
@@ -61,9 +60,7 @@ async def main() -> None:
     async with engine:
         print("ready", flush=True)
         if calls:
-            go = Path(os.environ["ENTITY_GO"])
-            while not go.exists():
-                await asyncio.sleep(0.01)
+            await asyncio.to_thread(sys.stdin.readline)  # both processes start together
             replies = await asyncio.gather(
                 *(engine.call_entity("counter", "hot", "add", 1, timeout=300) for _ in range(calls))
             )

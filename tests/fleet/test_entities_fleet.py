@@ -36,7 +36,12 @@ async def engine_process(
     log = tmp / f"{name}.log"
     with log.open("wb") as err:
         process = await asyncio.create_subprocess_exec(
-            sys.executable, str(APP), env=env, stdout=asyncio.subprocess.PIPE, stderr=err
+            sys.executable,
+            str(APP),
+            env=env,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=err,
         )
     try:
         assert process.stdout is not None
@@ -63,13 +68,15 @@ async def _replies(process: asyncio.subprocess.Process) -> list[int]:
 async def test_an_entity_hammered_by_two_processes_counts_every_call_once(
     postgres_url: str, tmp_path: Path
 ) -> None:
-    go = tmp_path / "go"
-    common = {"ENTITY_CALLS": "500", "ENTITY_OPS": "100", "ENTITY_GO": str(go)}
+    common = {"ENTITY_CALLS": "500", "ENTITY_OPS": "100"}
     async with (
         engine_process(postgres_url, tmp_path, "a", **common) as a,
         engine_process(postgres_url, tmp_path, "b", **common) as b,
     ):
-        go.touch()
+        for process in (a, b):
+            assert process.stdin is not None
+            process.stdin.write(b"go\n")
+            await process.stdin.drain()
         first, second = await asyncio.gather(_replies(a), _replies(b))
 
         replies = first + second
@@ -79,7 +86,7 @@ async def test_an_entity_hammered_by_two_processes_counts_every_call_once(
             assert await client.get_entity_state("counter", "hot") == {"count": 1000}
             # History bounded: ten links of at most 100 operations each.
             link, applied, links = "entity:counter:hot", 0, 0
-            while (run := await client.get_run(link)) is not None:
+            while await client.get_run(link) is not None:
                 links += 1
                 history = await client.history(link)
                 ops = [cp for cp in history if cp.kind == CheckpointKind.UPDATE]
@@ -94,21 +101,23 @@ async def test_an_update_from_another_process_reaches_the_executing_engine(
     kind: str, postgres_url: str, tmp_path: Path
 ) -> None:
     url = f"sqlite:///{tmp_path / 'fleet.db'}" if kind == "sqlite" else postgres_url
-    async with engine_process(url, tmp_path, "executor"):
-        async with durably.Client(store=url, transport="db://") as client:
-            await client.start("cart", run_id="cart-1")
-            answers: list[Any] = []
-            for item in ("apple", "pear", "fig"):
-                answers.append(await client.update("cart-1", "add", item, timeout=60))
-            assert [(a.outcome, a.result) for a in answers] == [
-                ("accepted", 1),
-                ("accepted", 2),
-                ("accepted", 3),
-            ]
-            again = await client.update("cart-1", "add", "apple", update_id=answers[0].update_id)
-            assert again.result == 1
-            await client.signal("checkout:cart-1")
-            handle = await client.get_handle("cart-1")
-            assert await handle.result(timeout=60) == ["apple", "pear", "fig"]
-            late = await client.update("cart-1", "add", "kiwi", timeout=60)
-            assert late.outcome == "ended"
+    async with (
+        engine_process(url, tmp_path, "executor"),
+        durably.Client(store=url, transport="db://") as client,
+    ):
+        await client.start("cart", run_id="cart-1")
+        answers: list[Any] = []
+        for item in ("apple", "pear", "fig"):
+            answers.append(await client.update("cart-1", "add", item, timeout=60))
+        assert [(a.outcome, a.result) for a in answers] == [
+            ("accepted", 1),
+            ("accepted", 2),
+            ("accepted", 3),
+        ]
+        again = await client.update("cart-1", "add", "apple", update_id=answers[0].update_id)
+        assert again.result == 1
+        await client.signal("checkout:cart-1")
+        handle = await client.get_handle("cart-1")
+        assert await handle.result(timeout=60) == ["apple", "pear", "fig"]
+        late = await client.update("cart-1", "add", "kiwi", timeout=60)
+        assert late.outcome == "ended"
