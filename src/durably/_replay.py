@@ -380,11 +380,18 @@ class Turn:
         return outcome
 
     async def _quiescent(self, task: asyncio.Future[Any]) -> bool:
-        generation = self._generation
-        for _ in range(_QUIESCENCE_YIELDS):
+        generation, quiet = self._generation, 0
+        while quiet < _QUIESCENCE_YIELDS:
             await asyncio.sleep(0)
-            if task.done() or self.closed or self._in_flight or self._generation != generation:
+            if task.done() or self.closed or self._in_flight:
                 return False
+            if self._generation != generation:
+                # Progress without a wake-up of its own (a held operation
+                # released, then replayed ones): count the quiet again rather
+                # than wait for a poke that may not come.
+                generation, quiet = self._generation, 0
+                continue
+            quiet += 1
         return bool(self._parked or self._held)
 
     async def _moved_on(self) -> bool:

@@ -333,3 +333,59 @@ async def test_a_history_with_updates_passes_the_replay_checker(
 
     with pytest.raises(ReplayMismatch, match="no handler"):
         await assert_replayable(without_handler, history)
+
+
+async def test_branches_see_updates_in_the_order_they_happened_on_every_replay(
+    make_engine: EngineFactory,
+) -> None:
+    engine = make_engine()
+
+    @engine.workflow("mix")
+    async def mix(ctx: durably.WorkflowContext) -> list[str]:
+        log: list[str] = []
+        count = 0
+
+        def bump(_: Any) -> int:
+            nonlocal count
+            count += 1
+            log.append(f"update {count}")
+            return count
+
+        async def waiter() -> None:
+            await ctx.wait_for_signal(f"go:{ctx.run_id}")
+            log.append(f"signal saw {count}")
+            await ctx.sleep(0)
+
+        async def conditioned() -> None:
+            await ctx.wait_condition(lambda: count >= 1)
+            log.append(f"condition saw {count}")
+            await ctx.uuid()
+
+        ctx.on_update("bump", bump)
+        await asyncio.gather(waiter(), conditioned())
+        await ctx.wait_for_signal(f"end:{ctx.run_id}")
+        log.append("end")
+        return log
+
+    async with engine:
+        await engine.start("mix", run_id="m1")
+        assert (await engine.update("m1", "bump", timeout=30)).result == 1
+        assert (await engine.update("m1", "bump", timeout=30)).result == 2
+        await engine.signal("go:m1")
+        for _ in range(400):
+            history = await engine.history("m1")
+            if any(cp.name == "sleep" and cp.status == "completed" for cp in history):
+                break
+            await asyncio.sleep(0.025)
+        assert (await engine.update("m1", "bump", timeout=30)).result == 3
+        await engine.signal("end:m1")
+        result = await engine.wait_for_run("m1", terminal=True, timeout=30)
+        assert result.status is RunStatus.COMPLETED, result.error
+        assert result.output == [
+            "update 1",
+            "condition saw 1",
+            "update 2",
+            "signal saw 2",
+            "update 3",
+            "end",
+        ]

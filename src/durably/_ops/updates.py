@@ -155,7 +155,11 @@ class TurnUpdates:
                 self._holding[seq] -= 1
             self._conditions_met()
             return True
-        if turn.unwinding or not self.handlers or turn.closed:
+        if turn.unwinding or turn.closed or not (self.handlers or self.fallback):
+            return False
+        if turn.replaying:
+            # Positions recorded ahead of the body: a new update's entry
+            # belongs after them, not among them. Taken on a later turn.
             return False
         with turn.store_calls:
             inbox = await self._env.store.pending_updates(turn.run.run_id, _BATCH)
