@@ -150,6 +150,7 @@ def wire(
         step_guard=capabilities.check_step,
         update_answered=updates.answered,
         entity_call=entities.call,
+        entity_signal=entities.signal,
     )
     turns = TurnDriver(
         store,

@@ -789,6 +789,25 @@ class WorkflowContext:
 
         return self.local_step(label, apply, retries=0)
 
+    def signal_entity(self, name: str, key: str, op: str, payload: Any = None) -> Awaitable[str]:
+        """Send ``op`` to entity ``name``'s key ``key`` without waiting for its
+        reply (see ``Engine.signal_entity``); recorded, and applied once even
+        if a crash makes this step run again. Returns the operation's id."""
+        check_entity_name(name)
+        check_entity_key(name, key)
+        check_op(name, op)
+        label = f"{ENTITY_PREFIX}{name}:{op}:signal"
+        check_key(label, "entity step name")
+        send = self._env.services.entity_signal
+        if send is None:
+            raise RuntimeError("ctx.signal_entity needs an engine (entity_signal is not wired)")
+        update_id = call_update_id(self.run_id, self._turn.next_seq)
+
+        async def sent() -> str:
+            return str(await send(name, key, op, payload, update_id=update_id))
+
+        return self.local_step(label, sent, retries=0)
+
     def _gated(self, operation: Awaitable[T], *seqs: int) -> Awaitable[T]:
         """``operation``, held on a replay until the recorded updates handled
         while it was parked are applied again (see :mod:`durably._ops.updates`)."""

@@ -177,3 +177,32 @@ async def test_a_client_reaches_an_entity_by_name_and_an_unknown_op_is_refused(
             await client.signal_entity("counter", "c", "add", 1, update_id="one")
             assert await engine.call_entity("counter", "c", "add", 0, timeout=30) == 5
             assert await client.get_entity_state("counter", "c") == {"count": 5}
+
+
+async def test_a_workflow_signals_an_entity_once(make_engine: EngineFactory) -> None:
+    engine = make_engine()
+    counter(engine)
+
+    @engine.workflow("feeds-counter")
+    async def feeds(ctx: durably.WorkflowContext) -> str:
+        sent = await ctx.signal_entity("counter", "f", "add", 3)
+        await ctx.sleep(0.01)  # another turn: the signal replays from history
+        return sent
+
+    async with engine:
+        await engine.start("feeds-counter", run_id="f1")
+        result = await engine.wait_for_run("f1", terminal=True, timeout=30)
+        assert result.status is RunStatus.COMPLETED and isinstance(result.output, str)
+        assert await engine.call_entity("counter", "f", "add", 0, timeout=30) == 3
+
+
+async def test_a_call_to_a_cancelled_entity_answers_ended(make_engine: EngineFactory) -> None:
+    engine = make_engine()
+    counter(engine)
+    async with engine:
+        assert await engine.call_entity("counter", "gone", "add", 1, timeout=30) == 1
+        await engine.cancel("entity:counter:gone")
+        with pytest.raises(durably.EntityError) as caught:
+            await engine.call_entity("counter", "gone", "add", 1, timeout=30)
+        assert caught.value.outcome == "ended"
+        assert await engine.get_entity_state("counter", "gone") == {"count": 1}

@@ -72,6 +72,8 @@ class Services:
     caller waiting in this process hears at once (others poll the store)."""
     entity_call: Callable[..., Awaitable[Any]] | None = None
     """``ctx.call_entity``'s way to an entity (:mod:`durably._entities`)."""
+    entity_signal: Callable[..., Awaitable[Any]] | None = None
+    """``ctx.signal_entity``'s way to an entity."""
 
 
 class WorkflowLogger(logging.LoggerAdapter[logging.Logger]):
