@@ -42,6 +42,19 @@ def worker_thread(url: str) -> Iterator[None]:
         async def double(ctx: durably.WorkflowContext, n: int) -> int:
             return 2 * n
 
+        @engine.workflow("cart")
+        async def cart(ctx: durably.WorkflowContext) -> list[str]:
+            items: list[str] = []
+            ctx.on_update("add", lambda item: items.append(item) or len(items))
+            await ctx.wait_for_signal(f"checkout:{ctx.run_id}")
+            return items
+
+        engine.entity(
+            "tally",
+            initial_state=0,
+            handlers={"add": lambda state, n: (state + n, state + n)},
+        )
+
         async with engine:
             ready.set()
             await asyncio.to_thread(stop.wait)
@@ -176,3 +189,19 @@ def test_a_sync_client_made_before_a_fork_works_in_the_child(store_url: str) -> 
         assert client.get_handle("from-child").result(timeout=30) == 42
         assert parents.result(timeout=30) == 2
     client.close()
+
+
+def test_a_sync_client_sends_updates_and_calls_entities(store_url: str) -> None:
+    with worker_thread(store_url), durably.SyncClient(store=store_url) as client:
+        client.start("cart", run_id="cart-sync")
+        first = client.update("cart-sync", "add", "apple", timeout=30)
+        assert (first.outcome, first.result) == ("accepted", 1)
+        assert client.update("cart-sync", "add", "pear", timeout=30).result == 2
+        client.signal("checkout:cart-sync")
+        assert client.get_handle("cart-sync").result(timeout=30) == ["apple", "pear"]
+
+        assert client.call_entity("tally", "k", "add", 5, timeout=30) == 5
+        client.signal_entity("tally", "k", "add", 2, update_id="two")
+        client.signal_entity("tally", "k", "add", 2, update_id="two")
+        assert client.call_entity("tally", "k", "add", 0, timeout=30) == 7
+        assert client.get_entity_state("tally", "k") == 7

@@ -19,6 +19,7 @@ from .engine import Engine, RunNotFound
 from .errors import (
     ChildFailed,
     DurablyError,
+    EntityError,
     EventTimeout,
     FatalError,
     GatherFailed,
@@ -34,7 +35,15 @@ from .errors import (
     is_control_flow,
 )
 from .handle import RunHandle
-from .model import BulkCancel, Checkpoint, CheckpointStatus, Run, RunResult, RunStatus
+from .model import (
+    BulkCancel,
+    Checkpoint,
+    CheckpointStatus,
+    Run,
+    RunResult,
+    RunStatus,
+    UpdateResult,
+)
 from .retry import RetryPolicy
 from .schedules import Schedule, ScheduleNotFound
 from .steps import StepLogger, StepRef
@@ -52,6 +61,7 @@ __all__ = [
     "DurablyError",
     "Duration",
     "Engine",
+    "EntityError",
     "EventKind",
     "EventTimeout",
     "FatalError",
@@ -85,6 +95,7 @@ __all__ = [
     "Transport",
     "TransportError",
     "TurnInfo",
+    "UpdateResult",
     "Webhook",
     "WorkflowContext",
     "WorkflowNotRegistered",

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import traceback
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -140,6 +140,16 @@ class Turn:
         self.unwinding = run.cancel_requested == CancelMode.COMPENSATE
         """A compensating cancel: replay only, park anything new, then undo."""
         self._phase: Turn | None = None
+        self._held = 0
+        self.on_quiescent: Callable[[], Awaitable[bool]] | None = None
+        """Called when the body is quiescent, before the turn suspends (the
+        updates of :mod:`durably._ops.updates`): ``True`` if it let the body
+        or the history move on, so the turn goes on instead of suspending."""
+        self.gate: Callable[[Iterable[int]], Awaitable[None] | None] = _no_gate
+        """``gate(seqs)``: what an operation at one of ``seqs`` awaits before
+        it resolves (``None``: nothing); see :mod:`durably._ops.updates`."""
+        self.in_handler = False
+        """An update's handler or validator is running: ``ctx`` calls are refused."""
 
     # -- used by the context's operations ----------------------------------------------
 
@@ -161,6 +171,11 @@ class Turn:
         follow call order even when the awaits happen later or concurrently.
         """
         self.ensure_open()
+        if self.in_handler:
+            raise RuntimeError(
+                "ctx operations cannot be called from an update handler or validator: "
+                "a handler changes the workflow's own state; the body reacts to it"
+            )
         seq = self._next_seq
         self._next_seq += 1
         recorded = self.checkpoints.get(seq)
@@ -177,6 +192,30 @@ class Turn:
                 )
             )
         return seq, recorded
+
+    def skip(self, seq: int) -> None:
+        """Move past ``seq``, a recorded position the turn itself replayed (an
+        update re-applied), not one the body calls."""
+        self._next_seq = max(self._next_seq, seq + 1)
+
+    @property
+    def parked_seqs(self) -> list[int]:
+        """The positions parked right now, in order."""
+        return sorted(self._parked)
+
+    async def hold(self, future: asyncio.Future[Any]) -> Any:
+        """Await ``future``, resolved by the turn itself (an update applied, a
+        condition met), counting as parked meanwhile: the turn may be
+        quiescent, and then :attr:`on_quiescent` is what resolves it."""
+        self.ensure_open()
+        self._held += 1
+        self._generation += 1
+        self._poke()
+        try:
+            return await future
+        finally:
+            self._held -= 1
+            self._generation += 1
 
     def halt(self, failure: BaseException) -> _TurnClosed:
         """Fail the run with ``failure`` whatever the body does next.
@@ -285,7 +324,7 @@ class Turn:
         finally:
             self._in_flight -= 1
             self._generation += 1
-            if self._in_flight == 0 and self._parked:
+            if self._in_flight == 0 and (self._parked or self._held):
                 self._poke()
 
     async def park(self, seq: int, wake_at: int | None, *, reconcile: bool) -> Any:
@@ -363,7 +402,13 @@ class Turn:
             self._wakeup = asyncio.get_running_loop().create_future()
             if task.done() or self.closed:
                 break
-            if self._parked and self._in_flight == 0 and await self._quiescent(task):
+            if (
+                (self._parked or self._held)
+                and self._in_flight == 0
+                and await self._quiescent(task)
+            ):
+                if await self._moved_on():
+                    continue
                 break
         if task.done():
             return self._finish(task)
@@ -385,12 +430,37 @@ class Turn:
         return outcome
 
     async def _quiescent(self, task: asyncio.Future[Any]) -> bool:
-        generation = self._generation
-        for _ in range(_QUIESCENCE_YIELDS):
+        generation, quiet = self._generation, 0
+        while quiet < _QUIESCENCE_YIELDS:
             await asyncio.sleep(0)
-            if task.done() or self.closed or self._in_flight or self._generation != generation:
+            if task.done() or self.closed or self._in_flight:
                 return False
-        return bool(self._parked)
+            if self._generation != generation:
+                # Progress without a wake-up of its own (a held operation
+                # released, then replayed ones): count the quiet again rather
+                # than wait for a poke that may not come.
+                generation, quiet = self._generation, 0
+                continue
+            quiet += 1
+        return bool(self._parked or self._held)
+
+    async def _moved_on(self) -> bool:
+        """Ask :attr:`on_quiescent` whether the quiescent body can go on."""
+        if self.on_quiescent is None or self.closed:
+            return False
+        try:
+            with self.in_flight():
+                moved = await self.on_quiescent()
+        except _TurnClosed:
+            return False
+        except Exception as exc:
+            if is_infrastructure_error(exc):
+                self.store_failed(exc)
+                return False
+            raise
+        if moved:
+            self._poke()
+        return moved
 
     def _finish(self, task: asyncio.Future[Any]) -> TurnOutcome:
         self.close(self.close_reason or CloseReason.DONE)
@@ -418,7 +488,11 @@ class Turn:
 
     def _wake_at(self) -> int | None:
         times = [when for when, _ in self._parked.values() if when is not None]
-        if self._reconcile_ms > 0 and any(reconcile for _, reconcile in self._parked.values()):
+        # A held wait (a condition on update handlers' state) is met by an
+        # update, whose delivery wakes the run: reconcile in case it is lost.
+        if self._reconcile_ms > 0 and (
+            self._held or any(reconcile for _, reconcile in self._parked.values())
+        ):
             times.append(self._now_ms() + self._reconcile_ms)
         return min(times) if times else None
 
@@ -472,6 +546,10 @@ def error_info(exc: BaseException) -> ErrorInfo:
         "details": details,
         "traceback": text[-_MAX_TRACEBACK_CHARS:],
     }
+
+
+def _no_gate(_seqs: Iterable[int]) -> None:
+    return None
 
 
 def _consume(write: asyncio.Future[bool]) -> None:

@@ -524,6 +524,9 @@ class TurnDriver:
         await (
             self._store.create_run(link, attributes) if attributes else self._store.create_run(link)
         )
+        # Updates this link did not take wait for the next one (a caller
+        # waiting on them follows: their answer here says where they went).
+        await self._store.move_updates(run.run_id, next_id, now)
         self._router.route(next_id, namespace=run.namespace, priority=run.priority)
         return next_id
 

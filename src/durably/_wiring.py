@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._children import ChildRuns
+from ._entities import Entities
 from ._events import EventRouter
 from ._hooks import Hooks
 from ._intercept import Interceptors
@@ -31,6 +32,7 @@ from ._start import StartRun
 from ._step_faults import StepFaults
 from ._threads import StepThreads
 from ._turns import TurnDriver
+from ._update_calls import UpdateCalls
 from ._watch import RunWatcher
 from ._worker import Phase, Worker
 from .clock import Clock
@@ -69,6 +71,8 @@ class Parts:
     faults: StepFaults
     hub: EventHub
     intercept: Interceptors
+    updates: UpdateCalls
+    entities: Entities
 
 
 def wire(
@@ -97,6 +101,8 @@ def wire(
     threads = StepThreads(options.step_threads)
     watcher = RunWatcher(store.get_runs)
     router = RunRouter(store, clock, watcher, settings)
+    updates = UpdateCalls(store, clock, router.wake)
+    entities = Entities(store, updates, start)
     steps = StepDispatcher(
         store,
         transport,
@@ -143,6 +149,9 @@ def wire(
         child_output=registry.output_decoder,
         step_guard=capabilities.check_step,
         compensation_retries=options.compensation_retries,
+        update_answered=updates.answered,
+        entity_call=entities.call,
+        entity_signal=entities.signal,
     )
     turns = TurnDriver(
         store,
@@ -232,6 +241,8 @@ def wire(
         faults=faults,
         hub=hub,
         intercept=intercept,
+        updates=updates,
+        entities=entities,
     )
 
 

@@ -33,7 +33,7 @@ from .durations import Duration
 from .engine import Engine
 from .errors import SchemaValidationError, WorkflowNotRegistered
 from .handle import RunHandle
-from .model import BulkCancel, Checkpoint, Run, RunResult, RunStatus
+from .model import BulkCancel, Checkpoint, Run, RunResult, RunStatus, UpdateResult
 from .schedules import Schedule
 from .stores import RunPage, StateStore
 from .transports import Transport
@@ -91,6 +91,9 @@ class Client:
             drive=False,
             consumers="never",
         )
+        # An entity's run is created by its first call: by name, unpinned,
+        # like any start from a client.
+        self._engine._entities.use_start(self._start_entity)
 
     @property
     def store(self) -> StateStore:
@@ -165,6 +168,11 @@ class Client:
         )
         return RunHandle(run, self)
 
+    async def _start_entity(self, workflow: str, input: Any, *, run_id: str) -> Run:
+        return await self._engine._create_run(
+            workflow, UNPINNED, input, run_id=run_id, start_at=None, tags=None, priority=0
+        )
+
     def _check_input(self, workflow: str, input: Any) -> Any:
         if not isinstance(workflow, str) or not workflow:
             raise ValueError("workflow must be a non-empty workflow name")
@@ -220,6 +228,49 @@ class Client:
     async def signal(self, token: str, payload: Any = None) -> str | None:
         """Deliver ``payload`` to the run waiting on ``token`` (see ``Engine.signal``)."""
         return await self._engine.signal(token, payload)
+
+    async def update(
+        self,
+        run_id: str,
+        name: str,
+        payload: Any = None,
+        *,
+        update_id: str | None = None,
+        timeout: float | None = None,
+    ) -> UpdateResult:
+        """Send an update to the run's ``ctx.on_update`` handler and wait for
+        its answer (see ``Engine.update``)."""
+        return await self._engine.update(
+            run_id, name, payload, update_id=update_id, timeout=timeout
+        )
+
+    async def call_entity(
+        self,
+        name: str,
+        key: str,
+        op: str,
+        payload: Any = None,
+        *,
+        update_id: str | None = None,
+        timeout: float | None = None,
+    ) -> Any:
+        """Apply ``op`` to an entity and return its reply (see ``Engine.call_entity``);
+        an engine registering the entity executes it."""
+        return await self._engine.call_entity(
+            name, key, op, payload, update_id=update_id, timeout=timeout
+        )
+
+    async def signal_entity(
+        self, name: str, key: str, op: str, payload: Any = None, *, update_id: str | None = None
+    ) -> str:
+        """Send ``op`` to an entity without waiting (see ``Engine.signal_entity``)."""
+        return await self._engine.signal_entity(name, key, op, payload, update_id=update_id)
+
+    async def get_entity_state(self, name: str, key: str) -> Any:
+        """The entity's state after its last operation (see
+        ``Engine.get_entity_state``; ``None`` before any, since a client
+        does not know the initial state)."""
+        return await self._engine.get_entity_state(name, key)
 
     async def publish_event(
         self, name: str, payload: Any = None, *, id: str | None = None, buffer: bool = True
@@ -590,6 +641,50 @@ class SyncClient:
     def signal(self, token: str, payload: Any = None) -> str | None:
         """Deliver ``payload`` to the run waiting on ``token`` (see :meth:`Client.signal`)."""
         return self._call(self._client.signal(token, payload), "signal")
+
+    def update(
+        self,
+        run_id: str,
+        name: str,
+        payload: Any = None,
+        *,
+        update_id: str | None = None,
+        timeout: float | None = None,
+    ) -> UpdateResult:
+        """Send an update and wait for its answer (see :meth:`Client.update`)."""
+        return self._call(
+            self._client.update(run_id, name, payload, update_id=update_id, timeout=timeout),
+            "update",
+        )
+
+    def call_entity(
+        self,
+        name: str,
+        key: str,
+        op: str,
+        payload: Any = None,
+        *,
+        update_id: str | None = None,
+        timeout: float | None = None,
+    ) -> Any:
+        """Apply ``op`` to an entity and return its reply (see :meth:`Client.call_entity`)."""
+        return self._call(
+            self._client.call_entity(name, key, op, payload, update_id=update_id, timeout=timeout),
+            "call_entity",
+        )
+
+    def signal_entity(
+        self, name: str, key: str, op: str, payload: Any = None, *, update_id: str | None = None
+    ) -> str:
+        """Send ``op`` to an entity without waiting (see :meth:`Client.signal_entity`)."""
+        return self._call(
+            self._client.signal_entity(name, key, op, payload, update_id=update_id),
+            "signal_entity",
+        )
+
+    def get_entity_state(self, name: str, key: str) -> Any:
+        """The entity's state (see :meth:`Client.get_entity_state`)."""
+        return self._call(self._client.get_entity_state(name, key), "get_entity_state")
 
     def publish_event(
         self, name: str, payload: Any = None, *, id: str | None = None, buffer: bool = True

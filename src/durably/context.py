@@ -30,12 +30,20 @@ from ._ops.boundaries import (
     record_value,
     task,
 )
+from ._ops.entities import (
+    ENTITY_PREFIX,
+    call_update_id,
+    check_entity_key,
+    check_entity_name,
+    check_op,
+)
 from ._ops.env import Services, TurnEnv
 from ._ops.fan import ChildCall, ChildHandle, ChildStarts, Settled, gather
 from ._ops.local_step import local_step, recorded_value
 from ._ops.saga import Saga, Undo
 from ._ops.step import StepRunner, resolve_step
 from ._ops.transaction import transaction
+from ._ops.updates import Handler, TurnUpdates, check_update_name
 from ._ops.waits import (
     EventBatch,
     check_batch,
@@ -101,6 +109,7 @@ class WorkflowContext:
         self._env = TurnEnv(turn, services)
         self._saga = Saga() if saga is None else saga
         self._starts = ChildStarts(self._env)
+        self._updates = TurnUpdates(self._env)
         self.log = self._env.log
         """A logger that tags every record with the run id and workflow."""
 
@@ -193,7 +202,9 @@ class WorkflowContext:
             check_declared(output, f"local step {name!r}")
         typed = typed_for(output_type_of(fn, output), f"the result of step {name!r}")
         seq, recorded = self._turn.allocate(name, CheckpointKind.LOCAL)
-        step = local_step(self._env, seq, name, fn, args, policy, track, recorded, typed)
+        step = self._gated(
+            local_step(self._env, seq, name, fn, args, policy, track, recorded, typed), seq
+        )
         if undo is None:
             return step
         return self._saga.with_undo(seq, name, undo, step)
@@ -249,7 +260,9 @@ class WorkflowContext:
             default=self._env.services.default_retry,
         )
         seq, recorded = self._turn.allocate(name, CheckpointKind.TRANSACTION)
-        return transaction(self._env, store, seq, name, fn, args, policy, recorded)
+        return self._gated(
+            transaction(self._env, store, seq, name, fn, args, policy, recorded), seq
+        )
 
     def side_effect(self, fn: Callable[..., T | Awaitable[T]], *args: Any) -> Awaitable[T]:
         """Run ``fn(*args)`` once and record its value (no retries, no running checkpoint).
@@ -354,7 +367,7 @@ class WorkflowContext:
             decode = typed_for(output, f"the result of step {call.name!r}").decode
         undo = self._saga.undo_for(self._env.services, call, compensate, compensation_retries)
         seq, recorded = self._turn.allocate(call.name, CheckpointKind.STEP)
-        result = StepRunner(self._env).run(seq, call, recorded)
+        result = self._gated(StepRunner(self._env).run(seq, call, recorded), seq)
         if undo is not None:
             return self._saga.with_undo(seq, call.name, undo, result, decode, call.input)
         return result if decode is identity else _decoded(result, decode)
@@ -410,7 +423,7 @@ class WorkflowContext:
         """
         ms = to_ms(duration, name="sleep duration")
         seq, recorded = self._turn.allocate("sleep", CheckpointKind.SLEEP)
-        return timer(self._env, seq, recorded, lambda now: now + ms)
+        return self._gated(timer(self._env, seq, recorded, lambda now: now + ms), seq)
 
     def sleep_until(self, when: datetime | int | float) -> Awaitable[None]:
         """Wait durably until ``when`` (an aware ``datetime`` or epoch seconds)."""
@@ -423,7 +436,7 @@ class WorkflowContext:
         else:
             raise TypeError("sleep_until takes an aware datetime or epoch seconds")
         seq, recorded = self._turn.allocate("sleep", CheckpointKind.SLEEP)
-        return timer(self._env, seq, recorded, lambda _now: target)
+        return self._gated(timer(self._env, seq, recorded, lambda _now: target), seq)
 
     def wait_for_signal(self, token: str, *, timeout: Duration | None = None) -> Awaitable[Any]:
         """Wait for ``engine.signal(token, payload)`` and return the payload.
@@ -442,7 +455,7 @@ class WorkflowContext:
         timeout_ms = None if timeout is None else to_ms(timeout, name="signal timeout")
         name = f"signal:{token}"
         seq, recorded = self._turn.allocate(name, CheckpointKind.SIGNAL)
-        return wait_for_signal(self._env, seq, name, token, timeout_ms, recorded)
+        return self._gated(wait_for_signal(self._env, seq, name, token, timeout_ms, recorded), seq)
 
     def wait_for_event(
         self,
@@ -464,7 +477,9 @@ class WorkflowContext:
         timeout_ms = None if timeout is None else to_ms(timeout, name="event timeout")
         label = f"event:{name}"
         seq, recorded = self._turn.allocate(label, CheckpointKind.EVENT)
-        return wait_for_event(self._env, seq, label, name, clean, timeout_ms, recorded)
+        return self._gated(
+            wait_for_event(self._env, seq, label, name, clean, timeout_ms, recorded), seq
+        )
 
     def wait_for_events(
         self,
@@ -496,7 +511,12 @@ class WorkflowContext:
         opened = turn.allocate(f"{label}:window", CheckpointKind.NOW)
         rest = [turn.allocate(label, CheckpointKind.EVENT) for _ in range(count - 1)]
         batch = EventBatch(label, first, opened, rest)
-        return wait_for_events(self._env, batch, name, clean, window_ms, timeout_ms)
+        return self._gated(
+            wait_for_events(self._env, batch, name, clean, window_ms, timeout_ms),
+            first[0],
+            opened[0],
+            *(seq for seq, _ in rest),
+        )
 
     # -- the outside world ---------------------------------------------------------------
 
@@ -551,8 +571,11 @@ class WorkflowContext:
             # Named without the token: it is a secret, and history is shown to operators.
             timeout_ms = None if timeout is None else to_ms(timeout, name="webhook timeout")
             wait_seq, wait_recorded = self._turn.allocate("webhook:wait", CheckpointKind.SIGNAL)
-            return wait_for_signal(
-                self._env, wait_seq, "webhook:wait", text, timeout_ms, wait_recorded
+            return self._gated(
+                wait_for_signal(
+                    self._env, wait_seq, "webhook:wait", text, timeout_ms, wait_recorded
+                ),
+                wait_seq,
             )
 
         async def made() -> Webhook:
@@ -593,7 +616,7 @@ class WorkflowContext:
         def wait(token: str) -> Awaitable[Any]:
             return wait_for_signal(env, wait_seq, label, token, timeout_ms, wait_recorded)
 
-        return task(env, seq, label, dispatch, args, recorded, wait)
+        return self._gated(task(env, seq, label, dispatch, args, recorded, wait), seq, wait_seq)
 
     def breakpoint(self, label: str = "breakpoint") -> Awaitable[None]:
         """Pause the run here until ``engine.resume(run_id)`` (``durably runs resume``).
@@ -611,7 +634,7 @@ class WorkflowContext:
         async def paused() -> None:
             await wait_for_signal(self._env, seq, name, token, None, recorded)
 
-        return paused()
+        return self._gated(paused(), seq)
 
     # -- composition ---------------------------------------------------------------------
 
@@ -762,6 +785,99 @@ class WorkflowContext:
             )
         return _resolved(True)
 
+    # -- updates -------------------------------------------------------------------------
+
+    def on_update(
+        self,
+        name: str,
+        handler: Callable[[Any], Any],
+        *,
+        validator: Callable[[Any], Any] | None = None,
+    ) -> None:
+        """Handle ``engine.update(run_id, name, payload)`` with ``handler(payload)``.
+
+        ``handler`` (sync or async) may change the workflow's own state and
+        returns the update's result (JSON data). It runs while the body waits
+        (every branch parked on a durable wait or :meth:`wait_condition`),
+        never in the middle of body code, and is recorded in history so a
+        replay applies it again at the same point: keep it deterministic and
+        free of ``ctx`` calls (they are refused) and side effects. An update
+        sent before this call waits in the run's inbox until it is made; one
+        whose name is never registered waits until the run ends (then it is
+        answered ``ended``). ``validator(payload)`` (sync or async) runs first
+        and must not change state: raising or returning a string rejects the
+        update with that reason, and nothing is recorded. A handler that raises
+        answers ``failed``; the workflow goes on. Registering a name again
+        replaces its handler.
+        """
+        check_update_name(name)
+        if not callable(handler):
+            raise TypeError(f"update {name!r}: handler {handler!r} is not callable")
+        if validator is not None and not callable(validator):
+            raise TypeError(f"update {name!r}: validator {validator!r} is not callable")
+        self._turn.ensure_open()
+        self._updates.register(name, Handler(handler, validator))
+
+    def wait_condition(self, predicate: Callable[[], bool]) -> Awaitable[None]:
+        """Wait until ``predicate()`` is true: checked now and again after every
+        update handled (handlers are what change state while the body waits).
+
+        Records nothing; the run suspends meanwhile, and an update wakes it.
+        """
+        if not callable(predicate):
+            raise TypeError(f"wait_condition: {predicate!r} is not callable")
+        self._turn.ensure_open()
+        return self._updates.wait_condition(predicate)
+
+    def call_entity(self, name: str, key: str, op: str, payload: Any = None) -> Awaitable[Any]:
+        """Apply ``op`` to entity ``name``'s key ``key`` and return its reply
+        (see ``Engine.call_entity``).
+
+        Recorded like a local step: a replay returns the recorded reply, and a
+        re-execution after a crash sends the same operation id, so it is
+        applied once. A failed operation raises :class:`StepFailed` carrying
+        the entity's error (never retried).
+        """
+        check_entity_name(name)
+        check_entity_key(name, key)
+        check_op(name, op)
+        label = f"{ENTITY_PREFIX}{name}:{op}"
+        check_key(label, "entity step name")
+        call = self._env.services.entity_call
+        if call is None:
+            raise RuntimeError("ctx.call_entity needs an engine (entity_call is not wired)")
+        update_id = call_update_id(self.run_id, self._turn.next_seq)
+
+        async def apply() -> Any:
+            return await call(name, key, op, payload, update_id=update_id)
+
+        return self.local_step(label, apply, retries=0)
+
+    def signal_entity(self, name: str, key: str, op: str, payload: Any = None) -> Awaitable[str]:
+        """Send ``op`` to entity ``name``'s key ``key`` without waiting for its
+        reply (see ``Engine.signal_entity``); recorded, and applied once even
+        if a crash makes this step run again. Returns the operation's id."""
+        check_entity_name(name)
+        check_entity_key(name, key)
+        check_op(name, op)
+        label = f"{ENTITY_PREFIX}{name}:{op}:signal"
+        check_key(label, "entity step name")
+        send = self._env.services.entity_signal
+        if send is None:
+            raise RuntimeError("ctx.signal_entity needs an engine (entity_signal is not wired)")
+        update_id = call_update_id(self.run_id, self._turn.next_seq)
+
+        async def sent() -> str:
+            return str(await send(name, key, op, payload, update_id=update_id))
+
+        return self.local_step(label, sent, retries=0)
+
+    def _gated(self, operation: Awaitable[T], *seqs: int) -> Awaitable[T]:
+        """``operation``, held on a replay until the recorded updates handled
+        while it was parked are applied again (see :mod:`durably._ops.updates`)."""
+        gate = self._turn.gate(seqs)
+        return operation if gate is None else _after(gate, operation)
+
     # -- control -------------------------------------------------------------------------
 
     def continue_as_new(self, input: Any) -> None:
@@ -770,6 +886,16 @@ class WorkflowContext:
         Raises a control-flow signal; code after it does not run.
         """
         raise _ContinueAsNew(codec.to_jsonable(input, "continue_as_new input"))
+
+
+async def _after(gate: Awaitable[None], operation: Awaitable[T]) -> T:
+    try:
+        await gate
+    except BaseException:
+        if inspect.iscoroutine(operation):
+            operation.close()  # never started: no "never awaited" warning
+        raise
+    return await operation
 
 
 async def _resolved(value: bool) -> bool:

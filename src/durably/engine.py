@@ -29,10 +29,12 @@ from typing import Any, TypeVar, Unpack, cast, overload
 from ._attributes import check_attributes
 from ._attributes import check_filters as check_attributes_filters
 from ._children import RunNotFound
+from ._entities import entity_body
 from ._hooks import EvictHook, Handler, StalledHook
 from ._intercept import Interceptor, StepInterceptor
 from ._lifecycle_events import EventKind, Subscription
 from ._names import check_name
+from ._ops.entities import EntityDef, EntityHandler, entity_workflow
 from ._options import Consumers, EngineOptions, Option, SettableOption
 from ._outside import OutsideCalls, task_failure, task_result
 from ._registry import WorkflowDef
@@ -57,6 +59,7 @@ from .model import (
     Run,
     RunResult,
     RunStatus,
+    UpdateResult,
 )
 from .schedules import Overlap, Schedule, ScheduleSpec
 from .steps._flow import FlowQueue
@@ -217,6 +220,7 @@ class Engine:
         self._worker, self._lifecycle = parts.worker, parts.lifecycle
         self._step_faults = parts.faults  # what durably.testing.TestEnv arranges
         self._outside = OutsideCalls(self.store, self.signal, self._router.wake)
+        self._updates, self._entities = parts.updates, parts.entities
         self._hub, self._intercept = parts.hub, parts.intercept
         self._router.worker_looping = lambda: self._worker.looping
 
@@ -643,6 +647,7 @@ class Engine:
 
     async def close(self) -> None:
         """Drain, stop the worker loop and close the store."""
+        await self._updates.close()
         await self._lifecycle.close(self.drain_timeout)
 
     async def __aenter__(self) -> Engine:
@@ -866,6 +871,89 @@ class Engine:
             raise ValueError("get_value needs a non-empty key")
         await self.open()
         return await self._outside.get_value(run_id, key, default)
+
+    async def update(
+        self,
+        run_id: str,
+        name: str,
+        payload: Any = None,
+        *,
+        update_id: str | None = None,
+        timeout: float | None = None,
+    ) -> UpdateResult:
+        """Send update ``name`` with ``payload`` to the run's ``ctx.on_update``
+        handler and wait for its answer (:class:`UpdateResult`): accepted with
+        the handler's result, rejected by its validator with a reason, failed
+        (the handler raised), or ended (the run ended before handling it).
+
+        An update that arrives before the run registers its handler waits in
+        the run's inbox; one whose name the run never registers waits until
+        the run ends. Sending again with the same ``update_id`` (say, after a
+        lost connection) handles it once and returns the same answer. With
+        ``timeout`` (seconds) a :class:`TimeoutError` is raised and the update
+        stays in the inbox. Raises :class:`RunNotFound` for an unknown run.
+        """
+        await self.open()
+        return await self._updates.update(
+            run_id, name, payload, update_id=update_id, timeout=timeout
+        )
+
+    # -- entities -------------------------------------------------------------------------
+
+    def entity(
+        self,
+        name: str,
+        *,
+        handlers: Mapping[str, EntityHandler],
+        initial_state: Any = None,
+        ops_per_run: int = 100,
+    ) -> None:
+        """Register entity ``name``: a durable object per key, whose operations
+        ``handlers[op](state, payload) -> (new_state, reply)`` (sync or async)
+        are applied one at a time, exactly once, each recorded with the state
+        and reply it produced. Key ``k`` lives in run ``entity:<name>:<k>``,
+        created by its first call, starting from ``initial_state`` (JSON data;
+        a handler gets a copy). After ``ops_per_run`` operations the run
+        continues as new with the state, so its history stays bounded.
+        """
+        definition = EntityDef.build(name, initial_state, handlers, ops_per_run)
+        self.register(entity_workflow(name), entity_body(definition))
+        self._entities.define(definition)
+
+    async def call_entity(
+        self,
+        name: str,
+        key: str,
+        op: str,
+        payload: Any = None,
+        *,
+        update_id: str | None = None,
+        timeout: float | None = None,
+    ) -> Any:
+        """Apply ``op`` with ``payload`` to entity ``name``'s key ``key`` and return
+        the handler's reply. A handler that raises leaves the state unchanged
+        and raises :class:`EntityError` here (as does an unknown op, or a key
+        whose run was cancelled). Pass ``update_id`` to retry a call that may
+        have been applied: it is applied once, and the same reply returned.
+        """
+        await self.open()
+        return await self._entities.call(
+            name, key, op, payload, update_id=update_id, timeout=timeout
+        )
+
+    async def signal_entity(
+        self, name: str, key: str, op: str, payload: Any = None, *, update_id: str | None = None
+    ) -> str:
+        """Send ``op`` to the entity without waiting for its reply; return the
+        operation's update id. Applied exactly once (per ``update_id``)."""
+        await self.open()
+        return await self._entities.signal(name, key, op, payload, update_id=update_id)
+
+    async def get_entity_state(self, name: str, key: str) -> Any:
+        """The entity's state after its last applied operation (its initial
+        state before any). Reads history only; creates nothing."""
+        await self.open()
+        return await self._entities.state(name, key)
 
     async def complete_task(self, token: str, result: Any = None) -> bool:
         """Complete the ``ctx.task`` whose dispatch was given ``token``: its await returns

@@ -14,6 +14,7 @@ from typing import Any
 __all__ = [
     "ChildFailed",
     "DurablyError",
+    "EntityError",
     "EventTimeout",
     "FatalError",
     "GatherFailed",
@@ -50,6 +51,34 @@ class FatalError(DurablyError):
         self.message = message
         self.code = code or "fatal"
         self.details = details
+
+
+class EntityError(FatalError):
+    """An entity operation did not succeed: its handler raised (``outcome``
+    ``"failed"``; the entity's state is unchanged), it was refused
+    (``"rejected"``: the entity has no such operation), or the entity's run
+    ended (``"ended"``: cancelled, say). ``details`` holds the handler's
+    stored error when there is one."""
+
+    def __init__(
+        self,
+        entity: str,
+        key: str,
+        op: str,
+        outcome: str,
+        reason: str,
+        details: Any = None,
+    ) -> None:
+        super().__init__(
+            f"entity {entity!r} key {key!r} op {op!r} {outcome}: {reason}",
+            code=f"entity_{outcome}",
+            details=details,
+        )
+        self.entity = entity
+        self.key = key
+        self.op = op
+        self.outcome = outcome
+        self.reason = reason
 
 
 class StepFailed(DurablyError):

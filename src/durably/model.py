@@ -17,6 +17,7 @@ __all__ = [
     "Run",
     "RunResult",
     "RunStatus",
+    "UpdateResult",
 ]
 
 ErrorInfo = dict[str, Any]
@@ -116,6 +117,8 @@ class CheckpointKind(StrEnum):
     """``ctx.transaction``: app writes committed with their checkpoint."""
     ATTRIBUTES = "attributes"
     """``ctx.upsert_attributes``: search attributes merged into the run's."""
+    UPDATE = "update"
+    """An update (``engine.update``) handled by a ``ctx.on_update`` handler."""
 
 
 @dataclass(slots=True)
@@ -223,3 +226,28 @@ class RunResult:
     def ok(self) -> bool:
         """True when the run completed."""
         return self.status is RunStatus.COMPLETED
+
+
+@dataclass(frozen=True, slots=True)
+class UpdateResult:
+    """What ``engine.update`` returns: how the run answered one update.
+
+    ``outcome`` is ``"accepted"`` (the handler ran; ``result`` is what it
+    returned), ``"rejected"`` (the validator refused it, with ``reason``;
+    nothing was recorded), ``"failed"`` (the handler raised: ``reason`` and
+    ``error``; recorded, the workflow goes on) or ``"ended"`` (the run ended
+    before handling it).
+    """
+
+    update_id: str
+    outcome: str
+    result: Any = None
+    reason: str | None = None
+    error: ErrorInfo | None = None
+    run_id: str = ""
+    """The run that answered (the next link, when the update followed a continue-as-new)."""
+
+    @property
+    def accepted(self) -> bool:
+        """True when the handler ran and returned ``result``."""
+        return self.outcome == "accepted"

@@ -99,6 +99,13 @@ class Services:
     """``(token, requires)``: why no live worker can take a step, or ``None``."""
     compensation_retries: int = 2
     """Retries of a failing saga undo before it is skipped (the engine's default)."""
+    update_answered: Callable[[str, str], None] = lambda _run_id, _update_id: None
+    """Told ``(run_id, update_id)`` of each update a turn here answered, so a
+    caller waiting in this process hears at once (others poll the store)."""
+    entity_call: Callable[..., Awaitable[Any]] | None = None
+    """``ctx.call_entity``'s way to an entity (:mod:`durably._entities`)."""
+    entity_signal: Callable[..., Awaitable[Any]] | None = None
+    """``ctx.signal_entity``'s way to an entity."""
 
 
 class WorkflowLogger(logging.LoggerAdapter[logging.Logger]):

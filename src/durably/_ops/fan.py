@@ -137,6 +137,9 @@ async def _run_children(
     for call in calls:
         if call.ready is not None:
             await call.ready  # created at ``ctx.start_child``: wait for that to finish
+    gate = turn.gate([call.seq for call in calls])
+    if gate is not None:
+        await gate  # held on a replay until the updates handled meanwhile apply again
     outcomes: list[tuple[bool, Any] | None] = [None] * len(calls)
     fresh: list[int] = []
     waiting: list[int] = []

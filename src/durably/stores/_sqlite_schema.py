@@ -219,4 +219,20 @@ MIGRATIONS: list[str] = [
     CREATE INDEX durably_run_attributes_str ON durably_run_attributes (key, str_value, run_id);
     CREATE INDEX durably_run_attributes_num ON durably_run_attributes (key, num_value, run_id);
     """,
+    # 10: each run's inbox of updates (engine.update) and their answers, in
+    # arrival order (id); an update id is unique per run (a retried delivery)
+    """
+    CREATE TABLE durably_updates (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        run_id TEXT NOT NULL,
+        update_id TEXT NOT NULL,
+        name TEXT NOT NULL,
+        payload TEXT,
+        created_at INTEGER NOT NULL,
+        answer TEXT,
+        answered_at INTEGER
+    );
+    CREATE UNIQUE INDEX durably_updates_id ON durably_updates (run_id, update_id);
+    CREATE INDEX durably_updates_pending ON durably_updates (run_id, id) WHERE answer IS NULL;
+    """,
 ]

@@ -53,6 +53,8 @@ __all__ = [
     "SweepStore",
     "TransactionStore",
     "TurnStore",
+    "UpdateRecord",
+    "UpdateStore",
     "WaitStore",
 ]
 
@@ -659,6 +661,66 @@ class WaitStore(Protocol):
         checkpoint failed with ``error`` and return ``None``."""
 
 
+@dataclass(slots=True)
+class UpdateRecord:
+    """One update sent to a run (``engine.update``): its request and, once
+    handled, its answer.
+
+    ``answer`` is ``None`` while the update waits in the run's inbox; then a
+    JSON object with ``outcome`` (``accepted``, ``failed``, ``rejected``,
+    ``ended`` or ``moved``) and, by outcome, ``result``, ``reason``, ``error``
+    or ``run_id`` (``moved``: the update now waits in that run, the next link
+    of a continue-as-new chain).
+    """
+
+    run_id: str
+    update_id: str
+    name: str
+    payload: Any
+    created_at: int
+    answer: dict[str, Any] | None = None
+    answered_at: int | None = None
+
+
+@runtime_checkable
+class UpdateStore(Protocol):
+    """Each run's inbox of updates and their answers (see :mod:`durably._ops.updates`)."""
+
+    async def put_update(self, record: UpdateRecord) -> UpdateRecord:
+        """*Atomic*: add ``record`` to its run's inbox unless an update with
+        the same ``(run_id, update_id)`` is there already; return the stored
+        one (so a retried delivery sees the first one and its answer)."""
+
+    async def get_update(self, run_id: str, update_id: str) -> UpdateRecord | None:
+        """The update ``update_id`` sent to ``run_id``, or ``None``."""
+
+    async def pending_updates(self, run_id: str, limit: int) -> list[UpdateRecord]:
+        """The run's unanswered updates, oldest first (at most ``limit``)."""
+
+    async def answer_update(
+        self,
+        run_id: str,
+        update_id: str,
+        answer: dict[str, Any],
+        now: int,
+        *,
+        checkpoint: Checkpoint | None = None,
+        owner: str | None = None,
+    ) -> bool:
+        """*Atomic*: answer the update if it is still unanswered.
+
+        With ``owner``, under that owner's lease of the run (``False``,
+        nothing written, if it no longer holds it), and ``checkpoint`` (the
+        handled update as recorded in history) is written in the same
+        transaction: history and answer are both there or neither. Without
+        ``owner``, ``False`` if the update was answered already (or unknown)."""
+
+    async def move_updates(self, from_run: str, to_run: str, now: int) -> int:
+        """*Atomic*: hand the unanswered updates of ``from_run`` to ``to_run``
+        (same ids, same order, an id already there kept), answering each
+        original ``{"outcome": "moved", "run_id": to_run}``; return how many."""
+
+
 @runtime_checkable
 class ScheduleStore(Protocol):
     """The schedules table (see :mod:`durably.schedules`)."""
@@ -810,6 +872,7 @@ class StateStore(
     ScheduleStore,
     StoreInspector,
     DecisionStore,
+    UpdateStore,
     Protocol,
 ):
     """Persistence for runs and their history: every role protocol at once.

@@ -39,6 +39,7 @@ from .base import (
     RunQuery,
     ScheduleRecord,
     SettleResult,
+    UpdateRecord,
 )
 
 __all__ = ["MemoryStore"]
@@ -67,6 +68,8 @@ class MemoryStore(MemoryWaits):
         # flow control: queue -> step_id -> slot (released ones kept for the rate window)
         self._slots: dict[str, dict[str, _Slot]] = {}
         self._flow_waiters: dict[str, dict[str, _FlowWaiter]] = {}
+        # updates: run -> update id -> record, in the order they arrived
+        self._updates: dict[str, dict[str, UpdateRecord]] = {}
 
     async def open(self) -> None:
         """Nothing to connect to."""
@@ -159,6 +162,7 @@ class MemoryStore(MemoryWaits):
             return False
         self._checkpoints.pop(run_id, None)
         self._attributes.pop(run_id, None)
+        self._updates.pop(run_id, None)
         self._drop_waiters(run_id)
         for slots in self._slots.values():
             for step_id in [k for k, slot in slots.items() if slot.run_id == run_id]:
@@ -562,6 +566,60 @@ class MemoryStore(MemoryWaits):
         self._put(checkpoint)
         self._attributes.setdefault(checkpoint.run_id, {}).update(_as_stored(attributes))
         return True
+
+    # -- updates -------------------------------------------------------------------------
+
+    async def put_update(self, record: UpdateRecord) -> UpdateRecord:
+        """Add the update unless its id is there; return the stored one."""
+        inbox = self._updates.setdefault(record.run_id, {})
+        if record.update_id not in inbox:
+            inbox[record.update_id] = copy.deepcopy(record)
+        return copy.deepcopy(inbox[record.update_id])
+
+    async def get_update(self, run_id: str, update_id: str) -> UpdateRecord | None:
+        """The update, or ``None``."""
+        found = self._updates.get(run_id, {}).get(update_id)
+        return copy.deepcopy(found)
+
+    async def pending_updates(self, run_id: str, limit: int) -> list[UpdateRecord]:
+        """Unanswered updates, oldest first."""
+        waiting = [r for r in self._updates.get(run_id, {}).values() if r.answer is None]
+        return copy.deepcopy(waiting[:limit])
+
+    async def answer_update(
+        self,
+        run_id: str,
+        update_id: str,
+        answer: dict[str, Any],
+        now: int,
+        *,
+        checkpoint: Checkpoint | None = None,
+        owner: str | None = None,
+    ) -> bool:
+        """Answer an unanswered update (with ``owner``: under the lease, with
+        ``checkpoint``)."""
+        if owner is not None and not self._holds(run_id, owner):
+            return False
+        record = self._updates.get(run_id, {}).get(update_id)
+        pending = record is not None and record.answer is None
+        if record is not None and pending:
+            record.answer, record.answered_at = copy.deepcopy(answer), now
+        if owner is None:
+            return pending
+        if checkpoint is not None:
+            self._put(checkpoint)
+        return True
+
+    async def move_updates(self, from_run: str, to_run: str, now: int) -> int:
+        """Hand the unanswered updates to ``to_run``."""
+        moved = 0
+        for record in list(self._updates.get(from_run, {}).values()):
+            if record.answer is not None:
+                continue
+            await self.put_update(dataclasses.replace(record, run_id=to_run))
+            record.answer, record.answered_at = {"outcome": "moved", "run_id": to_run}, now
+            moved += 1
+        return moved
 
     def _matches(self, run: Run, query: RunQuery) -> bool:
         return _matches(run, query) and (

@@ -86,6 +86,7 @@ from .base import (
     ScheduleRecord,
     SettleResult,
     SignalWait,
+    UpdateRecord,
 )
 
 __all__ = ["PostgresStore"]
@@ -195,6 +196,10 @@ _TAKE_OLDEST_WAITER = """
     SELECT EXISTS (SELECT 1 FROM picked) AS picked, taken.run_id, taken.seq
     FROM (SELECT 1) AS one LEFT JOIN taken ON true
 """
+_UPDATE_COLUMNS = "run_id, update_id, name, payload, created_at, answer, answered_at"
+_SELECT_UPDATE = (
+    f"SELECT {_UPDATE_COLUMNS} FROM durably_updates WHERE run_id = $1 AND update_id = $2"
+)
 _HOLD_LEASE = "SELECT 1 FROM durably_runs WHERE id = $1 AND locked_by = $2 FOR SHARE"
 _LOCK_TOKEN = "SELECT pg_advisory_xact_lock(hashtextextended($1::text, 0))"
 _DELETE_WAITERS = (
@@ -470,6 +475,85 @@ class PostgresStore:
             )
         return True
 
+    # -- updates -----------------------------------------------------------------------
+
+    async def put_update(self, record: UpdateRecord) -> UpdateRecord:
+        """Add the update unless its id is there; return the stored one."""
+        async with self._db.transaction() as conn:
+            await conn.execute(
+                "INSERT INTO durably_updates (run_id, update_id, name, payload, created_at) "
+                "VALUES ($1, $2, $3, $4, $5) ON CONFLICT (run_id, update_id) DO NOTHING",
+                record.run_id,
+                record.update_id,
+                record.name,
+                dump_json(record.payload),
+                record.created_at,
+            )
+            row = await conn.fetchrow(_SELECT_UPDATE, record.run_id, record.update_id)
+        return _update_from_row(row)
+
+    async def get_update(self, run_id: str, update_id: str) -> UpdateRecord | None:
+        """The update, or ``None``."""
+        row = await self._db.pool().fetchrow(_SELECT_UPDATE, run_id, update_id)
+        return None if row is None else _update_from_row(row)
+
+    async def pending_updates(self, run_id: str, limit: int) -> list[UpdateRecord]:
+        """Unanswered updates, oldest first."""
+        rows = await self._db.pool().fetch(
+            f"SELECT {_UPDATE_COLUMNS} FROM durably_updates "
+            "WHERE run_id = $1 AND answer IS NULL ORDER BY id LIMIT $2",
+            run_id,
+            limit,
+        )
+        return [_update_from_row(row) for row in rows]
+
+    async def answer_update(
+        self,
+        run_id: str,
+        update_id: str,
+        answer: dict[str, Any],
+        now: int,
+        *,
+        checkpoint: Checkpoint | None = None,
+        owner: str | None = None,
+    ) -> bool:
+        """Answer an unanswered update (with ``owner``: under the lease, with
+        ``checkpoint``), in one transaction."""
+        async with self._db.transaction() as conn:
+            if owner is not None and not await conn.fetchval(_HOLD_LEASE, run_id, owner):
+                return False
+            status = await conn.execute(
+                "UPDATE durably_updates SET answer = $1, answered_at = $2 "
+                "WHERE run_id = $3 AND update_id = $4 AND answer IS NULL",
+                dump_json(answer),
+                now,
+                run_id,
+                update_id,
+            )
+            if checkpoint is not None:
+                await conn.execute(_UPSERT_CHECKPOINT, *checkpoint_params(checkpoint))
+        return owner is not None or status.endswith(" 1")
+
+    async def move_updates(self, from_run: str, to_run: str, now: int) -> int:
+        """Hand the unanswered updates to ``to_run`` in one transaction."""
+        async with self._db.transaction() as conn:
+            await conn.execute(
+                "INSERT INTO durably_updates (run_id, update_id, name, payload, created_at) "
+                "SELECT $1, update_id, name, payload, created_at FROM durably_updates "
+                "WHERE run_id = $2 AND answer IS NULL ORDER BY id "
+                "ON CONFLICT (run_id, update_id) DO NOTHING",
+                to_run,
+                from_run,
+            )
+            status = await conn.execute(
+                "UPDATE durably_updates SET answer = $1, answered_at = $2 "
+                "WHERE run_id = $3 AND answer IS NULL",
+                dump_json({"outcome": "moved", "run_id": to_run}),
+                now,
+                from_run,
+            )
+        return int(status.rsplit(" ", 1)[-1])
+
     async def delete_run(self, run_id: str) -> bool:
         """Delete a run with its history."""
         async with self._db.transaction() as conn:
@@ -478,6 +562,7 @@ class PostgresStore:
             )
             await conn.execute("DELETE FROM durably_checkpoints WHERE run_id = $1", run_id)
             await conn.execute("DELETE FROM durably_run_attributes WHERE run_id = $1", run_id)
+            await conn.execute("DELETE FROM durably_updates WHERE run_id = $1", run_id)
             await conn.execute(_DELETE_WAITERS, run_id)
             await conn.execute(
                 "WITH slots AS (DELETE FROM durably_flow_slots "
@@ -1911,3 +1996,15 @@ def _run_filter(query: RunQuery, params: list[Any]) -> list[str]:
     if query.created_before is not None:
         clauses.append(f"created_at < {param(query.created_before)}::bigint")
     return clauses
+
+
+def _update_from_row(row: Any) -> UpdateRecord:
+    return UpdateRecord(
+        row["run_id"],
+        row["update_id"],
+        row["name"],
+        codec.loads(row["payload"]),
+        row["created_at"],
+        codec.loads(row["answer"]),
+        row["answered_at"],
+    )

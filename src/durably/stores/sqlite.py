@@ -71,6 +71,7 @@ from .base import (
     ScheduleRecord,
     SettleResult,
     SignalWait,
+    UpdateRecord,
 )
 
 __all__ = ["SqliteStore", "sqlite_path_from_url"]
@@ -136,6 +137,22 @@ _UPSERT_ATTRIBUTE = """
         type = excluded.type, str_value = excluded.str_value, num_value = excluded.num_value
 """
 _HOLDS_LEASE = "SELECT 1 FROM durably_runs WHERE id = ? AND locked_by = ?"
+
+
+_UPDATE_COLUMNS = "run_id, update_id, name, payload, created_at, answer, answered_at"
+
+
+def _update_from_row(row: Any) -> UpdateRecord:
+    run_id, update_id, name, payload, created_at, answer, answered_at = row
+    return UpdateRecord(
+        run_id,
+        update_id,
+        name,
+        None if payload is None else codec.loads(payload),
+        created_at,
+        None if answer is None else codec.loads(answer),
+        answered_at,
+    )
 
 
 def sqlite_path_from_url(url: str) -> str:
@@ -353,6 +370,7 @@ class SqliteStore:
         def op(conn: sqlite3.Connection) -> bool:
             conn.execute("DELETE FROM durably_checkpoints WHERE run_id = ?", (run_id,))
             conn.execute("DELETE FROM durably_run_attributes WHERE run_id = ?", (run_id,))
+            conn.execute("DELETE FROM durably_updates WHERE run_id = ?", (run_id,))
             _drop_waiters(conn, run_id)
             _release_run_slots(conn, run_id, now=None)
             return conn.execute("DELETE FROM durably_runs WHERE id = ?", (run_id,)).rowcount == 1
@@ -385,6 +403,108 @@ class SqliteStore:
             conn.execute(_UPSERT_CHECKPOINT, params)
             conn.executemany(_UPSERT_ATTRIBUTE, rows)
             return True
+
+        return await self._db.run(op)
+
+    # -- updates -----------------------------------------------------------------------
+
+    async def put_update(self, record: UpdateRecord) -> UpdateRecord:
+        """Add the update unless its id is there; return the stored one."""
+        params = (
+            record.run_id,
+            record.update_id,
+            record.name,
+            dump_json(record.payload),
+            record.created_at,
+        )
+
+        def op(conn: sqlite3.Connection) -> UpdateRecord:
+            conn.execute(
+                "INSERT INTO durably_updates (run_id, update_id, name, payload, created_at) "
+                "VALUES (?,?,?,?,?) ON CONFLICT (run_id, update_id) DO NOTHING",
+                params,
+            )
+            row = conn.execute(
+                f"SELECT {_UPDATE_COLUMNS} FROM durably_updates WHERE run_id = ? AND update_id = ?",
+                (record.run_id, record.update_id),
+            ).fetchone()
+            return _update_from_row(row)
+
+        return await self._db.run(op)
+
+    async def get_update(self, run_id: str, update_id: str) -> UpdateRecord | None:
+        """The update, or ``None``."""
+
+        def op(conn: sqlite3.Connection) -> UpdateRecord | None:
+            row = conn.execute(
+                f"SELECT {_UPDATE_COLUMNS} FROM durably_updates WHERE run_id = ? AND update_id = ?",
+                (run_id, update_id),
+            ).fetchone()
+            return None if row is None else _update_from_row(row)
+
+        return await self._db.run(op)
+
+    async def pending_updates(self, run_id: str, limit: int) -> list[UpdateRecord]:
+        """Unanswered updates, oldest first."""
+
+        def op(conn: sqlite3.Connection) -> list[UpdateRecord]:
+            rows = conn.execute(
+                f"SELECT {_UPDATE_COLUMNS} FROM durably_updates "
+                "WHERE run_id = ? AND answer IS NULL ORDER BY id LIMIT ?",
+                (run_id, limit),
+            ).fetchall()
+            return [_update_from_row(row) for row in rows]
+
+        return await self._db.run(op)
+
+    async def answer_update(
+        self,
+        run_id: str,
+        update_id: str,
+        answer: dict[str, Any],
+        now: int,
+        *,
+        checkpoint: Checkpoint | None = None,
+        owner: str | None = None,
+    ) -> bool:
+        """Answer an unanswered update (with ``owner``: under the lease, with
+        ``checkpoint``), in one transaction."""
+        params = None if checkpoint is None else checkpoint_params(checkpoint)
+        text = dump_json(answer)
+
+        def op(conn: sqlite3.Connection) -> bool:
+            if owner is not None and not conn.execute(_HOLDS_LEASE, (run_id, owner)).fetchone():
+                return False
+            answered = conn.execute(
+                "UPDATE durably_updates SET answer = ?, answered_at = ? "
+                "WHERE run_id = ? AND update_id = ? AND answer IS NULL",
+                (text, now, run_id, update_id),
+            ).rowcount
+            if params is not None:
+                conn.execute(_UPSERT_CHECKPOINT, params)
+            return owner is not None or answered == 1
+
+        return await self._db.run(op)
+
+    async def move_updates(self, from_run: str, to_run: str, now: int) -> int:
+        """Hand the unanswered updates to ``to_run`` in one transaction."""
+        moved = dump_json({"outcome": "moved", "run_id": to_run})
+
+        def op(conn: sqlite3.Connection) -> int:
+            conn.execute(
+                "INSERT INTO durably_updates (run_id, update_id, name, payload, created_at) "
+                "SELECT ?, update_id, name, payload, created_at FROM durably_updates "
+                "WHERE run_id = ? AND answer IS NULL ORDER BY id "
+                "ON CONFLICT (run_id, update_id) DO NOTHING",
+                (to_run, from_run),
+            )
+            return int(
+                conn.execute(
+                    "UPDATE durably_updates SET answer = ?, answered_at = ? "
+                    "WHERE run_id = ? AND answer IS NULL",
+                    (moved, now, from_run),
+                ).rowcount
+            )
 
         return await self._db.run(op)
 

@@ -27,7 +27,7 @@ A transport does the same with a ``transport_factory`` fixture (see
 Each suite module can also be imported alone: the store suite by role
 (``stores.runs``, ``stores.turns``, ``stores.sweeps``, ``stores.checkpoints``,
 ``stores.signals``, ``stores.lifecycle``, ``stores.children``, ``stores.steps``,
-``stores.events``, ``stores.schedules``) and ``transports.contract``. The
+``stores.events``, ``stores.schedules``, ``stores.updates``) and ``transports.contract``. The
 suites need ``pytest`` and ``pytest-asyncio`` (``asyncio_mode = "auto"``).
 """
 

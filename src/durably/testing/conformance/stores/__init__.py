@@ -17,3 +17,4 @@ from .signals import *  # noqa: F403
 from .steps import *  # noqa: F403
 from .sweeps import *  # noqa: F403
 from .turns import *  # noqa: F403
+from .updates import *  # noqa: F403
