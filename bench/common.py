@@ -123,6 +123,11 @@ def side_parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--db", choices=["sqlite", "postgres"], required=True)
     p.add_argument("--name", default=None, help="database / file name (default: bench_<side>)")
     p.add_argument("--workdir", default=".work", help="SQLite files go here (the run's cwd)")
+    p.add_argument(
+        "--keep",
+        action="store_true",
+        help="measure on the database as it is (not reset first): grow.py's 1,000,000 runs",
+    )
     sub = p.add_subparsers(dest="scenario", required=True)
     tp = sub.add_parser("throughput", help="N workflows of K trivial local steps started at once")
     tp.add_argument("--n", type=int, default=500)
