@@ -1,6 +1,6 @@
 """Fleet scaling on one PostgreSQL: steps/s with 1, 2 and 4 engine processes.
 
-    python fleet.py                      # 1, 2, 4 processes; 4,000 runs of K=5 local steps
+    python fleet.py                      # 1, 2, 4 processes; 6,000 runs of K=5 local steps
     python fleet.py --repeat 3           # interleaved 1, 2, 4, 1, 2, 4, ...
     python fleet.py --live               # the producer starts runs while the fleet works
     python fleet.py --quick              # 1,000 runs
@@ -75,6 +75,12 @@ async def producer(url: str, m: int, k: int) -> None:
 
 
 async def worker(url: str) -> None:
+    rec = None
+    if os.environ.get("BENCH_FLEET_SQL"):  # count each statement the store sends, by kind
+        from grow import Recorder
+
+        rec = Recorder()
+        rec.install()
     engine = build(url)
     loop = asyncio.get_running_loop()
     print("ready", flush=True)
@@ -83,12 +89,21 @@ async def worker(url: str) -> None:
     async with engine:
         await loop.run_in_executor(None, sys.stdin.readline)  # "stop"
         r1 = resource.getrusage(resource.RUSAGE_SELF)
+    by_kind: dict[str, int] = {}
+    if rec is not None:
+        from grow import kind_of
+
+        for sql, n in rec.counts.items():
+            by_kind[kind_of(sql)] = by_kind.get(kind_of(sql), 0) + n
+        top = sorted(rec.counts.items(), key=lambda kv: -kv[1])[:3]
+        sys.stderr.write("".join(f"{n:6d} {' '.join(q.split())[:300]}\n" for q, n in top))
     print(
         json.dumps(
             {
                 "steps": STEPS[0],
                 "cpu_s": round(r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime, 3),
                 "peak_rss_mb": round(r1.ru_maxrss / 1024.0, 1),
+                "statements": by_kind,
             }
         ),
         flush=True,
@@ -129,6 +144,12 @@ async def pg_snapshot(url: str) -> dict[str, Any]:
             "SELECT xact_commit, blks_hit, blks_read, tup_inserted, tup_updated "
             "FROM pg_stat_database WHERE datname = current_database()"
         )
+        # exact at any moment, unlike pg_stat_database (flushed by each backend at most once
+        # a second): the next transaction id counts write transactions, the WAL position bytes
+        wal = await conn.fetchrow(
+            "SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS next_xid, "
+            "pg_current_wal_lsn() - '0/0'::pg_lsn AS wal_bytes"
+        )
         counts = await conn.fetchrow(
             "SELECT count(*) FILTER (WHERE status = 'completed') AS done, count(*) AS total "
             "FROM durably_runs"
@@ -139,6 +160,8 @@ async def pg_snapshot(url: str) -> dict[str, Any]:
         "pids": pids,
         "backend_cpu": {p: proc_cpu(p) for p in pids},
         "stats": dict(st),
+        "next_xid": wal["next_xid"],
+        "wal_bytes": int(wal["wal_bytes"]),
         "done": counts["done"],
         "total": counts["total"],
     }
@@ -219,6 +242,9 @@ async def measure(w: int, m: int, k: int, live: bool, timeout: float) -> dict[st
             produced = json.loads(prod.stdout.readline() or "{}")
         prod.wait(60)
     commits = last["stats"]["xact_commit"] - before["stats"]["xact_commit"]
+    # the server's, not only this database's: other work on the server shows up here too
+    xacts = last["next_xid"] - before["next_xid"]
+    wal_mb = (last["wal_bytes"] - before["wal_bytes"]) / 2**20
     cores = os.cpu_count() or 1
     return {
         "workers": w,
@@ -235,20 +261,35 @@ async def measure(w: int, m: int, k: int, live: bool, timeout: float) -> dict[st
         "pg_backend_cpu_per_s": round(backend_cpu / elapsed, 2),
         "pg_backends": len(last["pids"]),
         "commits_per_s": round(commits / elapsed, 1),
+        "write_xacts_per_s": round(xacts / elapsed, 1),
+        "steps_per_write_xact": round(m * k / xacts, 1) if xacts else None,
+        "wal_mb_per_s": round(wal_mb / elapsed, 2),
+        "others_cpu_per_s": round(
+            (busy1 - busy0 - sum(worker_cpu) - backend_cpu) / elapsed, 2
+        ),
         "machine_busy": round((busy1 - busy0) / (total1 - total0), 3),
         "machine_cpu_per_s": round((busy1 - busy0) / elapsed, 2),
         "cores": cores,
         "producer": produced,
         "load1": [round(load0, 2), round(os.getloadavg()[0], 2)],
         "peak_rss_mb": [r.get("peak_rss_mb") for r in per],
+        "statements": merge([r.get("statements") or {} for r in per]),
     }
+
+
+def merge(counts: list[dict[str, int]]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for c in counts:
+        for key, n in c.items():
+            out[key] = out.get(key, 0) + n
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
 def orchestrate(args: Any) -> int:
     from compare import fmt, table
 
     sizes = [int(x) for x in args.workers.split(",")]
-    m = args.m or (1000 if args.quick else 4000)
+    m = args.m or (1000 if args.quick else 6000)
     results: dict[int, list[dict[str, Any]]] = {w: [] for w in sizes}
     started = time.strftime("%Y-%m-%d %H:%M:%S")
     for _ in range(args.repeat):
@@ -289,7 +330,9 @@ def orchestrate(args: Any) -> int:
                 " / ".join(f"{c:.2f}" for c in med["worker_cpu_per_s"]),
                 f"{med['pg_backend_cpu_per_s']:.2f}",
                 f"{med['machine_cpu_per_s']:.2f} ({100 * med['machine_busy']:.0f}%)",
-                fmt(med["commits_per_s"]),
+                f"{med['others_cpu_per_s']:.2f}",
+                f"{fmt(med['write_xacts_per_s'])} ({med['steps_per_write_xact']})",
+                f"{med['wal_mb_per_s']:.1f}",
                 " / ".join(str(s) for s in med["steps_by_worker"]),
             ]
         )
@@ -302,12 +345,25 @@ def orchestrate(args: Any) -> int:
                 "CPU s/s per engine",
                 "PG backends CPU s/s",
                 "machine CPU s/s (busy)",
-                "commits/s",
+                "everything else CPU s/s",
+                "write xacts/s (steps per xact)",
+                "WAL MiB/s",
                 "steps per engine",
             ],
             rows,
         )
     )
+    if os.environ.get("BENCH_FLEET_SQL"):
+        print("\nStatements the engines sent per 1,000 steps, by kind (median run of each size):")
+        for w in sizes:
+            ok = sorted(
+                (r for r in results[w] if "error" not in r), key=lambda r: r["steps_per_s"]
+            )
+            if ok:
+                med = ok[len(ok) // 2]
+                per_k = {k: round(1000 * n / (med["runs"] * med["k"]), 1)
+                         for k, n in med["statements"].items()}
+                print(f"  {w}: " + ", ".join(f"{k} {v}" for k, v in list(per_k.items())[:8]))
     loads = [x for rs in results.values() for r in rs for x in r.get("load1", [])]
     if loads:
         print(f"1-minute load average around the runs: {min(loads):.2f}-{max(loads):.2f}")
@@ -323,7 +379,7 @@ def main() -> int:
     )
     p.add_argument("role", nargs="?", default="all", choices=["all", "producer", "worker"])
     p.add_argument("--workers", default="1,2,4")
-    p.add_argument("--m", type=int, default=0, help="runs (default 4000; quick 1000)")
+    p.add_argument("--m", type=int, default=0, help="runs (default 6000; quick 1000)")
     p.add_argument("--k", type=int, default=5)
     p.add_argument("--repeat", type=int, default=1)
     p.add_argument("--live", action="store_true")
