@@ -169,7 +169,8 @@ async def pg_snapshot(url: str) -> dict[str, Any]:
 
 def spawn(argv: list[str]) -> subprocess.Popen[str]:
     env = dict(os.environ)
-    src = str(HERE.parent / "src")
+    # BENCH_DURABLY_SRC: measure another checkout's src/ (before/after)
+    src = os.environ.get("BENCH_DURABLY_SRC") or str(HERE.parent / "src")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (src, str(HERE), env.get("PYTHONPATH")) if p)
     return subprocess.Popen(
         [sys.executable, str(HERE / "fleet.py"), *argv],

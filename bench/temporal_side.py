@@ -36,6 +36,7 @@ from typing import Any
 
 from common import emit, error_result, latency_summary, prepare_workdir, side_parser, timed_batch
 
+RPC_TIMEOUT = timedelta(seconds=300)
 REMOTE = os.environ.get("BENCH_TEMPORAL_ACTIVITIES", "local") == "remote"
 
 
@@ -177,7 +178,11 @@ async def run_scenario(args: Any, workdir: Path) -> dict[str, Any]:
             if args.scenario == "throughput":
 
                 async def start(_: int) -> Any:
-                    return await client.start_workflow("bench", args.k, id=wid(), task_queue=queue)
+                    # 2,000 starts at once queue up in the dev server: the default 10 s RPC
+                    # timeout expired on them (one run), so each start may take longer
+                    return await client.start_workflow(
+                        "bench", args.k, id=wid(), task_queue=queue, rpc_timeout=RPC_TIMEOUT
+                    )
 
                 async def wait(h: Any) -> Any:
                     res = await h.result()
