@@ -258,6 +258,14 @@ LIST_DUE = (
 )
 
 
+# list_expired: live runs past their execution deadline, on the partial deadline index
+LIST_EXPIRED = (
+    "SELECT id FROM durably_runs WHERE deadline_at IS NOT NULL AND deadline_at <= $1 "
+    "AND status <> ALL($2::text[]) AND ($4::text IS NULL OR namespace = $4) "
+    "ORDER BY deadline_at, id LIMIT $3"
+)
+
+
 class PostgresStore:
     """A :class:`~durably.stores.base.StateStore` on PostgreSQL (asyncpg, pooled).
 
@@ -265,8 +273,9 @@ class PostgresStore:
     ``min_size`` / ``max_size`` size the connection pool; any other keyword
     goes to :func:`asyncpg.create_pool` (``ssl=``, ``command_timeout=`` …).
     Pooled connections use generic plans (``plan_cache_mode``
-    ``force_generic_plan``); ``server_settings={"plan_cache_mode": "auto"}``
-    restores PostgreSQL's default.
+    ``force_generic_plan``) and no parallel workers
+    (``max_parallel_workers_per_gather`` 0); ``server_settings=`` with
+    either key restores PostgreSQL's default.
     """
 
     def __init__(
@@ -1049,9 +1058,7 @@ class PostgresStore:
     ) -> list[str]:
         """Live runs past their execution deadline."""
         return await self._ids(
-            "SELECT id FROM durably_runs WHERE deadline_at IS NOT NULL AND deadline_at <= $1 "
-            "AND status <> ALL($2::text[]) AND ($4::text IS NULL OR namespace = $4) "
-            "ORDER BY deadline_at, id LIMIT $3",
+            LIST_EXPIRED,
             now,
             _TERMINAL,
             limit,
