@@ -290,9 +290,9 @@ async def explain(url: str, out: Path, k: int) -> dict[str, Any]:
         "text is one the store sent while an engine ran workflows (one at a time, 50 at once, "
         "20 with a timer) on a PostgreSQL database already holding 1,000,000 finished runs and "
         "their checkpoints, plus the sweeps called once each. Each is shown with "
-        "`EXPLAIN (ANALYZE, BUFFERS)` under the generic plan (the store's pool sets "
-        "`plan_cache_mode = force_generic_plan`), with the arguments of its first call, inside "
-        "a transaction rolled back afterwards.",
+        "`EXPLAIN (ANALYZE, BUFFERS)` with the settings of the store's pooled connections "
+        "(`plan_cache_mode = force_generic_plan`, `max_parallel_workers_per_gather = 0`), "
+        "with the arguments of its first call, inside a transaction rolled back afterwards.",
         "",
     ]
     body: list[str] = []
@@ -303,7 +303,9 @@ async def explain(url: str, out: Path, k: int) -> dict[str, Any]:
             tr = conn.transaction()
             await tr.start()
             try:
+                # the settings of the store's pooled connections (stores/_pg_connection.py)
                 await conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+                await conn.execute("SET LOCAL max_parallel_workers_per_gather = 0")
                 await conn.execute(f"PREPARE {name} AS {sql}")
                 vals = ", ".join(literal(a) for a in args)
                 call = f"EXECUTE {name}({vals})" if args else f"EXECUTE {name}"
