@@ -196,8 +196,13 @@ async def run_scenario(args: Any, workdir: Path) -> dict[str, Any]:
                             "bench", args.k, id=wid(), task_queue=queue, rpc_timeout=RPC_TIMEOUT
                         )
 
+                # and at most as many result long-polls: 2,000 at once hit the dev server's
+                # "namespace concurrent poller limit exceeded"
+                waiting = asyncio.Semaphore(START_CONCURRENCY)
+
                 async def wait(h: Any) -> Any:
-                    res = await h.result()
+                    async with waiting:
+                        res = await h.result(rpc_timeout=RPC_TIMEOUT)
                     if res != args.k:
                         raise RuntimeError(f"workflow returned {res!r}")
                     return res
