@@ -12,7 +12,7 @@ local step recording the wall-clock time it ran, waits until all N are suspended
 Due times are spread evenly over ``--spread`` seconds starting ``--lead`` seconds after the park
 began. A fresh engine process ("wake") then opens the store: its RSS is sampled every 0.25 s
 while the N runs sit suspended (idle, before the first timer is due), while the timers fire,
-and at the end. The lag of each run is (wall clock of its first step after the sleep) − (its
+and at the end. The lag of each run is (wall clock of its first step after the sleep) - (its
 due time), both read back from the store: p50/p90/p99/max, and the share within one poll
 interval (``Engine(poll_interval=...)``, 1.0 s by default).
 """
@@ -90,8 +90,9 @@ async def park(url: str, n: int, lead: float, spread: float, poll: float) -> dic
     return {"parked": n, "park_seconds": round(time.time() - t0, 1), "first_due_ms": base_ms}
 
 
-async def wake(url: str, n: int, first_due_ms: int, spread: float, poll: float,
-               timeout: float) -> dict[str, Any]:
+async def wake(
+    url: str, n: int, first_due_ms: int, spread: float, poll: float, timeout: float
+) -> dict[str, Any]:
     import asyncpg
 
     samples: list[tuple[float, float]] = []
@@ -173,8 +174,18 @@ def orchestrate(args: Any) -> int:
     for n in sus_sizes:
         lead = args.lead if args.lead else max(30.0, n / 1000.0 + 20.0)
         park_r = sub(
-            ["big.py", "park", "--n", str(n), "--lead", str(lead), "--spread", str(args.spread),
-             "--poll", str(args.poll)],
+            [
+                "big.py",
+                "park",
+                "--n",
+                str(n),
+                "--lead",
+                str(lead),
+                "--spread",
+                str(args.spread),
+                "--poll",
+                str(args.poll),
+            ],
             lead + 600,
         )
         if "error" in park_r:
@@ -183,8 +194,18 @@ def orchestrate(args: Any) -> int:
         results["suspended"][n] = {
             **park_r,
             **sub(
-                ["big.py", "wake", "--n", str(n), "--first-due-ms", str(park_r["first_due_ms"]),
-                 "--spread", str(args.spread), "--poll", str(args.poll)],
+                [
+                    "big.py",
+                    "wake",
+                    "--n",
+                    str(n),
+                    "--first-due-ms",
+                    str(park_r["first_due_ms"]),
+                    "--spread",
+                    str(args.spread),
+                    "--poll",
+                    str(args.poll),
+                ],
                 lead + args.spread + 1200,
             ),
         }
@@ -193,8 +214,15 @@ def orchestrate(args: Any) -> int:
     rows = []
     ok = [(n, r) for n, r in results["fan"].items() if "error" not in r]
     for n, r in results["fan"].items():
-        rows.append([f"{n:,}", fmt(r.get("seconds"), 2), fmt(r.get("per_s")),
-                     fmt(r.get("peak_rss_mb")), r.get("error", "")[:80]])
+        rows.append(
+            [
+                f"{n:,}",
+                fmt(r.get("seconds"), 2),
+                fmt(r.get("per_s")),
+                fmt(r.get("peak_rss_mb")),
+                r.get("error", "")[:80],
+            ]
+        )
     if len(ok) >= 2:
         (n1, r1), (n2, r2) = ok[0], ok[-1]
         per = (r2["peak_rss_mb"] - r1["peak_rss_mb"]) * 1024 / (n2 - n1)
@@ -206,19 +234,39 @@ def orchestrate(args: Any) -> int:
         if "error" in r:
             rows.append([f"{n:,}", "n/a: " + str(r["error"])[:60]] + [""] * 7)
             continue
-        rows.append([
-            f"{n:,}", fmt(r.get("park_seconds")), fmt(r.get("rss_before_engine_mb")),
-            fmt(r.get("rss_idle_suspended_mb")), fmt(r.get("rss_firing_peak_mb")),
-            f"{r.get('lag_p50_s')} / {r.get('lag_p90_s')} / {r.get('lag_p99_s')} / {r.get('lag_max_s')}",
-            f"{100 * r.get('within_one_poll', 0):.1f}%",
-            fmt(r.get("done_after_last_due_s"), 2),
-            f"{n / r['spread_s']:,.0f}/s",
-        ])
-    print(f"\nsuspended: N runs asleep, timers due evenly over {args.spread:.0f} s, "
-          f"poll_interval {args.poll} s")
-    print(table(["runs", "park s", "RSS no engine", "RSS idle, N suspended", "RSS firing peak",
-                 "lag p50/p90/p99/max s", "within 1 poll", "done after last due s",
-                 "due rate"], rows))
+        rows.append(
+            [
+                f"{n:,}",
+                fmt(r.get("park_seconds")),
+                fmt(r.get("rss_before_engine_mb")),
+                fmt(r.get("rss_idle_suspended_mb")),
+                fmt(r.get("rss_firing_peak_mb")),
+                " / ".join(str(r.get(f"lag_{q}_s")) for q in ("p50", "p90", "p99", "max")),
+                f"{100 * r.get('within_one_poll', 0):.1f}%",
+                fmt(r.get("done_after_last_due_s"), 2),
+                f"{n / r['spread_s']:,.0f}/s",
+            ]
+        )
+    print(
+        f"\nsuspended: N runs asleep, timers due evenly over {args.spread:.0f} s, "
+        f"poll_interval {args.poll} s"
+    )
+    print(
+        table(
+            [
+                "runs",
+                "park s",
+                "RSS no engine",
+                "RSS idle, N suspended",
+                "RSS firing peak",
+                "lag p50/p90/p99/max s",
+                "within 1 poll",
+                "done after last due s",
+                "due rate",
+            ],
+            rows,
+        )
+    )
     loads = [x for part in results.values() for r in part.values() for x in r.get("load1", [])]
     if loads:
         print(f"1-minute load average around the runs: {min(loads):.2f}-{max(loads):.2f}")
@@ -231,8 +279,9 @@ def orchestrate(args: Any) -> int:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--name", default="bench_durably_big")
     p.add_argument("--workdir", default=".work")
     p.add_argument("what", nargs="?", default="all", choices=["all", "park", "wake"])
@@ -265,8 +314,14 @@ def main() -> int:
 
             emit({**base, **asyncio.run(go())})
         else:
-            emit({**base, **asyncio.run(wake(t.url, args.n, args.first_due_ms, args.spread,
-                                              args.poll, 1800.0))})
+            emit(
+                {
+                    **base,
+                    **asyncio.run(
+                        wake(t.url, args.n, args.first_due_ms, args.spread, args.poll, 1800.0)
+                    ),
+                }
+            )
     except Exception as exc:
         emit(error_result(base, exc))
     return 0

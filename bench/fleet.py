@@ -16,7 +16,7 @@ with the fleet and the time counts from "go" too.
 Reported per W: steps/s, each process's share of the steps and its CPU seconds (user+system)
 over the window, the PostgreSQL backends' CPU (the connections of this database, from
 ``/proc/<pid>/stat``), commits per second (``pg_stat_database``), and how busy the machine was
-(``/proc/stat``: CPU seconds used ÷ (cores × wall time)). Where the curve bends, those say why:
+(``/proc/stat``: CPU seconds used ÷ (cores x wall time)). Where the curve bends, those say why:
 a saturated machine with PostgreSQL taking the larger share points at the database, each engine
 process near 1.0 CPU-second per second at the GIL, neither at us.
 """
@@ -176,7 +176,7 @@ def spawn(argv: list[str]) -> subprocess.Popen[str]:
         [sys.executable, str(HERE / "fleet.py"), *argv],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
-        stderr=open(HERE / ".work" / "fleet-child.log", "a"),  # noqa: SIM115
+        stderr=open(HERE / ".work" / "fleet-child.log", "a"),
         text=True,
         cwd=HERE,
         env=env,
@@ -265,9 +265,7 @@ async def measure(w: int, m: int, k: int, live: bool, timeout: float) -> dict[st
         "write_xacts_per_s": round(xacts / elapsed, 1),
         "steps_per_write_xact": round(m * k / xacts, 1) if xacts else None,
         "wal_mb_per_s": round(wal_mb / elapsed, 2),
-        "others_cpu_per_s": round(
-            (busy1 - busy0 - sum(worker_cpu) - backend_cpu) / elapsed, 2
-        ),
+        "others_cpu_per_s": round((busy1 - busy0 - sum(worker_cpu) - backend_cpu) / elapsed, 2),
         "machine_busy": round((busy1 - busy0) / (total1 - total0), 3),
         "machine_cpu_per_s": round((busy1 - busy0) / elapsed, 2),
         "cores": cores,
@@ -306,7 +304,7 @@ def orchestrate(args: Any) -> int:
             results[w].append(r)
     print()
     print(
-        f"Fleet on one PostgreSQL ({pg_base_url()}) — {started}; {m:,} runs × K={args.k}, "
+        f"Fleet on one PostgreSQL ({pg_base_url()}) — {started}; {m:,} runs x K={args.k}, "
         f"{'producer live' if args.live else 'runs stored by a producer first'}, "
         f"repeat={args.repeat}, {os.cpu_count()} CPUs"
     )
@@ -357,19 +355,21 @@ def orchestrate(args: Any) -> int:
     if os.environ.get("BENCH_FLEET_SQL"):
         print("\nStatements the engines sent per 1,000 steps, by kind (median run of each size):")
         for w in sizes:
-            ok = sorted(
-                (r for r in results[w] if "error" not in r), key=lambda r: r["steps_per_s"]
-            )
+            ok = sorted((r for r in results[w] if "error" not in r), key=lambda r: r["steps_per_s"])
             if ok:
                 med = ok[len(ok) // 2]
-                per_k = {k: round(1000 * n / (med["runs"] * med["k"]), 1)
-                         for k, n in med["statements"].items()}
+                per_k = {
+                    k: round(1000 * n / (med["runs"] * med["k"]), 1)
+                    for k, n in med["statements"].items()
+                }
                 print(f"  {w}: " + ", ".join(f"{k} {v}" for k, v in list(per_k.items())[:8]))
     loads = [x for rs in results.values() for r in rs for x in r.get("load1", [])]
     if loads:
         print(f"1-minute load average around the runs: {min(loads):.2f}-{max(loads):.2f}")
     out = HERE / ".work" / f"fleet-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.write_text(json.dumps({"started": started, "args": vars(args), "results": results}, indent=1))
+    out.write_text(
+        json.dumps({"started": started, "args": vars(args), "results": results}, indent=1)
+    )
     print(f"\nraw results: {out}")
     return 0
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import re
 import time
 from pathlib import Path
@@ -162,8 +161,11 @@ async def seed(url: str, runs: int, k: int) -> dict[str, Any]:
 
 # ----------------------------------------------------------------------------------- explain
 
-SKIP = re.compile(r"^\s*(BEGIN|COMMIT|ROLLBACK|SET|RESET|LISTEN|UNLISTEN|SELECT pg_advisory|"
-                  r"CREATE|ALTER|DROP|SAVEPOINT|RELEASE|SHOW)", re.I)
+SKIP = re.compile(
+    r"^\s*(BEGIN|COMMIT|ROLLBACK|SET|RESET|LISTEN|UNLISTEN|SELECT pg_advisory|"
+    r"CREATE|ALTER|DROP|SAVEPOINT|RELEASE|SHOW)",
+    re.I,
+)
 
 # what each hot path is called in the report, by a piece of its SQL
 KINDS = [
@@ -177,7 +179,10 @@ KINDS = [
     ("due timers (list_due)", "wake_at <= $1"),
     ("claim due timers (claim_due_batch)", "UPDATE durably_runs SET wake_at = $1"),
     ("orphan / lease sweep (list_orphans)", "status = 'running' AND (locked_until IS NULL"),
-    ("checkpoint read for replay (load_checkpoints)", "FROM durably_checkpoints WHERE run_id = $1 ORDER BY seq"),
+    (
+        "checkpoint read for replay (load_checkpoints)",
+        "FROM durably_checkpoints WHERE run_id = $1 ORDER BY seq",
+    ),
     ("list_runs default page", "ORDER BY created_at DESC, id DESC"),
     ("retention sweep (list_finished_before)", "ORDER BY updated_at, id"),
     ("deadline sweep (list_expired)", "deadline_at <= $1"),
@@ -282,13 +287,14 @@ async def explain(url: str, out: Path, k: int) -> dict[str, Any]:
         await store.count_pending()
     rec.on = False
     conn = await asyncpg.connect(url)
+    held = f"{await conn.fetchval('SELECT count(*) FROM durably_runs'):,}"
     report: list[dict[str, Any]] = []
     lines = [
-        "# The engine's hot queries over 1,000,000 finished runs",
+        f"# The engine's hot queries over {held} runs",
         "",
-        "Written by `bench/grow.py explain` (see RESULTS.md, \"Cost as work grows\"). Every SQL "
+        'Written by `bench/grow.py explain` (see RESULTS.md, "Cost as work grows"). Every SQL '
         "text is one the store sent while an engine ran workflows (one at a time, 50 at once, "
-        "20 with a timer) on a PostgreSQL database already holding 1,000,000 finished runs and "
+        f"20 with a timer) on a PostgreSQL database holding {held} runs (all finished but the ~80 this run adds) and "
         "their checkpoints, plus the sweeps called once each. Each is shown with "
         "`EXPLAIN (ANALYZE, BUFFERS)` with the settings of the store's pooled connections "
         "(`plan_cache_mode = force_generic_plan`, `max_parallel_workers_per_gather = 0`), "

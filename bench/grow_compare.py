@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from compare import WORK, Cell, fmt_cell, note, pct, run_side, table, NOTES
+from compare import NOTES, WORK, Cell, fmt_cell, note, pct, run_side, table
 
 EMPTY, GROWN = "bench_durably_empty", "bench_durably_grown"
 
@@ -65,8 +65,21 @@ def main() -> int:
             c.runs.append(
                 run_side(
                     c.label,
-                    ["durably_side.py", "--db", "postgres", "--name", name, *keep, "throughput",
-                     "--n", str(n), "--k", str(args.k), "--timeout", str(args.timeout)],
+                    [
+                        "durably_side.py",
+                        "--db",
+                        "postgres",
+                        "--name",
+                        name,
+                        *keep,
+                        "throughput",
+                        "--n",
+                        str(n),
+                        "--k",
+                        str(args.k),
+                        "--timeout",
+                        str(args.timeout),
+                    ],
                     args.timeout,
                 )
             )
@@ -74,8 +87,17 @@ def main() -> int:
             c.runs.append(
                 run_side(
                     c.label,
-                    ["durably_side.py", "--db", "postgres", "--name", name, *keep, "latency",
-                     "--count", str(lat)],
+                    [
+                        "durably_side.py",
+                        "--db",
+                        "postgres",
+                        "--name",
+                        name,
+                        *keep,
+                        "latency",
+                        "--count",
+                        str(lat),
+                    ],
                     args.timeout,
                 )
             )
@@ -111,8 +133,13 @@ def main() -> int:
             worse = (em / gm - 1) if higher_better else (gm / em - 1)
             within = "yes" if worse <= 0.10 else f"no ({100 * worse:+.0f}%)"
         rows.append(
-            [label, fmt_cell(e, path, digits=digits), fmt_cell(g, path, digits=digits),
-             pct(gm, em), within]
+            [
+                label,
+                fmt_cell(e, path, digits=digits),
+                fmt_cell(g, path, digits=digits),
+                pct(gm, em),
+                within,
+            ]
         )
     print(table(["metric", "empty", f"{runs:,} finished", "grown / empty", "within 10%"], rows))
     loads = [x for c in cells.values() for r in c.runs for x in r.get("load1", [])]
@@ -136,7 +163,10 @@ def main() -> int:
                 )
             )
             for it in seqs:
-                print(f"  - {it['kind']}: {', '.join(it['seq_scans'])} ({it['ms']} ms) {it['sql'][:90]}")
+                print(
+                    f"  - {it['kind']}: {', '.join(it['seq_scans'])} ({it['ms']} ms) "
+                    f"{it['sql'][:90]}"
+                )
     if NOTES:
         print("\nWhy a cell is n/a:")
         for i, msg in enumerate(NOTES, 1):
@@ -145,8 +175,12 @@ def main() -> int:
     out = Path(args.json) if args.json else WORK / f"grow-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.write_text(
         json.dumps(
-            {"started": started, "args": vars(args), "total_s": round(total, 1),
-             "cells": {c.label: c.runs for c in cells.values()}},
+            {
+                "started": started,
+                "args": vars(args),
+                "total_s": round(total, 1),
+                "cells": {c.label: c.runs for c in cells.values()},
+            },
             indent=1,
         )
     )

