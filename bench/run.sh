@@ -6,6 +6,9 @@
 #   bash bench/run.sh --db sqlite --repeat 2 --scale     # any compare.py flag passes through
 #   bash bench/run.sh dispatch [--repeat 3] [--quick]    # dispatched steps (dispatch_compare.py)
 #   bash bench/run.sh starts [--repeat 3] [--baseline REV]  # 10,000 starts (starts_compare.py)
+#   bash bench/run.sh grow [--repeat 3] [--quick]        # 1,000,000 finished runs vs empty (grow_compare.py)
+#   bash bench/run.sh big [--quick]                      # 100,000-child fan, 100,000 suspended (big.py)
+#   bash bench/run.sh fleet [--quick]                    # 1, 2, 4 engine processes (fleet.py)
 #
 # It keeps its own virtualenv in bench/.venv (git-ignored) with DBOS, asyncpg and durably
 # (editable, from this checkout), reinstalling only when bench/requirements.txt or
@@ -47,4 +50,9 @@ if [ "${1:-}" = "starts" ]; then
     shift
     exec "$VENV/bin/python" "$HERE/starts_compare.py" "$@"
 fi
+case "${1:-}" in
+    grow) shift; exec "$VENV/bin/python" "$HERE/grow_compare.py" "$@" ;;
+    big) shift; exec "$VENV/bin/python" "$HERE/big.py" "$@" ;;
+    fleet) shift; exec "$VENV/bin/python" "$HERE/fleet.py" "$@" ;;
+esac
 exec "$VENV/bin/python" "$HERE/compare.py" "$@"

@@ -131,6 +131,11 @@ class PgConnection:
         # batch on every execution (its custom plan looks cheaper than the
         # generic one), which cost more than executing it.
         settings.setdefault("plan_cache_mode", "force_generic_plan")
+        # Nor do they gain from parallel workers, which the generic plan can
+        # choose for a poll that reads a page: at 1,000,000 runs the deadline
+        # sweep found nothing in its index and still started two workers, 8 ms
+        # a tick instead of 0.1 (bench/grow-explain.md).
+        settings.setdefault("max_parallel_workers_per_gather", "0")
         if self.schema is not None:
             settings["search_path"] = f'"{self.schema}"'
         # The store keeps no session state on pooled connections (advisory

@@ -1,0 +1,332 @@
+"""Big shapes on PostgreSQL: a 100,000-child fan, and 100,000 suspended runs.
+
+    python big.py                        # fan at 10k and 100k; 1k and 100k suspended (~8 min)
+    python big.py --quick                # fan 2k/10k, suspended 1k/10k
+    python big.py --fan-sizes 10000,100000 --suspended-sizes 1000,100000 --spread 60
+
+**fan**: ``scale.py fanout`` (one parent, ``ctx.all`` of N ``ctx.child``) at each size, its own
+process: seconds and peak RSS, and the RSS per child between the two sizes.
+
+**suspended**: a first process ("park") starts N runs of ``await ctx.sleep_until(due)`` then a
+local step recording the wall-clock time it ran, waits until all N are suspended, and exits.
+Due times are spread evenly over ``--spread`` seconds starting ``--lead`` seconds after the park
+began. A fresh engine process ("wake") then opens the store: its RSS is sampled every 0.25 s
+while the N runs sit suspended (idle, before the first timer is due), while the timers fire,
+and at the end. The lag of each run is (wall clock of its first step after the sleep) - (its
+due time), both read back from the store: p50/p90/p99/max, and the share within one poll
+interval (``Engine(poll_interval=...)``, 1.0 s by default).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import resource
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from common import emit, error_result, make_target, percentile, prepare_workdir, reset_target
+
+HERE = Path(__file__).resolve().parent
+
+
+def rss_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return round(int(line.split()[1]) / 1024.0, 1)
+    return float("nan")
+
+
+async def stamp() -> int:
+    return int(time.time() * 1000)
+
+
+def build(url: str, poll: float) -> Any:
+    import durably
+
+    engine = durably.Engine(store=url, poll_interval=poll)
+
+    @engine.workflow("nap", version="1")
+    async def nap(ctx: Any, due_ms: int) -> int:
+        await ctx.sleep_until(due_ms / 1000.0)
+        woke: int = await ctx.local_step("woke", stamp)
+        return woke
+
+    return engine
+
+
+async def count_status(url: str) -> dict[str, int]:
+    import asyncpg
+
+    conn = await asyncpg.connect(url)
+    try:
+        rows = await conn.fetch("SELECT status, count(*) AS n FROM durably_runs GROUP BY status")
+    finally:
+        await conn.close()
+    return {r["status"]: r["n"] for r in rows}
+
+
+async def park(url: str, n: int, lead: float, spread: float, poll: float) -> dict[str, Any]:
+    t0 = time.time()
+    base_ms = int((t0 + lead) * 1000)
+    engine = build(url, poll)
+    async with engine:
+        for lo in range(0, n, 5000):
+            hi = min(n, lo + 5000)
+            await asyncio.gather(
+                *(
+                    engine.start("nap", base_ms + int(spread * 1000 * i / n), run_id=f"nap-{i:06d}")
+                    for i in range(lo, hi)
+                )
+            )
+        while (await count_status(url)).get("suspended", 0) < n:
+            if time.time() > t0 + lead:
+                raise RuntimeError(f"not all {n} runs suspended {lead} s after the park began")
+            await asyncio.sleep(0.5)
+    return {"parked": n, "park_seconds": round(time.time() - t0, 1), "first_due_ms": base_ms}
+
+
+async def wake(
+    url: str, n: int, first_due_ms: int, spread: float, poll: float, timeout: float
+) -> dict[str, Any]:
+    import asyncpg
+
+    samples: list[tuple[float, float]] = []
+    stop = asyncio.Event()
+
+    async def sampler() -> None:
+        while not stop.is_set():
+            samples.append((time.time(), rss_mb()))
+            await asyncio.sleep(0.25)
+
+    rss_before_engine = rss_mb()
+    engine = build(url, poll)
+    task = asyncio.create_task(sampler())
+    t_open = time.time()
+    async with engine:
+        deadline = time.time() + timeout
+        while True:
+            st = await count_status(url)
+            if st.get("completed", 0) >= n:
+                break
+            if time.time() > deadline:
+                raise RuntimeError(f"timeout: {st}")
+            await asyncio.sleep(0.5)
+        t_done = time.time()
+    stop.set()
+    await task
+    conn = await asyncpg.connect(url)
+    try:
+        rows = await conn.fetch(
+            "SELECT s.wake_at AS due, r.output::bigint AS woke FROM durably_runs r "
+            "JOIN durably_checkpoints s ON s.run_id = r.id AND s.kind = 'sleep' "
+            "WHERE r.workflow = 'nap'"
+        )
+    finally:
+        await conn.close()
+    lags = [(r["woke"] - r["due"]) / 1000.0 for r in rows]
+    first_due = first_due_ms / 1000.0
+    idle = [m for t, m in samples if t < first_due]
+    firing = [m for t, m in samples if t >= first_due]
+    return {
+        "n": n,
+        "poll_interval_s": poll,
+        "rss_before_engine_mb": rss_before_engine,
+        "rss_idle_suspended_mb": max(idle) if idle else None,
+        "idle_seconds": round(first_due - t_open, 1),
+        "rss_firing_peak_mb": max(firing) if firing else None,
+        "rss_end_mb": samples[-1][1] if samples else None,
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0, 1),
+        "spread_s": spread,
+        "done_after_last_due_s": round(t_done - (first_due + spread), 2),
+        "lag_p50_s": round(percentile(lags, 50), 3),
+        "lag_p90_s": round(percentile(lags, 90), 3),
+        "lag_p99_s": round(percentile(lags, 99), 3),
+        "lag_max_s": round(max(lags), 3),
+        "lag_min_s": round(min(lags), 3),
+        "within_one_poll": round(sum(1 for x in lags if x <= poll) / len(lags), 4),
+        "measured": len(lags),
+    }
+
+
+# ---------------------------------------------------------------------------- orchestration
+
+
+def sub(argv: list[str], timeout: float) -> dict[str, Any]:
+    from compare import run_side
+
+    return run_side(" ".join(a for a in argv[:6] if not a.startswith("/")), argv, timeout)
+
+
+def orchestrate(args: Any) -> int:
+    from compare import NOTES, fmt, table
+
+    started = time.strftime("%Y-%m-%d %H:%M:%S")
+    fan_sizes = [int(x) for x in args.fan_sizes.split(",") if x]
+    sus_sizes = [int(x) for x in args.suspended_sizes.split(",") if x]
+    results: dict[str, Any] = {"fan": {}, "suspended": {}}
+    for n in fan_sizes:
+        results["fan"][n] = sub(["scale.py", "--db", "postgres", "fanout", "--n", str(n)], 3600)
+    for n in sus_sizes:
+        lead = args.lead if args.lead else max(30.0, n / 1000.0 + 20.0)
+        park_r = sub(
+            [
+                "big.py",
+                "park",
+                "--n",
+                str(n),
+                "--lead",
+                str(lead),
+                "--spread",
+                str(args.spread),
+                "--poll",
+                str(args.poll),
+            ],
+            lead + 600,
+        )
+        if "error" in park_r:
+            results["suspended"][n] = park_r
+            continue
+        results["suspended"][n] = {
+            **park_r,
+            **sub(
+                [
+                    "big.py",
+                    "wake",
+                    "--n",
+                    str(n),
+                    "--first-due-ms",
+                    str(park_r["first_due_ms"]),
+                    "--spread",
+                    str(args.spread),
+                    "--poll",
+                    str(args.poll),
+                ],
+                lead + args.spread + 1200,
+            ),
+        }
+    print()
+    print(f"Big shapes on PostgreSQL (durably only) — {started}")
+    rows = []
+    ok = [(n, r) for n, r in results["fan"].items() if "error" not in r]
+    for n, r in results["fan"].items():
+        rows.append(
+            [
+                f"{n:,}",
+                fmt(r.get("seconds"), 2),
+                fmt(r.get("per_s")),
+                fmt(r.get("peak_rss_mb")),
+                r.get("error", "")[:80],
+            ]
+        )
+    if len(ok) >= 2:
+        (n1, r1), (n2, r2) = ok[0], ok[-1]
+        per = (r2["peak_rss_mb"] - r1["peak_rss_mb"]) * 1024 / (n2 - n1)
+        rows.append([f"{n1:,} → {n2:,}", "", "", f"+{per:.2f} KiB/child", ""])
+    print("fan: one parent, ctx.all of N ctx.child")
+    print(table(["children", "seconds", "children/s", "peak RSS MiB", "error"], rows))
+    rows = []
+    for n, r in results["suspended"].items():
+        if "error" in r:
+            rows.append([f"{n:,}", "n/a: " + str(r["error"])[:60]] + [""] * 7)
+            continue
+        rows.append(
+            [
+                f"{n:,}",
+                fmt(r.get("park_seconds")),
+                fmt(r.get("rss_before_engine_mb")),
+                fmt(r.get("rss_idle_suspended_mb")),
+                fmt(r.get("rss_firing_peak_mb")),
+                " / ".join(str(r.get(f"lag_{q}_s")) for q in ("p50", "p90", "p99", "max")),
+                f"{100 * r.get('within_one_poll', 0):.1f}%",
+                fmt(r.get("done_after_last_due_s"), 2),
+                f"{n / r['spread_s']:,.0f}/s",
+            ]
+        )
+    print(
+        f"\nsuspended: N runs asleep, timers due evenly over {args.spread:.0f} s, "
+        f"poll_interval {args.poll} s"
+    )
+    print(
+        table(
+            [
+                "runs",
+                "park s",
+                "RSS no engine",
+                "RSS idle, N suspended",
+                "RSS firing peak",
+                "lag p50/p90/p99/max s",
+                "within 1 poll",
+                "done after last due s",
+                "due rate",
+            ],
+            rows,
+        )
+    )
+    loads = [x for part in results.values() for r in part.values() for x in r.get("load1", [])]
+    if loads:
+        print(f"1-minute load average around the runs: {min(loads):.2f}-{max(loads):.2f}")
+    if NOTES:
+        print("\n".join(NOTES))
+    out = HERE / ".work" / f"big-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out.write_text(json.dumps({"started": started, "results": results}, indent=1, default=str))
+    print(f"\nraw results: {out}")
+    return 0
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--name", default="bench_durably_big")
+    p.add_argument("--workdir", default=".work")
+    p.add_argument("what", nargs="?", default="all", choices=["all", "park", "wake"])
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--fan-sizes", default=None)
+    p.add_argument("--suspended-sizes", default=None)
+    p.add_argument("--n", type=int, default=0)
+    p.add_argument("--lead", type=float, default=0.0, help="first due time, s after the park")
+    p.add_argument("--spread", type=float, default=60.0)
+    p.add_argument("--poll", type=float, default=1.0)
+    p.add_argument("--first-due-ms", type=int, default=0)
+    args = p.parse_args()
+    if args.what == "all":
+        args.fan_sizes = args.fan_sizes or ("2000,10000" if args.quick else "10000,100000")
+        args.suspended_sizes = args.suspended_sizes or (
+            "1000,10000" if args.quick else "1000,100000"
+        )
+        if args.quick:
+            args.spread = min(args.spread, 10.0)
+        return orchestrate(args)
+    prepare_workdir(args.workdir)
+    t = make_target("postgres", args.name, Path.cwd())
+    base = {"side": "durably", "db": "postgres", "scenario": f"big-{args.what}", "n": args.n}
+    try:
+        if args.what == "park":
+
+            async def go() -> dict[str, Any]:
+                await reset_target(t)
+                return await park(t.url, args.n, args.lead, args.spread, args.poll)
+
+            emit({**base, **asyncio.run(go())})
+        else:
+            emit(
+                {
+                    **base,
+                    **asyncio.run(
+                        wake(t.url, args.n, args.first_due_ms, args.spread, args.poll, 1800.0)
+                    ),
+                }
+            )
+    except Exception as exc:
+        emit(error_result(base, exc))
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())
