@@ -243,9 +243,12 @@ async def test_the_lease_is_renewed_through_a_long_unwind(
         await asyncio.wait_for(undoing.wait(), timeout=15)
 
         async def renewed() -> bool:
+            # Renewed since the last advance (a lease of 1 s renewed every
+            # 0.5 s reaches past now + 0.5 s only then): advancing again on a
+            # stale lease would let the orphan sweep take the run over.
             run = await engine.get_run("o")
             assert run is not None
-            return run.locked_until is not None and run.locked_until > clock.now_ms()
+            return run.locked_until is not None and run.locked_until > clock.now_ms() + 500
 
         for _ in range(8):  # four leases pass while the undo runs, each renewed
             clock.advance("0.5s")
