@@ -865,18 +865,7 @@ class SqliteStore:
         workflows: Executable | None = None,
     ) -> list[str]:
         """Suspended runs whose timer is due or whose wake was requested."""
-        ns, ns_params = _namespace(namespace)
-        of, of_params = _of(workflows)
-        return await self._ids(
-            "SELECT id FROM ("
-            " SELECT id, wake_at AS due FROM durably_runs"
-            f"  WHERE status = 'suspended' AND wake_at <= ?{ns}{of}"
-            " UNION"
-            " SELECT id, wake_requested_at AS due FROM durably_runs"
-            f"  WHERE wake_requested_at IS NOT NULL AND status = 'suspended'{ns}{of}"
-            ") GROUP BY id ORDER BY min(due), id LIMIT ?",
-            (now, *ns_params, *of_params, *ns_params, *of_params, limit),
-        )
+        return await self._ids(*list_due_sql(now, limit, namespace=namespace, workflows=workflows))
 
     async def list_unclaimed(
         self,
@@ -1498,6 +1487,31 @@ def _time_out_wait(
 def _namespace(namespace: str | None) -> tuple[str, tuple[str, ...]]:
     """A ``namespace = ?`` filter and its parameter, or nothing for every namespace."""
     return ("", ()) if namespace is None else (" AND namespace = ?", (namespace,))
+
+
+def list_due_sql(
+    now: int, limit: int, *, namespace: str | None, workflows: Executable | None
+) -> tuple[str, tuple[Any, ...]]:
+    """The statement of :meth:`SqliteStore.list_due` and its parameters.
+
+    Each branch takes its own page from its index before the two are merged:
+    grouping every due row to return one page made each poll's cost grow with
+    the backlog of due timers (``tests/stores/test_sqlite_due_page.py``).
+    """
+    ns, ns_params = _namespace(namespace)
+    of, of_params = _of(workflows)
+    return (
+        "SELECT id FROM ("
+        " SELECT * FROM (SELECT id, wake_at AS due FROM durably_runs"
+        f"  WHERE status = 'suspended' AND wake_at <= ?{ns}{of}"
+        "  ORDER BY wake_at, id LIMIT ?)"
+        " UNION ALL"
+        " SELECT * FROM (SELECT id, wake_requested_at AS due FROM durably_runs"
+        f"  WHERE wake_requested_at IS NOT NULL AND status = 'suspended'{ns}{of}"
+        "  ORDER BY wake_requested_at, id LIMIT ?)"
+        ") GROUP BY id ORDER BY min(due), id LIMIT ?",
+        (now, *ns_params, *of_params, limit, *ns_params, *of_params, limit, limit),
+    )
 
 
 def _of(workflows: Executable | None, *, outside: bool = False) -> tuple[str, tuple[str, ...]]:
