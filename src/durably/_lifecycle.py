@@ -212,6 +212,7 @@ class Lifecycle:
             await self._router.run_queue.flush()
             self._router.run_queue = None
         await self._transport.close()
+        await self._steps.drain()
         await self._close_events()
         self._consuming = False
         self._opened = False

@@ -17,12 +17,13 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from .._batch import BatchCall
 from .._intercept import Interceptors
 from .._lifecycle_events import EventHub, EventKind
 from .._logs import engine_logger
 from ..clock import Clock
 from ..model import TERMINAL_STATUSES, CheckpointKind, CheckpointStatus, Run
-from ..stores.base import CheckpointStore, FlowStore, Resolution
+from ..stores.base import BeatRecord, CheckpointStore, FlowStore, Resolution
 from ..transports.base import Transport
 from ..wire import Heartbeat, StepResult, StepTask, routing_token
 from ._flow import FlowQueue
@@ -74,6 +75,12 @@ class StepDispatcher:
         self._events = events
         self._live: dict[str, LiveStep] = {}
         self._persisted: OrderedDict[str, int] = OrderedDict()
+        # Beats are persisted off the results path, many in one statement:
+        # the transports hand beats over one at a time, and a result waiting
+        # behind a round trip per beat (one per task, at pickup) was the
+        # results consumer's main cost under load.
+        self._beat_writes: BatchCall[BeatRecord, bool] = BatchCall(self._write_beats, 500)
+        self._beat_tasks: set[asyncio.Task[None]] = set()
 
     async def dispatch(self, tasks: list[StepTask]) -> None:
         """Send tasks; raises :class:`~durably.transports.TransportError` if not sent."""
@@ -177,10 +184,25 @@ class StepDispatcher:
         self._persisted.move_to_end(beat.step_id)
         while len(self._persisted) > _MAX_THROTTLE_ENTRIES:
             self._persisted.popitem(last=False)
+        persist = asyncio.create_task(
+            self._persist(BeatRecord(beat.run_id, beat.seq, now, beat.progress), beat.step_id)
+        )
+        self._beat_tasks.add(persist)
+        persist.add_done_callback(self._beat_tasks.discard)
+
+    async def _persist(self, record: BeatRecord, step_id: str) -> None:
         try:
-            await self.store.record_heartbeat(beat.run_id, beat.seq, now, beat.progress)
+            await self._beat_writes(record)
         except Exception:
-            _log.warning("could not persist a heartbeat of %s", beat.step_id, exc_info=True)
+            _log.warning("could not persist a heartbeat of %s", step_id, exc_info=True)
+
+    async def _write_beats(self, records: list[BeatRecord]) -> list[bool]:
+        return await self.store.record_heartbeats(records)
+
+    async def drain(self) -> None:
+        """Wait for the beats being persisted (before the store closes)."""
+        while self._beat_tasks:
+            await asyncio.gather(*list(self._beat_tasks), return_exceptions=True)
 
     def definition(self, name: str) -> StepDefinition | None:
         """The step registered on this engine under ``name``, if any."""

@@ -30,6 +30,11 @@ __all__ = ["StepServer", "served_tokens"]
 
 _log = engine_logger("durably.worker")
 _CANCEL_POLL_S = 1.0
+_PICKUP_BEAT_DELAY_S = 0.005
+"""The pickup beat goes out once the handler has run this long: a handler
+done sooner sends its result about as soon, and that says the same (its
+``started_at`` travels with it). Under load the beat of every short step was a
+message of its own for the transport and a write for the engine."""
 
 CancelCheck = Callable[[list[str]], Awaitable[set[str]]]
 """Given run ids, return those that were cancelled or ended (read from the store)."""
@@ -123,11 +128,16 @@ class StepServer:
         self._running[task.step_id] = log
         self._idle.clear()
         beater = asyncio.create_task(self._beat_while_running(task, log))
+        # The pickup beat is not awaited: the handler need not wait for it.
+        pickup = loop.call_later(
+            _PICKUP_BEAT_DELAY_S,
+            self._send_beat,
+            Heartbeat(task.run_id, task.seq, task.group, started),
+        )
         try:
-            # The pickup beat is not awaited: the handler need not wait for it.
-            self._send_beat(Heartbeat(task.run_id, task.seq, task.group, started))
             result = await self._execute(definition, task, log, started)
         finally:
+            pickup.cancel()
             beater.cancel()
             self._running.pop(task.step_id, None)
             if not self._running:

@@ -32,6 +32,7 @@ from ..model import Checkpoint, CheckpointStatus, ErrorInfo, Run, RunStatus
 
 __all__ = [
     "Admission",
+    "BeatRecord",
     "CheckpointStore",
     "ChildEnd",
     "DecisionStore",
@@ -189,6 +190,18 @@ class Resolution:
     events: list[dict[str, Any]] | None = None
     """The handler's log lines and sub-process events (upstream wire shape),
     stored as the checkpoint's ``events``; ``None``: it sent none."""
+
+
+@dataclass(frozen=True, slots=True)
+class BeatRecord:
+    """One step heartbeat for :meth:`FlowStore.record_heartbeats`."""
+
+    run_id: str
+    seq: int
+    at: int
+    """When the beat was heard (epoch ms, the receiver's clock)."""
+    progress: Any = None
+    """The handler's progress report; ``None`` keeps the stored one."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -568,6 +581,13 @@ class FlowStore(Protocol):
         ``last_heartbeat_at`` to the later of the stored value and ``at``, and
         ``progress`` when it is not ``None``. Not fenced (any instance that
         hears the beat may write it). ``False`` if missing or settled."""
+
+    async def record_heartbeats(self, beats: list[BeatRecord]) -> list[bool]:
+        """:meth:`record_heartbeat` for many beats in one round trip; one
+        answer per entry, in order. Beats of the same step apply in order (the
+        later time wins, the last non-``None`` progress stays). A beat the
+        store refuses (a malformed id, a progress it cannot encode) answers
+        ``False`` and costs the others nothing."""
 
     async def try_admit(self, request: Admission, now: int) -> int | None:
         """*Atomic* across processes: give ``request.step_id`` a slot in

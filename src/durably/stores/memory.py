@@ -30,6 +30,7 @@ from ._rows import (
 )
 from .base import (
     Admission,
+    BeatRecord,
     ChildEnd,
     Executable,
     QueueState,
@@ -630,6 +631,10 @@ class MemoryStore(MemoryWaits):
         if progress is not None:
             current.progress = copy.deepcopy(progress)
         return True
+
+    async def record_heartbeats(self, beats: list[BeatRecord]) -> list[bool]:
+        """Each beat as :meth:`record_heartbeat`, in order."""
+        return [await self.record_heartbeat(b.run_id, b.seq, b.at, b.progress) for b in beats]
 
     async def try_admit(self, request: Admission, now: int) -> int | None:
         """A slot for the step, or when to ask again."""

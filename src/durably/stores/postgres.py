@@ -64,6 +64,7 @@ from ._rows import (
     decode_cursor,
     dump_json,
     encode_cursor,
+    is_row_error,
     merge_queue_counts,
     prefix_bound,
     run_column_value,
@@ -75,6 +76,7 @@ from ._rows import (
 )
 from .base import (
     Admission,
+    BeatRecord,
     ChildEnd,
     EventDelivery,
     Executable,
@@ -1183,8 +1185,10 @@ class PostgresStore:
             answers[index] = left
             if left == 0 or r.status is CheckpointStatus.FAILED:
                 wake.add(r.run_id)
-        for run_id in sorted(wake):
-            await conn.execute(_WAKE_RUN, now, run_id, _TERMINAL, self.channel)
+        if wake:
+            # One statement for every run to wake (its row is locked already,
+            # by this transaction or the caller's), not a round trip each.
+            await conn.execute(_WAKE_RUNS, now, sorted(wake), _TERMINAL, self.channel)
         holding = [row for row in rows if row["queue"] is not None]
         if holding:
             await _lock_queues(conn, {row["queue"] for row in holding})
@@ -1213,17 +1217,68 @@ class PostgresStore:
 
     async def record_heartbeat(self, run_id: str, seq: int, at: int, progress: Any) -> bool:
         """Keep the later heartbeat (and its progress) on a pending checkpoint."""
-        done = await self._db.pool().fetchval(
-            "UPDATE durably_checkpoints SET "
-            "last_heartbeat_at = greatest(last_heartbeat_at, $1::bigint), "
-            "progress = coalesce($2::text, progress) "
-            "WHERE run_id = $3 AND seq = $4 AND status = 'pending' RETURNING true",
-            at,
-            dump_json(progress),
-            run_id,
-            seq,
-        )
+        done = await self._db.pool().fetchval(_RECORD_BEAT, at, dump_json(progress), run_id, seq)
         return bool(done)
+
+    async def record_heartbeats(self, beats: list[BeatRecord]) -> list[bool]:
+        """Many beats in one statement; a beat PostgreSQL refuses answers
+        ``False`` alone (the rest are then written one statement each)."""
+        merged: dict[tuple[str, int], tuple[int, str | None]] = {}
+        refused: set[int] = set()
+        for index, b in enumerate(beats):
+            try:
+                progress = dump_json(b.progress)
+            except Exception:
+                refused.add(index)
+                continue
+            key = (b.run_id, b.seq)
+            earlier = merged.get(key)
+            if earlier is not None:
+                # The same step twice: the later time, the last progress sent.
+                progress = progress if progress is not None else earlier[1]
+                merged[key] = (max(earlier[0], b.at), progress)
+            else:
+                merged[key] = (b.at, progress)
+        written: set[tuple[str, int]] = set()
+        keys = sorted(merged)
+        if len(keys) > 1:
+            try:
+                rows = await self._db.pool().fetch(
+                    _RECORD_BEATS,
+                    [k[0] for k in keys],
+                    [k[1] for k in keys],
+                    [merged[k][0] for k in keys],
+                    [merged[k][1] for k in keys],
+                )
+                written = {(row["run_id"], row["seq"]) for row in rows}
+                keys = [key for key in keys if key not in written]
+                if keys:
+                    # Skipped (locked) or not pending: only the pending ones
+                    # are written again, one row each (so never a deadlock).
+                    still = await self._db.pool().fetch(
+                        "SELECT c.run_id, c.seq FROM durably_checkpoints c "
+                        "JOIN unnest($1::text[], $2::integer[]) AS v(run_id, seq) "
+                        "ON c.run_id = v.run_id AND c.seq = v.seq WHERE c.status = 'pending'",
+                        [k[0] for k in keys],
+                        [k[1] for k in keys],
+                    )
+                    keys = sorted((row["run_id"], row["seq"]) for row in still)
+            except Exception as exc:
+                if not is_row_error(exc):
+                    raise
+                # One row refused (an id PostgreSQL cannot store) undid the
+                # statement: write each alone, so only that beat is lost.
+        for run_id, seq in keys:
+            at, progress = merged[(run_id, seq)]
+            try:
+                if await self._db.pool().fetchval(_RECORD_BEAT, at, progress, run_id, seq):
+                    written.add((run_id, seq))
+            except Exception as exc:
+                if not is_row_error(exc):
+                    raise
+        return [
+            index not in refused and (b.run_id, b.seq) in written for index, b in enumerate(beats)
+        ]
 
     async def try_admit(self, request: Admission, now: int) -> int | None:
         """A slot for the step, or when to ask again: one transaction holding
@@ -1727,6 +1782,44 @@ _WAKE_RUN = (
     "WHERE id = $2 AND status <> ALL($3::text[]) "
     f"RETURNING (SELECT pg_notify($4, '{StoreNotice.WAKE}:' || {notice_argument('id')})) IS NULL"
 )
+
+_RECORD_BEAT = (
+    "UPDATE durably_checkpoints SET "
+    "last_heartbeat_at = greatest(last_heartbeat_at, $1::bigint), "
+    "progress = coalesce($2::text, progress) "
+    "WHERE run_id = $3 AND seq = $4 AND status = 'pending' RETURNING true"
+)
+
+_RECORD_BEATS = """
+    WITH v AS (
+        SELECT * FROM unnest($1::text[], $2::integer[], $3::bigint[], $4::text[])
+            AS v(run_id, seq, at, progress)
+    ), free AS (
+        SELECT c.run_id, c.seq FROM durably_checkpoints c
+        JOIN v ON c.run_id = v.run_id AND c.seq = v.seq
+        WHERE c.status = 'pending'
+        ORDER BY c.run_id, c.seq
+        FOR UPDATE OF c SKIP LOCKED
+    )
+    UPDATE durably_checkpoints c SET
+        last_heartbeat_at = greatest(c.last_heartbeat_at, v.at),
+        progress = coalesce(v.progress, c.progress)
+    FROM v, free
+    WHERE c.run_id = free.run_id AND c.seq = free.seq
+        AND v.run_id = c.run_id AND v.seq = c.seq AND c.status = 'pending'
+    RETURNING c.run_id, c.seq
+"""
+""":data:`_RECORD_BEAT` for many steps (each named once) in one statement. It
+skips the rows another transaction holds (a result being settled, a turn's
+write): waiting on them while holding the others could deadlock against that
+transaction; the caller writes those alone."""
+
+_WAKE_RUNS = (
+    "UPDATE durably_runs SET wake_requested_at = $1 "
+    "WHERE id = ANY($2::text[]) AND status <> ALL($3::text[]) "
+    f"RETURNING (SELECT pg_notify($4, '{StoreNotice.WAKE}:' || {notice_argument('id')})) IS NULL"
+)
+""":data:`_WAKE_RUN` for many runs in one statement (one notice each)."""
 
 # The waiters of a queue in admission order: priority, then the fairness key
 # holding the fewest slots, then the oldest (the step id breaks ties).

@@ -60,6 +60,7 @@ from ._sqlite_schema import MIGRATIONS
 from ._sqlite_thread import SqliteThread
 from .base import (
     Admission,
+    BeatRecord,
     ChildEnd,
     EventDelivery,
     Executable,
@@ -974,16 +975,19 @@ class SqliteStore:
     async def record_heartbeat(self, run_id: str, seq: int, at: int, progress: Any) -> bool:
         """Keep the later heartbeat (and its progress) on a pending checkpoint."""
         params = (at, at, dump_json(progress), run_id, seq)
+        return await self._db.run(lambda conn: _record_beat(conn, params))
 
-        def op(conn: sqlite3.Connection) -> bool:
-            cur = conn.execute(
-                "UPDATE durably_checkpoints SET last_heartbeat_at = CASE "
-                "WHEN last_heartbeat_at IS NULL OR last_heartbeat_at < ? THEN ? "
-                "ELSE last_heartbeat_at END, progress = coalesce(?, progress) "
-                "WHERE run_id = ? AND seq = ? AND status = 'pending'",
-                params,
-            )
-            return cur.rowcount == 1
+    async def record_heartbeats(self, beats: list[BeatRecord]) -> list[bool]:
+        """Each beat as :meth:`record_heartbeat`, in one transaction."""
+        encoded: list[tuple[Any, ...] | None] = []
+        for b in beats:
+            try:
+                encoded.append((b.at, b.at, dump_json(b.progress), b.run_id, b.seq))
+            except Exception:
+                encoded.append(None)  # not encodable: only this beat is lost
+
+        def op(conn: sqlite3.Connection) -> list[bool]:
+            return [params is not None and _record_beat(conn, params) for params in encoded]
 
         return await self._db.run(op)
 
@@ -1606,6 +1610,18 @@ def _release_run_slots(
         "DELETE FROM durably_flow_waiters WHERE run_id = ? RETURNING queue", (run_id,)
     ).fetchall()
     return len(freed), {row[0] for row in freed} | {row[0] for row in dropped}
+
+
+def _record_beat(conn: sqlite3.Connection, params: tuple[Any, ...]) -> bool:
+    """Keep the later heartbeat (and its progress) on a pending checkpoint."""
+    cur = conn.execute(
+        "UPDATE durably_checkpoints SET last_heartbeat_at = CASE "
+        "WHEN last_heartbeat_at IS NULL OR last_heartbeat_at < ? THEN ? "
+        "ELSE last_heartbeat_at END, progress = coalesce(?, progress) "
+        "WHERE run_id = ? AND seq = ? AND status = 'pending'",
+        params,
+    )
+    return cur.rowcount == 1
 
 
 def _wake_first_waiter(conn: sqlite3.Connection, queue: str, now: int) -> None:

@@ -16,7 +16,7 @@ import pytest
 
 from durably.model import Checkpoint, CheckpointStatus, Run, RunStatus
 from durably.stores import RunChanges, SettleResult, StateStore
-from durably.stores.base import Admission, QueueState, Resolution
+from durably.stores.base import Admission, BeatRecord, QueueState, Resolution
 
 if TYPE_CHECKING:
     from .. import StoreFactory
@@ -218,6 +218,109 @@ async def test_record_heartbeat_needs_a_pending_checkpoint(store: StateStore) ->
     assert await store.record_heartbeat("missing", 0, NOW + 5, None) is False
     history = await store.load_checkpoints("r1")
     assert all(cp.last_heartbeat_at is None and cp.progress is None for cp in history.values())
+
+
+async def test_record_heartbeats_of_one_beat_is_record_heartbeat(store: StateStore) -> None:
+    await saved(store, _make_cp("r1", 0))
+
+    assert await store.record_heartbeats([BeatRecord("r1", 0, NOW + 50, PROGRESS)]) == [True]
+    assert await store.record_heartbeats([BeatRecord("r1", 0, NOW + 30, None)]) == [True]
+    found = await store.get_checkpoint("r1", 0)
+    assert found is not None
+    assert (found.last_heartbeat_at, found.progress) == (NOW + 50, PROGRESS)
+    assert await store.record_heartbeats([BeatRecord("r1", 9, NOW, None)]) == [False]
+    assert await store.record_heartbeats([]) == []
+
+
+async def test_record_heartbeats_writes_a_batch_in_one_call(store: StateStore) -> None:
+    """Many steps of many runs; settled and missing ones answer ``False``; the
+    same step twice in a batch ends as the two beats in order would."""
+    await saved(store, _make_cp("r1", 0), _make_cp("r1", 1), _make_cp("r1", 2, COMPLETED))
+    await saved(store, _make_cp("r2", 0))
+    await saved(store, *(_make_cp("r3", seq) for seq in range(40)))
+
+    beats = [
+        BeatRecord("r1", 0, NOW + 10, {"n": 1}),
+        BeatRecord("r1", 1, NOW + 11, None),
+        BeatRecord("r1", 2, NOW + 12, {"settled": True}),
+        BeatRecord("missing", 0, NOW + 13, None),
+        BeatRecord("r2", 0, NOW + 20, {"first": 1}),
+        BeatRecord("r1", 0, NOW + 5, None),  # older, no progress: changes nothing
+        BeatRecord("r2", 0, NOW + 19, {"second": 2}),  # older time, newer progress
+        *(BeatRecord("r3", seq, NOW + seq, [seq]) for seq in range(40)),
+    ]
+    answers = await store.record_heartbeats(beats)
+
+    assert answers == [True, True, False, False, True, True, True, *([True] * 40)]
+    history = await store.load_checkpoints("r1")
+    assert (history[0].last_heartbeat_at, history[0].progress) == (NOW + 10, {"n": 1})
+    assert (history[1].last_heartbeat_at, history[1].progress) == (NOW + 11, None)
+    assert (history[2].last_heartbeat_at, history[2].progress) == (None, None)
+    r2 = await store.get_checkpoint("r2", 0)
+    assert r2 is not None
+    assert (r2.last_heartbeat_at, r2.progress) == (NOW + 20, {"second": 2})
+    r3 = await store.load_checkpoints("r3")
+    assert [(cp.last_heartbeat_at, cp.progress) for cp in r3.values()] == [
+        (NOW + seq, [seq]) for seq in range(40)
+    ]
+
+
+async def test_record_heartbeats_loses_only_a_hostile_beat(store: StateStore) -> None:
+    """A beat the store cannot take (an id with a NUL, which PostgreSQL text
+    refuses) answers ``False`` and the rest of its batch is written."""
+    await saved(store, _make_cp("r1", 0), _make_cp("r1", 1))
+
+    answers = await store.record_heartbeats(
+        [
+            BeatRecord("r1", 0, NOW + 10, {"ok": 0}),
+            BeatRecord("bad\x00id", 0, NOW + 10, None),
+            BeatRecord("r1", 1, NOW + 11, {"ok": 1}),
+        ]
+    )
+
+    assert answers == [True, False, True]
+    history = await store.load_checkpoints("r1")
+    assert [(cp.last_heartbeat_at, cp.progress) for cp in history.values()] == [
+        (NOW + 10, {"ok": 0}),
+        (NOW + 11, {"ok": 1}),
+    ]
+
+
+async def test_racing_heartbeat_batches_results_and_writes_never_deadlock(
+    store_factory: StoreFactory,
+) -> None:
+    """Beats of many steps recorded by two store objects at once, in opposite
+    orders, while a third settles the results of half of them and the owner
+    saves new checkpoints on the same runs: nothing fails, the latest beat
+    of each pending step stays, the settled steps keep none written after."""
+    owner, a, b = await store_factory(), await store_factory(), await store_factory()
+    runs = [f"beat-{n:03}" for n in range(30)]
+    for run_id in runs:
+        await owner.create_run(_make_run(run_id))
+    assert len(await owner.start_turns(runs, OWNER, NOW, NOW + LEASE, PENDING)) == 30
+    assert await owner.save_checkpoints([_make_cp(r, seq) for r in runs for seq in (1, 2)], OWNER)
+
+    for round_ in range(4):
+        at = NOW + 100 * round_
+        forward = [BeatRecord(r, seq, at + seq, None) for r in runs for seq in (1, 2)]
+        backward = [
+            BeatRecord(r, seq, at + seq + 1, {"r": round_})
+            for r, seq in reversed([(beat.run_id, beat.seq) for beat in forward])
+        ]
+        settling = runs[round_ * 5 : round_ * 5 + 5]
+        outcome = await asyncio.gather(
+            a.record_heartbeats(forward),
+            b.record_heartbeats(backward),
+            owner.resolve_checkpoints([Resolution(r, 1, COMPLETED) for r in settling], at),
+            owner.save_checkpoints([_make_cp(r, 3 + round_) for r in reversed(runs)], OWNER),
+        )
+        assert len(outcome[0]) == len(outcome[1]) == 60
+
+    for run_id in runs[20:]:
+        history = await owner.load_checkpoints(run_id)
+        assert history[1].last_heartbeat_at == NOW + 300 + 2
+        assert history[1].progress == {"r": 3}
+        assert history[2].last_heartbeat_at == NOW + 300 + 3
 
 
 # -- resolving in batches ------------------------------------------------------------------
