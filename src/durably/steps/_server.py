@@ -127,18 +127,20 @@ class StepServer:
         started = wall_ms()
         self._running[task.step_id] = log
         self._idle.clear()
-        beater = asyncio.create_task(self._beat_while_running(task, log))
+        # Timers, not a task per step: most handlers end before either fires.
         # The pickup beat is not awaited: the handler need not wait for it.
         pickup = loop.call_later(
             _PICKUP_BEAT_DELAY_S,
             self._send_beat,
             Heartbeat(task.run_id, task.seq, task.group, started),
         )
+        ticker: list[asyncio.TimerHandle] = []
+        ticker.append(loop.call_later(BEAT_INTERVAL_S, self._tick, task, log, ticker))
         try:
             result = await self._execute(definition, task, log, started)
         finally:
             pickup.cancel()
-            beater.cancel()
+            ticker[-1].cancel()
             self._running.pop(task.step_id, None)
             if not self._running:
                 self._idle.set()
@@ -231,13 +233,15 @@ class StepServer:
             value = await value
         return value
 
-    async def _beat_while_running(self, task: StepTask, log: StepLogger) -> None:
-        # Without this a long handler that never calls log.heartbeat() would
-        # look dead to a dispatcher with a timeout.
-        while True:
-            await asyncio.sleep(BEAT_INTERVAL_S)
-            if time.monotonic() - log._last_beat >= BEAT_INTERVAL_S:
-                await self._send_beat_now(Heartbeat(task.run_id, task.seq, task.group, wall_ms()))
+    def _tick(self, task: StepTask, log: StepLogger, ticker: list[asyncio.TimerHandle]) -> None:
+        """Beat for a running handler that has not beaten itself for an
+        interval, and come back in one. Without this a long handler that never
+        calls ``log.heartbeat()`` would look dead to a dispatcher with a timeout."""
+        if time.monotonic() - log._last_beat >= BEAT_INTERVAL_S:
+            self._send_beat(Heartbeat(task.run_id, task.seq, task.group, wall_ms()))
+        loop = asyncio.get_running_loop()
+        ticker.append(loop.call_later(BEAT_INTERVAL_S, self._tick, task, log, ticker))
+        del ticker[:-1]
 
     def _send_beat(self, beat: Heartbeat) -> None:
         sending = asyncio.ensure_future(self._send_beat_now(beat))
