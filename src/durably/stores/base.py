@@ -53,6 +53,7 @@ __all__ = [
     "StoreInspector",
     "SweepStore",
     "TransactionStore",
+    "TurnLease",
     "TurnStore",
     "WaitStore",
 ]
@@ -202,6 +203,20 @@ class BeatRecord:
     """When the beat was heard (epoch ms, the receiver's clock)."""
     progress: Any = None
     """The handler's progress report; ``None`` keeps the stored one."""
+
+
+@dataclass(frozen=True, slots=True)
+class TurnLease:
+    """How :meth:`CheckpointStore.resolve_and_lease` leases the runs it wakes:
+    as :meth:`TurnStore.start_turns` would with these arguments."""
+
+    owner: str
+    lease_until: int
+    statuses: frozenset[RunStatus]
+    """The statuses a run may be leased from (a woken run: pending or suspended)."""
+    limit: int
+    """At most this many runs are leased (the free turn slots of the caller)."""
+    workflows: Executable | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -570,6 +585,22 @@ class CheckpointStore(Protocol):
         checkpoint also releases the flow-control slot it holds (its
         ``queue``) and stamps ``wake_requested_at`` on the run of that queue's
         first waiter, so a freed slot wakes the next step."""
+
+    async def resolve_and_lease(
+        self, resolutions: list[Resolution], now: int, lease: TurnLease
+    ) -> tuple[list[int | None], dict[str, tuple[Run, dict[int, Checkpoint]]]]:
+        """:meth:`resolve_checkpoints`, and in the same transaction lease the
+        runs it wakes for their next turn, returning them with their
+        histories (the results just settled included) as
+        :meth:`TurnStore.start_turns` does.
+
+        Of the runs the batch would stamp a wake on, at most ``lease.limit``
+        (in run id order) are leased to ``lease.owner`` if
+        ``start_turns`` would lease them (status in ``lease.statuses``, no
+        live lease, workflow in ``lease.workflows``); a leased run gets no
+        wake stamp (its turn starts now, and a crash before it is recovered
+        with the lease). The others are stamped as ``resolve_checkpoints``
+        does. One round trip for results and turn starts together."""
 
 
 @runtime_checkable

@@ -40,6 +40,7 @@ from .base import (
     RunQuery,
     ScheduleRecord,
     SettleResult,
+    TurnLease,
 )
 
 __all__ = ["MemoryStore"]
@@ -582,6 +583,28 @@ class MemoryStore(MemoryWaits):
         """Settle each outcome in order (nothing awaits in between, so the
         batch is one atomic step)."""
         return [self._resolve(r, now) for r in resolutions]
+
+    async def resolve_and_lease(
+        self, resolutions: list[Resolution], now: int, lease: TurnLease
+    ) -> tuple[list[int | None], dict[str, tuple[Run, dict[int, Checkpoint]]]]:
+        """Resolve, then lease the woken runs (nothing awaits in between)."""
+        answers = [self._resolve(r, now) for r in resolutions]
+        woken = sorted(
+            {
+                r.run_id
+                for r, left in zip(resolutions, answers, strict=True)
+                if left is not None and (left == 0 or r.status is CheckpointStatus.FAILED)
+            }
+        )
+        leased = await self.start_turns(
+            woken[: max(0, lease.limit)],
+            lease.owner,
+            now,
+            lease.lease_until,
+            lease.statuses,
+            workflows=lease.workflows,
+        )
+        return answers, leased
 
     def _resolve(self, resolution: Resolution, now: int) -> int | None:
         run_id, seq, status = resolution.run_id, resolution.seq, resolution.status

@@ -88,6 +88,7 @@ from .base import (
     ScheduleRecord,
     SettleResult,
     SignalWait,
+    TurnLease,
 )
 
 __all__ = ["PostgresStore"]
@@ -1107,12 +1108,34 @@ class PostgresStore:
         await self._wake_waiters(waiter_runs, now)
         return answers
 
+    async def resolve_and_lease(
+        self, resolutions: list[Resolution], now: int, lease: TurnLease
+    ) -> tuple[list[int | None], dict[str, tuple[Run, dict[int, Checkpoint]]]]:
+        """Settle the outcomes and lease the runs they wake, in one transaction."""
+        leased: dict[str, tuple[Run, dict[int, Checkpoint]]] = {}
+        if not resolutions:
+            return [], leased
+        async with self._db.transaction() as conn:
+            answers, waiter_runs = await self._resolve_in(
+                conn, resolutions, now, lease=(lease, leased)
+            )
+        await self._wake_waiters(waiter_runs, now)
+        return answers, leased
+
     async def _resolve_in(
-        self, conn: Any, resolutions: list[Resolution], now: int, *, locked: bool = False
+        self,
+        conn: Any,
+        resolutions: list[Resolution],
+        now: int,
+        *,
+        locked: bool = False,
+        lease: tuple[TurnLease, dict[str, tuple[Run, dict[int, Checkpoint]]]] | None = None,
     ) -> tuple[list[int | None], list[str]]:
         """:meth:`resolve_checkpoints` inside the caller's transaction; also
         returns the runs to wake once it committed (see :meth:`_wake_waiters`).
-        ``locked``: the caller holds the rows of the resolutions' runs already."""
+        ``locked``: the caller holds the rows of the resolutions' runs already.
+        ``lease``: lease the woken runs as it says, into its dict, rather
+        than stamp their wakes (:meth:`resolve_and_lease`)."""
         if not resolutions:
             return [], []
         # A position named twice is settled by its first entry; the second finds it settled.
@@ -1185,6 +1208,23 @@ class PostgresStore:
             answers[index] = left
             if left == 0 or r.status is CheckpointStatus.FAILED:
                 wake.add(r.run_id)
+        if wake and lease is not None:
+            terms, leased = lease
+            if terms.limit > 0:
+                # The rows are locked by this transaction already: no SKIP
+                # LOCKED, every run start_turns would take is taken.
+                taken = await conn.fetch(
+                    _LEASE_WOKEN,
+                    terms.owner,
+                    terms.lease_until,
+                    now,
+                    sorted(wake)[: terms.limit],
+                    [status.value for status in terms.statuses],
+                    _keys(terms.workflows),
+                )
+                for row in taken:
+                    leased[row["id"]] = (run_from_row(row), _history(row["id"], row["history"]))
+                wake -= set(leased)
         if wake:
             # One statement for every run to wake (its row is locked already,
             # by this transaction or the caller's), not a round trip each.
@@ -1813,6 +1853,18 @@ _RECORD_BEATS = """
 skips the rows another transaction holds (a result being settled, a turn's
 write): waiting on them while holding the others could deadlock against that
 transaction; the caller writes those alone."""
+
+_LEASE_WOKEN = (
+    "WITH r AS (UPDATE durably_runs SET status = 'running', locked_by = $1, "
+    "locked_until = $2, wake_requested_at = NULL, wake_at = NULL, updated_at = $3 "
+    "WHERE id = ANY($4::text[]) AND status = ANY($5::text[]) "
+    "AND (locked_by IS NULL OR locked_until IS NULL OR locked_until < $3) "
+    f"AND ($6::text[] IS NULL OR {_KEY} = ANY($6::text[])) "
+    f"RETURNING {_SELECT_RUN}) "
+    f"SELECT r.*, {_HISTORY} AS history FROM r"
+)
+"""Lease the runs a resolution woke (their rows locked by the resolving
+transaction), with their histories, as ``start_turns`` does."""
 
 _WAKE_RUNS = (
     "UPDATE durably_runs SET wake_requested_at = $1 "

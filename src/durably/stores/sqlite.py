@@ -72,6 +72,7 @@ from .base import (
     ScheduleRecord,
     SettleResult,
     SignalWait,
+    TurnLease,
 )
 
 __all__ = ["SqliteStore", "sqlite_path_from_url"]
@@ -945,18 +946,43 @@ class SqliteStore:
         self, resolutions: list[Resolution], now: int
     ) -> list[int | None]:
         """Settle the outcomes in one transaction."""
-        values = [
-            (
-                r.status,
-                dump_json(r.output),
-                dump_json(r.error),
-                dump_json(r.events),
-                r.run_id,
-                r.seq,
-            )
-            for r in resolutions
-        ]
+        values = _resolve_values(resolutions)
         return await self._db.run(lambda conn: _resolve_all(conn, values, now))
+
+    async def resolve_and_lease(
+        self, resolutions: list[Resolution], now: int, lease: TurnLease
+    ) -> tuple[list[int | None], dict[str, tuple[Run, dict[int, Checkpoint]]]]:
+        """Settle the outcomes and lease the runs they wake, in one transaction."""
+        values = _resolve_values(resolutions)
+        of, of_params = _of(lease.workflows)
+        sql = _lease_statement(len(lease.statuses), of)
+        statuses = [s.value for s in lease.statuses]
+
+        def op(
+            conn: sqlite3.Connection,
+        ) -> tuple[list[int | None], dict[str, tuple[Run, dict[int, Checkpoint]]]]:
+            leased: dict[str, tuple[Run, dict[int, Checkpoint]]] = {}
+
+            def take(woken: list[str]) -> set[str]:
+                for run_id in woken[: max(0, lease.limit)]:
+                    params = [lease.owner, lease.lease_until, now, run_id, *statuses, now]
+                    row = conn.execute(sql, [*params, *of_params]).fetchone()
+                    if row is None:
+                        continue
+                    rows = conn.execute(
+                        f"SELECT {CP_SELECT} FROM durably_checkpoints WHERE run_id = ? "
+                        "ORDER BY seq",
+                        (run_id,),
+                    )
+                    leased[run_id] = (
+                        run_from_row(row),
+                        {r[1]: checkpoint_from_row(r) for r in rows},
+                    )
+                return set(leased)
+
+            return _resolve_all(conn, values, now, take), leased
+
+        return await self._db.run(op)
 
     # -- dispatched steps --------------------------------------------------------------
 
@@ -1428,7 +1454,20 @@ _Resolve = tuple[CheckpointStatus, str | None, str | None, str | None, str, int]
 """One outcome to settle: status, output, error, events (JSON), run id, seq."""
 
 
-def _resolve_all(conn: sqlite3.Connection, values: list[_Resolve], now: int) -> list[int | None]:
+def _resolve_values(resolutions: list[Resolution]) -> list[_Resolve]:
+    """The parameters of :func:`_resolve_all` (JSON encoded up front)."""
+    return [
+        (r.status, dump_json(r.output), dump_json(r.error), dump_json(r.events), r.run_id, r.seq)
+        for r in resolutions
+    ]
+
+
+def _resolve_all(
+    conn: sqlite3.Connection,
+    values: list[_Resolve],
+    now: int,
+    lease: Callable[[list[str]], set[str]] | None = None,
+) -> list[int | None]:
     """Settle pending checkpoints, in order (see ``StateStore.resolve_checkpoints``).
 
     Each parallel group is counted once per batch, not once per entry: a fan's
@@ -1471,7 +1510,9 @@ def _resolve_all(conn: sqlite3.Connection, values: list[_Resolve], now: int) -> 
         answers[index] = left
         if left == 0 or status is CheckpointStatus.FAILED:
             wake.add(run_id)
-    for run_id in sorted(wake):
+    # ``lease`` (resolve_and_lease) takes some of them for a turn now: no stamp.
+    taken = lease(sorted(wake)) if lease is not None else set()
+    for run_id in sorted(wake - taken):
         conn.execute(
             "UPDATE durably_runs SET wake_requested_at = ? "
             f"WHERE id = ? AND status NOT IN ({_TERMINAL_SQL})",
