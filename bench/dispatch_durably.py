@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import sys
 import time
 import uuid
 from typing import Any
@@ -265,7 +266,10 @@ async def _scenario(engine: Any, args: Any, prof: Profiler) -> dict[str, Any]:
 def main() -> None:
     p = dispatch_parser(__doc__ or "", "bench_durably")
     p.add_argument("--transport", choices=sorted(TRANSPORTS), required=True)
+    p.add_argument("--src", default=None, help="import durably from this src/ (a baseline)")
     args = p.parse_args()
+    if args.src:
+        sys.path.insert(0, os.path.abspath(args.src))
     if args.profile:  # relative to where it was asked, not the work dir
         args.profile = os.path.abspath(args.profile)
     wd = prepare_workdir(args.workdir)
