@@ -240,7 +240,9 @@ class RunRouter:
         all (closing), hand it back as pending for whoever polls."""
         run_id = run.run_id
         self.resumed[run_id] = (run, checkpoints)
-        self.submit_here(run_id)
+        # As a wake: an execution of this run already under way here (one
+        # trying to lease it) is followed by one more, which takes this lease.
+        self.submit_here(run_id, wake=True)
         if run_id in self.resumed and not self.runs_here(run_id):
             self.resumed.pop(run_id, None)
             await self._store.release_run(run_id, owner, self._clock.now_ms())
