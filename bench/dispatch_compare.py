@@ -14,6 +14,11 @@ fresh process on a freshly reset database. Scenarios (see dispatch_durably.py):
 - latency: one workflow with one dispatched step at a time, 200 samples;
 - fan: one workflow at a time doing ``ctx.all`` of 100 dispatched steps, 20 samples.
 
+``inline`` (on by default) runs the same workflows with ``ctx.local_step``: the "local_step"
+column, the baseline each transport's "/ local_step" ratio compares with. ``--baseline REV`` also
+measures every transport with durably's ``src/`` as of REV (exported under .work/), for before/after
+in one run; ``--scenarios throughput`` keeps to one scenario.
+
 The table's ratios are durably / DBOS for rates and DBOS / durably for times (above 1x means
 durably is faster). Cells are medians of ``--repeat`` runs with min-max in brackets.
 """
@@ -38,8 +43,10 @@ from compare import (
     run_side,
     table,
 )
+from starts_compare import export_src
 
-TRANSPORTS = ("memory", "local", "db", "redis")
+TRANSPORTS = ("inline", "memory", "local", "db", "redis")
+"""``inline`` is no transport: the same workflows with ``ctx.local_step`` (the baseline)."""
 
 
 def main() -> int:
@@ -59,6 +66,10 @@ def main() -> int:
     p.add_argument("--repeat", type=int, default=int(os.environ.get("BENCH_REPEAT", "1")))
     p.add_argument("--timeout", type=float, default=600.0, help="per subprocess, seconds")
     p.add_argument("--json", default=None)
+    p.add_argument("--scenarios", default="throughput,latency,fan", help="comma list")
+    p.add_argument(
+        "--baseline", default=None, help="git revision: every transport measured there too"
+    )
     args = p.parse_args()
 
     dbs = [d.strip() for d in args.db.split(",") if d.strip()]
@@ -69,7 +80,10 @@ def main() -> int:
     if "postgres" in dbs and not pg_reachable():
         sys.stderr.write("bench: PostgreSQL is not reachable; measuring SQLite only\n")
         dbs = [d for d in dbs if d != "postgres"] or ["sqlite"]
-    sides = [*transports, *([] if args.no_dbos else ["dbos"])]
+    baseline_src = str(export_src(args.baseline)) if args.baseline else None
+    based = [f"{t}@{args.baseline}" for t in transports] if args.baseline else []
+    sides = [*transports, *based, *([] if args.no_dbos else ["dbos"])]
+    wanted = {s.strip() for s in args.scenarios.split(",") if s.strip()}
 
     scen_argv = {
         "throughput": ["throughput", "--n", str(n), "--k", str(args.k), "--warmup", "10"],
@@ -90,9 +104,15 @@ def main() -> int:
         for db in dbs:
             sys.stderr.write(f"[{rep + 1}/{args.repeat}] {db}\n")
             for scen, sargv in scen_argv.items():
+                if scen not in wanted:
+                    continue
                 for side in sides:
                     if side == "dbos":
                         argv = ["dispatch_dbos.py", "--db", db, "--poll", str(args.dbos_poll)]
+                    elif "@" in side:
+                        transport = side.split("@")[0]
+                        argv = ["dispatch_durably.py", "--db", db, "--transport", transport]
+                        argv += ["--src", str(baseline_src)]
                     else:
                         argv = ["dispatch_durably.py", "--db", db, "--transport", side]
                     argv += [*sargv, "--timeout", str(args.timeout)]
@@ -112,21 +132,46 @@ def main() -> int:
     metrics = [
         ("throughput", "workflows_per_s", f"workflows/s N={n} K={args.k}", True, 1),
         ("throughput", "steps_per_s", f"steps/s N={n} K={args.k}", True, 1),
+        ("throughput", "cpu_us_per_step", f"CPU us/step N={n} K={args.k}", False, 1),
         ("latency", "p50_ms", "latency p50 ms, 1 step", False, 2),
         ("latency", "p99_ms", "latency p99 ms, 1 step", False, 2),
         ("fan", "p50_ms", f"fan of {args.fan_width}: p50 ms", False, 1),
         ("fan", "p99_ms", f"fan of {args.fan_width}: p99 ms", False, 1),
         ("fan", "steps_per_s", f"fan of {args.fan_width}: steps/s", True, 1),
     ]
-    header = ["metric", "db", *(f"durably {t}://" for t in transports)]
+
+    def name(side: str) -> str:
+        transport, _, rev = side.partition("@")
+        label = "local_step" if transport == "inline" else f"{transport}://"
+        return f"{label}@{rev}" if rev else label
+
+    durably_sides = [*transports, *based]
+    header = ["metric", "db", *(f"durably {name(t)}" for t in durably_sides)]
+    dispatched = [t for t in transports if t != "inline"]
+    if "inline" in transports:
+        header += [f"local_step / {name(t)}" for t in dispatched]
+        header += [f"local_step / {name(t)}@{args.baseline}" for t in dispatched if based]
     if not args.no_dbos:
         header += [f"DBOS queue (poll {args.dbos_poll:g}s)"]
-        header += [f"{t}:// vs DBOS" for t in transports]
+        header += [f"{name(t)} vs DBOS" for t in transports]
     rows: list[list[str]] = []
     for db in dbs:
         for scen, key, label, rate, digits in metrics:
+            if scen not in wanted:
+                continue
             row = [label, db]
-            row += [fmt_cell(cell(t, db, scen), key, digits=digits) for t in transports]
+            row += [fmt_cell(cell(t, db, scen), key, digits=digits) for t in durably_sides]
+            if "inline" in transports:
+                # local_step against each transport: how far dispatching is from a local step
+                for t in dispatched + (
+                    [f"{t}@{args.baseline}" for t in dispatched] if based else []
+                ):
+                    base_side = "inline" if "@" not in t else f"inline@{args.baseline}"
+                    row.append(
+                        better(
+                            med(cell(base_side, db, scen), key), med(cell(t, db, scen), key), rate
+                        )
+                    )
             if not args.no_dbos:
                 b = cell("dbos", db, scen)
                 row.append(fmt_cell(b, key, digits=digits))

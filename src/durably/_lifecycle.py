@@ -191,9 +191,11 @@ class Lifecycle:
         still_running = await router.executor.close(timeout)
         for turn in list(router.active.values()):
             turn.close(CloseReason.DRAIN)
-        for run_id in list(router.preleased):
-            # Inserted leased to us but dropped before their first turn.
+        for run_id in [*router.preleased, *router.resumed]:
+            # Leased to us (inserted, or woken by a step result) but dropped
+            # before their turn.
             router.preleased.pop(run_id, None)
+            router.resumed.pop(run_id, None)
             with contextlib.suppress(Exception):
                 await self._store.release_run(run_id, self._owner(), self._clock.now_ms())
         if still_running:
@@ -212,6 +214,7 @@ class Lifecycle:
             await self._router.run_queue.flush()
             self._router.run_queue = None
         await self._transport.close()
+        await self._steps.drain()
         await self._close_events()
         self._consuming = False
         self._opened = False

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from ._run_queue import RunQueue
     from ._watch import RunWatcher
     from .clock import Clock
-    from .model import Run, RunResult
+    from .model import Checkpoint, Run, RunResult
 
 __all__ = ["RunRouter"]
 
@@ -70,6 +70,15 @@ class RunRouter:
         """The turns executing in this process, by run id."""
         self.preleased: dict[str, Run] = {}
         """Runs a start inserted already leased to us, awaiting their first turn."""
+        self.driving: set[str] = set()
+        """Runs whose turns this process drives now, from lease to the last settle."""
+        self.rewake: set[str] = set()
+        """Runs driven here that a step result (its wake stamped with it) woke
+        while they were: their driver takes one more turn if its settle did
+        not already (see :meth:`resume`)."""
+        self.resumed: dict[str, tuple[Run, dict[int, Checkpoint]]] = {}
+        """Runs leased to us with their histories by the settle of their step
+        results (``resolve_and_lease``), awaiting that turn."""
         self.starting: set[str] = set()
         """Runs a start here is inserting (their own notice must not cost a poll)."""
         self.promised_slots = 0
@@ -197,15 +206,46 @@ class RunRouter:
             return
         self.submit_here(run_id, wake=True)
 
-    async def resume(self, run_id: str) -> None:
+    async def resume(self, run_id: str, stamped: bool = False) -> None:
         """A step result for ``run_id`` was settled here: its next turn runs
         here when this instance takes turns (results are already spread over
         the instances by their own queue; a second hop through the run queue
-        would add a queue round trip to every step), else as :meth:`wake`."""
+        would add a queue round trip to every step), else as :meth:`wake`.
+
+        ``stamped``: the settle stamped the run's wake in its transaction. If
+        this process drives the run now, that is all it needs: a settle after
+        the stamp sees it and takes another turn, and a settle that came
+        first is followed by one more lease (:attr:`rewake`). A stamp again,
+        or a lease attempt against our own lease, would only cost round trips."""
+        if stamped and run_id in self.driving:
+            self.rewake.add(run_id)
+            return
         if run_id in self.active or not self.accepting or self.executor is None:
             await self.wake(run_id)
             return
         self.submit_here(run_id, wake=True)
+
+    def free_slots(self) -> int:
+        """How many more turns could start here at once (0 when this process
+        takes no turns): how many woken runs a results batch may lease here."""
+        executor = self.executor
+        if not self.accepting or executor is None:
+            return 0
+        taken = executor.busy + executor.waiting + self.promised_slots + len(self.resumed)
+        return max(0, self._options().max_concurrent_runs - taken)
+
+    async def resume_leased(self, run: Run, checkpoints: dict[int, Checkpoint], owner: str) -> None:
+        """Take the turn of ``run``, leased to ``owner`` (us) with its history by
+        the settle of a step result; if this process will not run it after
+        all (closing), hand it back as pending for whoever polls."""
+        run_id = run.run_id
+        self.resumed[run_id] = (run, checkpoints)
+        # As a wake: an execution of this run already under way here (one
+        # trying to lease it) is followed by one more, which takes this lease.
+        self.submit_here(run_id, wake=True)
+        if run_id in self.resumed and not self.runs_here(run_id):
+            self.resumed.pop(run_id, None)
+            await self._store.release_run(run_id, owner, self._clock.now_ms())
 
     async def run_from_queue(self, run_id: str, wake: bool) -> bool:
         """Execute a queued run here; ``False`` asks the queue to hand its

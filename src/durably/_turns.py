@@ -26,6 +26,7 @@ from .context import WorkflowContext
 from .errors import SchemaValidationError, WorkflowNotRegistered, _TurnClosed
 from .model import TERMINAL_STATUSES, Checkpoint, ErrorInfo, Run, RunResult, RunStatus
 from .stores import RunChanges, SettleResult
+from .stores.base import TurnLease
 
 if TYPE_CHECKING:
     from ._children import ChildRuns
@@ -103,6 +104,10 @@ class TurnDriver:
         if preleased is not None:
             await self.drive(preleased, {})
             return
+        resumed = self._router.resumed.pop(run_id, None)
+        if resumed is not None:  # leased by the settle of its step results
+            await self.drive(*resumed)
+            return
         try:
             leased = await self.acquire(run_id, wake=wake)
         except Exception as exc:
@@ -138,9 +143,15 @@ class TurnDriver:
     async def drive(self, run: Run, checkpoints: dict[int, Checkpoint]) -> None:
         """Execute turns of a leased run until one settles without a wake."""
         context = RUN_CONTEXT.set(LogContext(run.run_id, run.workflow))
+        driving = self._router.driving
+        nested = run.run_id in driving
+        driving.add(run.run_id)
         try:
             await self._drive(run, checkpoints)
         finally:
+            if not nested:
+                driving.discard(run.run_id)
+                self._router.rewake.discard(run.run_id)
             RUN_CONTEXT.reset(context)
 
     async def _drive(self, run: Run, checkpoints: dict[int, Checkpoint]) -> None:
@@ -159,7 +170,14 @@ class TurnDriver:
                 if turn is not None and turn.store_error is not None:
                     leased = await self._resume(run.run_id, turn.store_error)
                     continue
+                # A result heard from now on either lands before this
+                # settle (which then sees its wake stamp) or leaves the flag.
+                self._router.rewake.discard(run.run_id)
                 leased = await self._settle(leased[0], outcome, turn)
+                if leased is None and run.run_id in self._router.rewake:
+                    # A step result settled after our settle: lease once more.
+                    self._router.rewake.discard(run.run_id)
+                    leased = await self._turn_starts(run.run_id)
             except Exception as exc:
                 if not is_infrastructure_error(exc):
                     raise
@@ -194,6 +212,18 @@ class TurnDriver:
             self._failures.succeeded("a turn's store call")
             return leased
         return None
+
+    def turn_lease(self, limit: int) -> TurnLease:
+        """The lease a results batch takes its woken runs' turns with: the one
+        :meth:`acquire` would take (``resolve_and_lease``)."""
+        now = self._clock.now_ms()
+        return TurnLease(
+            self._owner(),
+            now + self._options().lease_ms,
+            _WAKEABLE,
+            limit,
+            workflows=self._registry.executable(),
+        )
 
     async def _start_turns(self, run_ids: list[str]) -> list[Leased | None]:
         now = self._clock.now_ms()

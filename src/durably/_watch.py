@@ -41,6 +41,7 @@ class RunWatcher:
         self._waiting: dict[str, list[_Entry]] = {}
         self._poller: asyncio.Task[None] | None = None
         self._poke = asyncio.Event()
+        self._poked: set[str] = set()
         self._recent: OrderedDict[str, RunResult] = OrderedDict()
 
     async def wait(
@@ -61,6 +62,7 @@ class RunWatcher:
         if self._poller is None or self._poller.done():
             self._poller = asyncio.get_running_loop().create_task(self._poll())
         if poke:
+            self._poked.add(run_id)
             self._poke.set()
         future = entry[0]
         try:
@@ -109,6 +111,7 @@ class RunWatcher:
     def changed(self, run_id: str) -> None:
         """A run changed somewhere (a notification): look at it now."""
         if run_id in self._waiting:
+            self._poked.add(run_id)
             self._poke.set()
 
     async def close(self) -> None:
@@ -119,13 +122,23 @@ class RunWatcher:
             await asyncio.gather(poller, return_exceptions=True)
 
     async def _poll(self) -> None:
+        loop = asyncio.get_running_loop()
+        every_run_at = loop.time() + self.interval
         while self._waiting:
             # Wait first: a poke (a waiter that read the run before
-            # registering, a notification) makes the round due at once; a
-            # waiter for a run executing here needs no read at all.
-            await wait_event(self._poke, self.interval)
+            # registering, a notification) makes a read of the poked runs due
+            # at once; a waiter for a run executing here needs no read at
+            # all. Every interval, all waited runs are read (the safety net).
+            await wait_event(self._poke, max(0.0, every_run_at - loop.time()))
             self._poke.clear()
-            ids = list(self._waiting)
+            if loop.time() >= every_run_at:
+                every_run_at = loop.time() + self.interval
+                ids = list(self._waiting)
+            else:
+                # Only the poked ones: with thousands of waiters, a notice
+                # per settled turn made each a read of every waited run.
+                ids = [run_id for run_id in self._poked if run_id in self._waiting]
+            self._poked.clear()
             for start in range(0, len(ids), 500):
                 try:
                     runs = await self._get_runs(ids[start : start + 500])

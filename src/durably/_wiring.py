@@ -43,6 +43,7 @@ from .steps._dispatcher import StepDispatcher
 from .steps._server import StepServer
 from .steps.definition import StepDefinition
 from .stores import StateStore
+from .stores.base import TurnLease
 from .transports import Transport
 from .transports.base import EventCarrier, TurnCarrier
 
@@ -177,6 +178,15 @@ def wire(
         has_remote=lambda: bool(registry.remote()),
     )
     turns.remote_turn = remote.turn
+
+    def lease_for_results(count: int) -> TurnLease | None:
+        # The runs a results batch wakes are leased in its transaction, as
+        # many as this process has free turn slots for.
+        slots = min(count, router.free_slots())
+        return turns.turn_lease(slots) if slots > 0 else None
+
+    steps.lease_turns = lease_for_results
+    steps.resume_leased = router.resume_leased
     remote.guard = capabilities.check
     scheduler = Scheduler(store, clock, namespace, registry, start=start, cancel=cancel)
     events = EventRouter(

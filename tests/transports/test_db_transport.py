@@ -129,6 +129,34 @@ async def test_results_whose_handler_raised_are_delivered_again(
     assert batches == [["r1:1"], ["r1:1"]]
 
 
+async def test_a_beat_claimed_with_a_failing_result_acks_the_beat_not_the_result(
+    db_factory: TransportFactory,
+) -> None:
+    """A beat and another step's result claimed together, the result's settle
+    failing: the beat is acked (fire and forget) and the result comes back.
+    (The beat's ack once took the id of the batch's last message: the result
+    was deleted unsettled, lost, and the beat stayed queued.)"""
+    from durably.wire import Heartbeat
+
+    worker = await db_factory()
+    await worker.send_heartbeat(Heartbeat("r1", 1, "g", at=1_700_000_000_000))
+    await worker.send_result(StepResult("r2", 1, ok=True))
+    batches: list[list[str]] = []
+
+    async def flaky(batch: list[StepResult]) -> None:
+        batches.append([r.step_id for r in batch])
+        if len(batches) == 1:
+            raise RuntimeError("the store was down")
+
+    consumer = await db_factory()
+    results = Results()
+    await consumer.consume_results(flaky, results.on_heartbeat)
+    await wait_until(lambda: len(batches) == 2, what="the result delivered again")
+    await _until_acked(_store(worker).messages())  # type: ignore[attr-defined]
+    assert batches == [["r2:1"], ["r2:1"]]
+    assert [b.step_id for b in results.beats] == ["r1:1"]
+
+
 async def test_close_hands_back_the_tasks_of_running_handlers(
     db_factory: TransportFactory,
 ) -> None:

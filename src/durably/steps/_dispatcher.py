@@ -14,15 +14,17 @@ import asyncio
 import contextlib
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
+from .._batch import BatchCall
 from .._intercept import Interceptors
 from .._lifecycle_events import EventHub, EventKind
 from .._logs import engine_logger
 from ..clock import Clock
-from ..model import TERMINAL_STATUSES, CheckpointKind, CheckpointStatus, Run
-from ..stores.base import CheckpointStore, FlowStore, Resolution
+from ..model import TERMINAL_STATUSES, Checkpoint, CheckpointKind, CheckpointStatus, Run
+from ..stores._rows import is_row_error
+from ..stores.base import BeatRecord, CheckpointStore, FlowStore, Resolution, TurnLease
 from ..transports.base import Transport
 from ..wire import Heartbeat, StepResult, StepTask, routing_token
 from ._flow import FlowQueue
@@ -48,6 +50,12 @@ class _Store(CheckpointStore, FlowStore, Protocol):
     """The slice of the store a dispatcher uses: settling steps and recording beats."""
 
 
+ResumeLeased = Callable[[Run, dict[int, Checkpoint], str], Awaitable[None]]
+"""Takes the turn of a run leased to the owner (third argument) with its history."""
+
+Leased = dict[str, tuple[Run, dict[int, Checkpoint]]]
+
+
 class StepDispatcher:
     """Sends tasks and settles results; see the module docstring."""
 
@@ -56,7 +64,7 @@ class StepDispatcher:
         store: _Store,
         transport: Transport,
         clock: Clock,
-        wake: Callable[[str], Awaitable[None]],
+        wake: Callable[[str, bool], Awaitable[None]],
         heartbeat_throttle_ms: int,
         step: Callable[[str], StepDefinition | None],
         queue: Callable[[str], FlowQueue | None],
@@ -74,6 +82,17 @@ class StepDispatcher:
         self._events = events
         self._live: dict[str, LiveStep] = {}
         self._persisted: OrderedDict[str, int] = OrderedDict()
+        # Beats are persisted off the results path, many in one statement:
+        # the transports hand beats over one at a time, and a result waiting
+        # behind a round trip per beat (one per task, at pickup) was the
+        # results consumer's main cost under load.
+        self._beat_writes: BatchCall[BeatRecord, bool] = BatchCall(self._write_beats, 500)
+        self._beat_tasks: set[asyncio.Task[None]] = set()
+        self.lease_turns: Callable[[int], TurnLease | None] = lambda _count: None
+        """How many of a results batch's woken runs may be leased here for
+        their next turn, as a lease (``None``: none; set by the wiring)."""
+        self.resume_leased: ResumeLeased | None = None
+        """Takes the turn of a run the settle leased to us (set by the wiring)."""
 
     async def dispatch(self, tasks: list[StepTask]) -> None:
         """Send tasks; raises :class:`~durably.transports.TransportError` if not sent."""
@@ -134,8 +153,18 @@ class StepDispatcher:
             )
             for result in results
         ]
-        answers = await self.store.resolve_checkpoints(resolutions, now)
-        to_wake: dict[str, None] = {}
+        lease = self.lease_turns(len(results)) if self.resume_leased is not None else None
+        answers, leased = await self._settle(resolutions, now, lease)
+        if leased:
+            # Settled and leased in one transaction: their turns start here
+            # now, with the histories read there (no wake, no second lease).
+            assert lease is not None and self.resume_leased is not None
+            for run, checkpoints in leased.values():
+                try:
+                    await self.resume_leased(run, checkpoints, lease.owner)
+                except Exception:
+                    _log.exception("could not resume run %s after a step result", run.run_id)
+        to_wake: dict[str, bool] = {}  # run id -> its wake was stamped by this settle
         for result, left in zip(results, answers, strict=True):
             self._persisted.pop(result.step_id, None)
             waiter = self._live.get(result.step_id)
@@ -145,16 +174,69 @@ class StepDispatcher:
                 waiter.result = result
                 waiter.changed.set()
                 continue
-            if left is None or left == 0 or not result.ok:
+            if (left is None or left == 0 or not result.ok) and result.run_id not in leased:
                 # left is None: already settled, or a duplicate; resuming
                 # again is harmless and covers a settler that died before
                 # waking the run.
-                to_wake[result.run_id] = None
-        for run_id in to_wake:
+                to_wake[result.run_id] = to_wake.get(result.run_id, False) or left is not None
+        for run_id, stamped in to_wake.items():
             try:
-                await self._wake(run_id)
+                await self._wake(run_id, stamped)
             except Exception:
                 _log.exception("could not wake run %s after a step result", run_id)
+
+    async def _settle(
+        self, resolutions: list[Resolution], now: int, lease: TurnLease | None
+    ) -> tuple[list[int | None], Leased]:
+        """Settle (and lease, with ``lease``) in one store call; a result the
+        store refuses fails alone, never the batch it came in."""
+        try:
+            if lease is not None and lease.limit > 0:
+                return await self.store.resolve_and_lease(resolutions, now, lease)
+            return await self.store.resolve_checkpoints(resolutions, now), {}
+        except Exception as exc:
+            if not is_row_error(exc):
+                raise  # the store is down: the transport delivers the batch again
+            if len(resolutions) > 1:
+                # One row undid the transaction: settle each alone.
+                answers: list[int | None] = []
+                leased: Leased = {}
+                for resolution in resolutions:
+                    if lease is not None:
+                        lease = replace(lease, limit=lease.limit - len(leased))
+                    one, got = await self._settle([resolution], now, lease)
+                    answers.extend(one)
+                    leased.update(got)
+                return answers, leased
+            return await self._refused(resolutions[0], now, lease, exc)
+
+    async def _refused(
+        self, resolution: Resolution, now: int, lease: TurnLease | None, exc: Exception
+    ) -> tuple[list[int | None], Leased]:
+        """A result the store cannot take (an output it cannot encode, an id it
+        refuses): settle the step as failed instead, or drop it (it names no
+        step that could exist)."""
+        if resolution.status is CheckpointStatus.COMPLETED:
+            _log.error(
+                "the result of %s:%d could not be stored: %s",
+                resolution.run_id,
+                resolution.seq,
+                exc,
+            )
+            failed = Resolution(
+                resolution.run_id,
+                resolution.seq,
+                CheckpointStatus.FAILED,
+                error={
+                    "message": f"the step's result could not be stored: {exc}",
+                    "code": "result_not_stored",
+                    "retryable": False,
+                },
+            )
+            # A refusal of this one too ends below, in the same way.
+            return await self._settle([failed], now, lease)
+        _log.error("dropping a step result the store refuses: %s", exc)
+        return [None], {}
 
     async def on_heartbeat(self, beat: Heartbeat) -> None:
         """Re-arm a live waiter here; persist the beat at most once per throttle window."""
@@ -177,10 +259,25 @@ class StepDispatcher:
         self._persisted.move_to_end(beat.step_id)
         while len(self._persisted) > _MAX_THROTTLE_ENTRIES:
             self._persisted.popitem(last=False)
+        persist = asyncio.create_task(
+            self._persist(BeatRecord(beat.run_id, beat.seq, now, beat.progress), beat.step_id)
+        )
+        self._beat_tasks.add(persist)
+        persist.add_done_callback(self._beat_tasks.discard)
+
+    async def _persist(self, record: BeatRecord, step_id: str) -> None:
         try:
-            await self.store.record_heartbeat(beat.run_id, beat.seq, now, beat.progress)
+            await self._beat_writes(record)
         except Exception:
-            _log.warning("could not persist a heartbeat of %s", beat.step_id, exc_info=True)
+            _log.warning("could not persist a heartbeat of %s", step_id, exc_info=True)
+
+    async def _write_beats(self, records: list[BeatRecord]) -> list[bool]:
+        return await self.store.record_heartbeats(records)
+
+    async def drain(self) -> None:
+        """Wait for the beats being persisted (before the store closes)."""
+        while self._beat_tasks:
+            await asyncio.gather(*list(self._beat_tasks), return_exceptions=True)
 
     def definition(self, name: str) -> StepDefinition | None:
         """The step registered on this engine under ``name``, if any."""

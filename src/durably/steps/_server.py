@@ -30,6 +30,11 @@ __all__ = ["StepServer", "served_tokens"]
 
 _log = engine_logger("durably.worker")
 _CANCEL_POLL_S = 1.0
+_PICKUP_BEAT_DELAY_S = 0.005
+"""The pickup beat goes out once the handler has run this long: a handler
+done sooner sends its result about as soon, and that says the same (its
+``started_at`` travels with it). Under load the beat of every short step was a
+message of its own for the transport and a write for the engine."""
 
 CancelCheck = Callable[[list[str]], Awaitable[dict[str, bool]]]
 """Given run ids, return those that ended or are being cancelled (read from
@@ -124,13 +129,20 @@ class StepServer:
         started = wall_ms()
         self._running[task.step_id] = log
         self._idle.clear()
-        beater = asyncio.create_task(self._beat_while_running(task, log))
+        # Timers, not a task per step: most handlers end before either fires.
+        # The pickup beat is not awaited: the handler need not wait for it.
+        pickup = loop.call_later(
+            _PICKUP_BEAT_DELAY_S,
+            self._send_beat,
+            Heartbeat(task.run_id, task.seq, task.group, started),
+        )
+        ticker: list[asyncio.TimerHandle] = []
+        ticker.append(loop.call_later(BEAT_INTERVAL_S, self._tick, task, log, ticker))
         try:
-            # The pickup beat is not awaited: the handler need not wait for it.
-            self._send_beat(Heartbeat(task.run_id, task.seq, task.group, started))
             result = await self._execute(definition, task, log, started)
         finally:
-            beater.cancel()
+            pickup.cancel()
+            ticker[-1].cancel()
             self._running.pop(task.step_id, None)
             if not self._running:
                 self._idle.set()
@@ -223,13 +235,15 @@ class StepServer:
             value = await value
         return value
 
-    async def _beat_while_running(self, task: StepTask, log: StepLogger) -> None:
-        # Without this a long handler that never calls log.heartbeat() would
-        # look dead to a dispatcher with a timeout.
-        while True:
-            await asyncio.sleep(BEAT_INTERVAL_S)
-            if time.monotonic() - log._last_beat >= BEAT_INTERVAL_S:
-                await self._send_beat_now(Heartbeat(task.run_id, task.seq, task.group, wall_ms()))
+    def _tick(self, task: StepTask, log: StepLogger, ticker: list[asyncio.TimerHandle]) -> None:
+        """Beat for a running handler that has not beaten itself for an
+        interval, and come back in one. Without this a long handler that never
+        calls ``log.heartbeat()`` would look dead to a dispatcher with a timeout."""
+        if time.monotonic() - log._last_beat >= BEAT_INTERVAL_S:
+            self._send_beat(Heartbeat(task.run_id, task.seq, task.group, wall_ms()))
+        loop = asyncio.get_running_loop()
+        ticker.append(loop.call_later(BEAT_INTERVAL_S, self._tick, task, log, ticker))
+        del ticker[:-1]
 
     def _send_beat(self, beat: Heartbeat) -> None:
         sending = asyncio.ensure_future(self._send_beat_now(beat))

@@ -32,6 +32,7 @@ from ..model import Checkpoint, CheckpointStatus, ErrorInfo, Run, RunStatus
 
 __all__ = [
     "Admission",
+    "BeatRecord",
     "CheckpointStore",
     "ChildEnd",
     "DecisionStore",
@@ -52,6 +53,7 @@ __all__ = [
     "StoreInspector",
     "SweepStore",
     "TransactionStore",
+    "TurnLease",
     "TurnStore",
     "UpdateRecord",
     "UpdateStore",
@@ -191,6 +193,32 @@ class Resolution:
     events: list[dict[str, Any]] | None = None
     """The handler's log lines and sub-process events (upstream wire shape),
     stored as the checkpoint's ``events``; ``None``: it sent none."""
+
+
+@dataclass(frozen=True, slots=True)
+class BeatRecord:
+    """One step heartbeat for :meth:`FlowStore.record_heartbeats`."""
+
+    run_id: str
+    seq: int
+    at: int
+    """When the beat was heard (epoch ms, the receiver's clock)."""
+    progress: Any = None
+    """The handler's progress report; ``None`` keeps the stored one."""
+
+
+@dataclass(frozen=True, slots=True)
+class TurnLease:
+    """How :meth:`CheckpointStore.resolve_and_lease` leases the runs it wakes:
+    as :meth:`TurnStore.start_turns` would with these arguments."""
+
+    owner: str
+    lease_until: int
+    statuses: frozenset[RunStatus]
+    """The statuses a run may be leased from (a woken run: pending or suspended)."""
+    limit: int
+    """At most this many runs are leased (the free turn slots of the caller)."""
+    workflows: Executable | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -560,6 +588,22 @@ class CheckpointStore(Protocol):
         ``queue``) and stamps ``wake_requested_at`` on the run of that queue's
         first waiter, so a freed slot wakes the next step."""
 
+    async def resolve_and_lease(
+        self, resolutions: list[Resolution], now: int, lease: TurnLease
+    ) -> tuple[list[int | None], dict[str, tuple[Run, dict[int, Checkpoint]]]]:
+        """:meth:`resolve_checkpoints`, and in the same transaction lease the
+        runs it wakes for their next turn, returning them with their
+        histories (the results just settled included) as
+        :meth:`TurnStore.start_turns` does.
+
+        Of the runs the batch would stamp a wake on, at most ``lease.limit``
+        (in run id order) are leased to ``lease.owner`` if
+        ``start_turns`` would lease them (status in ``lease.statuses``, no
+        live lease, workflow in ``lease.workflows``); a leased run gets no
+        wake stamp (its turn starts now, and a crash before it is recovered
+        with the lease). The others are stamped as ``resolve_checkpoints``
+        does. One round trip for results and turn starts together."""
+
 
 @runtime_checkable
 class FlowStore(Protocol):
@@ -570,6 +614,13 @@ class FlowStore(Protocol):
         ``last_heartbeat_at`` to the later of the stored value and ``at``, and
         ``progress`` when it is not ``None``. Not fenced (any instance that
         hears the beat may write it). ``False`` if missing or settled."""
+
+    async def record_heartbeats(self, beats: list[BeatRecord]) -> list[bool]:
+        """:meth:`record_heartbeat` for many beats in one round trip; one
+        answer per entry, in order. Beats of the same step apply in order (the
+        later time wins, the last non-``None`` progress stays). A beat the
+        store refuses (a malformed id, a progress it cannot encode) answers
+        ``False`` and costs the others nothing."""
 
     async def try_admit(self, request: Admission, now: int) -> int | None:
         """*Atomic* across processes: give ``request.step_id`` a slot in

@@ -30,6 +30,7 @@ from ._rows import (
 )
 from .base import (
     Admission,
+    BeatRecord,
     ChildEnd,
     Executable,
     QueueState,
@@ -39,6 +40,7 @@ from .base import (
     RunQuery,
     ScheduleRecord,
     SettleResult,
+    TurnLease,
     UpdateRecord,
 )
 
@@ -640,6 +642,28 @@ class MemoryStore(MemoryWaits):
         batch is one atomic step)."""
         return [self._resolve(r, now) for r in resolutions]
 
+    async def resolve_and_lease(
+        self, resolutions: list[Resolution], now: int, lease: TurnLease
+    ) -> tuple[list[int | None], dict[str, tuple[Run, dict[int, Checkpoint]]]]:
+        """Resolve, then lease the woken runs (nothing awaits in between)."""
+        answers = [self._resolve(r, now) for r in resolutions]
+        woken = sorted(
+            {
+                r.run_id
+                for r, left in zip(resolutions, answers, strict=True)
+                if left is not None and (left == 0 or r.status is CheckpointStatus.FAILED)
+            }
+        )
+        leased = await self.start_turns(
+            woken[: max(0, lease.limit)],
+            lease.owner,
+            now,
+            lease.lease_until,
+            lease.statuses,
+            workflows=lease.workflows,
+        )
+        return answers, leased
+
     def _resolve(self, resolution: Resolution, now: int) -> int | None:
         run_id, seq, status = resolution.run_id, resolution.seq, resolution.status
         history = self._checkpoints.get(run_id, {})
@@ -688,6 +712,10 @@ class MemoryStore(MemoryWaits):
         if progress is not None:
             current.progress = copy.deepcopy(progress)
         return True
+
+    async def record_heartbeats(self, beats: list[BeatRecord]) -> list[bool]:
+        """Each beat as :meth:`record_heartbeat`, in order."""
+        return [await self.record_heartbeat(b.run_id, b.seq, b.at, b.progress) for b in beats]
 
     async def try_admit(self, request: Admission, now: int) -> int | None:
         """A slot for the step, or when to ask again."""

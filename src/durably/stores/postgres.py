@@ -64,6 +64,7 @@ from ._rows import (
     decode_cursor,
     dump_json,
     encode_cursor,
+    is_row_error,
     merge_queue_counts,
     prefix_bound,
     run_column_value,
@@ -75,6 +76,7 @@ from ._rows import (
 )
 from .base import (
     Admission,
+    BeatRecord,
     ChildEnd,
     EventDelivery,
     Executable,
@@ -86,6 +88,7 @@ from .base import (
     ScheduleRecord,
     SettleResult,
     SignalWait,
+    TurnLease,
     UpdateRecord,
 )
 
@@ -1231,12 +1234,34 @@ class PostgresStore:
         await self._wake_waiters(waiter_runs, now)
         return answers
 
+    async def resolve_and_lease(
+        self, resolutions: list[Resolution], now: int, lease: TurnLease
+    ) -> tuple[list[int | None], dict[str, tuple[Run, dict[int, Checkpoint]]]]:
+        """Settle the outcomes and lease the runs they wake, in one transaction."""
+        leased: dict[str, tuple[Run, dict[int, Checkpoint]]] = {}
+        if not resolutions:
+            return [], leased
+        async with self._db.transaction() as conn:
+            answers, waiter_runs = await self._resolve_in(
+                conn, resolutions, now, lease=(lease, leased)
+            )
+        await self._wake_waiters(waiter_runs, now)
+        return answers, leased
+
     async def _resolve_in(
-        self, conn: Any, resolutions: list[Resolution], now: int, *, locked: bool = False
+        self,
+        conn: Any,
+        resolutions: list[Resolution],
+        now: int,
+        *,
+        locked: bool = False,
+        lease: tuple[TurnLease, dict[str, tuple[Run, dict[int, Checkpoint]]]] | None = None,
     ) -> tuple[list[int | None], list[str]]:
         """:meth:`resolve_checkpoints` inside the caller's transaction; also
         returns the runs to wake once it committed (see :meth:`_wake_waiters`).
-        ``locked``: the caller holds the rows of the resolutions' runs already."""
+        ``locked``: the caller holds the rows of the resolutions' runs already.
+        ``lease``: lease the woken runs as it says, into its dict, rather
+        than stamp their wakes (:meth:`resolve_and_lease`)."""
         if not resolutions:
             return [], []
         # A position named twice is settled by its first entry; the second finds it settled.
@@ -1309,8 +1334,27 @@ class PostgresStore:
             answers[index] = left
             if left == 0 or r.status is CheckpointStatus.FAILED:
                 wake.add(r.run_id)
-        for run_id in sorted(wake):
-            await conn.execute(_WAKE_RUN, now, run_id, _TERMINAL, self.channel)
+        if wake and lease is not None:
+            terms, leased = lease
+            if terms.limit > 0:
+                # The rows are locked by this transaction already: no SKIP
+                # LOCKED, every run start_turns would take is taken.
+                taken = await conn.fetch(
+                    _LEASE_WOKEN,
+                    terms.owner,
+                    terms.lease_until,
+                    now,
+                    sorted(wake)[: terms.limit],
+                    [status.value for status in terms.statuses],
+                    _keys(terms.workflows),
+                )
+                for row in taken:
+                    leased[row["id"]] = (run_from_row(row), _history(row["id"], row["history"]))
+                wake -= set(leased)
+        if wake:
+            # One statement for every run to wake (its row is locked already,
+            # by this transaction or the caller's), not a round trip each.
+            await conn.execute(_WAKE_RUNS, now, sorted(wake), _TERMINAL, self.channel)
         holding = [row for row in rows if row["queue"] is not None]
         if holding:
             await _lock_queues(conn, {row["queue"] for row in holding})
@@ -1339,17 +1383,68 @@ class PostgresStore:
 
     async def record_heartbeat(self, run_id: str, seq: int, at: int, progress: Any) -> bool:
         """Keep the later heartbeat (and its progress) on a pending checkpoint."""
-        done = await self._db.pool().fetchval(
-            "UPDATE durably_checkpoints SET "
-            "last_heartbeat_at = greatest(last_heartbeat_at, $1::bigint), "
-            "progress = coalesce($2::text, progress) "
-            "WHERE run_id = $3 AND seq = $4 AND status = 'pending' RETURNING true",
-            at,
-            dump_json(progress),
-            run_id,
-            seq,
-        )
+        done = await self._db.pool().fetchval(_RECORD_BEAT, at, dump_json(progress), run_id, seq)
         return bool(done)
+
+    async def record_heartbeats(self, beats: list[BeatRecord]) -> list[bool]:
+        """Many beats in one statement; a beat PostgreSQL refuses answers
+        ``False`` alone (the rest are then written one statement each)."""
+        merged: dict[tuple[str, int], tuple[int, str | None]] = {}
+        refused: set[int] = set()
+        for index, b in enumerate(beats):
+            try:
+                progress = dump_json(b.progress)
+            except Exception:
+                refused.add(index)
+                continue
+            key = (b.run_id, b.seq)
+            earlier = merged.get(key)
+            if earlier is not None:
+                # The same step twice: the later time, the last progress sent.
+                progress = progress if progress is not None else earlier[1]
+                merged[key] = (max(earlier[0], b.at), progress)
+            else:
+                merged[key] = (b.at, progress)
+        written: set[tuple[str, int]] = set()
+        keys = sorted(merged)
+        if len(keys) > 1:
+            try:
+                rows = await self._db.pool().fetch(
+                    _RECORD_BEATS,
+                    [k[0] for k in keys],
+                    [k[1] for k in keys],
+                    [merged[k][0] for k in keys],
+                    [merged[k][1] for k in keys],
+                )
+                written = {(row["run_id"], row["seq"]) for row in rows}
+                keys = [key for key in keys if key not in written]
+                if keys:
+                    # Skipped (locked) or not pending: only the pending ones
+                    # are written again, one row each (so never a deadlock).
+                    still = await self._db.pool().fetch(
+                        "SELECT c.run_id, c.seq FROM durably_checkpoints c "
+                        "JOIN unnest($1::text[], $2::integer[]) AS v(run_id, seq) "
+                        "ON c.run_id = v.run_id AND c.seq = v.seq WHERE c.status = 'pending'",
+                        [k[0] for k in keys],
+                        [k[1] for k in keys],
+                    )
+                    keys = sorted((row["run_id"], row["seq"]) for row in still)
+            except Exception as exc:
+                if not is_row_error(exc):
+                    raise
+                # One row refused (an id PostgreSQL cannot store) undid the
+                # statement: write each alone, so only that beat is lost.
+        for run_id, seq in keys:
+            at, progress = merged[(run_id, seq)]
+            try:
+                if await self._db.pool().fetchval(_RECORD_BEAT, at, progress, run_id, seq):
+                    written.add((run_id, seq))
+            except Exception as exc:
+                if not is_row_error(exc):
+                    raise
+        return [
+            index not in refused and (b.run_id, b.seq) in written for index, b in enumerate(beats)
+        ]
 
     async def try_admit(self, request: Admission, now: int) -> int | None:
         """A slot for the step, or when to ask again: one transaction holding
@@ -1853,6 +1948,56 @@ _WAKE_RUN = (
     "WHERE id = $2 AND status <> ALL($3::text[]) "
     f"RETURNING (SELECT pg_notify($4, '{StoreNotice.WAKE}:' || {notice_argument('id')})) IS NULL"
 )
+
+_RECORD_BEAT = (
+    "UPDATE durably_checkpoints SET "
+    "last_heartbeat_at = greatest(last_heartbeat_at, $1::bigint), "
+    "progress = coalesce($2::text, progress) "
+    "WHERE run_id = $3 AND seq = $4 AND status = 'pending' RETURNING true"
+)
+
+_RECORD_BEATS = """
+    WITH v AS (
+        SELECT * FROM unnest($1::text[], $2::integer[], $3::bigint[], $4::text[])
+            AS v(run_id, seq, at, progress)
+    ), free AS (
+        SELECT c.run_id, c.seq FROM durably_checkpoints c
+        JOIN v ON c.run_id = v.run_id AND c.seq = v.seq
+        WHERE c.status = 'pending'
+        ORDER BY c.run_id, c.seq
+        FOR UPDATE OF c SKIP LOCKED
+    )
+    UPDATE durably_checkpoints c SET
+        last_heartbeat_at = greatest(c.last_heartbeat_at, v.at),
+        progress = coalesce(v.progress, c.progress)
+    FROM v, free
+    WHERE c.run_id = free.run_id AND c.seq = free.seq
+        AND v.run_id = c.run_id AND v.seq = c.seq AND c.status = 'pending'
+    RETURNING c.run_id, c.seq
+"""
+""":data:`_RECORD_BEAT` for many steps (each named once) in one statement. It
+skips the rows another transaction holds (a result being settled, a turn's
+write): waiting on them while holding the others could deadlock against that
+transaction; the caller writes those alone."""
+
+_LEASE_WOKEN = (
+    "WITH r AS (UPDATE durably_runs SET status = 'running', locked_by = $1, "
+    "locked_until = $2, wake_requested_at = NULL, wake_at = NULL, updated_at = $3 "
+    "WHERE id = ANY($4::text[]) AND status = ANY($5::text[]) "
+    "AND (locked_by IS NULL OR locked_until IS NULL OR locked_until < $3) "
+    f"AND ($6::text[] IS NULL OR {_KEY} = ANY($6::text[])) "
+    f"RETURNING {_SELECT_RUN}) "
+    f"SELECT r.*, {_HISTORY} AS history FROM r"
+)
+"""Lease the runs a resolution woke (their rows locked by the resolving
+transaction), with their histories, as ``start_turns`` does."""
+
+_WAKE_RUNS = (
+    "UPDATE durably_runs SET wake_requested_at = $1 "
+    "WHERE id = ANY($2::text[]) AND status <> ALL($3::text[]) "
+    f"RETURNING (SELECT pg_notify($4, '{StoreNotice.WAKE}:' || {notice_argument('id')})) IS NULL"
+)
+""":data:`_WAKE_RUN` for many runs in one statement (one notice each)."""
 
 # The waiters of a queue in admission order: priority, then the fairness key
 # holding the fewest slots, then the oldest (the step id breaks ties).

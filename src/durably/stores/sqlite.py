@@ -60,6 +60,7 @@ from ._sqlite_schema import MIGRATIONS
 from ._sqlite_thread import SqliteThread
 from .base import (
     Admission,
+    BeatRecord,
     ChildEnd,
     EventDelivery,
     Executable,
@@ -71,6 +72,7 @@ from .base import (
     ScheduleRecord,
     SettleResult,
     SignalWait,
+    TurnLease,
     UpdateRecord,
 )
 
@@ -1053,18 +1055,43 @@ class SqliteStore:
         self, resolutions: list[Resolution], now: int
     ) -> list[int | None]:
         """Settle the outcomes in one transaction."""
-        values = [
-            (
-                r.status,
-                dump_json(r.output),
-                dump_json(r.error),
-                dump_json(r.events),
-                r.run_id,
-                r.seq,
-            )
-            for r in resolutions
-        ]
+        values = _resolve_values(resolutions)
         return await self._db.run(lambda conn: _resolve_all(conn, values, now))
+
+    async def resolve_and_lease(
+        self, resolutions: list[Resolution], now: int, lease: TurnLease
+    ) -> tuple[list[int | None], dict[str, tuple[Run, dict[int, Checkpoint]]]]:
+        """Settle the outcomes and lease the runs they wake, in one transaction."""
+        values = _resolve_values(resolutions)
+        of, of_params = _of(lease.workflows)
+        sql = _lease_statement(len(lease.statuses), of)
+        statuses = [s.value for s in lease.statuses]
+
+        def op(
+            conn: sqlite3.Connection,
+        ) -> tuple[list[int | None], dict[str, tuple[Run, dict[int, Checkpoint]]]]:
+            leased: dict[str, tuple[Run, dict[int, Checkpoint]]] = {}
+
+            def take(woken: list[str]) -> set[str]:
+                for run_id in woken[: max(0, lease.limit)]:
+                    params = [lease.owner, lease.lease_until, now, run_id, *statuses, now]
+                    row = conn.execute(sql, [*params, *of_params]).fetchone()
+                    if row is None:
+                        continue
+                    rows = conn.execute(
+                        f"SELECT {CP_SELECT} FROM durably_checkpoints WHERE run_id = ? "
+                        "ORDER BY seq",
+                        (run_id,),
+                    )
+                    leased[run_id] = (
+                        run_from_row(row),
+                        {r[1]: checkpoint_from_row(r) for r in rows},
+                    )
+                return set(leased)
+
+            return _resolve_all(conn, values, now, take), leased
+
+        return await self._db.run(op)
 
     # -- dispatched steps --------------------------------------------------------------
 
@@ -1083,16 +1110,19 @@ class SqliteStore:
     async def record_heartbeat(self, run_id: str, seq: int, at: int, progress: Any) -> bool:
         """Keep the later heartbeat (and its progress) on a pending checkpoint."""
         params = (at, at, dump_json(progress), run_id, seq)
+        return await self._db.run(lambda conn: _record_beat(conn, params))
 
-        def op(conn: sqlite3.Connection) -> bool:
-            cur = conn.execute(
-                "UPDATE durably_checkpoints SET last_heartbeat_at = CASE "
-                "WHEN last_heartbeat_at IS NULL OR last_heartbeat_at < ? THEN ? "
-                "ELSE last_heartbeat_at END, progress = coalesce(?, progress) "
-                "WHERE run_id = ? AND seq = ? AND status = 'pending'",
-                params,
-            )
-            return cur.rowcount == 1
+    async def record_heartbeats(self, beats: list[BeatRecord]) -> list[bool]:
+        """Each beat as :meth:`record_heartbeat`, in one transaction."""
+        encoded: list[tuple[Any, ...] | None] = []
+        for b in beats:
+            try:
+                encoded.append((b.at, b.at, dump_json(b.progress), b.run_id, b.seq))
+            except Exception:
+                encoded.append(None)  # not encodable: only this beat is lost
+
+        def op(conn: sqlite3.Connection) -> list[bool]:
+            return [params is not None and _record_beat(conn, params) for params in encoded]
 
         return await self._db.run(op)
 
@@ -1558,7 +1588,20 @@ _Resolve = tuple[CheckpointStatus, str | None, str | None, str | None, str, int]
 """One outcome to settle: status, output, error, events (JSON), run id, seq."""
 
 
-def _resolve_all(conn: sqlite3.Connection, values: list[_Resolve], now: int) -> list[int | None]:
+def _resolve_values(resolutions: list[Resolution]) -> list[_Resolve]:
+    """The parameters of :func:`_resolve_all` (JSON encoded up front)."""
+    return [
+        (r.status, dump_json(r.output), dump_json(r.error), dump_json(r.events), r.run_id, r.seq)
+        for r in resolutions
+    ]
+
+
+def _resolve_all(
+    conn: sqlite3.Connection,
+    values: list[_Resolve],
+    now: int,
+    lease: Callable[[list[str]], set[str]] | None = None,
+) -> list[int | None]:
     """Settle pending checkpoints, in order (see ``StateStore.resolve_checkpoints``).
 
     Each parallel group is counted once per batch, not once per entry: a fan's
@@ -1601,7 +1644,9 @@ def _resolve_all(conn: sqlite3.Connection, values: list[_Resolve], now: int) -> 
         answers[index] = left
         if left == 0 or status is CheckpointStatus.FAILED:
             wake.add(run_id)
-    for run_id in sorted(wake):
+    # ``lease`` (resolve_and_lease) takes some of them for a turn now: no stamp.
+    taken = lease(sorted(wake)) if lease is not None else set()
+    for run_id in sorted(wake - taken):
         conn.execute(
             "UPDATE durably_runs SET wake_requested_at = ? "
             f"WHERE id = ? AND status NOT IN ({_TERMINAL_SQL})",
@@ -1740,6 +1785,18 @@ def _release_run_slots(
         "DELETE FROM durably_flow_waiters WHERE run_id = ? RETURNING queue", (run_id,)
     ).fetchall()
     return len(freed), {row[0] for row in freed} | {row[0] for row in dropped}
+
+
+def _record_beat(conn: sqlite3.Connection, params: tuple[Any, ...]) -> bool:
+    """Keep the later heartbeat (and its progress) on a pending checkpoint."""
+    cur = conn.execute(
+        "UPDATE durably_checkpoints SET last_heartbeat_at = CASE "
+        "WHEN last_heartbeat_at IS NULL OR last_heartbeat_at < ? THEN ? "
+        "ELSE last_heartbeat_at END, progress = coalesce(?, progress) "
+        "WHERE run_id = ? AND seq = ? AND status = 'pending'",
+        params,
+    )
+    return cur.rowcount == 1
 
 
 def _wake_first_waiter(conn: sqlite3.Connection, queue: str, now: int) -> None:

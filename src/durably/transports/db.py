@@ -101,6 +101,7 @@ class DbTransport:
         # results
         self._results_loop: asyncio.Task[None] | None = None
         self._results_wake = asyncio.Event()
+        self._acking: set[asyncio.Task[None]] = set()
         self._cancel_handlers: list[CancelHandler] = []
         # writes, batched while the previous batch commits
         # One write per batch, of whatever queued meanwhile: the queue chunks
@@ -146,6 +147,7 @@ class DbTransport:
             loop.cancel()
             await asyncio.gather(loop, return_exceptions=True)
         await self._pushes.drain()
+        await asyncio.gather(*list(self._acking), return_exceptions=True)
         await self._acks.drain()
         unlisten, self._unlisten = self._unlisten, None
         if unlisten is not None:
@@ -409,7 +411,7 @@ class DbTransport:
                 await on_heartbeat(beat)
             except Exception:
                 _log.exception("heartbeat of %s could not be handled", beat.step_id)
-            done.append(message.id)  # a beat is fire and forget
+            done.append(message_id)  # a beat is fire and forget
         if results:
             try:
                 await on_results(results)
@@ -422,7 +424,14 @@ class DbTransport:
             else:
                 done.extend(result_ids)
         if done:
-            try:
-                await self._q().ack(done)
-            except Exception as exc:  # delivered again after the lease: at least once
-                _log.warning("could not ack %d result message(s): %s", len(done), exc)
+            # Not awaited: the next claim cannot take these (they are ours
+            # for a lease), so it need not wait for their delete's round trip.
+            acking = asyncio.create_task(self._ack_results(done))
+            self._acking.add(acking)
+            acking.add_done_callback(self._acking.discard)
+
+    async def _ack_results(self, ids: list[int]) -> None:
+        try:
+            await self._acks.many(ids)
+        except Exception as exc:  # delivered again after the lease: at least once
+            _log.warning("could not ack %d result message(s): %s", len(ids), exc)

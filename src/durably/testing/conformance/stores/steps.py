@@ -16,7 +16,7 @@ import pytest
 
 from durably.model import Checkpoint, CheckpointStatus, Run, RunStatus
 from durably.stores import RunChanges, SettleResult, StateStore
-from durably.stores.base import Admission, QueueState, Resolution
+from durably.stores.base import Admission, BeatRecord, QueueState, Resolution, TurnLease
 
 if TYPE_CHECKING:
     from .. import StoreFactory
@@ -220,6 +220,109 @@ async def test_record_heartbeat_needs_a_pending_checkpoint(store: StateStore) ->
     assert all(cp.last_heartbeat_at is None and cp.progress is None for cp in history.values())
 
 
+async def test_record_heartbeats_of_one_beat_is_record_heartbeat(store: StateStore) -> None:
+    await saved(store, _make_cp("r1", 0))
+
+    assert await store.record_heartbeats([BeatRecord("r1", 0, NOW + 50, PROGRESS)]) == [True]
+    assert await store.record_heartbeats([BeatRecord("r1", 0, NOW + 30, None)]) == [True]
+    found = await store.get_checkpoint("r1", 0)
+    assert found is not None
+    assert (found.last_heartbeat_at, found.progress) == (NOW + 50, PROGRESS)
+    assert await store.record_heartbeats([BeatRecord("r1", 9, NOW, None)]) == [False]
+    assert await store.record_heartbeats([]) == []
+
+
+async def test_record_heartbeats_writes_a_batch_in_one_call(store: StateStore) -> None:
+    """Many steps of many runs; settled and missing ones answer ``False``; the
+    same step twice in a batch ends as the two beats in order would."""
+    await saved(store, _make_cp("r1", 0), _make_cp("r1", 1), _make_cp("r1", 2, COMPLETED))
+    await saved(store, _make_cp("r2", 0))
+    await saved(store, *(_make_cp("r3", seq) for seq in range(40)))
+
+    beats = [
+        BeatRecord("r1", 0, NOW + 10, {"n": 1}),
+        BeatRecord("r1", 1, NOW + 11, None),
+        BeatRecord("r1", 2, NOW + 12, {"settled": True}),
+        BeatRecord("missing", 0, NOW + 13, None),
+        BeatRecord("r2", 0, NOW + 20, {"first": 1}),
+        BeatRecord("r1", 0, NOW + 5, None),  # older, no progress: changes nothing
+        BeatRecord("r2", 0, NOW + 19, {"second": 2}),  # older time, newer progress
+        *(BeatRecord("r3", seq, NOW + seq, [seq]) for seq in range(40)),
+    ]
+    answers = await store.record_heartbeats(beats)
+
+    assert answers == [True, True, False, False, True, True, True, *([True] * 40)]
+    history = await store.load_checkpoints("r1")
+    assert (history[0].last_heartbeat_at, history[0].progress) == (NOW + 10, {"n": 1})
+    assert (history[1].last_heartbeat_at, history[1].progress) == (NOW + 11, None)
+    assert (history[2].last_heartbeat_at, history[2].progress) == (None, None)
+    r2 = await store.get_checkpoint("r2", 0)
+    assert r2 is not None
+    assert (r2.last_heartbeat_at, r2.progress) == (NOW + 20, {"second": 2})
+    r3 = await store.load_checkpoints("r3")
+    assert [(cp.last_heartbeat_at, cp.progress) for cp in r3.values()] == [
+        (NOW + seq, [seq]) for seq in range(40)
+    ]
+
+
+async def test_record_heartbeats_loses_only_a_hostile_beat(store: StateStore) -> None:
+    """A beat the store cannot take (an id with a NUL, which PostgreSQL text
+    refuses) answers ``False`` and the rest of its batch is written."""
+    await saved(store, _make_cp("r1", 0), _make_cp("r1", 1))
+
+    answers = await store.record_heartbeats(
+        [
+            BeatRecord("r1", 0, NOW + 10, {"ok": 0}),
+            BeatRecord("bad\x00id", 0, NOW + 10, None),
+            BeatRecord("r1", 1, NOW + 11, {"ok": 1}),
+        ]
+    )
+
+    assert answers == [True, False, True]
+    history = await store.load_checkpoints("r1")
+    assert [(cp.last_heartbeat_at, cp.progress) for cp in history.values()] == [
+        (NOW + 10, {"ok": 0}),
+        (NOW + 11, {"ok": 1}),
+    ]
+
+
+async def test_racing_heartbeat_batches_results_and_writes_never_deadlock(
+    store_factory: StoreFactory,
+) -> None:
+    """Beats of many steps recorded by two store objects at once, in opposite
+    orders, while a third settles the results of half of them and the owner
+    saves new checkpoints on the same runs: nothing fails, the latest beat
+    of each pending step stays, the settled steps keep none written after."""
+    owner, a, b = await store_factory(), await store_factory(), await store_factory()
+    runs = [f"beat-{n:03}" for n in range(30)]
+    for run_id in runs:
+        await owner.create_run(_make_run(run_id))
+    assert len(await owner.start_turns(runs, OWNER, NOW, NOW + LEASE, PENDING)) == 30
+    assert await owner.save_checkpoints([_make_cp(r, seq) for r in runs for seq in (1, 2)], OWNER)
+
+    for round_ in range(4):
+        at = NOW + 100 * round_
+        forward = [BeatRecord(r, seq, at + seq, None) for r in runs for seq in (1, 2)]
+        backward = [
+            BeatRecord(r, seq, at + seq + 1, {"r": round_})
+            for r, seq in reversed([(beat.run_id, beat.seq) for beat in forward])
+        ]
+        settling = runs[round_ * 5 : round_ * 5 + 5]
+        outcome = await asyncio.gather(
+            a.record_heartbeats(forward),
+            b.record_heartbeats(backward),
+            owner.resolve_checkpoints([Resolution(r, 1, COMPLETED) for r in settling], at),
+            owner.save_checkpoints([_make_cp(r, 3 + round_) for r in reversed(runs)], OWNER),
+        )
+        assert len(outcome[0]) == len(outcome[1]) == 60
+
+    for run_id in runs[20:]:
+        history = await owner.load_checkpoints(run_id)
+        assert history[1].last_heartbeat_at == NOW + 300 + 2
+        assert history[1].progress == {"r": 3}
+        assert history[2].last_heartbeat_at == NOW + 300 + 3
+
+
 # -- resolving in batches ------------------------------------------------------------------
 
 
@@ -288,6 +391,190 @@ async def test_resolve_checkpoints_wakes_each_run_that_must_move_on(store: State
     failed = await store.get_checkpoint("failed", 1)
     assert failed is not None
     assert (failed.status, failed.error) == (FAILED, ERROR)
+
+
+# -- resolving and leasing the woken runs in one transaction --------------------------------
+
+WAKEABLE = frozenset({RunStatus.PENDING, RunStatus.SUSPENDED})
+
+
+def lease_to(owner: str = "settler", limit: int = 100, **fields: Any) -> TurnLease:
+    return TurnLease(owner, NOW + 50 + LEASE, WAKEABLE, limit, **fields)
+
+
+async def parked(store: StateStore, *checkpoints: Checkpoint) -> None:
+    """Save ``checkpoints`` (one run) under a turn that then suspends."""
+    run_id = checkpoints[0].run_id
+    await _leased(store, run_id)
+    assert await store.save_checkpoints(list(checkpoints), OWNER)
+    settled = await store.settle_run(run_id, OWNER, RunStatus.SUSPENDED, RunChanges(), NOW + 1)
+    assert settled is SettleResult.SETTLED
+
+
+async def test_resolve_and_lease_of_one_result_leases_its_run(store: StateStore) -> None:
+    await parked(store, _make_cp("r1", 0, COMPLETED, output="a"), dispatched_cp("r1", 1))
+
+    answers, leased = await store.resolve_and_lease(
+        [Resolution("r1", 1, COMPLETED, output={"n": 1})], NOW + 50, lease_to()
+    )
+
+    assert answers == [0]
+    assert set(leased) == {"r1"}
+    run, history = leased["r1"]
+    assert (run.status, run.locked_by, run.locked_until) == (
+        RunStatus.RUNNING,
+        "settler",
+        NOW + 50 + LEASE,
+    )
+    assert run.wake_requested_at is None  # its turn starts now: no stamp
+    assert [(cp.status, cp.output) for cp in history.values()] == [
+        (COMPLETED, "a"),
+        (COMPLETED, {"n": 1}),
+    ]
+    assert history == await store.load_checkpoints("r1")
+    stored = await store.get_run("r1")
+    assert stored is not None
+    assert (stored.status, stored.locked_by, stored.wake_requested_at) == (
+        RunStatus.RUNNING,
+        "settler",
+        None,
+    )
+    # the same result again: nothing to settle, nobody leased
+    assert await store.resolve_and_lease(
+        [Resolution("r1", 1, COMPLETED, output="late")], NOW + 60, lease_to("other")
+    ) == ([None], {})
+
+
+async def test_resolve_and_lease_leases_only_what_start_turns_would(
+    store: StateStore,
+) -> None:
+    """A batch over many runs: each woken run that is free, of a listed
+    workflow and within the limit is leased (in id order); every other woken
+    run is stamped as resolve_checkpoints would; runs not woken are untouched."""
+    for n in range(4):  # a-0 .. a-3: free and woken; the limit takes three
+        await parked(store, _make_cp(f"a-{n}", 1))
+    await parked(store, _make_cp("group", 1, group="g"), _make_cp("group", 2, group="g"))
+    await _leased(store, "busy")  # its turn runs elsewhere
+    assert await store.save_checkpoints([_make_cp("busy", 1)], OWNER)
+    await parked(store, _make_cp("ended", 1))
+    await store.update_run_if("ended", frozenset(RunStatus), {"status": RunStatus.CANCELLED}, NOW)
+    await store.create_run(_make_run("other-wf").replace(workflow="elsewhere"))
+    await store.start_turns(["other-wf"], OWNER, NOW, NOW + LEASE, PENDING)
+    assert await store.save_checkpoints([_make_cp("other-wf", 1)], OWNER)
+    await store.settle_run("other-wf", OWNER, RunStatus.SUSPENDED, RunChanges(), NOW + 1)
+
+    answers, leased = await store.resolve_and_lease(
+        [
+            Resolution("a-3", 1, COMPLETED, output=3),
+            Resolution("group", 1, COMPLETED, output="one of two"),
+            Resolution("busy", 1, FAILED, error=ERROR),
+            Resolution("a-1", 1, COMPLETED, output=1),
+            Resolution("ended", 1, COMPLETED),
+            Resolution("a-0", 1, COMPLETED, output=0),
+            Resolution("other-wf", 1, COMPLETED),
+            Resolution("a-2", 1, COMPLETED, output=2),
+            Resolution("a-1", 1, COMPLETED, output="twice"),
+        ],
+        NOW + 50,
+        lease_to(limit=3, workflows=frozenset({("wf", "1")})),
+    )
+
+    assert answers == [0, 1, 0, 0, 0, 0, 0, 0, None]
+    # woken: a-0..a-3, busy, other-wf (ended is terminal); the three first
+    # in id order are considered and taken
+    assert sorted(leased) == ["a-0", "a-1", "a-2"]
+    assert [leased[r][1][1].output for r in ("a-0", "a-1", "a-2")] == [0, 1, 2]
+    for run_id in ("a-3", "busy", "other-wf"):  # stamped, not leased
+        assert await wake_of(store, run_id) == NOW + 50
+    a3 = await store.get_run("a-3")
+    assert a3 is not None and a3.status is RunStatus.SUSPENDED
+    busy = await store.get_run("busy")
+    assert busy is not None and busy.locked_by == OWNER
+    assert await wake_of(store, "group") is None
+    group = await store.get_run("group")
+    assert group is not None and group.status is RunStatus.SUSPENDED
+    ended = await store.get_run("ended")
+    assert ended is not None
+    assert (ended.status, ended.wake_requested_at, ended.locked_by) == (
+        RunStatus.CANCELLED,
+        None,
+        None,
+    )
+
+
+async def test_resolve_and_lease_with_no_room_only_stamps(store: StateStore) -> None:
+    await parked(store, _make_cp("r1", 1))
+
+    answers, leased = await store.resolve_and_lease(
+        [Resolution("r1", 1, COMPLETED)], NOW + 50, lease_to(limit=0)
+    )
+
+    assert (answers, leased) == ([0], {})
+    assert await wake_of(store, "r1") == NOW + 50
+
+
+async def test_racing_resolve_and_lease_lease_each_run_once(
+    store_factory: StoreFactory,
+) -> None:
+    """The same results delivered to two instances at once (at-least-once
+    delivery): each step is settled once and each run leased by one of them."""
+    a, b = await store_factory(), await store_factory()
+    runs = [f"race-{n:02}" for n in range(30)]
+    for run_id in runs:
+        await parked(a, _make_cp(run_id, 1), _make_cp(run_id, 2, group="g"))
+    batch = [Resolution(r, 1, COMPLETED, output=r) for r in runs]
+
+    (answers_a, leased_a), (answers_b, leased_b) = await asyncio.gather(
+        a.resolve_and_lease(batch, NOW + 50, lease_to("a")),
+        b.resolve_and_lease(list(reversed(batch)), NOW + 50, lease_to("b")),
+    )
+
+    settled = [x is not None for x in answers_a] + [x is not None for x in answers_b]
+    assert settled.count(True) == 30
+    assert not set(leased_a) & set(leased_b)
+    assert sorted([*leased_a, *leased_b]) == runs
+    for run_id in runs:
+        owner = "a" if run_id in leased_a else "b"
+        run = await a.get_run(run_id)
+        assert run is not None and (run.status, run.locked_by) == (RunStatus.RUNNING, owner)
+
+
+async def test_resolve_and_lease_beside_the_owners_writes_never_deadlocks(
+    store_factory: StoreFactory,
+) -> None:
+    """As the resolve_checkpoints race: results settled and runs leased by one
+    instance while another's turns write and settle the same runs."""
+    owner, receiver = await store_factory(), await store_factory()
+    for round_ in range(4):
+        firsts = [f"l{round_}-a-{n:03}" for n in range(30)]
+        lasts = [f"l{round_}-b-{n:03}" for n in range(30)]
+        for run_id in firsts + lasts:
+            await owner.create_run(_make_run(run_id))
+        assert len(await owner.start_turns(firsts + lasts, OWNER, NOW, NOW + LEASE, PENDING)) == 60
+        assert await owner.save_checkpoints([_make_cp(r, 1) for r in firsts + lasts], OWNER)
+        writes = [owner.save_checkpoint(_make_cp(r, 2), OWNER) for r in reversed(lasts)]
+        settles = [
+            owner.settle_run(r, OWNER, RunStatus.SUSPENDED, RunChanges(), NOW + 1)
+            for r in reversed(firsts)
+        ]
+        resolved = receiver.resolve_and_lease(
+            [Resolution(r, 1, COMPLETED, output=r) for r in firsts + lasts],
+            NOW + 2,
+            lease_to("receiver"),
+        )
+
+        (answers, leased), written, _ = await asyncio.gather(
+            resolved, asyncio.gather(*writes), asyncio.gather(*settles)
+        )
+
+        assert answers == [0] * 60
+        assert set(leased) <= set(firsts)  # only a suspended run can be taken
+        assert all(written)
+        for run_id in firsts:
+            run = await owner.get_run(run_id)
+            assert run is not None
+            # either leased by the receiver, or its owner's settle saw the stamp
+            assert run_id in leased or run.locked_by == OWNER
 
 
 # -- the events a result carries -----------------------------------------------------------
