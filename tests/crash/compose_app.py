@@ -70,6 +70,18 @@ def install_kill_point(store: Any, kill: str) -> None:
             _die()
         return answers
 
+    # Results may settle through either call (resolve_and_lease also leases
+    # the runs they wake): the kill point must follow both.
+    resolve_and_lease = store.resolve_and_lease
+
+    async def resolve_and_lease_then_maybe_die(
+        resolutions: list[Resolution], now: int, lease: Any
+    ) -> Any:
+        answers = await resolve_and_lease(resolutions, now, lease)
+        if kill == "after-first-undo" and any(r.seq == -3 for r in resolutions):
+            _die()
+        return answers
+
     wait_event = store.wait_event
 
     async def wait_event_then_maybe_die(checkpoint: Any, *args: Any) -> Any:
@@ -82,6 +94,7 @@ def install_kill_point(store: Any, kill: str) -> None:
     store.wait_event = wait_event_then_maybe_die
     store.create_runs = create_runs_then_maybe_die
     store.resolve_checkpoints = resolve_then_maybe_die
+    store.resolve_and_lease = resolve_and_lease_then_maybe_die
 
 
 def build(store: str, ledger: str, **options: Any) -> durably.Engine:
