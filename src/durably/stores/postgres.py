@@ -307,9 +307,9 @@ class PostgresStore:
         await self._db.close()
 
     def _writes(self) -> PgWriteBatcher:
-        pool = self._db.pool()
+        self._db.pool()  # not open: RuntimeError here, not in the batch task
         if self._batcher is None:
-            self._batcher = PgWriteBatcher(pool.acquire, self.channel)
+            self._batcher = PgWriteBatcher(self._db.connection, self.channel)
         return self._batcher
 
     # -- runs --------------------------------------------------------------------
