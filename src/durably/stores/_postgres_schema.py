@@ -242,4 +242,10 @@ MIGRATIONS: list[str] = [
     CREATE INDEX durably_run_attributes_str ON durably_run_attributes (key, str_value, run_id);
     CREATE INDEX durably_run_attributes_num ON durably_run_attributes (key, num_value, run_id);
     """,
+    # 10: a run some process waits for from outside the one executing it
+    # (watch_runs): only its settles are announced (NOTIFY), so a run nobody
+    # watches from elsewhere wakes no listener when it settles
+    """
+    ALTER TABLE durably_runs ADD COLUMN watched BOOLEAN NOT NULL DEFAULT false;
+    """,
 ]
