@@ -2,8 +2,9 @@
 
 Sequential calls reuse one connection without going through the pool; a call
 that raises (or is cancelled) gives its connection back to the pool and it is
-never reused as the hot one; a caller waiting for the pool is not overtaken;
-closing the store gives the hot connection back (``close`` does not hang).
+never reused as the hot one; callers waiting for the pool are served in order
+and the pool's last idle connection is never kept out of it; closing the store
+gives the hot connection back (``close`` does not hang).
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ from durably.testing import eventually
 
 @pytest.fixture
 async def db(postgres_url: str) -> AsyncIterator[PgConnection]:
-    """An open pool (and schema) of its own, at most two connections."""
-    db = PgConnection(postgres_url, schema=None, min_size=1, max_size=2, connect_kwargs={})
+    """An open pool (and schema) of its own: two connections open, at most three."""
+    db = PgConnection(postgres_url, schema=None, min_size=2, max_size=3, connect_kwargs={})
     await db.open()
     try:
         yield db
@@ -135,7 +136,39 @@ async def test_callers_waiting_for_the_pool_get_it_in_order(postgres_url: str) -
         release.set()
         await asyncio.wait_for(asyncio.gather(*tasks), 30)
         assert order == ["holder", "first", "second"]
-        # Nobody waits any more: the last one out is kept as the hot one.
+        # The pool's only connection is never kept out of it.
+        assert db._hot is None
+    finally:
+        await asyncio.wait_for(db.close(), 30)
+
+
+async def test_the_pools_last_idle_connection_stays_in_the_pool(postgres_url: str) -> None:
+    """Kept out while the pool had nothing else idle, a concurrent caller
+    (another run's turn) would wait for a new connection to open and fall
+    behind callers that came after it (a singleton's queue saw runs admitted
+    out of order)."""
+    db = PgConnection(postgres_url, schema=None, min_size=1, max_size=2, connect_kwargs={})
+    await db.open()
+    try:
+        await _backend(db)
+        assert db._hot is None  # the pool's one connection went back
+        both = asyncio.Event()
+        inside = 0
+
+        async def hold() -> None:
+            nonlocal inside
+            async with db.connection() as conn:
+                inside += 1
+                if inside == 2:
+                    both.set()
+                await asyncio.wait_for(both.wait(), 30)
+                await conn.fetchval("SELECT 1")
+
+        await asyncio.gather(hold(), hold())
+        await asyncio.wait_for(asyncio.gather(*db._releasing), 30)
+        await _backend(db)
+        # Two connections now: one is kept out, the other idles in the pool.
         assert db._hot is not None
+        assert db.pool().get_idle_size() == 1
     finally:
         await asyncio.wait_for(db.close(), 30)

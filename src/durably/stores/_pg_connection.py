@@ -98,8 +98,7 @@ class PgConnection:
         pool's acquire and release (several loop turns and a task each), and
         its statements keep landing on the same, warm, server backend. A
         concurrent caller gets a pooled connection, which it gives back after
-        it has its answer, or keeps as the hot one if that slot is empty and
-        nobody waits for the pool (then nobody skips that queue either). A
+        it has its answer, or keeps as the hot one (see :meth:`_keeps`). A
         connection whose call raised (cancelled included) goes back to the
         pool, which cleans it up, and is never kept.
         """
@@ -119,12 +118,27 @@ class PgConnection:
         except BaseException:
             await pool.release(conn)
             raise
-        if self._hot is None and not self._queued and self._pool is pool and not conn.is_closed():
+        if self._keeps(pool, conn):
             self._hot = conn
         else:
             release = asyncio.ensure_future(pool.release(conn))
             self._releasing.add(release)
             release.add_done_callback(self._releasing.discard)
+
+    def _keeps(self, pool: Any, conn: Any) -> bool:
+        """Whether ``conn``, just used, stays out as the hot connection: when
+        the slot is free, nobody waits for the pool, and the pool keeps an idle
+        connection of its own. Otherwise a concurrent caller would have to open
+        a new connection (milliseconds) while this one sits idle, and callers
+        would overtake each other (a turn that asked first would take its slot
+        in a queue last)."""
+        return (
+            self._hot is None
+            and not self._queued
+            and self._pool is pool
+            and pool.get_idle_size() > 0
+            and not conn.is_closed()
+        )
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Any]:
