@@ -67,9 +67,10 @@ def _sql_name(query: str) -> str:
     q = " ".join(query.split())
     for key, name in (
         ("pg_advisory_unlock_all", "RESET-QUERY"),
-        ("WITH v AS", "BATCH"),
+        ("WITH locked AS", "BATCH"),
+        ("WITH settled AS", "FINAL (last result + settle)"),
         ("WITH ins AS (INSERT INTO durably_runs", "create_run"),
-        ("WITH r AS (UPDATE durably_runs SET status = 'running'", "start_turn"),
+        ("WITH r AS (UPDATE durably_runs SET status = 'running'", "start_turns"),
         ("= ANY($1::text[])", "get_runs"),
         ("WHERE id = $1", "get_run"),
     ):
