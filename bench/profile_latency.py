@@ -33,7 +33,7 @@ import asyncpg.pool
 
 import durably
 from durably import _turns, _watch
-from durably.stores import _pg_batch, postgres
+from durably.stores import _pg_batch, _pg_connection, postgres
 
 BASE = "postgresql://postgres@127.0.0.1:5432/test"
 PC = time.perf_counter
@@ -67,9 +67,10 @@ def _sql_name(query: str) -> str:
     q = " ".join(query.split())
     for key, name in (
         ("pg_advisory_unlock_all", "RESET-QUERY"),
-        ("WITH v AS", "BATCH"),
+        ("WITH locked AS", "BATCH"),
+        ("WITH settled AS", "FINAL (last result + settle)"),
         ("WITH ins AS (INSERT INTO durably_runs", "create_run"),
-        ("WITH r AS (UPDATE durably_runs SET status = 'running'", "start_turn"),
+        ("WITH r AS (UPDATE durably_runs SET status = 'running'", "start_turns"),
         ("= ANY($1::text[])", "get_runs"),
         ("WHERE id = $1", "get_run"),
     ):
@@ -117,15 +118,16 @@ def instrument() -> None:
     wrap_async(asyncpg.pool.Pool, "release", "  pool.release")
 
     st = postgres.PostgresStore
-    for name in ("create_run", "get_run", "get_runs", "start_turn"):
+    for name in ("create_run", "_create_one", "get_run", "get_runs", "start_turns"):
         wrap_async(st, name, f"store.{name}")
-    orig_heard = st._heard
+    pgc = _pg_connection.PgConnection
+    orig_heard = pgc._heard
 
     def _heard(self: Any, conn: Any, pid: int, channel: str, payload: str) -> None:
         ev(f"NOTIFY heard {payload.split(':')[0]}")
         orig_heard(self, conn, pid, channel, payload)
 
-    st._heard = _heard  # type: ignore[method-assign]
+    pgc._heard = _heard  # type: ignore[method-assign]
 
     b = _pg_batch.PgWriteBatcher
     orig_scp, orig_settle = b.save_checkpoint, b.settle

@@ -297,7 +297,12 @@ class Turn:
         """
         while self._unflushed:
             pending, self._unflushed = self._unflushed, []
-            results = await asyncio.gather(*pending, return_exceptions=True)
+            if all(write.done() for write in pending):
+                # Usually so at the end of a turn (its settle was committed
+                # with them): read them here, not a loop turn later.
+                results: list[Any] = [_outcome(write) for write in pending]
+            else:
+                results = await asyncio.gather(*pending, return_exceptions=True)
             for result in results:
                 if isinstance(result, BaseException):
                     if isinstance(result, Exception) and is_infrastructure_error(result):
@@ -550,6 +555,14 @@ def error_info(exc: BaseException) -> ErrorInfo:
 
 def _no_gate(_seqs: Iterable[int]) -> None:
     return None
+
+
+def _outcome(write: asyncio.Future[bool]) -> Any:
+    """A finished write's result, or its exception, as ``gather(return_exceptions=True)``."""
+    if write.cancelled():
+        return asyncio.CancelledError()
+    error = write.exception()
+    return error if error is not None else write.result()
 
 
 def _consume(write: asyncio.Future[bool]) -> None:

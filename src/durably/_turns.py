@@ -456,7 +456,6 @@ class TurnDriver:
             changes = RunChanges(error=outcome.error, wake_at=outcome.wake_at)
         else:
             status, changes = RunStatus.SUSPENDED, RunChanges(wake_at=outcome.wake_at)
-        ended = run.replace(status=status, output=changes.output, error=changes.error)
         if (
             status in TERMINAL_STATUSES
             and run.parent_id is not None
@@ -469,7 +468,7 @@ class TurnDriver:
             # write is not queued behind the turn's results: collect them first.
             if turn is not None and self._store.ordered_writes:
                 await self._collect(turn, run_id)
-            won = await self._children.end_child(ended, owner=owner)
+            won = await self._children.end_child(_ended(run, status, changes), owner=owner)
             result = SettleResult.SETTLED if won else SettleResult.LOST
         else:
             result = await self._store.settle_run(run_id, owner, status, changes, now)
@@ -511,7 +510,7 @@ class TurnDriver:
                 if turn is not None and status is not RunStatus.CANCELLED:
                     await self._children.cancel_attached(run_id, turn.attached_children)
                 if status is RunStatus.FAILED:
-                    await self._after_failure(ended)
+                    await self._after_failure(_ended(run, status, changes))
                 if status is RunStatus.CANCELLED:
                     await self._children.cancel_children(run_id)
         return None
@@ -559,6 +558,11 @@ class TurnDriver:
         await self._store.move_updates(run.run_id, next_id, now)
         self._router.route(next_id, namespace=run.namespace, priority=run.priority)
         return next_id
+
+
+def _ended(run: Run, status: RunStatus, changes: RunChanges) -> Run:
+    """``run`` as its settle leaves it (a copy: most settles never need one)."""
+    return run.replace(status=status, output=changes.output, error=changes.error)
 
 
 def after_unwind(outcome: TurnOutcome, failures: list[ErrorInfo], cancelling: bool) -> TurnOutcome:

@@ -4,6 +4,12 @@ A turn that settles in this process hands its outcome straight to the
 waiters. Runs settled by other processes are found by one poll for all
 waiters together (``get_runs`` in batches of 500), so ten thousand
 ``wait_for_run`` calls cost a few queries per interval, not ten thousand.
+
+The store announces a settle to other processes only for runs marked watched
+(``watch_runs``): a waiter here marks a run executing elsewhere as it first
+reads it, and a run of its own once it is put aside (suspended or blocked:
+it may resume in any process). A run waited for only where it executes
+costs no announcement at all.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ __all__ = ["RunWatcher"]
 
 _Entry = tuple[asyncio.Future[RunResult], frozenset[RunStatus]]
 _RECENT_LIMIT = 1024
+_ASIDE = frozenset({RunStatus.SUSPENDED, RunStatus.BLOCKED})
 _REMEMBERED = frozenset(
     {
         RunStatus.COMPLETED,
@@ -34,15 +41,29 @@ class RunWatcher:
     """Resolves waiters when their run reaches one of the statuses they wait for."""
 
     def __init__(
-        self, get_runs: Callable[[list[str]], Awaitable[list[Run]]], interval: float = 0.1
+        self,
+        get_runs: Callable[[list[str]], Awaitable[list[Run]]],
+        interval: float = 0.1,
+        watch_runs: Callable[[list[str]], Awaitable[list[Run]]] | None = None,
     ) -> None:
+        """``watch_runs`` reads runs as ``get_runs`` does and marks them watched
+        (the store's :meth:`~durably.stores.base.RunStore.watch_runs`)."""
         self._get_runs = get_runs
+        self._watch_runs = watch_runs or get_runs
         self.interval = interval
         self._waiting: dict[str, list[_Entry]] = {}
         self._poller: asyncio.Task[None] | None = None
         self._poke = asyncio.Event()
         self._poked: set[str] = set()
         self._recent: OrderedDict[str, RunResult] = OrderedDict()
+        self._watched: set[str] = set()  # waited-for runs marked watched by this process
+        self._marking: set[asyncio.Task[None]] = set()
+
+    async def watch(self, run_id: str) -> Run | None:
+        """Read a run this process does not execute and mark it watched, so its
+        settles elsewhere are announced here (then :meth:`wait` on it)."""
+        found = await self._watch_runs([run_id])
+        return found[0] if found else None
 
     async def wait(
         self, run: Run, statuses: frozenset[RunStatus], timeout: float | None
@@ -51,6 +72,7 @@ class RunWatcher:
         if run.status in statuses:
             return RunResult(run.run_id, run.status, run.output, run.error)
         future: asyncio.Future[RunResult] = asyncio.get_running_loop().create_future()
+        self._watched.add(run.run_id)  # read through watch()
         # Settled between the caller's read and our registration: the next
         # poll sees it, and it is due at once.
         return await self._register(run.run_id, (future, statuses), timeout, poke=True)
@@ -81,6 +103,8 @@ class RunWatcher:
                     entries.remove(entry)
                 if not entries:
                     del self._waiting[run_id]
+            if run_id not in self._waiting:
+                self._watched.discard(run_id)
 
     async def wait_local(
         self, run_id: str, statuses: frozenset[RunStatus], timeout: float | None
@@ -104,9 +128,34 @@ class RunWatcher:
             self._recent.move_to_end(result.run_id)
             if len(self._recent) > _RECENT_LIMIT:
                 self._recent.popitem(last=False)
+        unmet = False
         for future, statuses in self._waiting.get(result.run_id, ()):
-            if result.status in statuses and not future.done():
-                future.set_result(result)
+            if result.status in statuses:
+                if not future.done():
+                    future.set_result(result)
+            else:
+                unmet = True
+        if unmet and result.status in _ASIDE:
+            # Put aside until a timer, a signal or a slot: its next turn may
+            # run in any process, and that settle must be heard here.
+            self._mark(result.run_id)
+
+    def _mark(self, run_id: str) -> None:
+        if run_id in self._watched:
+            return
+        self._watched.add(run_id)
+        task = asyncio.get_running_loop().create_task(self._marked(run_id))
+        self._marking.add(task)
+        task.add_done_callback(self._marking.discard)
+
+    async def _marked(self, run_id: str) -> None:
+        try:
+            runs = await self._watch_runs([run_id])
+        except Exception:
+            self._watched.discard(run_id)  # the poll remains the net
+            return
+        for run in runs:
+            self.settled(RunResult(run.run_id, run.status, run.output, run.error))
 
     def changed(self, run_id: str) -> None:
         """A run changed somewhere (a notification): look at it now."""
@@ -117,9 +166,10 @@ class RunWatcher:
     async def close(self) -> None:
         """Stop polling (waiters still waiting time out on their own)."""
         poller, self._poller = self._poller, None
-        if poller is not None:
-            poller.cancel()
-            await asyncio.gather(poller, return_exceptions=True)
+        tasks = [*self._marking, *([poller] if poller is not None else [])]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _poll(self) -> None:
         loop = asyncio.get_running_loop()

@@ -100,7 +100,8 @@ def wire(
     intercept = Interceptors()
     registry = Registry()
     threads = StepThreads(options.step_threads)
-    watcher = RunWatcher(store.get_runs)
+    # A wrapped store may not forward watch_runs: it then just reads.
+    watcher = RunWatcher(store.get_runs, watch_runs=getattr(store, "watch_runs", None))
     router = RunRouter(store, clock, watcher, settings)
     updates = UpdateCalls(store, clock, router.wake)
     entities = Entities(store, updates, start)

@@ -1061,7 +1061,11 @@ class Engine:
         if self._router.runs_here(run_id):
             # It executes here: its settle hands the outcome over, no read needed.
             return await self._watcher.wait_local(run_id, statuses, timeout)
-        return await self._watcher.wait(await self._children.require(run_id), statuses, timeout)
+        # Read and marked watched: its settles elsewhere are announced here.
+        run = await self._watcher.watch(run_id)
+        if run is None:
+            raise RunNotFound(f"no run with id {run_id!r}")
+        return await self._watcher.wait(run, statuses, timeout)
 
     async def get_run(self, run_id: str) -> Run | None:
         """The run, or ``None``."""

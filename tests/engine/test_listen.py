@@ -169,3 +169,37 @@ async def test_a_listen_outage_longer_than_any_backoff_still_ends_in_listening(
     finally:
         await producer.close()
         await admin.close()
+
+
+async def test_a_waiter_in_another_process_hears_the_settle_of_a_run_it_watches(
+    postgres_url: str,
+) -> None:
+    """Settles are announced only for runs watched from elsewhere: a waiter in
+    another engine marks the run as it reads it, and (its watcher never
+    polling again) only the announcement can deliver the outcome."""
+    worker = durably.Engine(postgres_url, poll_interval=NEVER)
+    register(worker)
+    waiter = durably.Engine(postgres_url, drive=False)
+    register(waiter)
+    try:
+        async with worker:
+            await waiter.open()
+            waiter._watcher.interval = NEVER
+            run = await worker.start("await-signal", run_id="watched")
+
+            async def parked() -> bool:
+                current = await worker.get_run("watched")
+                return current is not None and current.status is RunStatus.SUSPENDED
+
+            await eventually(parked)
+            waiting = asyncio.create_task(waiter.wait_for_run(run.run_id, terminal=True))
+
+            async def registered() -> bool:  # after its read (the mark)
+                return "watched" in waiter._watcher._waiting
+
+            await eventually(registered)
+            await worker.signal("go-token", "done")
+            result = await asyncio.wait_for(waiting, 60)
+            assert (result.status, result.output) == (RunStatus.COMPLETED, "done")
+    finally:
+        await waiter.close()

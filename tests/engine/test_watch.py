@@ -42,3 +42,69 @@ async def test_a_waiter_gets_the_outcome_or_times_out() -> None:
         assert (await task).output == 7
     finally:
         await watcher.close()
+
+
+class _Watches:
+    """A store's ``get_runs``/``watch_runs`` pair, counting the marks."""
+
+    def __init__(self) -> None:
+        self.marked: list[list[str]] = []
+        self.runs: dict[str, Run] = {}
+
+    async def get_runs(self, run_ids: list[str]) -> list[Run]:
+        return [self.runs[i] for i in run_ids if i in self.runs]
+
+    async def watch_runs(self, run_ids: list[str]) -> list[Run]:
+        self.marked.append(list(run_ids))
+        return await self.get_runs(run_ids)
+
+
+def _run(run_id: str, status: RunStatus) -> Run:
+    return Run(run_id=run_id, workflow="wf", workflow_version="1", status=status)
+
+
+async def test_a_local_waiter_marks_its_run_watched_once_it_is_put_aside() -> None:
+    """A run executing here needs no announcement of its settles until it is
+    suspended (its next turn may run anywhere): only then is it marked, once."""
+    store = _Watches()
+    watcher = RunWatcher(store.get_runs, interval=60.0, watch_runs=store.watch_runs)
+    try:
+        task = asyncio.create_task(watcher.wait_local("r", _DONE, timeout=30.0))
+        await asyncio.sleep(0)
+        watcher.settled(RunResult("r", RunStatus.RUNNING))
+        assert store.marked == []
+        store.runs["r"] = _run("r", RunStatus.SUSPENDED)
+        watcher.settled(RunResult("r", RunStatus.SUSPENDED))
+        watcher.settled(RunResult("r", RunStatus.SUSPENDED))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert store.marked == [["r"]]
+        watcher.settled(RunResult("r", RunStatus.COMPLETED, output=1))
+        assert (await task).output == 1
+        # The mark's own read of a run that settled meanwhile resolves it too.
+        store.runs["s"] = _run("s", RunStatus.COMPLETED)
+        other = asyncio.create_task(watcher.wait_local("s", _DONE, timeout=30.0))
+        await asyncio.sleep(0)
+        watcher.settled(RunResult("s", RunStatus.SUSPENDED))
+        assert (await other).status is RunStatus.COMPLETED
+        assert store.marked == [["r"], ["s"]]
+    finally:
+        await watcher.close()
+
+
+async def test_a_waiter_from_outside_is_read_through_the_mark_and_not_marked_again() -> None:
+    store = _Watches()
+    store.runs["r"] = _run("r", RunStatus.RUNNING)
+    watcher = RunWatcher(store.get_runs, interval=60.0, watch_runs=store.watch_runs)
+    try:
+        run = await watcher.watch("r")
+        assert run is not None and store.marked == [["r"]]
+        assert await watcher.watch("missing") is None
+        task = asyncio.create_task(watcher.wait(run, _DONE, timeout=30.0))
+        await asyncio.sleep(0)
+        watcher.settled(RunResult("r", RunStatus.SUSPENDED))
+        watcher.settled(RunResult("r", RunStatus.COMPLETED, output=2))
+        assert (await task).output == 2
+        assert store.marked == [["r"], ["missing"]]
+    finally:
+        await watcher.close()

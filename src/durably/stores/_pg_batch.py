@@ -32,6 +32,12 @@ __all__ = ["PgWriteBatcher"]
 
 _log = engine_logger("durably.stores.postgres")
 
+# A settle is announced (NOTIFY) only for a run watched from another process
+# (``watch_runs``; the row lock orders the two, so a watch either comes first
+# and the settle announces, or reads the settled row). Every NOTIFY wakes each
+# listening backend of the database, and the run's own process (the usual
+# waiter) has the outcome handed over in memory.
+#
 # One statement for a whole batch. Every part sees the same snapshot, so the
 # checkpoints are fenced by the leases as they were before the settles in the
 # same batch release them; FOR SHARE makes a concurrent takeover wait and
@@ -78,7 +84,7 @@ _BATCH = f"""
         FROM s
         WHERE r.id = s.id AND r.status = 'running' AND r.locked_by = s.owner
             AND (s.terminal OR r.wake_requested_at IS NULL) AND (SELECT n FROM locked) >= 0
-        RETURNING r.id, s.terminal
+        RETURNING r.id, s.terminal, r.watched
     ), cleared AS (
         DELETE FROM durably_signal_waiters
         WHERE run_id IN (SELECT id FROM settled WHERE terminal)
@@ -89,7 +95,8 @@ _BATCH = f"""
     SELECT run_id AS id, seq, NULL::boolean AS notified FROM held
     UNION ALL
     SELECT id, NULL,
-        (SELECT pg_notify($28, '{StoreNotice.SETTLED}:' || {notice_argument("id")})) IS NULL
+        CASE WHEN watched
+            THEN pg_notify($28, '{StoreNotice.SETTLED}:' || {notice_argument("id")}) END IS NULL
     FROM settled
 """
 
@@ -97,24 +104,29 @@ _BATCH = f"""
 # parameters instead of one array per column, and the settle's own lease check
 # fences the checkpoint (a terminal settle succeeds exactly when the lease is
 # held), so there is nothing to lock first. Same effect as _BATCH for this case.
+# The waiters are deleted by the run's id, gated on the settle (an index probe;
+# a semi-join on ``settled`` measured ~0.03 ms slower per statement).
 _FINAL = f"""
     WITH settled AS (
         UPDATE durably_runs SET status = $20::text, output = $21::text, error = $22::text,
             wake_at = $23::bigint, locked_by = NULL, locked_until = NULL,
             updated_at = $24::bigint
         WHERE id = $1::text AND status = 'running' AND locked_by = $19::text
-        RETURNING id
+        RETURNING id, watched
     ), saved AS (
         INSERT INTO durably_checkpoints ({CP_COLUMNS})
         SELECT {CP_PARAMS}
         FROM settled
         {CP_UPSERT_TAIL}
     ), cleared AS (
-        DELETE FROM durably_signal_waiters WHERE run_id IN (SELECT id FROM settled)
+        DELETE FROM durably_signal_waiters
+        WHERE run_id = $1::text AND EXISTS (SELECT 1 FROM settled)
     ), cleared_events AS (
-        DELETE FROM durably_event_waiters WHERE run_id IN (SELECT id FROM settled)
+        DELETE FROM durably_event_waiters
+        WHERE run_id = $1::text AND EXISTS (SELECT 1 FROM settled)
     )
-    SELECT (SELECT pg_notify($25, '{StoreNotice.SETTLED}:' || {notice_argument("id")})) IS NULL
+    SELECT CASE WHEN watched
+        THEN pg_notify($25, '{StoreNotice.SETTLED}:' || {notice_argument("id")}) END IS NULL
     FROM settled
 """
 

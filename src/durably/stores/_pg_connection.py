@@ -7,7 +7,8 @@ the way of reading that SQL (as :mod:`._sqlite_thread` does for SQLite):
 
 - **The pool.** asyncpg connections with generic plans, no reset query and
   the store's schema on the ``search_path``. :meth:`PgConnection.connection`
-  gives a connection back to the pool *after* the caller has its answer.
+  keeps one connection out of the pool for the next sequential call and
+  gives any other back *after* the caller has its answer.
 - **LISTEN.** One dedicated connection listens on the schema's channel and
   fans each notification out to the store's subscriber and to any listeners
   (the message queue's); it is re-opened if it drops.
@@ -72,6 +73,8 @@ class PgConnection:
         self._pool: Any = None
         self._opening = asyncio.Lock()
         self._releasing: set[asyncio.Future[None]] = set()
+        self._hot: Any = None  # an idle connection kept out of the pool (see connection())
+        self._queued = 0  # connection() callers waiting for the pool
         self._listener: Any = None
         self._on_event: Callable[[str, str], None] | None = None
         self._listeners: list[Callable[[str, str], None]] = []  # besides on_event
@@ -93,29 +96,67 @@ class PgConnection:
 
     @asynccontextmanager
     async def connection(self) -> AsyncIterator[Any]:
-        """A pooled connection for one hot-path statement, given back to the
-        pool after the caller has its answer (a release costs the caller a few
-        loop turns it does not need to wait for)."""
+        """A connection for one hot-path statement (or transaction).
+
+        One connection stays checked out between calls (the *hot* one) and
+        serves the next call that finds it idle: a sequential caller skips the
+        pool's acquire and release (several loop turns and a task each), and
+        its statements keep landing on the same, warm, server backend. A
+        concurrent caller gets a pooled connection, which it gives back after
+        it has its answer, or keeps as the hot one (see :meth:`_keeps`). A
+        connection whose call raised (cancelled included) goes back to the
+        pool, which cleans it up, and is never kept.
+        """
         pool = self.pool()
-        conn = await pool.acquire()
+        if self._hot is not None and not self._queued:
+            conn, self._hot = self._hot, None
+        else:
+            # Behind callers already waiting for the pool, never ahead of
+            # them: statements go out in the order they were asked for.
+            self._queued += 1
+            try:
+                conn = await pool.acquire()
+            finally:
+                self._queued -= 1
         try:
             yield conn
         except BaseException:
             await pool.release(conn)
             raise
-        release = asyncio.ensure_future(pool.release(conn))
-        self._releasing.add(release)
-        release.add_done_callback(self._releasing.discard)
+        if self._keeps(pool, conn):
+            self._hot = conn
+        else:
+            release = asyncio.ensure_future(pool.release(conn))
+            self._releasing.add(release)
+            release.add_done_callback(self._releasing.discard)
+
+    def _keeps(self, pool: Any, conn: Any) -> bool:
+        """Whether ``conn``, just used, stays out as the hot connection: when
+        the slot is free, nobody waits for the pool, and the pool keeps an idle
+        connection of its own. Otherwise a concurrent caller would have to open
+        a new connection (milliseconds) while this one sits idle, and callers
+        would overtake each other (a turn that asked first would take its slot
+        in a queue last)."""
+        return (
+            self._hot is None
+            and not self._queued
+            and self._pool is pool
+            and pool.get_idle_size() > 0
+            and not conn.is_closed()
+        )
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Any]:
-        """A pooled connection inside a transaction, committed on exit."""
-        async with self.pool().acquire() as conn, conn.transaction():
+        """A connection inside a transaction, committed on exit (the hot one when idle)."""
+        async with self.connection() as conn, conn.transaction():
             yield conn
 
     async def close(self) -> None:
         """Wait for connections still being given back, then close the pool.
         Idempotent; call :meth:`stop_listening` first."""
+        hot, self._hot = self._hot, None
+        if hot is not None and self._pool is not None:
+            await self._pool.release(hot)
         if self._releasing:
             await asyncio.gather(*self._releasing, return_exceptions=True)
         pool, self._pool = self._pool, None

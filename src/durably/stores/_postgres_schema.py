@@ -258,4 +258,10 @@ MIGRATIONS: list[str] = [
     CREATE UNIQUE INDEX durably_updates_id ON durably_updates (run_id, update_id);
     CREATE INDEX durably_updates_pending ON durably_updates (run_id, id) WHERE answer IS NULL;
     """,
+    # 11: a run some process waits for from outside the one executing it
+    # (watch_runs): only its settles are announced (NOTIFY), so a run nobody
+    # watches from elsewhere wakes no listener when it settles
+    """
+    ALTER TABLE durably_runs ADD COLUMN watched BOOLEAN NOT NULL DEFAULT false;
+    """,
 ]

@@ -307,6 +307,15 @@ class RunStore(Protocol):
     async def get_runs(self, run_ids: list[str]) -> list[Run]:
         """The runs that exist among ``run_ids``, in any order."""
 
+    async def watch_runs(self, run_ids: list[str]) -> list[Run]:
+        """As :meth:`get_runs`, for a process waiting on runs it does not
+        execute: from now on, whoever settles one of them announces it to other
+        processes (PostgreSQL ``NOTIFY``), which a settle skips for runs nobody
+        watches. *Atomic* with a racing settle: either the settle sees the run
+        watched, or the run returned is the settled one. A store whose notices
+        do not cross processes just reads the runs.
+        """
+
     async def list_runs(self, query: RunQuery) -> RunPage:
         """Runs matching ``query``, newest first, paged by an opaque cursor."""
 

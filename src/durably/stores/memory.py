@@ -115,6 +115,10 @@ class MemoryStore(MemoryWaits):
         """The runs that exist among ``run_ids``."""
         return [copy.deepcopy(self._runs[i]) for i in dict.fromkeys(run_ids) if i in self._runs]
 
+    async def watch_runs(self, run_ids: list[str]) -> list[Run]:
+        """The runs, as :meth:`get_runs` (this store's notices stay in-process)."""
+        return await self.get_runs(run_ids)
+
     async def list_runs(self, query: RunQuery) -> RunPage:
         """Runs matching ``query``, newest first."""
         after = decode_cursor(query.cursor)

@@ -203,6 +203,29 @@ _UPDATE_COLUMNS = "run_id, update_id, name, payload, created_at, answer, answere
 _SELECT_UPDATE = (
     f"SELECT {_UPDATE_COLUMNS} FROM durably_updates WHERE run_id = $1 AND update_id = $2"
 )
+
+# watch_runs: mark the runs live and unwatched as read (``live``, fixed once),
+# locking them in id order as every write locking several runs does; a mark
+# that waited for a settle returns the run as settled (RETURNING reads the row
+# it locked). The other runs are returned as read: terminal, or watched
+# already (so any later settle of theirs is announced).
+_WATCH_RUNS = f"""
+    WITH live AS MATERIALIZED (
+        SELECT id FROM durably_runs
+        WHERE id = ANY($1::text[]) AND NOT watched AND status <> ALL($2::text[])
+    ), marked AS (
+        UPDATE durably_runs SET watched = true
+        WHERE id IN (
+            SELECT id FROM durably_runs WHERE id IN (SELECT id FROM live)
+            ORDER BY id FOR NO KEY UPDATE
+        )
+        RETURNING {_SELECT_RUN}
+    )
+    SELECT * FROM marked
+    UNION ALL
+    SELECT {_SELECT_RUN} FROM durably_runs
+    WHERE id = ANY($1::text[]) AND id NOT IN (SELECT id FROM live)
+"""
 _HOLD_LEASE = "SELECT 1 FROM durably_runs WHERE id = $1 AND locked_by = $2 FOR SHARE"
 _LOCK_TOKEN = "SELECT pg_advisory_xact_lock(hashtextextended($1::text, 0))"
 _DELETE_WAITERS = (
@@ -348,9 +371,9 @@ class PostgresStore:
         await self._db.close()
 
     def _writes(self) -> PgWriteBatcher:
-        pool = self._db.pool()
+        self._db.pool()  # not open: RuntimeError here, not in the batch task
         if self._batcher is None:
-            self._batcher = PgWriteBatcher(pool.acquire, self.channel)
+            self._batcher = PgWriteBatcher(self._db.connection, self.channel)
         return self._batcher
 
     # -- runs --------------------------------------------------------------------
@@ -428,6 +451,16 @@ class PostgresStore:
         rows = await self._db.pool().fetch(
             f"SELECT {_SELECT_RUN} FROM durably_runs WHERE id = ANY($1::text[])", ids
         )
+        return [run_from_row(row) for row in rows]
+
+    async def watch_runs(self, run_ids: list[str]) -> list[Run]:
+        """The runs, marking the live ones watched: their settles are announced
+        from now on. A run settling meanwhile either waits for the mark (its
+        settle sees it and announces) or is read here as it settled: the mark
+        waits for the row and returns the row as it then is."""
+        if not run_ids:
+            return []
+        rows = await self._db.pool().fetch(_WATCH_RUNS, list(dict.fromkeys(run_ids)), _TERMINAL)
         return [run_from_row(row) for row in rows]
 
     async def list_runs(self, query: RunQuery) -> RunPage:

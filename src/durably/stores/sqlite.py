@@ -306,6 +306,11 @@ class SqliteStore:
 
         return await self._db.run(op)
 
+    async def watch_runs(self, run_ids: list[str]) -> list[Run]:
+        """The runs, as :meth:`get_runs` (no notices cross processes here:
+        other processes find settles by polling)."""
+        return await self.get_runs(run_ids)
+
     async def list_runs(self, query: RunQuery) -> RunPage:
         """Runs matching ``query``, newest first."""
         sql, params = list_runs_sql(query)

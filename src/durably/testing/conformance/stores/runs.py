@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from durably.model import Run, RunStatus
-from durably.stores import RunQuery, StateStore
+from durably.stores import RunChanges, RunQuery, SettleResult, StateStore
 
 from ._helpers import (
     NESTED,
@@ -182,6 +182,61 @@ async def test_get_runs_returns_only_existing_runs_once(store: StateStore) -> No
     assert sorted(r.run_id for r in found) == ids
     assert await store.get_runs([]) == []
     assert await store.get_runs(["missing"]) == []
+
+
+async def test_watch_runs_reads_like_get_runs_and_changes_nothing(store: StateStore) -> None:
+    ids = [f"w{i:04d}" for i in range(520)]  # more than one SQL batch
+    await asyncio.gather(*(store.create_run(make_run(i)) for i in ids))
+    await leased(store, "w-running")
+    await store.create_run(make_run("w-done", RunStatus.COMPLETED, output=5))
+    everything = [*ids, "w-running", "w-done"]
+    before = {run.run_id: run for run in await store.get_runs(everything)}
+
+    found = await store.watch_runs([*everything, "missing", ids[0], "w-done"])
+
+    assert sorted(r.run_id for r in found) == sorted(everything)
+    assert {r.run_id: r for r in found} == before
+    again = await store.watch_runs(everything)  # a second watch: the same
+    assert {r.run_id: r for r in again} == before
+    assert {r.run_id: r for r in await store.get_runs(everything)} == before
+    assert await store.watch_runs([]) == []
+    assert await store.watch_runs(["missing"]) == []
+
+
+@pytest.mark.parametrize("many", [1, 8], ids=["one", "many"])
+async def test_watch_runs_racing_settles_reads_each_run_before_or_after_its_settle(
+    store: StateStore, store_factory: StoreFactory, many: int
+) -> None:
+    """A watch and settles of the same runs from another store object, at
+    once: each run is read either live or settled (never half-written), the
+    settles all land, and a later read is the settled run."""
+    settler = await store_factory()
+    ids = [f"race{i}" for i in range(many)]
+    for run_id in ids:
+        await leased(settler, run_id)
+
+    async def settle(run_id: str) -> SettleResult:
+        return await settler.settle_run(
+            run_id, OWNER, RunStatus.COMPLETED, RunChanges(output=run_id), NOW + 1
+        )
+
+    watching = asyncio.ensure_future(store.watch_runs(ids))
+    results = await asyncio.gather(*map(settle, ids))
+    watched = await watching
+
+    assert results == [SettleResult.SETTLED] * many
+    assert sorted(r.run_id for r in watched) == ids
+    for run in watched:
+        assert (run.status, run.output) in {
+            (RunStatus.RUNNING, None),
+            (RunStatus.COMPLETED, run.run_id),
+        }
+    for run in await store.watch_runs(ids):
+        assert (run.status, run.output, run.locked_by) == (
+            RunStatus.COMPLETED,
+            run.run_id,
+            None,
+        )
 
 
 async def _listing_fixture(store: StateStore) -> None:
