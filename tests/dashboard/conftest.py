@@ -30,7 +30,7 @@ HAVE_CHROMIUM = Path(CHROMIUM).exists()
 expect.set_options(timeout=20_000)
 # Where the tests save their screenshots: a git-ignored folder by default, so a
 # test run leaves the tree clean; DURABLY_SCREENSHOTS=docs/screenshots
-# refreshes the ones the README shows.
+# refreshes the ones docs/operating.md shows.
 SCREENSHOTS = Path(
     os.environ.get("DURABLY_SCREENSHOTS") or Path(__file__).resolve().parents[2] / ".screenshots"
 ).resolve()
