@@ -156,7 +156,7 @@ class WorkflowContext:
 
         ``fn`` may be a coroutine function or a plain function (run in a worker
         thread so it cannot block the event loop). Its return value is stored
-        as JSON (see "Typed values" in the README) and handed back decoded
+        as JSON (see docs/workflows.md, "Typed values") and handed back decoded
         into ``output`` or else ``fn``'s return annotation (a pydantic model,
         dataclass, ``datetime``, ``Decimal``...), the same on the first run
         and on replay; a result that does not fit fails the step (not retried).

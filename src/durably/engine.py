@@ -313,8 +313,8 @@ class Engine:
         ``input`` may be a pydantic model, a dataclass or any callable that
         converts/validates the input; ``start`` rejects invalid input before a
         run exists. ``output`` (else the function's return annotation) is
-        the type its output is decoded into (see "Typed values" in the
-        README); an output that does not fit fails the run.
+        the type its output is decoded into (see docs/workflows.md, "Typed
+        values"); an output that does not fit fails the run.
         ``execution_timeout`` cancels runs older than that. ``schedule``
         declares a schedule named after the workflow: a cron expression
         (UTC), or a mapping of :meth:`schedule` options (``{"every": "15m"}``,
