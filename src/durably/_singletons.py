@@ -6,25 +6,29 @@ store-held slots that cap dispatched steps: atomic across processes, freed when
 the run ends, and the next waiter is woken at once. A run refused a slot stays
 ``suspended`` without executing anything and asks again. Waiters are admitted
 oldest first, by when they first asked (their first turn, which follows the
-order they were created in).
+order they were created in, as ``engine.start`` puts each run in line as it
+creates it).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from ._names import MAX_NAME_LENGTH, check_name
 from .errors import SchemaValidationError
-from .model import RunStatus
-from .stores.base import Admission, RunQuery, RunStore
+from .model import TERMINAL_STATUSES, Run, RunStatus
+from .stores.base import Admission, FlowStore, RunQuery, RunStore
 
-__all__ = ["SINGLETON_RETRY_MS", "Singleton", "count_live", "singleton_tag"]
+__all__ = ["SINGLETON_RETRY_MS", "Singleton", "count_live", "join_line", "singleton_tag"]
 
 SINGLETON_RETRY_MS = 30_000
 """How often a queued run asks again if nobody wakes it; a waiter unseen for three
 of these (every engine down) loses its place."""
+
+_log = logging.getLogger("durably")
 
 KeyFn = Callable[[Any], Any]
 
@@ -107,3 +111,26 @@ async def count_live(store: RunStore, workflow: str, tag: str, bound: int) -> in
     """
     page = await store.list_runs(RunQuery(statuses=_LIVE, workflow=workflow, tag=tag, limit=bound))
     return len(page.runs)
+
+
+async def join_line(
+    store: FlowStore, singleton: Singleton, workflow: str, value: Any, run: Run, now: int
+) -> None:
+    """Put a run ``engine.start`` just created in its key's line (or give it
+    the free slot) before the start returns.
+
+    Its first turn asks again (idempotent: a run keeps its slot or its place,
+    which is by creation time), but that turn races the turns of runs started
+    after it: without this, a later run whose turn asked first took the slot
+    ahead of an earlier one. A run that already ended (an idempotent start of
+    it) is not put in line: it would hold the head of the line for nothing.
+    """
+    if run.status in TERMINAL_STATUSES:
+        return
+    key = singleton.key(workflow, value)
+    try:
+        await store.try_admit(singleton.admission(workflow, key, run.run_id, run.created_at), now)
+    except Exception as exc:
+        # The run exists and its first turn asks anyway: failing the start
+        # here would tell the caller it was not made when it was.
+        _log.warning("could not put run %s in line for %s now (%s)", run.run_id, key, exc)

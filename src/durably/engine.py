@@ -39,7 +39,7 @@ from ._options import Consumers, EngineOptions, Option, SettableOption
 from ._outside import OutsideCalls, task_failure, task_result
 from ._registry import WorkflowDef
 from ._run_queue import RunQueue
-from ._singletons import Singleton, count_live, singleton_tag
+from ._singletons import Singleton, count_live, join_line, singleton_tag
 from ._start import check_signal, check_start, check_tags, new_run
 from ._wiring import wire
 from ._worker import RECOVERY_BATCH, Phase
@@ -771,6 +771,10 @@ class Engine:
             priority=priority,
             attributes=clean_attributes,
         )
+        if definition.singleton is not None and start_at is None:
+            value = definition.parse_input(stored_input)
+            now = self.clock.now_ms()
+            await join_line(self.store, definition.singleton, definition.name, value, run, now)
         # The result decodes as the output type of the version the run took.
         return RunHandle(run, self, self._output_decoder(run))
 

@@ -202,3 +202,42 @@ async def test_two_engines_racing_starts_never_run_two_of_a_key(
         statuses = {await _status(first, f"a{n}") for n in range(8)}
         assert statuses == {RunStatus.COMPLETED}
         assert peak[0] == 1
+
+
+async def test_runs_started_in_order_are_admitted_in_that_order_whoever_asks_first(
+    make_engine: EngineFactory,
+) -> None:
+    # Starts return in order a0, a1, a2, but their first turns race to ask
+    # for the key's slot (here a0's is held back until a1 has asked): the
+    # line must still follow creation, as documented, not the turns' race.
+    producer = make_engine(drive=False)
+    _register(producer, [], [0])
+    for n in range(3):
+        await producer.start("sync-account", {"account": "a", "n": n}, run_id=f"a{n}")
+    worker = make_engine()
+    live: list[str] = []
+    _register(worker, live, [0])
+    store: Any = worker.store
+    asked_by_a1 = asyncio.Event()
+    try_admit = store.try_admit
+
+    async def a0_asks_last(request: Any, now: int) -> Any:
+        if request.run_id == "a0":
+            await asyncio.wait_for(asked_by_a1.wait(), 30)
+        answer = await try_admit(request, now)
+        if request.run_id == "a1":
+            asked_by_a1.set()
+        return answer
+
+    store.try_admit = a0_asks_last
+    try:
+        async with worker:
+            order = []
+            for _ in range(3):
+                await eventually(lambda: len(live) == 1, what="the next run")
+                order.append(live[0])
+                await worker.signal(f"done:{live[0]}")
+                await worker.wait_for_run(order[-1], terminal=True, timeout=20)
+    finally:
+        store.try_admit = try_admit
+    assert order == ["a0", "a1", "a2"]
