@@ -24,7 +24,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, os.environ.get("DURABLY_SRC") or str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(
+    0, os.environ.get("DURABLY_SRC") or str(Path(__file__).resolve().parents[1] / "src")
+)
 
 import asyncpg
 import asyncpg.connection
@@ -135,7 +137,8 @@ async def main() -> None:
                 print(key, json.dumps(ps[-1], indent=1))
         indexes = {
             v: await conns[v].fetch(
-                "SELECT indexname FROM pg_indexes WHERE schemaname = $1 AND tablename = 'durably_runs'",
+                "SELECT indexname FROM pg_indexes "
+                "WHERE schemaname = $1 AND tablename = 'durably_runs'",
                 schemas[v],
             )
             for v in variants
