@@ -109,7 +109,18 @@ class Recorder:
             async def __aexit__(self, *exc: Any) -> Any:
                 return await context.__aexit__(*exc)
 
+            def __await__(self) -> Any:
+                # ``await pool.acquire()`` (the store's hot-connection path):
+                # the wrapper comes back through ``release`` below
+                async def wrapped() -> Any:
+                    return Connection(await context)
+
+                return wrapped().__await__()
+
         return Acquire()
+
+    async def release(self, conn: Any, **kw: Any) -> Any:
+        return await self.pool.release(getattr(conn, "conn", conn), **kw)
 
 
 async def seed(url: str, count: int) -> None:

@@ -2194,7 +2194,9 @@ def _run_filter(query: RunQuery, params: list[Any]) -> list[str]:
         if value is not None:
             clauses.append(f"{column} = {param(value)}")
     if query.tag is not None:
-        clauses.append(f"tags @> {param(codec.dumps([query.tag]))}::jsonb")
+        # the second clause matches the tag index's predicate (untagged runs
+        # are not in it) and changes no answer: a run with a tag has tags
+        clauses.append(f"tags @> {param(codec.dumps([query.tag]))}::jsonb AND tags <> '[]'::jsonb")
     if query.statuses is not None:
         clauses.append(f"status = ANY({param([st.value for st in query.statuses])}::text[])")
     for flt in query.attributes:
