@@ -559,6 +559,7 @@ class Worker:
         assert wake is not None
         me = asyncio.current_task()
         loop = asyncio.get_running_loop()
+        poll_at = -math.inf
         while self._loop_task is me:
             # While the tick runs, a hint (``timer_set``) can only bring the
             # next tick forward from "not planned yet"; the plan made after
@@ -566,9 +567,17 @@ class Worker:
             self._tick_at = math.inf
             started = self._clock.now_ms()
             self.ticks += 1
-            await self.tick()
-            delay = await self._next_wait(started)
-            self._tick_at = min(self._tick_at, loop.time() + delay)
+            if loop.time() >= poll_at:
+                poll_at = loop.time() + self._options().poll_interval
+                await self.tick()
+            else:
+                # Woken for a timer between polls: only the timer phase. The
+                # other phases keep the poll's pace, so timers due every few
+                # ms cost a claim each, not every sweep each.
+                await self._timer_tick()
+            due_in = await self._next_timer(started)
+            planned = poll_at if due_in is None else min(poll_at, loop.time() + due_in)
+            self._tick_at = min(self._tick_at, planned)
             # Wait for the planned tick; a hint moving it earlier sets the
             # event, and the wait starts over towards the new time.
             while self._loop_task is me:
@@ -578,29 +587,44 @@ class Worker:
                     break
                 await wait_event(wake, left)
 
-    async def _next_wait(self, started: int) -> float:
-        """Seconds until the next tick: the poll interval, or sooner when a
-        suspended run this worker could wake has a timer due before then.
+    async def _timer_tick(self) -> None:
+        """Wake the due timers (and drain a backlog of them), as a tick's
+        timer phase does."""
+        if self._store_gone():
+            return
+        name = "worker phase resume_due_timers"
+        try:
+            done = await self.resume_due_timers()
+            await self._drain_backlog(
+                self.resume_due_timers, done, self._options().timer_batch_size
+            )
+        except Exception as exc:
+            self._failures.failed(name, exc)
+        else:
+            self._failures.succeeded(name)
+
+    async def _next_timer(self, started: int) -> float | None:
+        """Seconds until the next timer of a suspended run this worker could
+        wake falls due (``None``: none known; the poll stays the net).
 
         Only timers later than ``started`` (the tick's own clock reading)
         count: one due by then was the tick's to claim, and if it could not
         (another instance holds it, its wake moved to that lease's end) the
         poll takes it up. So a due run never makes the loop spin, and the
         wait is never under ``_MIN_WAIT``."""
-        poll = self._options().poll_interval
         if self._gone is not None or not self._options().drives:
-            return poll
+            return None
         try:
             due = await self._store.next_wake_at(
                 started, namespace=self._options().namespace, workflows=self._executable()
             )
         except Exception as exc:
             self._failures.failed("worker next wake", exc)
-            return poll
+            return None
         self._failures.succeeded("worker next wake")
         if due is None:
-            return poll
-        return min(poll, max(_MIN_WAIT, (due - self._clock.now_ms()) / 1000))
+            return None
+        return max(_MIN_WAIT, (due - self._clock.now_ms()) / 1000)
 
     def timer_set(self, wake_at: int) -> None:
         """A turn here suspended its run until ``wake_at`` (engine clock, ms):
