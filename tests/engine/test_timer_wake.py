@@ -123,3 +123,36 @@ def _suspended(run_id: str, **fields: Any) -> Run:
         updated_at=now,
         **fields,
     )
+
+
+async def test_a_tick_woken_for_a_timer_runs_only_the_timer_phase(
+    make_engine: EngineFactory,
+) -> None:
+    """The other phases keep the poll's pace: timers due every few ms cost a
+    claim each, not every sweep each."""
+    engine = make_engine(poll_interval=NEVER)
+    register(engine)
+    sweeps = 0
+    timer_passes = 0
+    sweep_timeouts = engine.sweep_timeouts
+    resume_due_timers = engine._worker.resume_due_timers
+
+    async def counted_sweep(limit: int = 100) -> int:
+        nonlocal sweeps
+        sweeps += 1
+        return await sweep_timeouts(limit)
+
+    async def counted_timers() -> int:
+        nonlocal timer_passes
+        timer_passes += 1
+        return await resume_due_timers()
+
+    engine.sweep_timeouts = counted_sweep  # type: ignore[method-assign]
+    engine._worker.resume_due_timers = counted_timers  # type: ignore[method-assign]
+    async with engine:
+        handle = await engine.start("naps", 3)
+
+        assert await handle.result(timeout=GENEROUS) == 3
+
+    assert sweeps == 1  # the first tick's; the hour-long poll never came again
+    assert timer_passes >= 3
