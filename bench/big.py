@@ -227,8 +227,9 @@ def orchestrate(args: Any) -> int:
         (n1, r1), (n2, r2) = ok[0], ok[-1]
         per = (r2["peak_rss_mb"] - r1["peak_rss_mb"]) * 1024 / (n2 - n1)
         rows.append([f"{n1:,} → {n2:,}", "", "", f"+{per:.2f} KiB/child", ""])
-    print("fan: one parent, ctx.all of N ctx.child")
-    print(table(["children", "seconds", "children/s", "peak RSS MiB", "error"], rows))
+    if rows:  # none with --fan-sizes , (the suspended scenario alone)
+        print("fan: one parent, ctx.all of N ctx.child")
+        print(table(["children", "seconds", "children/s", "peak RSS MiB", "error"], rows))
     rows = []
     for n, r in results["suspended"].items():
         if "error" in r:

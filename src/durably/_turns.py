@@ -86,6 +86,9 @@ class TurnDriver:
         self._failures = FailureLog(_log)
         self.remote_turn: RemoteTurn | None = None
         """Takes the turns of remote workflows (set by the wiring)."""
+        self.timer_set: Callable[[int], None] | None = None
+        """Told the wake time of each run a turn here suspends on a timer
+        (set by the wiring: the worker ticks then, not a poll later)."""
 
     async def conclude(self, run: Run, outcome: TurnOutcome) -> None:
         """Settle ``outcome`` for ``run``, leased here outside a replayed turn
@@ -489,6 +492,12 @@ class TurnDriver:
                 return None
             return again, await self._store.load_checkpoints(run_id)
         if result is SettleResult.SETTLED:
+            if (
+                status is RunStatus.SUSPENDED
+                and outcome.wake_at is not None
+                and self.timer_set is not None
+            ):
+                self.timer_set(outcome.wake_at)
             if self._services.events.active:
                 self._services.events.event(
                     RUN_OUTCOMES[status],

@@ -213,6 +213,7 @@ def wire(
         executable=registry.executable,
         events=hub,
     )
+    turns.timer_set = worker.timer_set
     # A cancel heard from another instance stops the turn running here.
     transport.on_cancel(worker.heard_cancel)
     lifecycle = Lifecycle(

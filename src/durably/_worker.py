@@ -4,13 +4,16 @@ Each tick hands pending runs to the router, reclaims orphans (runs whose
 executor died), wakes due timers, cancels runs past their execution timeout,
 fires due schedules, and runs the housekeeping sweeps (retention, stalled
 runs). A phase failing never stops the others. Between ticks the loop waits
-for the poll interval, cut short by the store's notices (PostgreSQL) and by
-the executor asking for more work while a backlog drains.
+for the poll interval, or less when a timer falls due sooner (the store's
+next wake time, read after each tick, and the wake times of runs suspending
+here); the store's notices (PostgreSQL) and the executor asking for more work
+while a backlog drains start a pending-run poll in between.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import TYPE_CHECKING
@@ -52,6 +55,9 @@ _BACKLOG_LIMIT = 10_000
 # Rows a sweep passed over, remembered so each is logged once, not every tick;
 # forgotten wholesale past this many (a bound, not a cache policy).
 _MAX_BAD_ROWS = 10_000
+# The shortest wait between two ticks of the loop, whatever timers say: a
+# burst of timers a few ms apart is taken in one tick, never one tick each.
+_MIN_WAIT = 0.005
 
 
 class Worker:
@@ -106,6 +112,10 @@ class Worker:
         self._loop_task: asyncio.Task[None] | None = None
         self._loop_wake: asyncio.Event | None = None
         self._pending_poll: asyncio.Task[None] | None = None
+        self._tick_at = math.inf
+        """When (event-loop time) the loop ticks next; ``inf`` while it ticks."""
+        self.ticks = 0
+        """Ticks the loop started (a count tests read: no busy loop)."""
 
     # -- the phases -----------------------------------------------------------------------
 
@@ -548,12 +558,87 @@ class Worker:
         wake = self._loop_wake
         assert wake is not None
         me = asyncio.current_task()
+        loop = asyncio.get_running_loop()
+        poll_at = -math.inf
         while self._loop_task is me:
-            wake.clear()
-            await self.tick()
-            # A store that notifies (PostgreSQL) cuts the wait short when
-            # another process creates a run; polling remains the safety net.
-            await wait_event(wake, self._options().poll_interval)
+            # While the tick runs, a hint (``timer_set``) can only bring the
+            # next tick forward from "not planned yet"; the plan made after
+            # the tick folds it in.
+            self._tick_at = math.inf
+            started = self._clock.now_ms()
+            self.ticks += 1
+            if loop.time() >= poll_at:
+                poll_at = loop.time() + self._options().poll_interval
+                await self.tick()
+            else:
+                # Woken for a timer between polls: only the timer phase. The
+                # other phases keep the poll's pace, so timers due every few
+                # ms cost a claim each, not every sweep each.
+                await self._timer_tick()
+            due_in = await self._next_timer(started)
+            planned = poll_at if due_in is None else min(poll_at, loop.time() + due_in)
+            self._tick_at = min(self._tick_at, planned)
+            # Wait for the planned tick; a hint moving it earlier sets the
+            # event, and the wait starts over towards the new time.
+            while self._loop_task is me:
+                wake.clear()
+                left = self._tick_at - loop.time()
+                if left <= 0:
+                    break
+                await wait_event(wake, left)
+
+    async def _timer_tick(self) -> None:
+        """Wake the due timers (and drain a backlog of them), as a tick's
+        timer phase does."""
+        if self._store_gone():
+            return
+        name = "worker phase resume_due_timers"
+        try:
+            done = await self.resume_due_timers()
+            await self._drain_backlog(
+                self.resume_due_timers, done, self._options().timer_batch_size
+            )
+        except Exception as exc:
+            self._failures.failed(name, exc)
+        else:
+            self._failures.succeeded(name)
+
+    async def _next_timer(self, started: int) -> float | None:
+        """Seconds until the next timer of a suspended run this worker could
+        wake falls due (``None``: none known; the poll stays the net).
+
+        Only timers later than ``started`` (the tick's own clock reading)
+        count: one due by then was the tick's to claim, and if it could not
+        (another instance holds it, its wake moved to that lease's end) the
+        poll takes it up. So a due run never makes the loop spin, and the
+        wait is never under ``_MIN_WAIT``."""
+        if self._gone is not None or not self._options().drives:
+            return None
+        try:
+            due = await self._store.next_wake_at(
+                started, namespace=self._options().namespace, workflows=self._executable()
+            )
+        except Exception as exc:
+            self._failures.failed("worker next wake", exc)
+            return None
+        self._failures.succeeded("worker next wake")
+        if due is None:
+            return None
+        return max(_MIN_WAIT, (due - self._clock.now_ms()) / 1000)
+
+    def timer_set(self, wake_at: int) -> None:
+        """A turn here suspended its run until ``wake_at`` (engine clock, ms):
+        if that comes before the next planned tick, plan the tick for then
+        (no store call; the poll after each tick finds other processes'
+        timers). Never sooner than ``_MIN_WAIT`` from now."""
+        wake = self._loop_wake
+        if self._loop_task is None or wake is None:
+            return
+        delay = max(_MIN_WAIT, (wake_at - self._clock.now_ms()) / 1000)
+        at = asyncio.get_running_loop().time() + delay
+        if at < self._tick_at:
+            self._tick_at = at
+            wake.set()
 
     def executor_has_room(self) -> None:
         """A run ended and nothing waits for a slot here. If the last poll

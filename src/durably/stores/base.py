@@ -474,6 +474,21 @@ class SweepStore(Protocol):
         (``wake_at <= now`` or a stamped ``wake_requested_at``), most overdue
         first."""
 
+    async def next_wake_at(
+        self,
+        after: int,
+        *,
+        namespace: str | None = None,
+        workflows: Executable | None = None,
+    ) -> int | None:
+        """The earliest ``wake_at`` later than ``after`` among ``suspended``
+        runs (of ``workflows``, when given), or ``None``: when the next timer
+        :meth:`list_due` would list falls due. One indexed read (the
+        ``(status, wake_at)`` index), so a worker can sleep until then instead
+        of a whole poll interval. Timers due at ``after`` or earlier are left
+        out: the poll at ``after`` saw them (a run another instance holds is
+        claimed with its wake moved to the lease's end, which counts)."""
+
     async def list_unclaimed(
         self,
         before: int,

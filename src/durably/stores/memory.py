@@ -449,6 +449,27 @@ class MemoryStore(MemoryWaits):
         due.sort(key=lambda r: (_due_key(r, now), r.run_id))
         return [r.run_id for r in due[:limit]]
 
+    async def next_wake_at(
+        self,
+        after: int,
+        *,
+        namespace: str | None = None,
+        workflows: Executable | None = None,
+    ) -> int | None:
+        """The earliest timer of a suspended run later than ``after``."""
+        return min(
+            (
+                r.wake_at
+                for r in self._runs.values()
+                if r.status is RunStatus.SUSPENDED
+                and r.wake_at is not None
+                and r.wake_at > after
+                and _in(r, namespace)
+                and _of(r, workflows)
+            ),
+            default=None,
+        )
+
     async def list_unclaimed(
         self,
         before: int,

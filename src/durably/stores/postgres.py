@@ -289,6 +289,16 @@ LIST_DUE = (
 )
 
 
+# next_wake_at: the first suspended run's timer past $1, one step along the
+# (status, wake_at) index (ORDER BY ... LIMIT 1, not min() over every row).
+NEXT_WAKE = (
+    "SELECT wake_at FROM durably_runs WHERE status = 'suspended' AND wake_at > $1"
+    " AND ($2::text IS NULL OR namespace = $2)"
+    f" AND ($3::text[] IS NULL OR {_KEY} = ANY($3::text[]))"
+    " ORDER BY wake_at LIMIT 1"
+)
+
+
 # list_expired: live runs past their execution deadline, on the partial deadline index
 LIST_EXPIRED = (
     "SELECT id FROM durably_runs WHERE deadline_at IS NOT NULL AND deadline_at <= $1 "
@@ -1089,6 +1099,17 @@ class PostgresStore:
             namespace,
             _keys(workflows),
         )
+
+    async def next_wake_at(
+        self,
+        after: int,
+        *,
+        namespace: str | None = None,
+        workflows: Executable | None = None,
+    ) -> int | None:
+        """The earliest timer of a suspended run later than ``after``."""
+        found = await self._db.pool().fetchval(NEXT_WAKE, after, namespace, _keys(workflows))
+        return None if found is None else int(found)
 
     async def list_unclaimed(
         self,

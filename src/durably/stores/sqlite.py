@@ -874,6 +874,22 @@ class SqliteStore:
         """Suspended runs whose timer is due or whose wake was requested."""
         return await self._ids(*list_due_sql(now, limit, namespace=namespace, workflows=workflows))
 
+    async def next_wake_at(
+        self,
+        after: int,
+        *,
+        namespace: str | None = None,
+        workflows: Executable | None = None,
+    ) -> int | None:
+        """The earliest timer of a suspended run later than ``after``."""
+        sql, params = next_wake_sql(after, namespace=namespace, workflows=workflows)
+
+        def op(conn: sqlite3.Connection) -> int | None:
+            row = conn.execute(sql, params).fetchone()
+            return None if row is None else int(row[0])
+
+        return await self._db.run(op)
+
     async def list_unclaimed(
         self,
         before: int,
@@ -1546,6 +1562,22 @@ def list_due_sql(
         "  ORDER BY wake_requested_at, id LIMIT ?)"
         ") GROUP BY id ORDER BY min(due), id LIMIT ?",
         (now, *ns_params, *of_params, limit, *ns_params, *of_params, limit, limit),
+    )
+
+
+def next_wake_sql(
+    after: int, *, namespace: str | None, workflows: Executable | None
+) -> tuple[str, tuple[Any, ...]]:
+    """The statement of :meth:`SqliteStore.next_wake_at` and its parameters:
+    the first row of the ``(status, wake_at)`` index past ``after`` that
+    matches, not a ``min()`` over every suspended run."""
+    ns, ns_params = _namespace(namespace)
+    of, of_params = _of(workflows)
+    return (
+        "SELECT wake_at FROM durably_runs"
+        f" WHERE status = 'suspended' AND wake_at > ?{ns}{of}"
+        " ORDER BY wake_at LIMIT 1",
+        (after, *ns_params, *of_params),
     )
 
 

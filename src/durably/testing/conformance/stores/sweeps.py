@@ -218,6 +218,64 @@ async def test_list_due_ranks_a_run_by_the_reasons_that_are_due(store: StateStor
     assert await store.list_due(NOW, 10) == ["timer", "stamped"]
 
 
+async def test_next_wake_at_is_the_earliest_timer_after_the_given_time(
+    store: StateStore,
+) -> None:
+    assert await store.next_wake_at(NOW) is None
+    suspended = RunStatus.SUSPENDED
+    await store.create_run(make_run("due", suspended, wake_at=NOW - 100))
+    await store.create_run(make_run("at-now", suspended, wake_at=NOW))
+    await store.create_run(make_run("no-timer", suspended, wake_requested_at=NOW + 1))
+    await store.create_run(make_run("pending", wake_at=NOW + 2))
+    await store.create_run(make_run("running", RunStatus.RUNNING, wake_at=NOW + 3))
+    await store.create_run(make_run("blocked", RunStatus.BLOCKED, wake_at=NOW + 4))
+    # Timers at or before ``after`` were the poll's: only later ones count.
+    assert await store.next_wake_at(NOW) is None
+
+    await store.create_run(make_run("later", suspended, wake_at=NOW + 500))
+    await store.create_run(make_run("soon", suspended, wake_at=NOW + 50))
+    await store.create_run(
+        make_run("leased", suspended, wake_at=NOW + 20, locked_by="x", locked_until=NOW + 20)
+    )
+
+    assert await store.next_wake_at(NOW) == NOW + 20
+    assert await store.next_wake_at(NOW + 20) == NOW + 50
+    assert await store.next_wake_at(NOW + 499) == NOW + 500
+    assert await store.next_wake_at(NOW + 500) is None
+    assert await store.next_wake_at(NOW - 1000) == NOW - 100
+
+
+async def test_next_wake_at_follows_claims(store: StateStore) -> None:
+    """A claimed timer's wake moves to the claim's lease end, so an instance
+    that lost the claim next looks when that lease runs out."""
+    await store.create_run(make_run("r1", RunStatus.SUSPENDED, wake_at=NOW - 1))
+    assert await store.next_wake_at(NOW) is None
+
+    assert await store.claim_due_batch(["r1"], NOW, NOW + LEASE) == ["r1"]
+
+    assert await store.next_wake_at(NOW) == NOW + LEASE
+
+
+async def test_next_wake_at_takes_only_the_given_workflows_and_namespace(
+    store: StateStore,
+) -> None:
+    await store.create_run(make_run("v1", RunStatus.SUSPENDED, wake_at=NOW + 30))
+    await store.create_run(
+        make_run("v2", RunStatus.SUSPENDED, wake_at=NOW + 10).replace(workflow_version="2")
+    )
+    await store.create_run(make_run("new", RunStatus.SUSPENDED, workflow="added", wake_at=NOW + 20))
+    await store.create_run(
+        make_run("elsewhere", RunStatus.SUSPENDED, workflow="added", wake_at=NOW + 5, namespace="b")
+    )
+
+    assert await store.next_wake_at(NOW) == NOW + 5
+    assert await store.next_wake_at(NOW, workflows=OLD_RELEASE) == NOW + 30
+    assert await store.next_wake_at(NOW, workflows=frozenset()) is None
+    assert await store.next_wake_at(NOW, namespace="b") == NOW + 5
+    assert await store.next_wake_at(NOW, namespace="b", workflows=OLD_RELEASE) is None
+    assert await store.next_wake_at(NOW, namespace="default") == NOW + 10
+
+
 async def test_claim_due_batch_claims_once(store_factory: StoreFactory) -> None:
     stores = [await store_factory(), await store_factory()]
     await stores[0].create_run(make_run("r1", RunStatus.SUSPENDED, wake_at=NOW - 1))

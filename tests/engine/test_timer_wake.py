@@ -1,0 +1,158 @@
+"""The worker ticks when a timer falls due, not only once a poll interval.
+
+The engines here poll once an hour: a short ``ctx.sleep`` finishing at all
+shows the worker woke for its timer (before, it waited for the next poll, and
+the bounded waits below turned that hang into a failure). Nothing is asserted
+about time; that the loop does not spin is shown by counting its ticks.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import durably
+from durably import RunStatus
+from durably.model import Run
+
+from .conftest import EngineFactory
+
+pytestmark = pytest.mark.timeout(60)
+
+NEVER = 3600.0
+"""A poll interval no test outlives."""
+
+GENEROUS = 20.0
+"""Only turns a hang into a failure; the sleeps here are 0.2 s."""
+
+
+def register(engine: durably.Engine) -> None:
+    @engine.workflow("nap")
+    async def nap(ctx: durably.WorkflowContext) -> str:
+        await ctx.sleep("0.2s")
+        return "rested"
+
+    @engine.workflow("naps")
+    async def naps(ctx: durably.WorkflowContext, count: int) -> int:
+        for _ in range(count):
+            await ctx.sleep("0.05s")
+        return count
+
+
+async def test_a_short_sleep_wakes_without_waiting_for_the_poll(
+    make_engine: EngineFactory,
+) -> None:
+    engine = make_engine(poll_interval=NEVER)
+    register(engine)
+    async with engine:
+        handle = await engine.start("nap")
+
+        assert await handle.result(timeout=GENEROUS) == "rested"
+
+
+async def test_a_timer_set_by_another_process_is_read_from_the_store(
+    make_engine: EngineFactory,
+) -> None:
+    """No turn here suspended the run (another process did, before this one
+    started): the store's next wake time, read after the first tick, is what
+    brings the next tick forward."""
+    engine = make_engine(poll_interval=NEVER)
+    register(engine)
+    await engine.open()
+    store = engine.store
+    now = engine.clock.now_ms()
+    await store.create_run(_suspended("asleep-elsewhere", wake_at=now + 200))
+    async with engine:
+        result = await engine.wait_for_run("asleep-elsewhere", terminal=True, timeout=GENEROUS)
+
+        assert (result.status, result.output) == (RunStatus.COMPLETED, "rested")
+
+
+async def test_many_timers_in_a_row_each_wake_the_run(make_engine: EngineFactory) -> None:
+    engine = make_engine(poll_interval=NEVER)
+    register(engine)
+    async with engine:
+        handle = await engine.start("naps", 5)
+
+        assert await handle.result(timeout=GENEROUS) == 5
+
+
+async def test_a_due_run_another_instance_holds_does_not_make_the_loop_spin(
+    make_engine: EngineFactory,
+) -> None:
+    """A suspended run due but leased elsewhere is listed by every poll and
+    claimed by none here: it must not bring the next tick forward again and
+    again. Over a 0.2 s sleep, a loop ticking at its floor would tick dozens
+    of times; this one ticks at start, for the sleep's timer, and at most a
+    couple more (a tick racing the turn's suspension)."""
+    engine = make_engine(poll_interval=NEVER)
+    register(engine)
+    async with engine:
+        store = engine.store
+        now = engine.clock.now_ms()
+        await store.create_run(
+            _suspended(
+                "held-elsewhere",
+                wake_at=now - 1,
+                locked_by="another-instance",
+                locked_until=now + 3_600_000,
+            )
+        )
+        worker = engine._worker  # the loop and its tick count
+        before = worker.ticks
+        handle = await engine.start("nap")
+
+        assert await handle.result(timeout=GENEROUS) == "rested"
+
+        assert worker.ticks - before <= 4
+        held = await store.get_run("held-elsewhere")
+        assert held is not None
+        assert (held.status, held.locked_by) == (RunStatus.SUSPENDED, "another-instance")
+
+
+def _suspended(run_id: str, **fields: Any) -> Run:
+    """A run of ``nap`` suspended (by another process) with ``fields``."""
+    now = int(fields.get("wake_at", 0))
+    return Run(
+        run_id=run_id,
+        workflow="nap",
+        workflow_version="1",
+        status=RunStatus.SUSPENDED,
+        created_at=now,
+        updated_at=now,
+        **fields,
+    )
+
+
+async def test_a_tick_woken_for_a_timer_runs_only_the_timer_phase(
+    make_engine: EngineFactory,
+) -> None:
+    """The other phases keep the poll's pace: timers due every few ms cost a
+    claim each, not every sweep each."""
+    engine = make_engine(poll_interval=NEVER)
+    register(engine)
+    sweeps = 0
+    timer_passes = 0
+    sweep_timeouts = engine.sweep_timeouts
+    resume_due_timers = engine._worker.resume_due_timers
+
+    async def counted_sweep(limit: int = 100) -> int:
+        nonlocal sweeps
+        sweeps += 1
+        return await sweep_timeouts(limit)
+
+    async def counted_timers() -> int:
+        nonlocal timer_passes
+        timer_passes += 1
+        return await resume_due_timers()
+
+    engine.sweep_timeouts = counted_sweep  # type: ignore[method-assign]
+    engine._worker.resume_due_timers = counted_timers  # type: ignore[method-assign]
+    async with engine:
+        handle = await engine.start("naps", 3)
+
+        assert await handle.result(timeout=GENEROUS) == 3
+
+    assert sweeps == 1  # the first tick's; the hour-long poll never came again
+    assert timer_passes >= 3
