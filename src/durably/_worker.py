@@ -223,6 +223,9 @@ class Worker:
             return
         _log.warning("run %s crashed too often; it is now %s", _short(run_id), status)
         self._router.notify(run_id)
+        # An ending from outside a turn, like a cancel: the children it did
+        # not start detached must not outlive it.
+        await self._children.cancel_children(run_id)
         await self._children.after_end(run_id, cancelled=False)
         dead = await self._store.get_run(run_id)
         if dead is not None:

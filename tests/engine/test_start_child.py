@@ -249,3 +249,37 @@ async def test_start_child_shows_in_history_as_a_child(
     if detached:
         expected["detached"] = True
     assert child.input == expected
+
+
+async def test_a_parent_that_goes_dead_cancels_its_attached_children(
+    make_engine: EngineFactory,
+) -> None:
+    # Dead is an ending from outside a turn, as a cancel is: the children it
+    # did not start detached must not outlive it unasked.
+    engine = make_engine(lease="1s", max_recovery_attempts=0)
+    log: Counter[str] = Counter()
+    _register(engine, log)
+
+    @engine.workflow("parent")
+    async def parent(ctx: durably.WorkflowContext) -> None:
+        ctx.start_child("gated", "a", run_id="attached")
+        ctx.start_child("gated", "d", run_id="detached", detached=True)
+        await ctx.wait_for_signal("never")
+
+    async with engine:
+        await engine.start("parent", run_id="p")
+        await engine.wait_for_run("p", timeout=10)
+        # Its executor dies mid-turn (a lease held by a process that is gone),
+        # and no recovery is allowed: the recovery sweep makes it dead.
+        now = engine.clock.now_ms()
+        leased = await engine.store.start_turns(
+            ["p"], "dead-process", now, now + 1000, frozenset({RunStatus.SUSPENDED})
+        )
+        assert "p" in leased
+        assert (await engine.wait_for_run("p", terminal=True, timeout=20)).status is RunStatus.DEAD
+        attached = await engine.wait_for_run("attached", terminal=True, timeout=20)
+        assert attached.status is RunStatus.CANCELLED
+        detached = await engine.get_run("detached")
+        assert detached is not None and detached.status is not RunStatus.CANCELLED
+        await engine.signal("d", "ok")
+        assert (await engine.wait_for_run("detached", terminal=True, timeout=10)).output == "ok"
