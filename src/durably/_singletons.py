@@ -114,7 +114,7 @@ async def count_live(store: RunStore, workflow: str, tag: str, bound: int) -> in
 
 
 async def join_line(
-    store: FlowStore, singleton: Singleton, workflow: str, value: Any, run: Run, now: int
+    store: FlowStore, singleton: Singleton, workflow: str, key: str, run: Run, now: int
 ) -> None:
     """Put a run ``engine.start`` just created in its key's line (or give it
     the free slot) before the start returns.
@@ -127,7 +127,6 @@ async def join_line(
     """
     if run.status in TERMINAL_STATUSES:
         return
-    key = singleton.key(workflow, value)
     try:
         await store.try_admit(singleton.admission(workflow, key, run.run_id, run.created_at), now)
     except Exception as exc:

@@ -756,10 +756,13 @@ class Engine:
         if definition.tags:
             # Static tags first; check_tags drops a repeated one.
             tags = [*definition.tags, *check_tags(tags)]
+        singleton_key: str | None = None
         if definition.singleton is not None:
             check_start(run_id, priority)
             await self.open()
-            tags = await self._singleton_tags(definition, stored_input, run_id, check_tags(tags))
+            tags, singleton_key = await self._singleton_tags(
+                definition, stored_input, run_id, check_tags(tags)
+            )
         run = await self._create_run(
             definition.name,
             definition.version,
@@ -771,10 +774,11 @@ class Engine:
             priority=priority,
             attributes=clean_attributes,
         )
-        if definition.singleton is not None and start_at is None:
-            value = definition.parse_input(stored_input)
+        if definition.singleton is not None and singleton_key is not None and start_at is None:
             now = self.clock.now_ms()
-            await join_line(self.store, definition.singleton, definition.name, value, run, now)
+            await join_line(
+                self.store, definition.singleton, definition.name, singleton_key, run, now
+            )
         # The result decodes as the output type of the version the run took.
         return RunHandle(run, self, self._output_decoder(run))
 
@@ -825,8 +829,9 @@ class Engine:
 
     async def _singleton_tags(
         self, definition: WorkflowDef, stored_input: Any, run_id: str | None, tags: list[str]
-    ) -> list[str]:
-        """Tag a singleton run with its key, refusing it if the key's queue is full."""
+    ) -> tuple[list[str], str]:
+        """Tag a singleton run with its key, refusing it if the key's queue is full;
+        return the tags and the key."""
         singleton = definition.singleton
         assert singleton is not None
         key = singleton.key(definition.name, definition.parse_input(stored_input))
@@ -838,7 +843,7 @@ class Engine:
             live = await count_live(self.store, definition.name, tag, bound)
             if live >= bound:
                 raise SingletonQueueFull(definition.name, key, live)
-        return [*tags, tag] if tag not in tags else tags
+        return ([*tags, tag] if tag not in tags else tags), key
 
     async def signal(self, token: str, payload: Any = None) -> str | None:
         """Deliver ``payload`` to the run waiting on ``token``.

@@ -3,6 +3,8 @@ kind that executes in the turn (local steps, transactions)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from .._lifecycle_events import EventKind
 from .._replay import error_info
 from .env import TurnEnv
@@ -27,30 +29,16 @@ class AttemptEvents:
 
     def started(self, attempt: int) -> None:
         """An attempt begins now."""
-        env = self._env
-        self._started_at = at = env.clock.now_ms()
-        env.services.events.event(
-            EventKind.STEP_STARTED,
-            env.run_id,
-            at,
-            workflow=env.turn.run.workflow,
-            step=self._name,
-            seq=self._seq,
-            attempt=attempt,
-        )
+        self._started_at = self._env.clock.now_ms()
+        self._tell(EventKind.STEP_STARTED, self._started_at, attempt)
 
     def failed(self, attempt: int, exc: BaseException, final: bool) -> None:
         """The attempt begun last raised ``exc``; ``final``: no retry follows."""
-        env = self._env
-        at = env.clock.now_ms()
-        env.services.events.event(
+        at = self._env.clock.now_ms()
+        self._tell(
             EventKind.STEP_FAILED,
-            env.run_id,
             at,
-            workflow=env.turn.run.workflow,
-            step=self._name,
-            seq=self._seq,
-            attempt=attempt,
+            attempt,
             duration_ms=at - self._started_at,
             error=error_info(exc),
             final=final,
@@ -58,15 +46,18 @@ class AttemptEvents:
 
     def completed(self, attempt: int) -> None:
         """The attempt begun last succeeded."""
+        at = self._env.clock.now_ms()
+        self._tell(EventKind.STEP_COMPLETED, at, attempt, duration_ms=at - self._started_at)
+
+    def _tell(self, kind: EventKind, at: int, attempt: int, **fields: Any) -> None:
         env = self._env
-        at = env.clock.now_ms()
         env.services.events.event(
-            EventKind.STEP_COMPLETED,
+            kind,
             env.run_id,
             at,
             workflow=env.turn.run.workflow,
             step=self._name,
             seq=self._seq,
             attempt=attempt,
-            duration_ms=at - self._started_at,
+            **fields,
         )
