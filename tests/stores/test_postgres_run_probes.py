@@ -12,9 +12,12 @@ per one-step run at 1,000,000 runs against 25 on an empty database, most of it
 in that index). Counted here, not timed: with 100,000 finished runs analyzed,
 then 400 running under another engine's lease, an engine runs a one-step and a
 five-step workflow, and PostgreSQL's ``auto_explain`` reports the executed plan
-of every statement its store sends: each statement naming runs reads
-``durably_runs`` through its primary key only (the settles did not: 401 rows
-looked at for one run, 420 for a batch of 20).
+of every statement its store sends; then the lease-keeping calls run on one
+of the 400. Each statement naming runs must read ``durably_runs`` through its
+primary key only. Before the fix none did: the one-run settle looked at 401
+rows, a batch of settles 404-418, and ``renew_lease``, ``continue_turn``,
+``release_run``, ``mark_awaiting`` and ``recover_orphans`` 400 each, all in
+``durably_runs_updated``.
 """
 
 from __future__ import annotations
@@ -136,9 +139,26 @@ async def test_statements_naming_a_run_probe_it_by_id(
             done = await engine.wait_for_run(run.run_id, terminal=True, timeout=30)
             assert str(done.status) == "completed"
 
+    # and the lease keeping, one run at a time (the last of the 400 live runs)
+    store = PostgresStore(postgres_url, server_settings=AUTO_EXPLAIN)
+    await store.open()
+    try:
+        last, owner, until = f"live-{LIVE:04d}", "elsewhere", 9_000_000_000_001
+        assert await store.renew_lease(last, owner, until)
+        assert await store.continue_turn(last, owner, until) is not None
+        assert await store.mark_awaiting(last, owner, None)
+        assert await store.recover_orphans([last], 1, 3) == {}  # its lease has not expired
+        assert await store.claim_due_batch([last], 1, 2) == []  # it is not asleep
+        assert not await store.extend_decision_wait(last, 5, 1)  # nor awaiting a decision
+        assert await store.release_run(last, owner, 1)
+    finally:
+        await store.close()
+
     naming_a_run = [p for p in plans if NAMES_A_RUN.search(p["Query Text"])]
     assert naming_a_run, "no statement naming a run was explained"
     looked = [(" ".join(p["Query Text"].split())[:120], _examined(p["Plan"])) for p in naming_a_run]
     # each looks at the runs it names and no other: through the primary key
-    astray = [(sql, scans) for sql, scans in looked if {i for i, _ in scans} - {PKEY}]
-    assert not astray, astray
+    astray = sorted(
+        {(sql[:60], str(scans)) for sql, scans in looked if {i for i, _ in scans} - {PKEY}}
+    )
+    assert not astray, "\n".join(f"{sql}: {scans}" for sql, scans in astray)

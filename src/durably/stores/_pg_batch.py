@@ -24,7 +24,7 @@ from typing import Any
 from .._logs import engine_logger
 from .._notices import StoreNotice
 from ..model import TERMINAL_STATUSES, RunStatus
-from ._pg_sql import CP_PARAMS, CP_UPSERT_TAIL, notice_argument
+from ._pg_sql import CP_PARAMS, CP_UPSERT_TAIL, RUNNING, notice_argument, only_checked
 from ._rows import CP_COLUMNS, is_row_error
 from .base import SettleResult
 
@@ -82,7 +82,7 @@ _BATCH = f"""
         UPDATE durably_runs r SET status = s.status, output = s.output, error = s.error,
             wake_at = s.wake_at, locked_by = NULL, locked_until = NULL, updated_at = s.now
         FROM s
-        WHERE r.id = s.id AND r.status = 'running' AND r.locked_by = s.owner
+        WHERE r.id = s.id AND {only_checked("r.status = 'running'")} AND r.locked_by = s.owner
             AND (s.terminal OR r.wake_requested_at IS NULL) AND (SELECT n FROM locked) >= 0
         RETURNING r.id, s.terminal, r.watched
     ), cleared AS (
@@ -111,7 +111,7 @@ _FINAL = f"""
         UPDATE durably_runs SET status = $20::text, output = $21::text, error = $22::text,
             wake_at = $23::bigint, locked_by = NULL, locked_until = NULL,
             updated_at = $24::bigint
-        WHERE id = $1::text AND status = 'running' AND locked_by = $19::text
+        WHERE id = $1::text AND {RUNNING} AND locked_by = $19::text
         RETURNING id, watched
     ), saved AS (
         INSERT INTO durably_checkpoints ({CP_COLUMNS})
@@ -130,10 +130,10 @@ _FINAL = f"""
     FROM settled
 """
 
-_STILL_HELD = """
+_STILL_HELD = f"""
     SELECT r.id FROM durably_runs r
     JOIN unnest($1::text[], $2::text[]) AS v(id, owner) ON r.id = v.id
-    WHERE r.status = 'running' AND r.locked_by = v.owner
+    WHERE {only_checked("r.status = 'running'")} AND r.locked_by = v.owner
 """
 
 Acquire = Callable[[], AbstractAsyncContextManager[Any]]

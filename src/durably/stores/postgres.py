@@ -47,8 +47,8 @@ from ._pg_connection import PgConnection
 from ._pg_messages import PgMessageQueue
 from ._pg_sql import CP_PARAMS as _CP_PARAMS
 from ._pg_sql import CP_UPSERT_TAIL as _CP_UPSERT_TAIL
+from ._pg_sql import RUNNING, SUSPENDED, notice_argument
 from ._pg_sql import RUNS_UNNEST as _RUNS_UNNEST
-from ._pg_sql import notice_argument
 from ._pg_starts import PgStartBatcher
 from ._rows import (
     CP_COLUMNS,
@@ -748,7 +748,7 @@ class PostgresStore:
         """Keep the lease for one more turn."""
         row = await self._db.pool().fetchrow(
             "UPDATE durably_runs SET wake_requested_at = NULL, locked_until = $1 "
-            "WHERE id = $2 AND status = 'running' AND locked_by = $3 "
+            f"WHERE id = $2 AND {RUNNING} AND locked_by = $3 "
             f"RETURNING {_SELECT_RUN}",
             lease_until,
             run_id,
@@ -760,7 +760,7 @@ class PostgresStore:
         """Extend our lease."""
         done = await self._db.pool().fetchval(
             "UPDATE durably_runs SET locked_until = $1 "
-            "WHERE id = $2 AND status = 'running' AND locked_by = $3 RETURNING true",
+            f"WHERE id = $2 AND {RUNNING} AND locked_by = $3 RETURNING true",
             lease_until,
             run_id,
             owner,
@@ -792,7 +792,7 @@ class PostgresStore:
         sql = (
             "UPDATE durably_runs SET status = $1, output = $2, error = $3, wake_at = $4, "
             "locked_by = NULL, locked_until = NULL, updated_at = $5 "
-            f"WHERE id = $6 AND status = 'running' AND locked_by = $7{guard} RETURNING true"
+            f"WHERE id = $6 AND {RUNNING} AND locked_by = $7{guard} RETURNING true"
         )
         params = (
             status.value,
@@ -815,7 +815,7 @@ class PostgresStore:
         if await pool.fetchval(sql, *params):
             return SettleResult.SETTLED
         held = await pool.fetchval(
-            "SELECT true FROM durably_runs WHERE id = $1 AND status = 'running' AND locked_by = $2",
+            f"SELECT true FROM durably_runs WHERE id = $1 AND {RUNNING} AND locked_by = $2",
             run_id,
             owner,
         )
@@ -867,7 +867,7 @@ class PostgresStore:
         done = await self._db.pool().fetchval(
             "UPDATE durably_runs SET status = 'pending', locked_by = NULL, "
             "locked_until = NULL, updated_at = $1 "
-            "WHERE id = $2 AND status = 'running' AND locked_by = $3 "
+            f"WHERE id = $2 AND {RUNNING} AND locked_by = $3 "
             f"RETURNING (SELECT pg_notify($4, '{StoreNotice.PENDING}:')) IS NULL",
             now,
             run_id,
@@ -896,7 +896,7 @@ class PostgresStore:
         """Record (or clear) the turn a run leased by ``owner`` awaits."""
         done = await self._db.pool().fetchval(
             "UPDATE durably_runs SET awaiting_decision_task_id = $1 "
-            "WHERE id = $2 AND status = 'running' AND locked_by = $3 RETURNING true",
+            f"WHERE id = $2 AND {RUNNING} AND locked_by = $3 RETURNING true",
             task_id,
             run_id,
             owner,
@@ -918,7 +918,7 @@ class PostgresStore:
             row = await conn.fetchrow(
                 "UPDATE durably_runs SET status = 'running', locked_by = $1, locked_until = $2, "
                 "wake_at = NULL, wake_requested_at = NULL, awaiting_decision_task_id = NULL, "
-                "updated_at = $3 WHERE id = $4 AND status = 'suspended' "
+                f"updated_at = $3 WHERE id = $4 AND {SUSPENDED} "
                 f"AND awaiting_decision_task_id = $5 RETURNING {_SELECT_RUN}",
                 owner,
                 lease_until,
@@ -948,7 +948,7 @@ class PostgresStore:
         """Push back the re-drive time of a run awaiting a decision."""
         done = await self._db.pool().fetchval(
             "UPDATE durably_runs SET wake_at = greatest(coalesce(wake_at, 0), $1), "
-            "updated_at = $2 WHERE id = $3 AND status = 'suspended' "
+            f"updated_at = $2 WHERE id = $3 AND {SUSPENDED} "
             "AND awaiting_decision_task_id IS NOT NULL RETURNING true",
             wake_at,
             now,
@@ -1052,7 +1052,7 @@ class PostgresStore:
                 "locked_by = NULL, locked_until = NULL, updated_at = $1, "
                 "status = CASE WHEN recovery_attempts + 1 > $2 THEN 'dead' ELSE 'pending' END "
                 "WHERE id IN (SELECT id FROM durably_runs WHERE id = ANY($3::text[]) "
-                "AND status = 'running' AND (locked_until IS NULL OR locked_until < $1) "
+                f"AND {RUNNING} AND (locked_until IS NULL OR locked_until < $1) "
                 "FOR UPDATE SKIP LOCKED) "
                 "RETURNING id, status, recovery_attempts",
                 now,
@@ -1166,7 +1166,7 @@ class PostgresStore:
         return await self._ids(
             "UPDATE durably_runs SET wake_at = $1, wake_requested_at = NULL "
             "WHERE id IN (SELECT id FROM durably_runs WHERE id = ANY($2::text[]) "
-            "AND status = 'suspended' AND (wake_at <= $3 OR wake_requested_at IS NOT NULL) "
+            f"AND {SUSPENDED} AND (wake_at <= $3 OR wake_requested_at IS NOT NULL) "
             "AND (locked_by IS NULL OR locked_until IS NULL OR locked_until < $3) "
             "FOR UPDATE SKIP LOCKED) "
             "RETURNING id",
