@@ -1,34 +1,35 @@
-"""Cost per run that machine noise cannot move: buffers and CPU time, empty database vs full.
+"""Cost per run that machine noise cannot move: pages and CPU time, empty database vs full.
 
-    python grow_cost.py --name bench_durably_grown buffers --keep     # on grow.py's 1,000,000
+    python grow_cost.py --name bench_durably_grown --keep buffers     # grow.py's 1,000,000
     python grow_cost.py --name bench_durably_empty buffers            # reset first
-    python grow_cost.py --name bench_durably_grown cpu --keep throughput --n 2000 --k 5
+    python grow_cost.py --name bench_durably_grown --keep cpu throughput --n 2000 --k 5
     python grow_cost.py --name bench_durably_empty cpu latency --count 200
 
-Wall-clock time on two shared cores moves by ±50% from one minute to the next, so "within 10% of
-an empty database" cannot be read off it. These two measures do not depend on what else runs:
+Wall-clock time on two shared cores moves by +-50% from one minute to the next, so "within 10%
+of an empty database" cannot be read off it. These two measures do not depend on what else runs.
 
 ``buffers``: the store's pooled connections load ``auto_explain`` (``session_preload_libraries``
-as a connection setting, nothing installed on the server) and report, as a NOTICE to the engine's
-own connection, the executed plan of every statement with its shared buffer hits and reads and
-the rows its scans examined (``rows`` + ``rows removed by filter / recheck``, times loops). The
-engine runs, one at a time, ``--one`` one-step runs, then ``--seq`` K-step runs, then
-``--gathered`` K-step runs started at once (the throughput bench's shape, batched writes); each
-statement is charged to the phase it ran in. Statements the engine also sends while idle are the
-polls (timers, not runs): they are reported per call, and left out of the per-run sums. Then the
-sweeps are called once each (as ``grow.py explain`` does). The per-run sums and the per-call
-figures are counts of pages, the same on every run of the same database (up to which runs share a
-batch in the gathered phase). A coverage check compares the sum of all plans with the database's
-own block counters (``pg_statio_user_tables``: heap, index and TOAST, every durably table) over the
-engine's whole life: a statement whose work the top plan node does not show (a trigger, a CTE run
-at the end) would leave a gap. The B-tree ``level`` of every index on the runs and checkpoint
-tables is read too (``pageinspect``): one more level is one more page per probe.
+as a connection setting, nothing installed on the server) and send back, as a NOTICE, the
+executed plan of every statement with its shared buffer hits and reads and the rows its scans
+examined (kept + removed by filter or recheck, times loops). The engine runs ``--one`` one-step
+runs one at a time, ``--seq`` K-step runs one at a time, then ``--gathered`` K-step runs started
+at once (the throughput bench's shape: batched writes); each statement is charged to the phase it
+ran in. Statements the engine also sends while idle are its polls (timers, not runs): reported
+per call, left out of the per-run sums, as are asyncpg's own catalog queries (once per new
+connection). Then the sweeps are called once each (as ``grow.py explain`` does). Pages per run
+are counts: the same on every run of the same database (the batched phase up to which runs share
+a batch). Each phase also reads the database's own block counters (``pg_statio_user_tables`` and
+``_indexes``: heap, TOAST and every index of every durably table), waiting out the backends'
+reporting delay: their sum against the plans' is the coverage check (a statement's work the top
+plan node does not show would leave a gap), and they split a run's pages into heap and index
+pages. The B-tree ``level`` of every index on the runs and checkpoints is read too
+(``pageinspect``): one more level is one more page per descent.
 
 ``cpu``: the throughput or the latency scenario of ``durably_side.py`` (same workflows, warm-up,
-timing), plus the CPU time (user + system) the engine process and the PostgreSQL backends serving
-this database spent on the measured runs: ``time.process_time()`` here, ``/proc/<pid>/stat`` of
-every client backend of the database (``pg_stat_activity``; a backend started during the
-measurement counts from zero) before and after. PostgreSQL's own background processes (WAL
+timing), plus the CPU time the engine process and the PostgreSQL backends serving this database
+spent on the measured runs: ``time.process_time()`` here, ``/proc/<pid>/schedstat`` (time on a
+CPU, in ns) of every client backend of the database (``pg_stat_activity``; one started during
+the measurement counts from zero), before and after. PostgreSQL's background processes (WAL
 writer, checkpointer, autovacuum) are not counted.
 """
 
@@ -275,7 +276,9 @@ async def buffers(
         tot = dict.fromkeys(("statements", *COUNTS), 0)
         poll_tot = dict.fromkeys(("statements", *COUNTS), 0)
         for (p2, sql), s in log.stats.items():
-            if p2 != ph:
+            # asyncpg's own catalog queries (type introspection, once per new connection) are
+            # the driver's, not the store's
+            if p2 != ph or "durably_" not in sql:
                 continue
             dst = poll_tot if sql in polls else tot
             dst["statements"] += s["calls"]
@@ -321,7 +324,14 @@ TICK = os.sysconf("SC_CLK_TCK")
 
 
 def proc_cpu(pid: int) -> float | None:
-    """User + system CPU seconds of process ``pid`` (None once it has gone)."""
+    """CPU seconds process ``pid`` has run so far (None once it has gone).
+
+    ``/proc/<pid>/schedstat`` (nanoseconds on a CPU) where the kernel keeps it, else user +
+    system time from ``/proc/<pid>/stat`` (clock ticks: 10 ms, coarse for 200 runs)."""
+    try:
+        return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0]) / 1e9
+    except (OSError, ValueError, IndexError):
+        pass
     try:
         text = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
@@ -485,3 +495,118 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+# ------------------------------------------------------------------------------ report pieces
+
+TABLES = ("durably_runs", "durably_checkpoints")
+
+
+def split_pages(statio: dict[str, float]) -> tuple[float, float]:
+    """(heap + TOAST pages of the two big tables, pages of every index and other table)."""
+    heap = sum(v for k, v in statio.items() if k in TABLES)
+    return heap, sum(statio.values()) - heap
+
+
+def markdown(results: dict[str, dict[str, Any]]) -> str:
+    """The per-statement and per-run buffer counts of several ``buffers`` results, side by side
+    (``results``: a label such as ``"empty"`` or ``"1,000,000"`` to one result each)."""
+    labels = list(results)
+    lines = [
+        "## Pages and rows per statement and per run: "
+        + " vs ".join(labels)
+        + " (`grow_cost.py buffers`)",
+        "",
+        "Shared buffers (hit + read) and rows examined (scanned rows kept or filtered out, every "
+        "loop) of every statement the engine sent, from `auto_explain` on the store's own "
+        "connections: one-step runs one at a time, K-step runs one at a time, K-step runs "
+        "started together (batched writes); polls are the statements the engine also sends "
+        "while idle, per call. Counts, not times: the same on every run of the same database "
+        "(the batched phase up to how runs share batches).",
+        "",
+        "| phase | per run | " + " | ".join(labels) + " |",
+        "| --- | --- | " + " | ".join("---" for _ in labels) + " |",
+    ]
+    phases = ("one-step", "k-step", "gathered")
+    for ph in phases:
+        rows: dict[str, list[str]] = {
+            "statements": [],
+            "pages (plans)": [],
+            "rows examined": [],
+            "pages, tables' counters": [],
+            "  of which heap": [],
+            "  of which index": [],
+        }
+        for lab in labels:
+            pr = results[lab].get("per_run", {}).get(ph, {})
+            heap, idx = split_pages(pr.get("statio", {}))
+            rows["statements"].append(f"{pr.get('statements', 0):.2f}")
+            rows["pages (plans)"].append(f"{pr.get('hit', 0) + pr.get('read', 0):.1f}")
+            rows["rows examined"].append(f"{pr.get('rows', 0):.1f}")
+            rows["pages, tables' counters"].append(f"{heap + idx:.1f}")
+            rows["  of which heap"].append(f"{heap:.1f}")
+            rows["  of which index"].append(f"{idx:.1f}")
+        for name, cells in rows.items():
+            lines.append(f"| {ph} | {name} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "B-tree levels (0: the root is the leaf; each level is one more page per probe or insert):",
+        "",
+        "| index | " + " | ".join(labels) + " |",
+        "| --- | " + " | ".join("---" for _ in labels) + " |",
+    ]
+    names = sorted({n for r in results.values() for n in r.get("btree_levels", {})})
+    for n in names:
+        lines.append(
+            f"| {n} | "
+            + " | ".join(str(results[lab].get("btree_levels", {}).get(n, "-")) for lab in labels)
+            + " |"
+        )
+    lines += [
+        "",
+        "Per statement, per call (pages hit + read / rows examined):",
+        "",
+        "| statement | role | phase | calls | " + " | ".join(labels) + " |",
+        "| --- | --- | --- | --- | " + " | ".join("---" for _ in labels) + " |",
+    ]
+    sqls: dict[str, dict[str, Any]] = {}
+    for r in results.values():
+        for sql, it in r.get("statements", {}).items():
+            sqls.setdefault(sql, it)
+    order = {"run": 0, "poll": 1, "sweep": 2}
+    for sql, it in sorted(sqls.items(), key=lambda x: (order.get(x[1]["role"], 3), x[1]["kind"])):
+        seen = sorted(
+            {ph for r in results.values() for ph in r["statements"].get(sql, {}).get("phases", {})}
+        )
+        for ph in seen:
+            if it["role"] == "poll" and ph != "idle":
+                continue
+            cells = []
+            calls = ""
+            for lab in labels:
+                s = results[lab].get("statements", {}).get(sql, {}).get("phases", {}).get(ph)
+                if not s or not s["calls"]:
+                    cells.append("-")
+                    continue
+                calls = calls or str(s["calls"])
+                pages = (s["hit"] + s["read"]) / s["calls"]
+                cells.append(f"{pages:.1f} / {s['rows'] / s['calls']:.1f}")
+            short = " ".join(sql.split())[:60].replace("|", "/")
+            lines.append(
+                f"| {it['kind']}: `{short}…` | {it['role']} | {ph} | {calls} | "
+                + " | ".join(cells)
+                + " |"
+            )
+    cov = [
+        f"{lab} {ph} {c['ratio']}"
+        for lab, r in results.items()
+        for ph, c in r.get("coverage", {}).items()
+        if ph in phases and c.get("ratio") is not None
+    ]
+    lines += [
+        "",
+        "Coverage (the plans' pages over the tables' own counters, `pg_statio_user_tables` + "
+        "`pg_statio_user_indexes`, per phase; polls included in both): " + ", ".join(cov) + ".",
+        "",
+    ]
+    return "\n".join(lines)
