@@ -7,17 +7,18 @@ the planner then found it cheaper to settle a run by scanning the ``running``
 range of ``durably_runs_updated (status, updated_at)``, checking each entry's
 id on the table, than to probe the primary key: every live run (and the dead
 entries of recently finished ones) read once per settle, where the empty
-database read one (bench/grow-explain.md; bench/grow_cost.py counted 42 pages
-per one-step run at 1,000,000 runs against 25 on an empty database, most of it
-in that index). Counted here, not timed: with 100,000 finished runs analyzed,
-then 400 running under another engine's lease, an engine runs a one-step and a
-five-step workflow, and PostgreSQL's ``auto_explain`` reports the executed plan
-of every statement its store sends; then the lease-keeping calls run on one
-of the 400. Each statement naming runs must read ``durably_runs`` through its
-primary key only. Before the fix none did: the one-run settle looked at 401
-rows, a batch of settles 404-418, and ``renew_lease``, ``continue_turn``,
-``release_run``, ``mark_awaiting`` and ``recover_orphans`` 400 each, all in
-``durably_runs_updated``.
+database read one (bench/grow-explain.md; bench/grow_cost.py counted 43 pages
+for the one-run settle at 1,000,000 runs against 25 on an empty database).
+
+Counted here, not timed: with 100,000 finished runs analyzed, then 400 running
+under another engine's lease, an engine runs one-step and five-step workflows,
+one at a time and 20 at once, and PostgreSQL's ``auto_explain`` reports the
+executed plan of every statement its store sends; then the lease-keeping calls
+run on one of the 400. Each statement naming runs must read ``durably_runs``
+through its primary key only. Before the fix the settles and the lease calls
+did not: the one-run settle looked at 401 rows, a batch of settles 404-418, and
+``renew_lease``, ``continue_turn``, ``release_run``, ``mark_awaiting`` and
+``recover_orphans`` 400 each, all in ``durably_runs_updated``.
 """
 
 from __future__ import annotations

@@ -42,8 +42,8 @@ def only_checked(predicate: str) -> str:
     the range of ``durably_runs_updated (status, updated_at)``, over the key:
     every live run, and the dead entries of recently finished ones, read once
     per settle (bench/grow-explain.md, at 1,000,000 runs;
-    tests/stores/test_postgres_run_probes.py). ``(...) IS TRUE`` means the same
-    for a ``NOT NULL`` column, and no index answers it.
+    tests/stores/test_postgres_run_probes.py). In a ``WHERE`` clause
+    ``(...) IS TRUE`` keeps exactly the rows ``...`` keeps, and no index answers it.
     """
     return f"({predicate}) IS TRUE"
 
