@@ -249,6 +249,11 @@ class StepRunner:
         """
         turn = self._env.turn
         with turn.in_flight(), turn.store_calls:
+            if self._env.services.steps.send_with_checkpoint is not None:
+                # One transaction: the task is out exactly when its checkpoint
+                # is durable (a store error leaves neither, and the turn runs again).
+                await self._env.save(cp, send=[self._task(seq, call, cp)])
+                return True
             await self._env.save(cp)
             try:
                 await self._env.services.steps.dispatch([self._task(seq, call, cp)])

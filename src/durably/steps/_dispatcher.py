@@ -25,7 +25,7 @@ from ..clock import Clock
 from ..model import TERMINAL_STATUSES, Checkpoint, CheckpointKind, CheckpointStatus, Run
 from ..stores._rows import is_row_error
 from ..stores.base import BeatRecord, CheckpointStore, FlowStore, Resolution, TurnLease
-from ..transports.base import Transport
+from ..transports.base import SendWithCheckpoint, Transport
 from ..wire import Heartbeat, StepResult, StepTask, routing_token
 from ._flow import FlowQueue
 from .definition import StepDefinition
@@ -93,6 +93,20 @@ class StepDispatcher:
         their next turn, as a lease (``None``: none; set by the wiring)."""
         self.resume_leased: ResumeLeased | None = None
         """Takes the turn of a run the settle leased to us (set by the wiring)."""
+        self.send_with_checkpoint: SendWithCheckpoint | None = None
+        """The transport's way to send tasks in the transaction that writes
+        their checkpoint (``CheckpointSender``; set by the wiring), if any."""
+
+    def save_and_send(
+        self, checkpoint: Checkpoint, owner: str, tasks: list[StepTask]
+    ) -> Awaitable[bool]:
+        """Write ``checkpoint`` under ``owner``'s lease and send ``tasks`` in the
+        same transaction (only with :attr:`send_with_checkpoint`); whether the
+        lease held. Called synchronously, the write is queued at once."""
+        assert self.send_with_checkpoint is not None
+        if self._intercept.outbound:
+            self._intercept.prepare(tasks)
+        return self.send_with_checkpoint(checkpoint, owner, tasks)
 
     async def dispatch(self, tasks: list[StepTask]) -> None:
         """Send tasks; raises :class:`~durably.transports.TransportError` if not sent."""

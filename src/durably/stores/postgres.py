@@ -32,6 +32,7 @@ from typing import Any
 from .. import _attributes as attrcodec
 from .. import _codec as codec
 from .._notices import StoreNotice
+from .._queue import OutMessage
 from ..model import (
     TERMINAL_STATUSES,
     Checkpoint,
@@ -1221,6 +1222,13 @@ class PostgresStore:
         """Upsert under the lease (never replacing a completed checkpoint),
         committed together with other turns' writes."""
         return self._writes().save_checkpoint(checkpoint_params(checkpoint), owner)
+
+    def save_checkpoint_sending(
+        self, checkpoint: Checkpoint, owner: str, messages: list[OutMessage]
+    ) -> asyncio.Future[bool]:
+        """:meth:`save_checkpoint` that pushes ``messages`` into the message
+        queue in its transaction, if the lease held (``OutboxStore``)."""
+        return self._writes().save_checkpoint(checkpoint_params(checkpoint), owner, messages)
 
     async def _save_checkpoint_alone(self, checkpoint: Checkpoint, owner: str) -> bool:
         """Upsert under the lease, in a statement of its own."""

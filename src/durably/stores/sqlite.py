@@ -21,6 +21,7 @@ from urllib.parse import unquote, urlsplit
 
 from .. import _attributes as attrcodec
 from .. import _codec as codec
+from .._queue import OutMessage
 from .._urls import redact_url
 from ..model import (
     TERMINAL_STATUSES,
@@ -55,7 +56,7 @@ from ._rows import (
     schedule_from_row,
     schedule_params,
 )
-from ._sqlite_messages import SqliteMessageQueue
+from ._sqlite_messages import SqliteMessageQueue, insert_messages
 from ._sqlite_schema import MIGRATIONS
 from ._sqlite_thread import SqliteThread
 from .base import (
@@ -1005,6 +1006,31 @@ class SqliteStore:
             return True
 
         return self._db.submit(op)
+
+    def save_checkpoint_sending(
+        self, checkpoint: Checkpoint, owner: str, messages: list[OutMessage]
+    ) -> asyncio.Future[bool]:
+        """:meth:`save_checkpoint` that pushes ``messages`` into the message
+        queue in its transaction, if the lease held (``OutboxStore``)."""
+        params = checkpoint_params(checkpoint)
+        run_id = checkpoint.run_id
+        queue = self.messages()
+
+        def op(conn: sqlite3.Connection) -> bool:
+            if not conn.execute(_HOLDS_LEASE, (run_id, owner)).fetchone():
+                return False
+            conn.execute(_UPSERT_CHECKPOINT, params)
+            queue.ready_in(conn)
+            insert_messages(conn, messages)
+            return True
+
+        def told(done: asyncio.Future[bool]) -> None:
+            if not done.cancelled() and done.exception() is None and done.result():
+                queue.announce(messages)
+
+        future = self._db.submit(op)
+        future.add_done_callback(told)
+        return future
 
     async def save_checkpoints(self, checkpoints: list[Checkpoint], owner: str) -> bool:
         """Upsert many checkpoints under the lease, in one transaction."""

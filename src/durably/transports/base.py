@@ -18,14 +18,17 @@ from typing import Any, Protocol, runtime_checkable
 
 from .._queue import RunBroker
 from ..errors import DurablyError
+from ..model import Checkpoint
 from ..wire import Heartbeat, StepResult, StepTask
 
 __all__ = [
     "CancelHandler",
+    "CheckpointSender",
     "EventCarrier",
     "HeartbeatHandler",
     "ResultHandler",
     "RunCarrier",
+    "SendWithCheckpoint",
     "TaskHandler",
     "Transport",
     "TransportError",
@@ -46,6 +49,12 @@ HeartbeatHandler = Callable[[Heartbeat], Awaitable[None]]
 
 CancelHandler = Callable[[list[str]], None]
 """Worker side: these runs were cancelled; handlers working for them should stop."""
+
+
+SendWithCheckpoint = Callable[[Checkpoint, str, list[StepTask]], Awaitable[bool]]
+"""``(checkpoint, lease owner, tasks)``: write the checkpoint under the owner's
+lease and send the tasks in the same transaction; ``False`` (nothing written,
+nothing sent) if the lease is lost. Raising means neither happened."""
 
 
 class TransportError(DurablyError):
@@ -137,6 +146,18 @@ class RunCarrier(Protocol):
 
     def run_queue(self) -> RunBroker:
         """A new carrier of the run queue (the transport must be open)."""
+
+
+@runtime_checkable
+class CheckpointSender(Protocol):
+    """A transport whose messages can live in the store's own database
+    (``db``): a dispatched step's task is then sent in the transaction that
+    writes its pending checkpoint, one commit where there were two, and no
+    crash can leave the checkpoint saved and the task unsent."""
+
+    def checkpoint_sender(self, store: object) -> SendWithCheckpoint | None:
+        """How to write a checkpoint and send tasks in one transaction of
+        ``store``; ``None`` if the transport's messages are not in that store."""
 
 
 TurnHandler = Callable[[Any], Awaitable[None]]

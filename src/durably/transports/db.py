@@ -33,11 +33,19 @@ from .._aio import wait_event
 from .._batch import BatchCall
 from .._logs import engine_logger
 from .._notices import StoreNotice
-from .._queue import Message, MessageQueue, MessageStore, OutMessage, Unlisten
+from .._queue import Message, MessageQueue, MessageStore, OutboxStore, OutMessage, Unlisten
 from ..clock import wall_ms
+from ..model import Checkpoint
 from ..wire import Heartbeat, StepResult, StepTask, WireError
 from ._db_runs import MessageRuns
-from .base import CancelHandler, HeartbeatHandler, ResultHandler, TaskHandler, TransportError
+from .base import (
+    CancelHandler,
+    HeartbeatHandler,
+    ResultHandler,
+    SendWithCheckpoint,
+    TaskHandler,
+    TransportError,
+)
 
 __all__ = ["DbTransport"]
 
@@ -51,6 +59,12 @@ _RESULT_BATCH = 256
 def task_topic(group: str) -> str:
     """The topic tasks routed to ``group`` go to."""
     return f"tasks:{group}"
+
+
+def _task_messages(tasks: list[StepTask]) -> list[OutMessage]:
+    return [
+        OutMessage(task_topic(t.group), codec.dumps(t.to_wire()), t.priority or 0) for t in tasks
+    ]
 
 
 class DbTransport:
@@ -125,6 +139,8 @@ class DbTransport:
                 return
             queue: MessageQueue = self.store.messages()
             self._unlisten = await queue.listen(self._heard)
+            # Makes the table: the store's checkpoint writes may push into it.
+            await queue.depth([])
             self._queue = queue
 
     def run_queue(self) -> MessageRuns:
@@ -174,15 +190,27 @@ class DbTransport:
 
     # -- sending -----------------------------------------------------------------------
 
+    def checkpoint_sender(self, store: object) -> SendWithCheckpoint | None:
+        """Tasks go out with their checkpoints when ``store`` is this
+        transport's own (``CheckpointSender``)."""
+        if store is not self.store or not isinstance(store, OutboxStore):
+            return None
+        return self._send_with_checkpoint
+
+    async def _send_with_checkpoint(
+        self, checkpoint: Checkpoint, owner: str, tasks: list[StepTask]
+    ) -> bool:
+        self._q()
+        store = self.store
+        assert isinstance(store, OutboxStore)
+        return await store.save_checkpoint_sending(checkpoint, owner, _task_messages(tasks))
+
     async def dispatch(self, tasks: list[StepTask]) -> None:
         """Store the tasks in their groups' topics (one transaction)."""
         if not tasks:
             return
         try:
-            messages = [
-                OutMessage(task_topic(t.group), codec.dumps(t.to_wire()), t.priority or 0)
-                for t in tasks
-            ]
+            messages = _task_messages(tasks)
             # Through the batcher: a fan's tasks (and concurrent turns' ones)
             # go out in one transaction rather than one each.
             await self._pushes.many(messages)
