@@ -181,13 +181,15 @@ class ResultSettlingStore(Protocol):
         self,
         topics: list[str],
         limit: int,
-        now: int,
+        visible_at: int,
         decode: Callable[[list[Message]], tuple[Any, list[Resolution]]],
+        now: int,
         lease: TurnLease | None,
     ) -> SettledMessages:
-        """In one transaction: delete up to ``limit`` visible, unclaimed
-        messages of ``topics`` (oldest first; rows another consumer's
-        transaction holds are skipped), settle the resolutions
+        """In one transaction: delete up to ``limit`` messages of ``topics``
+        visible and unclaimed at ``visible_at`` (wall-clock ms; highest
+        priority then oldest first; rows another consumer's transaction holds
+        are skipped), settle (at ``now``) the resolutions
         ``decode(messages)`` makes of them (its first value is handed back as
         :attr:`SettledMessages.decoded`) and, with ``lease``, lease the runs
         they wake as :meth:`~durably.stores.base.CheckpointStore.resolve_and_lease`

@@ -26,16 +26,26 @@ import contextlib
 import os
 import socket
 import uuid
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 
 from .. import _codec as codec
 from .._aio import wait_event
 from .._batch import BatchCall
 from .._logs import engine_logger
 from .._notices import StoreNotice
-from .._queue import Message, MessageQueue, MessageStore, OutboxStore, OutMessage, Unlisten
+from .._queue import (
+    Message,
+    MessageQueue,
+    MessageStore,
+    OutboxStore,
+    OutMessage,
+    ResultSettlingStore,
+    Unlisten,
+)
 from ..clock import wall_ms
 from ..model import Checkpoint
+from ..stores._rows import is_row_error
+from ..stores.base import Resolution, TurnLease
 from ..wire import Heartbeat, StepResult, StepTask, WireError
 from ._db_runs import MessageRuns
 from .base import (
@@ -43,6 +53,8 @@ from .base import (
     HeartbeatHandler,
     ResultHandler,
     SendWithCheckpoint,
+    SettleTaken,
+    Taken,
     TaskHandler,
     TransportError,
 )
@@ -59,6 +71,24 @@ _RESULT_BATCH = 256
 def task_topic(group: str) -> str:
     """The topic tasks routed to ``group`` go to."""
     return f"tasks:{group}"
+
+
+def _parse(messages: list[Message]) -> tuple[list[StepResult], list[Heartbeat]]:
+    """The results and beats of taken messages, oldest first; a beat whose
+    step's result is among them says nothing new, a malformed message is dropped."""
+    results: list[StepResult] = []
+    beats: list[Heartbeat] = []
+    for message in sorted(messages, key=lambda m: m.id):
+        try:
+            body = codec.loads(message.body)
+            if message.topic == BEATS_TOPIC:
+                beats.append(Heartbeat.from_wire(body))
+            else:
+                results.append(StepResult.from_wire(body))
+        except (ValueError, WireError) as exc:
+            _log.error("dropping a malformed %s message: %s", message.topic, exc)
+    finished = {result.step_id for result in results}
+    return results, [beat for beat in beats if beat.step_id not in finished]
 
 
 def _task_messages(tasks: list[StepTask]) -> list[OutMessage]:
@@ -391,6 +421,89 @@ class DbTransport:
         self._results_loop = asyncio.create_task(
             self._consume(on_results, on_heartbeat), name="durably-db-results"
         )
+
+    async def consume_settling(
+        self,
+        store: object,
+        settle: SettleTaken,
+        on_results: ResultHandler,
+        on_heartbeat: HeartbeatHandler,
+    ) -> bool:
+        """Take results and beats off the queue in the transaction that
+        settles them (``SettlingConsumer``), when ``store`` is this transport's own."""
+        self._q()
+        if store is not self.store or not isinstance(store, ResultSettlingStore):
+            return False
+        if self._results_loop is not None:
+            raise RuntimeError("this transport already has a results consumer")
+        self._results_loop = asyncio.create_task(
+            self._consume_settling(store, settle, on_results, on_heartbeat),
+            name="durably-db-results",
+        )
+        return True
+
+    async def _consume_settling(
+        self,
+        store: ResultSettlingStore,
+        settle: SettleTaken,
+        on_results: ResultHandler,
+        on_heartbeat: HeartbeatHandler,
+    ) -> None:
+        topics = [RESULTS_TOPIC, BEATS_TOPIC]
+        while True:
+            self._results_wake.clear()
+            taken = 0
+
+            async def take(
+                resolutions_of: Callable[[list[StepResult]], list[Resolution]],
+                now: int,
+                lease: TurnLease | None,
+            ) -> Taken:
+                nonlocal taken
+
+                def decode(
+                    messages: list[Message],
+                ) -> tuple[tuple[list[StepResult], list[Heartbeat]], list[Resolution]]:
+                    results, beats = _parse(messages)
+                    return (results, beats), resolutions_of(results)
+
+                got = await store.claim_and_resolve(
+                    topics, _RESULT_BATCH, wall_ms(), decode, now, lease
+                )
+                taken = len(got.messages)
+                results, beats = got.decoded
+                for beat in beats:  # committed (deleted) already: fire and forget
+                    try:
+                        await on_heartbeat(beat)
+                    except Exception:
+                        _log.exception("heartbeat of %s could not be handled", beat.step_id)
+                return results, got.answers, got.leased
+
+            try:
+                await settle(take)
+            except Exception as exc:
+                if is_row_error(exc):
+                    # A result the store refuses undid the transaction: this
+                    # batch goes the plain way, which settles it entry by entry.
+                    taken = await self._consume_once(topics, on_results, on_heartbeat)
+                else:
+                    _log.warning("could not take results: %s", exc)
+            if taken < _RESULT_BATCH:
+                await wait_event(self._results_wake, self.poll_interval)
+
+    async def _consume_once(
+        self, topics: list[str], on_results: ResultHandler, on_heartbeat: HeartbeatHandler
+    ) -> int:
+        try:
+            claimed = await self._q().claim(
+                topics, self.owner, _RESULT_BATCH, self.lease_ms, wall_ms()
+            )
+        except Exception as exc:
+            _log.warning("could not claim results: %s", exc)
+            return 0
+        if claimed:
+            await self._deliver(claimed, on_results, on_heartbeat)
+        return len(claimed)
 
     async def _consume(self, on_results: ResultHandler, on_heartbeat: HeartbeatHandler) -> None:
         topics = [RESULTS_TOPIC, BEATS_TOPIC]
