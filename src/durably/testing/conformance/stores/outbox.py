@@ -240,7 +240,7 @@ async def test_two_consumers_racing_take_each_result_once(
     await _results(a, *runs)
 
     async def drain(store: Any, owner: str) -> list[tuple[list[Message], list[int | None]]]:
-        batches = []
+        batches: list[tuple[list[Message], list[int | None]]] = []
         while True:
             got = await store.claim_and_resolve(
                 [RESULTS], 7, NOW, _decode, NOW + 50, lease_to(owner)
