@@ -207,9 +207,14 @@ class TurnEnv:
         if not held:
             self.fence_lost()
 
-    def save_later(self, checkpoint: Checkpoint) -> None:
-        """Start writing ``checkpoint``; the turn's next flush waits for it."""
-        self.turn.write_later(self.store.save_checkpoint(checkpoint, self.turn.owner))
+    def save_later(self, checkpoint: Checkpoint, *, send: list[StepTask] | None = None) -> None:
+        """Start writing ``checkpoint``; the turn's next flush waits for it.
+        With ``send``, those tasks go out in its transaction (as :meth:`save`)."""
+        turn = self.turn
+        if send is None:
+            turn.write_later(self.store.save_checkpoint(checkpoint, turn.owner))
+        else:
+            turn.write_later(self.services.steps.save_and_send(checkpoint, turn.owner, send))
 
     def fence_lost(self) -> NoReturn:
         """Leave the turn: the store refused a write, so another instance holds the lease.

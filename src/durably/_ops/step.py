@@ -167,7 +167,14 @@ class StepRunner:
                 cp = await self._await_live(seq, call, cp, send=False)
                 continue
             if call.timeout_ms is None:
-                await self._send(seq, call, cp)
+                if services.steps.send_with_checkpoint is not None:
+                    # Not awaited: the checkpoint and its task are queued
+                    # before the turn's settle and commit with it (ordered
+                    # writes), so the run is parked when its result can first
+                    # arrive, and a crash leaves all three or none.
+                    self._env.save_later(cp, send=[self._task(seq, call, cp)])
+                else:
+                    await self._send(seq, call, cp)
                 return await turn.park(seq, cp.wake_at, reconcile=True)
             cp = await self._await_live(seq, call, cp, send=True)
 

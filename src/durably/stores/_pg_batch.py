@@ -330,7 +330,11 @@ class PgWriteBatcher:
         must see committed before it can queue its next write."""
         if self._settles or not self._checkpoints:
             return False
-        return all(row[4] in _RESULTS for row, _ in self._checkpoints.values())
+        # A checkpoint sending its step's task is usually the last write of
+        # its turn (which parks on it): its settle commits with it.
+        return all(
+            row[4] in _RESULTS or key in self._outbox for key, (row, _) in self._checkpoints.items()
+        )
 
     async def _write(
         self,

@@ -13,6 +13,14 @@ store's :class:`~durably._queue.MessageQueue`:
 - The results consumer claims results and beats in batches of up to 256,
   hands them over, and acks them after; a batch whose handler raised is
   handed back and delivered again.
+- On the engine's own store (the usual case: ``Engine(url, transport="db://")``)
+  two stages share the store's transactions. A dispatched step's task is
+  pushed in the transaction that writes its pending checkpoint
+  (:meth:`checkpoint_sender`; a step without ``timeout`` also parks its run
+  in it): one commit, and no crash leaves the checkpoint without its task.
+  Results and beats are taken off the queue in the transaction that settles
+  them (:meth:`consume_settling`: deleted there, no claim lease, no ack);
+  a batch the store refuses is claimed and settled the plain way above.
 - Consumers wake on the queue's notifications (PostgreSQL ``LISTEN``; within
   the process on SQLite) and poll as a safety net (1 s; 50 ms on SQLite).
 - Cancel notices are ``NOTIFY <channel>, 'cancel:<run_id>'`` on PostgreSQL and
@@ -26,7 +34,7 @@ import contextlib
 import os
 import socket
 import uuid
-from collections.abc import Callable, Collection
+from collections.abc import Awaitable, Callable, Collection
 
 from .. import _codec as codec
 from .._aio import wait_event
@@ -227,13 +235,15 @@ class DbTransport:
             return None
         return self._send_with_checkpoint
 
-    async def _send_with_checkpoint(
+    def _send_with_checkpoint(
         self, checkpoint: Checkpoint, owner: str, tasks: list[StepTask]
-    ) -> bool:
+    ) -> Awaitable[bool]:
+        # Not a coroutine: the write is queued now, in call order with the
+        # turn's other writes (its settle may follow before anything awaits it).
         self._q()
         store = self.store
         assert isinstance(store, OutboxStore)
-        return await store.save_checkpoint_sending(checkpoint, owner, _task_messages(tasks))
+        return store.save_checkpoint_sending(checkpoint, owner, _task_messages(tasks))
 
     async def dispatch(self, tasks: list[StepTask]) -> None:
         """Store the tasks in their groups' topics (one transaction)."""
