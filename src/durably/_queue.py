@@ -29,7 +29,7 @@ migrations: a deployment that never uses the queue never has it.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -185,8 +185,10 @@ class ResultSettlingStore(Protocol):
         decode: Callable[[list[Message]], tuple[Any, list[Resolution]]],
         now: int,
         lease: TurnLease | None,
+        delete: Sequence[int] = (),
     ) -> SettledMessages:
-        """In one transaction: delete up to ``limit`` messages of ``topics``
+        """In one transaction: delete the messages ``delete`` names (the tasks
+        of results settled here), and up to ``limit`` messages of ``topics``
         visible and unclaimed at ``visible_at`` (wall-clock ms; highest
         priority then oldest first; rows another consumer's transaction holds
         are skipped), settle (at ``now``) the resolutions

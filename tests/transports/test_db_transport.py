@@ -16,7 +16,7 @@ from durably.stores import MemoryStore
 from durably.testing.conformance import TransportFactory, wait_until
 from durably.testing.conformance.transports.contract import Handler, Results, task
 from durably.transports.base import TransportError
-from durably.transports.db import DbTransport, task_topic
+from durably.transports.db import RESULTS_TOPIC, DbTransport, task_topic
 from durably.wire import StepResult, StepTask
 
 
@@ -272,3 +272,51 @@ async def test_two_engines_on_one_schema_settle_results_without_a_deadlock(
     deadlocks = [r.getMessage() for r in caplog.records if "deadlock" in r.getMessage()]
     assert not failures, failures
     assert not deadlocks, deadlocks
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
+async def test_an_engine_on_its_own_store_settles_in_its_own_transactions(
+    kind: str, tmp_path: Any, request: pytest.FixtureRequest
+) -> None:
+    """db:// on the engine's own store: a served task's result never enters
+    the queue (settled with the task's deletion), a dispatched task enters it
+    only in the transaction of its checkpoint, and nothing is left queued."""
+    if kind == "sqlite":
+        await _counted_run(f"sqlite:///{tmp_path / 'own.db'}")
+    else:
+        async with request.getfixturevalue("isolated_postgres")() as url:
+            await _counted_run(url)
+
+
+async def _counted_run(url: str) -> None:
+    engine = durably.Engine(url, transport="db://", poll_interval=0.05)
+
+    @engine.step("inc")
+    async def inc(n: int) -> int:
+        return n + 1
+
+    @engine.workflow("three")
+    async def three(ctx: durably.WorkflowContext, n: int) -> int:
+        for _ in range(3):
+            n = int(await ctx.step("inc", n))
+        return n
+
+    pushed: list[str] = []
+    try:
+        await engine.start_worker()
+        queue = engine.store.messages()  # type: ignore[attr-defined]
+        push = queue.push
+
+        async def counted(messages: list[Any]) -> None:
+            pushed.extend(m.topic for m in messages)
+            await push(messages)
+
+        queue.push = counted
+        runs = [await engine.start("three", i) for i in range(10)]
+        done = [await engine.wait_for_run(r.run_id, terminal=True, timeout=60) for r in runs]
+        assert [r.output for r in done] == [i + 3 for i in range(10)]
+        # neither a task nor a result went through a push of its own (runs do)
+        assert [t for t in pushed if t == RESULTS_TOPIC or t.startswith("tasks:")] == []
+        assert await queue.depth([RESULTS_TOPIC, task_topic("inc")]) == {}
+    finally:
+        await engine.close()

@@ -26,7 +26,7 @@ import asyncio
 import dataclasses
 import functools
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .. import _attributes as attrcodec
@@ -1318,16 +1318,18 @@ class PostgresStore:
         decode: Callable[[list[Message]], tuple[Any, list[Resolution]]],
         now: int,
         lease: TurnLease | None,
+        delete: Sequence[int] = (),
     ) -> SettledMessages:
         """Take step results off the message queue and settle them, in one
         transaction (``ResultSettlingStore``)."""
         leased: dict[str, tuple[Run, dict[int, Checkpoint]]] = {}
         async with self._db.transaction() as conn:
-            rows = await conn.fetch(_TAKE_MESSAGES, topics, visible_at, limit)
+            rows = await conn.fetch(_TAKE_MESSAGES, topics, visible_at, limit, list(delete))
             messages = sorted(
                 (
                     Message(r["id"], r["topic"], r["body"], r["priority"], r["deliveries"])
                     for r in rows
+                    if not r["deleted"]
                 ),
                 key=lambda m: (-m.priority, m.id),
             )
@@ -2073,9 +2075,10 @@ transaction; the caller writes those alone."""
 # The results consumer's claim, settle and ack in one: the rows are deleted in
 # the settle's transaction (rolled back with it), and SKIP LOCKED leaves the
 # rows another consumer's open transaction took to it.
+# The served tasks named in $4 (whose results this settle carries) go too.
 _TAKE_MESSAGES = """
     DELETE FROM durably_messages
-    WHERE id IN (
+    WHERE id = ANY($4::bigint[]) OR id IN (
         SELECT id FROM durably_messages
         WHERE topic = ANY($1::text[]) AND available_at <= $2
             AND (claimed_until IS NULL OR claimed_until < $2)
@@ -2083,7 +2086,8 @@ _TAKE_MESSAGES = """
         LIMIT $3
         FOR UPDATE SKIP LOCKED
     )
-    RETURNING id, topic, body, priority, deliveries + 1 AS deliveries
+    RETURNING id, topic, body, priority, deliveries + 1 AS deliveries,
+        id = ANY($4::bigint[]) AS deleted
 """
 
 _LEASE_WOKEN = (

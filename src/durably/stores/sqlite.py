@@ -16,7 +16,7 @@ import inspect
 import json
 import os
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
@@ -1128,14 +1128,22 @@ class SqliteStore:
         decode: Callable[[list[Message]], tuple[Any, list[Resolution]]],
         now: int,
         lease: TurnLease | None,
+        delete: Sequence[int] = (),
     ) -> SettledMessages:
         """Take step results off the message queue and settle them, in one
         transaction (``ResultSettlingStore``)."""
         queue = self.messages()
         params = (json.dumps(topics), visible_at, visible_at, limit)
 
+        deleted = json.dumps(list(delete)) if delete else None
+
         def op(conn: sqlite3.Connection) -> SettledMessages:
             queue.ready_in(conn)
+            if deleted is not None:
+                conn.execute(
+                    "DELETE FROM durably_messages WHERE id IN (SELECT value FROM json_each(?))",
+                    (deleted,),
+                )
             messages = sorted(
                 (Message(*row) for row in conn.execute(_TAKE_MESSAGES, params).fetchall()),
                 key=lambda m: (-m.priority, m.id),

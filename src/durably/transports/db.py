@@ -99,6 +99,10 @@ def _parse(messages: list[Message]) -> tuple[list[StepResult], list[Heartbeat]]:
     return results, [beat for beat in beats if beat.step_id not in finished]
 
 
+def _result_message(result: StepResult) -> OutMessage:
+    return OutMessage(RESULTS_TOPIC, codec.dumps(result.to_wire()))
+
+
 def _task_messages(tasks: list[StepTask]) -> list[OutMessage]:
     return [
         OutMessage(task_topic(t.group), codec.dumps(t.to_wire()), t.priority or 0) for t in tasks
@@ -154,6 +158,14 @@ class DbTransport:
         self._results_loop: asyncio.Task[None] | None = None
         self._results_wake = asyncio.Event()
         self._acking: set[asyncio.Task[None]] = set()
+        # Results of tasks served here, settled by this transport's settling
+        # consumer in the transaction that deletes their tasks (no push, no
+        # take, no ack of their own): the served task's message by step id,
+        # the results waiting for the next settle, the tasks it deleted.
+        self._settling = False
+        self._task_of: dict[str, int] = {}
+        self._local: list[tuple[StepResult, int, asyncio.Future[None]]] = []
+        self._settled_tasks: set[int] = set()
         self._cancel_handlers: list[CancelHandler] = []
         # writes, batched while the previous batch commits
         # One write per batch, of whatever queued meanwhile: the queue chunks
@@ -200,6 +212,9 @@ class DbTransport:
         if loop is not None:
             loop.cancel()
             await asyncio.gather(loop, return_exceptions=True)
+        self._settling = False
+        local, self._local = self._local, []
+        await self._push_local(local)
         await self._pushes.drain()
         await asyncio.gather(*list(self._acking), return_exceptions=True)
         await self._acks.drain()
@@ -260,8 +275,17 @@ class DbTransport:
             raise TransportError(f"could not dispatch {len(tasks)} task(s): {exc}") from exc
 
     async def send_result(self, result: StepResult) -> None:
-        """Store the result for the results consumers."""
-        await self._send(OutMessage(RESULTS_TOPIC, codec.dumps(result.to_wire())), "result")
+        """Store the result for the results consumers; the result of a task
+        served here is settled here, with its task's deletion, when this
+        transport settles in its own store (:meth:`consume_settling`)."""
+        message_id = self._task_of.get(result.step_id) if self._settling else None
+        if message_id is None:
+            await self._send(_result_message(result), "result")
+            return
+        settled: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._local.append((result, message_id, settled))
+        self._results_wake.set()
+        await settled
 
     async def send_heartbeat(self, beat: Heartbeat) -> None:
         """Store the beat for the results consumers."""
@@ -351,6 +375,7 @@ class DbTransport:
             self._task_wake.clear()
 
     async def _handle(self, message: Message, handler: TaskHandler) -> None:
+        step_id = ""
         try:
             try:
                 task = StepTask.from_wire(codec.loads(message.body))
@@ -360,6 +385,8 @@ class DbTransport:
                 with contextlib.suppress(Exception):  # if not, it comes back: dropped then
                     await self._acks(message.id)
                 return
+            step_id = task.step_id
+            self._task_of[step_id] = message.id
             try:
                 await handler(task)
             except asyncio.CancelledError:
@@ -374,12 +401,17 @@ class DbTransport:
                 await self._hand_back([message.id], wall_ms() + self.redeliver_delay_ms)
                 return
             self._finished(message.id)
+            if message.id in self._settled_tasks:
+                return  # deleted by the settle of its result
             try:
                 await self._acks(message.id)
             except Exception as exc:  # it comes back after its lease: at least once
                 _log.warning("could not ack task %s: %s", task.step_id, exc)
         finally:
             self._finished(message.id)
+            self._settled_tasks.discard(message.id)
+            if self._task_of.get(step_id) == message.id:
+                del self._task_of[step_id]
 
     def _finished(self, message_id: int) -> None:
         if self._running.pop(message_id, None) is not None:
@@ -450,6 +482,7 @@ class DbTransport:
             self._consume_settling(store, settle, on_results, on_heartbeat),
             name="durably-db-results",
         )
+        self._settling = True
         return True
 
     async def _consume_settling(
@@ -463,24 +496,38 @@ class DbTransport:
         while True:
             self._results_wake.clear()
             taken = 0
+            local: list[tuple[StepResult, int, asyncio.Future[None]]] = []
 
             async def take(
                 resolutions_of: Callable[[list[StepResult]], list[Resolution]],
                 now: int,
                 lease: TurnLease | None,
             ) -> Taken:
-                nonlocal taken
+                nonlocal taken, local
+                local, self._local = self._local, []
+                served = [result for result, _, _ in local]
 
                 def decode(
                     messages: list[Message],
                 ) -> tuple[tuple[list[StepResult], list[Heartbeat]], list[Resolution]]:
                     results, beats = _parse(messages)
+                    results = served + results
                     return (results, beats), resolutions_of(results)
 
                 got = await store.claim_and_resolve(
-                    topics, _RESULT_BATCH, wall_ms(), decode, now, lease
+                    topics,
+                    _RESULT_BATCH,
+                    wall_ms(),
+                    decode,
+                    now,
+                    lease,
+                    delete=[message_id for _, message_id, _ in local],
                 )
                 taken = len(got.messages)
+                for _, message_id, settled in local:
+                    self._settled_tasks.add(message_id)
+                    if not settled.done():
+                        settled.set_result(None)
                 results, beats = got.decoded
                 for beat in beats:  # committed (deleted) already: fire and forget
                     try:
@@ -492,14 +539,33 @@ class DbTransport:
             try:
                 await settle(take)
             except Exception as exc:
+                # Results served here go the plain way (pushed; their tasks
+                # acked once their handlers return).
+                await self._push_local([item for item in local if not item[2].done()])
                 if is_row_error(exc):
                     # A result the store refuses undid the transaction: this
                     # batch goes the plain way, which settles it entry by entry.
                     taken = await self._consume_once(topics, on_results, on_heartbeat)
                 else:
                     _log.warning("could not take results: %s", exc)
-            if taken < _RESULT_BATCH:
+            if taken < _RESULT_BATCH and not self._local:
                 await wait_event(self._results_wake, self.poll_interval)
+
+    async def _push_local(self, local: list[tuple[StepResult, int, asyncio.Future[None]]]) -> None:
+        """Send results that were to be settled here as any other result."""
+        if not local:
+            return
+        try:
+            await self._pushes.many([_result_message(result) for result, _, _ in local])
+        except Exception as exc:
+            error = TransportError(f"could not send {len(local)} result(s): {exc}")
+            for _, _, settled in local:
+                if not settled.done():
+                    settled.set_exception(error)
+            return
+        for _, _, settled in local:
+            if not settled.done():
+                settled.set_result(None)
 
     async def _consume_once(
         self, topics: list[str], on_results: ResultHandler, on_heartbeat: HeartbeatHandler

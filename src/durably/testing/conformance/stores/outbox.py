@@ -259,3 +259,50 @@ async def test_two_consumers_racing_take_each_result_once(
         run = await a.get_run(run_id)
         assert run is not None and run.status is RunStatus.RUNNING
         assert run.locked_by in ("a", "b")
+
+
+async def test_served_tasks_are_deleted_with_the_results_they_settle(
+    store: StateStore,
+) -> None:
+    """The results of tasks served by the settling process itself are settled
+    with the deletion of those tasks (``delete``), in the same transaction,
+    and only those tasks go: the queue's own results are still taken."""
+    settling = _settling(store)
+    await _ready(store)
+    await _results(store, "queued")
+    await parked(store, _make_cp("served", 0, COMPLETED, output=0), dispatched_cp("served", 1))
+    await store.messages().push(  # type: ignore[attr-defined]
+        [OutMessage(TOPIC, "served-task"), OutMessage(TOPIC, "other-task")]
+    )
+    tasks = await store.messages().claim([TOPIC], "worker", 1, 30_000, NOW)  # type: ignore[attr-defined]
+    assert [m.body for m in tasks] == ["served-task"]
+
+    def with_served(messages: list[Message]) -> tuple[list[Message], list[Resolution]]:
+        taken, resolutions = _decode(messages)
+        return taken, [Resolution("served", 1, COMPLETED, output="here"), *resolutions]
+
+    got = await settling.claim_and_resolve(
+        [RESULTS], 256, NOW, with_served, NOW + 50, None, delete=[tasks[0].id]
+    )
+
+    assert [m.body for m in got.messages] == ["queued:1"]  # the deleted task is not "taken"
+    assert got.answers == [0, 0]
+    assert (await store.load_checkpoints("served"))[1].output == "here"
+    assert await _bodies(store, TOPIC) == ["other-task"]
+    assert await store.messages().depth([RESULTS]) == {}  # type: ignore[attr-defined]
+
+
+async def test_a_failed_settle_keeps_the_served_tasks(store: StateStore) -> None:
+    settling = _settling(store)
+    await _ready(store)
+    await store.messages().push([OutMessage(TOPIC, "served-task")])  # type: ignore[attr-defined]
+    tasks = await store.messages().claim([TOPIC], "worker", 1, 30_000, NOW)  # type: ignore[attr-defined]
+
+    def broken(messages: list[Message]) -> tuple[Any, list[Resolution]]:
+        raise ValueError("undecodable")
+
+    with pytest.raises(ValueError, match="undecodable"):
+        await settling.claim_and_resolve(
+            [RESULTS], 256, NOW, broken, NOW + 50, None, delete=[tasks[0].id]
+        )
+    assert await store.messages().depth([TOPIC]) == {TOPIC: 1}  # type: ignore[attr-defined]
