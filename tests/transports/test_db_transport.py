@@ -17,7 +17,7 @@ from durably.testing.conformance import TransportFactory, wait_until
 from durably.testing.conformance.transports.contract import Handler, Results, task
 from durably.transports.base import TransportError
 from durably.transports.db import RESULTS_TOPIC, DbTransport, task_topic
-from durably.wire import StepResult, StepTask
+from durably.wire import Heartbeat, StepResult, StepTask
 
 
 def _store(transport: object) -> object:
@@ -320,3 +320,40 @@ async def _counted_run(url: str) -> None:
         assert await queue.depth([RESULTS_TOPIC, task_topic("inc")]) == {}
     finally:
         await engine.close()
+
+
+async def test_a_served_result_settled_here_is_never_followed_by_its_beat(
+    db_factory: TransportFactory,
+) -> None:
+    """A result settled with its task's deletion skips the queue; a beat its
+    step sent earlier may still be queued behind it. That beat is dropped:
+    no beat is delivered after its step's result."""
+    transport = await db_factory()
+    assert isinstance(transport, DbTransport)
+    seen: list[tuple[str, str]] = []
+
+    async def settle(take: Any) -> None:
+        results, _, _ = await take(lambda results: [], 0, None)
+        seen.extend(("result", r.step_id) for r in results)
+
+    async def on_results(results: list[StepResult]) -> None:
+        seen.extend(("result", r.step_id) for r in results)
+
+    async def on_heartbeat(beat: Any) -> None:
+        seen.append(("beat", beat.step_id))
+
+    assert await transport.consume_settling(transport.store, settle, on_results, on_heartbeat)
+
+    async def serve(t: StepTask) -> None:
+        await transport.send_result(StepResult(t.run_id, t.seq, ok=True, output=1))
+
+    await transport.serve(["g"], serve, concurrency=1)
+    await transport.dispatch([task("r1")])
+    await wait_until(lambda: ("result", "r1:1") in seen, what="the result")
+    # A beat of the same step, late (sent before the result, queued after it)
+    await transport.send_heartbeat(Heartbeat("r1", 1, "g", 0))
+    await transport.send_heartbeat(Heartbeat("r2", 1, "g", 0))  # another step's: delivered
+    await wait_until(lambda: ("beat", "r2:1") in seen, what="the other step's beat")
+    assert seen == [("result", "r1:1"), ("beat", "r2:1")]
+    queue = transport.store.messages()  # type: ignore[attr-defined]
+    assert await queue.depth() == {}  # the task went with its result; no ack left

@@ -34,6 +34,7 @@ import contextlib
 import os
 import socket
 import uuid
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Collection
 
 from .. import _codec as codec
@@ -74,6 +75,8 @@ _log = engine_logger("durably.transport")
 RESULTS_TOPIC = "results"
 BEATS_TOPIC = "beats"
 _RESULT_BATCH = 256
+_SETTLED_MEMORY = 4096
+"""Steps settled here whose late beats are dropped (the newest so many)."""
 
 
 def task_topic(group: str) -> str:
@@ -81,9 +84,12 @@ def task_topic(group: str) -> str:
     return f"tasks:{group}"
 
 
-def _parse(messages: list[Message]) -> tuple[list[StepResult], list[Heartbeat]]:
+def _parse(
+    messages: list[Message], settled: Collection[str] = ()
+) -> tuple[list[StepResult], list[Heartbeat]]:
     """The results and beats of taken messages, oldest first; a beat whose
-    step's result is among them says nothing new, a malformed message is dropped."""
+    step's result is among them (or ``settled`` already) says nothing new, a
+    malformed message is dropped."""
     results: list[StepResult] = []
     beats: list[Heartbeat] = []
     for message in sorted(messages, key=lambda m: m.id):
@@ -96,7 +102,7 @@ def _parse(messages: list[Message]) -> tuple[list[StepResult], list[Heartbeat]]:
         except (ValueError, WireError) as exc:
             _log.error("dropping a malformed %s message: %s", message.topic, exc)
     finished = {result.step_id for result in results}
-    return results, [beat for beat in beats if beat.step_id not in finished]
+    return results, [b for b in beats if b.step_id not in finished and b.step_id not in settled]
 
 
 def _result_message(result: StepResult) -> OutMessage:
@@ -166,6 +172,7 @@ class DbTransport:
         self._task_of: dict[str, int] = {}
         self._local: list[tuple[StepResult, int, asyncio.Future[None]]] = []
         self._settled_tasks: set[int] = set()
+        self._settled_steps: OrderedDict[str, None] = OrderedDict()
         self._cancel_handlers: list[CancelHandler] = []
         # writes, batched while the previous batch commits
         # One write per batch, of whatever queued meanwhile: the queue chunks
@@ -510,7 +517,7 @@ class DbTransport:
                 def decode(
                     messages: list[Message],
                 ) -> tuple[tuple[list[StepResult], list[Heartbeat]], list[Resolution]]:
-                    results, beats = _parse(messages)
+                    results, beats = _parse(messages, self._settled_steps)
                     results = served + results
                     return (results, beats), resolutions_of(results)
 
@@ -524,8 +531,13 @@ class DbTransport:
                     delete=[message_id for _, message_id, _ in local],
                 )
                 taken = len(got.messages)
-                for _, message_id, settled in local:
+                for result, message_id, settled in local:
                     self._settled_tasks.add(message_id)
+                    # A beat it sent before may still be queued: never
+                    # delivered after its result (the consumer's promise).
+                    self._settled_steps[result.step_id] = None
+                    if len(self._settled_steps) > _SETTLED_MEMORY:
+                        self._settled_steps.popitem(last=False)
                     if not settled.done():
                         settled.set_result(None)
                 results, beats = got.decoded
