@@ -167,7 +167,14 @@ class StepRunner:
                 cp = await self._await_live(seq, call, cp, send=False)
                 continue
             if call.timeout_ms is None:
-                await self._send(seq, call, cp)
+                if services.steps.send_with_checkpoint is not None:
+                    # Not awaited: the checkpoint and its task are queued
+                    # before the turn's settle and commit with it (ordered
+                    # writes), so the run is parked when its result can first
+                    # arrive, and a crash leaves all three or none.
+                    self._env.save_later(cp, send=[self._task(seq, call, cp)])
+                else:
+                    await self._send(seq, call, cp)
                 return await turn.park(seq, cp.wake_at, reconcile=True)
             cp = await self._await_live(seq, call, cp, send=True)
 
@@ -249,6 +256,11 @@ class StepRunner:
         """
         turn = self._env.turn
         with turn.in_flight(), turn.store_calls:
+            if self._env.services.steps.send_with_checkpoint is not None:
+                # One transaction: the task is out exactly when its checkpoint
+                # is durable (a store error leaves neither, and the turn runs again).
+                await self._env.save(cp, send=[self._task(seq, call, cp)])
+                return True
             await self._env.save(cp)
             try:
                 await self._env.services.steps.dispatch([self._task(seq, call, cp)])

@@ -26,12 +26,13 @@ import asyncio
 import dataclasses
 import functools
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .. import _attributes as attrcodec
 from .. import _codec as codec
 from .._notices import StoreNotice
+from .._queue import Message, OutMessage, SettledMessages
 from ..model import (
     TERMINAL_STATUSES,
     Checkpoint,
@@ -1222,6 +1223,13 @@ class PostgresStore:
         committed together with other turns' writes."""
         return self._writes().save_checkpoint(checkpoint_params(checkpoint), owner)
 
+    def save_checkpoint_sending(
+        self, checkpoint: Checkpoint, owner: str, messages: list[OutMessage]
+    ) -> asyncio.Future[bool]:
+        """:meth:`save_checkpoint` that pushes ``messages`` into the message
+        queue in its transaction, if the lease held (``OutboxStore``)."""
+        return self._writes().save_checkpoint(checkpoint_params(checkpoint), owner, messages)
+
     async def _save_checkpoint_alone(self, checkpoint: Checkpoint, owner: str) -> bool:
         """Upsert under the lease, in a statement of its own."""
         held = await self._db.pool().fetchval(
@@ -1301,6 +1309,36 @@ class PostgresStore:
             )
         await self._wake_waiters(waiter_runs, now)
         return answers, leased
+
+    async def claim_and_resolve(
+        self,
+        topics: list[str],
+        limit: int,
+        visible_at: int,
+        decode: Callable[[list[Message]], tuple[Any, list[Resolution]]],
+        now: int,
+        lease: TurnLease | None,
+        delete: Sequence[int] = (),
+    ) -> SettledMessages:
+        """Take step results off the message queue and settle them, in one
+        transaction (``ResultSettlingStore``)."""
+        leased: dict[str, tuple[Run, dict[int, Checkpoint]]] = {}
+        async with self._db.transaction() as conn:
+            rows = await conn.fetch(_TAKE_MESSAGES, topics, visible_at, limit, list(delete))
+            messages = sorted(
+                (
+                    Message(r["id"], r["topic"], r["body"], r["priority"], r["deliveries"])
+                    for r in rows
+                    if not r["deleted"]
+                ),
+                key=lambda m: (-m.priority, m.id),
+            )
+            decoded, resolutions = decode(messages)
+            answers, waiter_runs = await self._resolve_in(
+                conn, resolutions, now, lease=None if lease is None else (lease, leased)
+            )
+        await self._wake_waiters(waiter_runs, now)
+        return SettledMessages(messages, decoded, answers, leased)
 
     async def _resolve_in(
         self,
@@ -2033,6 +2071,24 @@ _RECORD_BEATS = """
 skips the rows another transaction holds (a result being settled, a turn's
 write): waiting on them while holding the others could deadlock against that
 transaction; the caller writes those alone."""
+
+# The results consumer's claim, settle and ack in one: the rows are deleted in
+# the settle's transaction (rolled back with it), and SKIP LOCKED leaves the
+# rows another consumer's open transaction took to it.
+# The served tasks named in $4 (whose results this settle carries) go too.
+_TAKE_MESSAGES = """
+    DELETE FROM durably_messages
+    WHERE id = ANY($4::bigint[]) OR id IN (
+        SELECT id FROM durably_messages
+        WHERE topic = ANY($1::text[]) AND available_at <= $2
+            AND (claimed_until IS NULL OR claimed_until < $2)
+        ORDER BY priority DESC, id
+        LIMIT $3
+        FOR UPDATE SKIP LOCKED
+    )
+    RETURNING id, topic, body, priority, deliveries + 1 AS deliveries,
+        id = ANY($4::bigint[]) AS deleted
+"""
 
 _LEASE_WOKEN = (
     "WITH r AS (UPDATE durably_runs SET status = 'running', locked_by = $1, "
