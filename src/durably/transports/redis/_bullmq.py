@@ -45,6 +45,8 @@ class _Job(Protocol):
 
 
 class _QueueBackend(Protocol):
+    scripts: Any
+
     async def moveToDelayed(
         self, job_id: str, timestamp: int, delay: int, token: str, opts: dict[str, Any]
     ) -> Any: ...

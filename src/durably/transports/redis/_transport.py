@@ -12,9 +12,10 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Collection
-from typing import Any, Generic, NoReturn, TypeVar
+from typing import Any, NoReturn
 
 import redis.asyncio as aioredis
+from bullmq import Job as _BullJob
 from redis.asyncio.client import PubSub
 
 from ..._aio import wait_event
@@ -31,6 +32,7 @@ from ..base import (
     TurnHandler,
 )
 from . import _turns
+from ._batched import Collector, add_job_call, check_added, run_scripts
 from ._bullmq import _Consumer, _delayed, _Job, _new_queue, _Processor, _Queue
 from ._names import RedisNames, bullmq_priority, split_url
 from ._runs import RedisRuns
@@ -58,7 +60,6 @@ _SILENT_S = 10.0
 _OPEN_RETRY_FIRST_S = 0.25
 _OPEN_RETRY_MAX_S = 5.0
 _REPORT_EVERY_S = 60.0
-_T = TypeVar("_T")
 
 
 def _now_ms() -> int:
@@ -132,8 +133,8 @@ class RedisTransport:
         """Subscriptions replaced by the watchdog (for tests and metrics)."""
         self.malformed: dict[str, int] = {}
         """Malformed messages dropped, per channel."""
-        # sends, batched while the previous batch is written
-        self._results_out: _Batcher[dict[str, Any]] = _Batcher(self._write_results)
+        # tasks and results added, batched while the previous batch is written
+        self._adding: Collector[list[tuple[str, dict[str, Any]]], None] = Collector(self._add_jobs)
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> RedisTransport:
@@ -209,7 +210,7 @@ class RedisTransport:
             with contextlib.suppress(Exception):
                 await pubsub.aclose()  # type: ignore[no-untyped-call]  # untyped in redis-py
         self._pubsubs.clear()
-        await self._results_out.drain()
+        await self._adding.drain()
         client, self._client = self._client, None
         self._queues.clear()
         if client is not None:
@@ -416,9 +417,7 @@ class RedisTransport:
             by_queue.setdefault(self.names.tasks(task.group), []).append(job)
         try:
             self._redis()
-            await asyncio.gather(
-                *(self._queue(name).addBulk(jobs) for name, jobs in by_queue.items())
-            )
+            await self._adding.add([(name, job) for name, jobs in by_queue.items() for job in jobs])
         except Exception as exc:
             raise TransportError(
                 f"could not dispatch {len(tasks)} task(s): {type(exc).__name__}: {exc}"
@@ -429,12 +428,30 @@ class RedisTransport:
         self._redis()
         job = {"name": "result", "data": result.to_wire(), "opts": dict(_OTHER_JOB_OPTS)}
         try:
-            await self._results_out.add(job)
+            await self._adding.add([(self.names.results, job)])
         except Exception as exc:
             raise TransportError(f"could not send a result: {type(exc).__name__}: {exc}") from exc
 
-    async def _write_results(self, jobs: list[dict[str, Any]]) -> None:
-        await self._queue(self.names.results).addBulk(jobs)
+    async def _add_jobs(
+        self, batches: list[list[tuple[str, dict[str, Any]]]]
+    ) -> list[BaseException | None]:
+        """Add the jobs of every caller's batch (tasks, results) in one
+        transaction; each batch fails alone if a job of it is refused."""
+        calls, owners = [], []
+        for owner, batch in enumerate(batches):
+            for name, job in batch:
+                queue = self._queue(name)
+                made = _BullJob(queue, job["name"], job["data"], job["opts"])
+                calls.append(add_job_call(queue.backend.scripts, made))
+                owners.append(owner)
+        replies = await run_scripts(self._redis(), calls, transaction=True)
+        outcomes: list[BaseException | None] = [None] * len(batches)
+        for owner, reply in zip(owners, replies, strict=True):
+            try:
+                check_added(reply)
+            except Exception as exc:
+                outcomes[owner] = outcomes[owner] or exc
+        return outcomes
 
     async def send_heartbeat(self, beat: Heartbeat) -> None:
         """Publish the beat, and keep it as the step's latest for late listeners."""
@@ -720,37 +737,3 @@ class RedisTransport:
 
 async def _run_handler(handler: TaskHandler, task: StepTask) -> None:
     await handler(task)
-
-
-class _Batcher(Generic[_T]):
-    """Collects items while the previous batch is written; one write per batch."""
-
-    def __init__(self, write: Callable[[list[_T]], Awaitable[None]]) -> None:
-        self._write = write
-        self._items: list[tuple[_T, asyncio.Future[None]]] = []
-        self._task: asyncio.Task[None] | None = None
-
-    async def add(self, item: _T) -> None:
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._items.append((item, future))
-        if self._task is None or self._task.done():
-            self._task = asyncio.create_task(self._run())
-        await future
-
-    async def drain(self) -> None:
-        if self._task is not None:
-            await asyncio.gather(self._task, return_exceptions=True)
-
-    async def _run(self) -> None:
-        while self._items:
-            batch, self._items = self._items[:500], self._items[500:]
-            try:
-                await self._write([item for item, _ in batch])
-            except Exception as exc:
-                for _, future in batch:
-                    if not future.done():
-                        future.set_exception(exc)
-            else:
-                for _, future in batch:
-                    if not future.done():
-                        future.set_result(None)
