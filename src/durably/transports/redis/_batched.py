@@ -46,6 +46,12 @@ for i = 1, tonumber(ARGV[4]) do
   local got = bullmq_move_to_active(KEYS, take_argv)
   taken[#taken + 1] = got
   if type(got[1]) ~= 'table' then
+    -- Ran dry: with nothing left waiting, consume the wake-up marker (as the
+    -- BZPOPMIN a BullMQ worker blocks on next would), so this worker blocks
+    -- at once instead of popping the marker its own take put back.
+    if redis.call('LLEN', KEYS[1]) == 0 and redis.call('ZCARD', KEYS[3]) == 0 then
+      redis.call('ZREM', KEYS[11], '0')
+    end
     break
   end
 end
@@ -71,7 +77,10 @@ def take_script(move_to_active: Script) -> Script:
     """BullMQ's ``moveToActive`` (same KEYS, ARGV 1-3) run up to ``ARGV[4]``
     times in one call; returns the list of its replies, ending at the first
     that holds no job. The token in the opts (ARGV[3]) gets ``:1``, ``:2``…
-    appended, one per job taken."""
+    appended, one per job taken. A call that runs dry with no job left
+    waiting removes the queue's base marker (``0``; a delayed job's marker
+    ``1`` stays): the caller blocks on the marker next, and would otherwise
+    pop the one its own take put back and take nothing."""
     import hashlib
 
     text = f"local function bullmq_move_to_active(KEYS, ARGV)\n{move_to_active.text}{_TAKE_TAIL}"

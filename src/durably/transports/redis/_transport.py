@@ -18,7 +18,6 @@ import redis.asyncio as aioredis
 from bullmq import Job as _BullJob
 from redis.asyncio.client import PubSub
 
-from ..._aio import wait_event
 from ..._logs import engine_logger
 from ..._notices import StoreNotice
 from ..._urls import redact_url
@@ -42,10 +41,6 @@ _EVENTS = "durably.events"
 """The control notice kind of lifecycle events (ours; upstream instances ignore it)."""
 
 _RESULT_BATCH = 256
-_RESULT_WINDOW_S = 0.002
-"""How long a results batch stays open for one more result."""
-_RESULT_WINDOW_MAX_S = 0.05
-"""How long a growing results batch stays open at most."""
 _BEAT_TTL_MS = 30_000
 _SETTLED_MEMORY = 10_000
 """Step ids of recently delivered results, so a late beat for one is dropped."""
@@ -122,7 +117,6 @@ class RedisTransport:
         self._on_heartbeat: HeartbeatHandler | None = None
         self._batch: list[tuple[StepResult, asyncio.Future[bool]]] = []
         self._flush: asyncio.Task[None] | None = None
-        self._batch_full = asyncio.Event()
         self._settled: OrderedDict[str, None] = OrderedDict()
         # pub/sub
         self._cancel_handlers: list[CancelHandler] = []
@@ -666,8 +660,6 @@ class RedisTransport:
             return
         done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._batch.append((result, done))
-        if len(self._batch) >= _RESULT_BATCH:
-            self._batch_full.set()
         if self._flush is None or self._flush.done():
             self._flush = asyncio.create_task(self._flush_soon())
         if not await asyncio.shield(done):
@@ -675,20 +667,12 @@ class RedisTransport:
 
     async def _flush_soon(self) -> None:
         while self._batch:
-            # Results fetched together arrive a fraction of a ms apart: keep
-            # the batch open while it grows (up to a cap), so a burst is
-            # settled in a few store writes rather than one each, and a lone
-            # result waits only one short window.
-            cap = time.monotonic() + _RESULT_WINDOW_MAX_S
-            size = -1
-            while (
-                len(self._batch) != size
-                and len(self._batch) < _RESULT_BATCH
-                and time.monotonic() < cap
-            ):
-                size = len(self._batch)
-                self._batch_full.clear()
-                await wait_event(self._batch_full, _RESULT_WINDOW_S)
+            # The consumer takes results many per fetch and starts them all
+            # at once: one turn of the loop lets the whole fetch join the
+            # batch (and what arrived while the previous batch was settled is
+            # here already), so a burst is settled in a few store writes
+            # without holding a lone result back.
+            await asyncio.sleep(0)
             batch, self._batch = self._batch[:_RESULT_BATCH], self._batch[_RESULT_BATCH:]
             ok = True
             handler = self._on_results
