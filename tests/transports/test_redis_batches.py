@@ -15,13 +15,14 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
-from bullmq import Queue
+from bullmq import Job, Queue
 from redis.exceptions import NoScriptError
 
 from durably.transports.redis import RedisTransport
 from durably.transports.redis._batched import (
     Call,
     Script,
+    add_job_call,
     move_to_active_args,
     parse_taken,
     run_scripts,
@@ -67,6 +68,34 @@ class Taker:
         keys, args = move_to_active_args(self.keys, token, lock_ms, n)
         (reply,) = await run_scripts(self.client, [Call(self.script, keys, args)])
         return parse_taken(reply)
+
+
+@pytest.mark.parametrize(
+    "opts",
+    [
+        {"removeOnComplete": True, "removeOnFail": {"age": 86_400}, "priority": 1_048_571},
+        {"removeOnComplete": True, "removeOnFail": True},
+        {"removeOnComplete": True, "removeOnFail": True, "priority": 7, "lifo": False},
+    ],
+)
+async def test_an_added_job_is_what_bullmq_would_add_byte_for_byte(
+    prefix: str, client: aioredis.Redis, opts: dict[str, Any]
+) -> None:
+    queue = Queue(f"{prefix}-q", {"connection": client})
+    data = {"runId": "r1", "seq": 2, "input": {"é": [1, 2.5, None]}}
+    ours = add_job_call(queue.scripts, "task", data, opts, timestamp=1_700_000_000_123)
+    job = Job(queue, "task", data, {**opts, "timestamp": 1_700_000_000_123})
+    theirs = queue.scripts.addJobArgs(job)
+    theirs.append(job.timestamp)
+    # the timestamp option bullmq needs here is not part of what it packs
+    theirs[2] = queue.scripts.addJobArgs(Job(queue, "task", data, opts))[2]
+    name = "addPrioritizedJob" if opts.get("priority") else "addStandardJob"
+    assert ours.script.sha == queue.scripts.commands[name].sha
+    assert list(ours.args) == theirs
+    [job_id] = await run_scripts(client, [ours])
+    stored = await client.hgetall(f"{queue.keys['']}{job_id}")
+    assert json.loads(stored["data"]) == data
+    assert stored["name"] == "task"
 
 
 async def test_a_take_of_one_locks_it_and_consumes_the_marker_once_dry(

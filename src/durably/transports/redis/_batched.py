@@ -29,6 +29,7 @@ from typing import Any, Generic, TypeVar
 
 import msgpack  # type: ignore[import-untyped]  # bullmq's own dependency
 import redis.asyncio as aioredis
+from bullmq.job import optsEncodeMap
 from redis.exceptions import NoScriptError
 
 _T = TypeVar("_T")
@@ -143,35 +144,49 @@ def move_to_active_args(
     return [keys[name] for name in names], [keys[""], round(time.time() * 1000), opts, n]
 
 
-def add_job_call(scripts: Any, job: Any) -> Call:
-    """The script call adding a bullmq ``Job`` (what ``Scripts.addJob`` would
-    run: a prioritized or a standard job; a delayed job is not needed here)."""
-    if job.opts.get("delay"):
-        raise ValueError("delayed jobs are added through bullmq")
-    keys_of = scripts.getKeys
-    if job.opts.get("priority"):
-        name = "addPrioritizedJob"
-        keys = keys_of(
-            [
-                "marker",
-                "meta",
-                "id",
-                "prioritized",
-                "delayed",
-                "completed",
-                "active",
-                "events",
-                "pc",
-            ]
-        )
-    else:
-        name = "addStandardJob"
-        keys = keys_of(
-            ["wait", "paused", "meta", "id", "completed", "delayed", "active", "events", "marker"]
-        )
-    args = scripts.addJobArgs(job)
-    args.append(job.timestamp)
-    return Call(Script.of(scripts.commands[name]), keys, args)
+_ADD_KEYS = {
+    "addPrioritizedJob": (
+        "marker", "meta", "id", "prioritized", "delayed", "completed", "active", "events", "pc"
+    ),
+    "addStandardJob": (
+        "wait", "paused", "meta", "id", "completed", "delayed", "active", "events", "marker"
+    ),
+}  # fmt: skip
+
+
+def add_job_call(
+    scripts: Any, name: str, data: Any, opts: dict[str, Any], timestamp: int | None = None
+) -> Call:
+    """The script call adding a job, as bullmq's ``Queue.add`` would make it
+    (a prioritized or a standard job, the same KEYS and ARGV byte for byte),
+    without building a bullmq ``Job``; options are packed once per shape."""
+    if any(opts.get(k) for k in ("delay", "jobId", "parent", "deduplication", "backoff")):
+        raise ValueError("such jobs are added through bullmq")
+    script = "addPrioritizedJob" if opts.get("priority") else "addStandardJob"
+    keys = scripts.keys
+    now = round(time.time() * 1000) if timestamp is None else timestamp
+    packed = msgpack.packb(
+        [keys[""], "", name, now, None, None, None, None, None], use_bin_type=True
+    )
+    args = [packed, compact_json(data), _packed_opts(opts), now]
+    return Call(Script.of(scripts.commands[script]), [keys[k] for k in _ADD_KEYS[script]], args)
+
+
+_PACKED_OPTS: dict[str, bytes] = {}
+
+
+def _packed_opts(opts: dict[str, Any]) -> bytes:
+    shape = repr(opts)  # key order and values: what the packed bytes depend on
+    packed = _PACKED_OPTS.get(shape)
+    if packed is None:
+        # bullmq's Job fills in these defaults, then Scripts.encodeOpts
+        # shortens the names it knows, before packing
+        full = {"attempts": 0, "delay": 0, **opts, "backoff": None}
+        packed = bytes(msgpack.packb({optsEncodeMap.get(k, k): v for k, v in full.items()}))
+        if len(_PACKED_OPTS) >= 256:
+            _PACKED_OPTS.clear()
+        _PACKED_OPTS[shape] = packed
+    return packed
 
 
 def check_added(reply: Any) -> str:

@@ -15,7 +15,6 @@ from collections.abc import Awaitable, Callable, Collection
 from typing import Any, NoReturn
 
 import redis.asyncio as aioredis
-from bullmq import Job as _BullJob
 from redis.asyncio.client import PubSub
 
 from ..._logs import engine_logger
@@ -434,9 +433,8 @@ class RedisTransport:
         calls, owners = [], []
         for owner, batch in enumerate(batches):
             for name, job in batch:
-                queue = self._queue(name)
-                made = _BullJob(queue, job["name"], job["data"], job["opts"])
-                calls.append(add_job_call(queue.backend.scripts, made))
+                scripts = self._queue(name).backend.scripts
+                calls.append(add_job_call(scripts, job["name"], job["data"], job["opts"]))
                 owners.append(owner)
         replies = await run_scripts(self._redis(), calls, transaction=True)
         outcomes: list[BaseException | None] = [None] * len(batches)
