@@ -290,3 +290,47 @@ async def test_a_dead_holders_tasks_come_back_and_a_live_holder_keeps_its_own(
     finally:
         await server.close()
         await engine.close()
+
+
+async def test_a_task_stalled_too_often_is_answered_as_failed_not_run(
+    prefix: str, client: aioredis.Redis
+) -> None:
+    # Two holders died with it: BullMQ's stalled check marks it failed (at the
+    # next pickup, bullmq 3), and the server answers it instead of running it.
+    engine = RedisTransport(REDIS_TEST_URL, prefix=prefix)
+    server = RedisTransport(REDIS_TEST_URL, prefix=prefix)
+    got: list[StepResult] = []
+    try:
+        await engine.open()
+        await _results_consumer(engine, got)
+        await engine.dispatch([StepTask("r1", 1, "g", "g")])
+        queue = Queue(f"{prefix}-tasks-g", {"connection": client})
+        taker = Taker(queue, client)
+
+        async def stall_check() -> list[str]:
+            await client.delete(queue.keys["stalled-check"])  # not rate-limited here
+            return list(await queue.scripts.moveStalledJobsToWait(1, 30_000))
+
+        for holder in ("dead1", "dead2"):
+            [(_, job_id)], _ = await taker.take(1, token=holder, lock_ms=50)
+            assert await stall_check() == []  # marks it as possibly stalled
+            lock = f"{queue.keys['']}{job_id}:lock"
+            for _ in range(500):
+                if not await client.exists(lock):
+                    break
+                await asyncio.sleep(0.01)
+            assert await stall_check() == [job_id]  # its lock ran out: back to wait
+        assert await client.hget(f"{queue.keys['']}{job_id}", "defa")
+        await server.open()
+
+        async def never(task: StepTask) -> None:
+            raise AssertionError("a task stalled too often must not run")
+
+        await server.serve(["g"], never, concurrency=4)
+        await wait_until(lambda: len(got) == 1, timeout=10, what="the bridged failure")
+        [result] = got
+        assert (result.step_id, result.ok, result.retryable) == ("r1:1", False, True)
+        assert "stalled more than allowable limit" in str(result.error)
+    finally:
+        await server.close()
+        await engine.close()
