@@ -197,10 +197,12 @@ class TurnEnv:
                 held = await store.save_checkpoint(checkpoint, turn.owner)
         if not held:
             self.fence_lost()
+        turn.wrote(checkpoint.seq, checkpoint)
 
     def save_later(self, checkpoint: Checkpoint) -> None:
         """Start writing ``checkpoint``; the turn's next flush waits for it."""
         self.turn.write_later(self.store.save_checkpoint(checkpoint, self.turn.owner))
+        self.turn.wrote(checkpoint.seq, checkpoint)
 
     def fence_lost(self) -> NoReturn:
         """Leave the turn: the store refused a write, so another instance holds the lease.
