@@ -380,6 +380,8 @@ class TurnDriver:
                 outcome = await resumed
             else:
                 outcome = await turn.execute(lambda: definition.call(ctx, value), keep=keep)
+            if turn.kept and not ctx._updates_idle:
+                turn.dispose()  # updates re-apply by replaying: nothing to resume
             if sticky is not None and turn.kept:
                 sticky.keep(
                     run.run_id,

@@ -7,6 +7,7 @@ runs on memory, SQLite and PostgreSQL.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import durably
@@ -20,11 +21,6 @@ def _sticky(engine: durably.Engine) -> StickyRuns:
     sticky = engine._turns.sticky
     assert sticky is not None
     return sticky
-
-
-async def _suspended(engine: durably.Engine, run_id: str) -> None:
-    run = await engine.wait_for_run(run_id, timeout=10)
-    assert run.status is RunStatus.SUSPENDED, run
 
 
 def _signals(engine: durably.Engine, starts: list[str], count: int) -> None:
@@ -44,7 +40,7 @@ async def test_a_kept_run_resumes_without_replaying(make_engine: EngineFactory) 
     async with engine:
         await engine.start("signals", run_id="r")
         for i in range(5):
-            await _suspended(engine, "r")
+            await _waiting(engine, "r", i + 1)
             await engine.signal(f"r:{i}", i)
         result = await engine.wait_for_run("r", terminal=True, timeout=10)
     assert result.output == [0, 1, 2, 3, 4]
@@ -59,7 +55,7 @@ async def test_without_the_cache_every_turn_replays(make_engine: EngineFactory) 
     async with engine:
         await engine.start("signals", run_id="r")
         for i in range(3):
-            await _suspended(engine, "r")
+            await _waiting(engine, "r", i + 1)
             await engine.signal(f"r:{i}", i)
         result = await engine.wait_for_run("r", terminal=True, timeout=10)
     assert result.output == [0, 1, 2]
@@ -137,3 +133,260 @@ async def test_a_resumed_body_does_what_a_replayed_one_does(make_engine: EngineF
     assert effects[0] == effects[1]  # each step executed once either way
     assert starts[0] > 5  # every turn replayed without the cache
     assert starts[1] == 1  # with it, none did
+
+
+async def _waiting(engine: durably.Engine, run_id: str, positions: int) -> None:
+    """Wait until ``run_id`` is suspended with ``positions`` checkpoints."""
+    for _ in range(2000):
+        run = await engine.wait_for_run(run_id, timeout=10)
+        if run.status is RunStatus.SUSPENDED and len(await engine.history(run_id)) == positions:
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError(f"{run_id} never waited with {positions} positions")
+
+
+async def test_a_run_another_instance_advanced_is_replayed_not_resumed(
+    make_engine: EngineFactory,
+) -> None:
+    """A keeps the body; B takes the next turn (A's cache knows nothing of
+    it); A's next turn finds a history its body did not see and replays."""
+    a, b = make_engine(drive=False), make_engine(drive=False)
+    starts_a: list[str] = []
+    starts_b: list[str] = []
+    _signals(a, starts_a, 3)
+    _signals(b, starts_b, 3)
+    await a.start("signals", run_id="r")
+    assert await a.run_one("r")
+    assert len(_sticky(a)) == 1 and starts_a == ["r"]
+    await b.signal("r:0", "zero")
+    assert await b.run_one("r")  # B replays (nothing kept there) and parks at r:1
+    assert starts_b == ["r"]
+    await a.signal("r:1", "one")
+    assert await a.run_one("r")
+    assert starts_a == ["r", "r"]  # replayed: the kept body stood at r:0
+    assert (_sticky(a).resumed, _sticky(a).replayed) == (0, 1)
+    await a.signal("r:2", "two")
+    assert await a.run_one("r")
+    assert starts_a == ["r", "r"]  # the replayed body was kept and resumed this time
+    assert _sticky(a).resumed == 1
+    result = await a.wait_for_run("r", terminal=True, timeout=10)
+    assert result.output == ["zero", "one", "two"]
+
+
+async def test_a_crash_loses_the_cache_and_the_next_process_replays(
+    make_engine: EngineFactory,
+) -> None:
+    crashed, restarted = make_engine(drive=False), make_engine(drive=False)
+    before: list[str] = []
+    after: list[str] = []
+    _signals(crashed, before, 2)
+    _signals(restarted, after, 2)
+    await crashed.start("signals", run_id="r")
+    assert await crashed.run_one("r")
+    assert len(_sticky(crashed)) == 1
+    # ``crashed`` is never used again, as if its process had died.
+    for i in range(2):
+        await restarted.signal(f"r:{i}", i)
+        assert await restarted.run_one("r")
+    assert (await restarted.wait_for_run("r", terminal=True, timeout=10)).output == [0, 1]
+    assert before == ["r"] and after == ["r"]  # one replay, then the kept body resumed
+    assert _sticky(restarted).resumed == 1
+
+
+async def test_eviction_under_pressure_cancels_bodies_as_a_suspend_does(
+    make_engine: EngineFactory,
+) -> None:
+    engine = make_engine(sticky_runs=1)
+    starts: list[str] = []
+    cancelled: list[str] = []
+
+    @engine.workflow("signals")
+    async def signals(ctx: durably.WorkflowContext) -> list[Any]:
+        starts.append(ctx.run_id)
+        got = []
+        try:
+            for i in range(3):
+                got.append(await ctx.wait_for_signal(f"{ctx.run_id}:{i}"))
+        except asyncio.CancelledError:
+            cancelled.append(ctx.run_id)
+            raise
+        return got
+
+    ids = [f"r{n}" for n in range(4)]
+    async with engine:
+        for run_id in ids:
+            await engine.start("signals", run_id=run_id)
+        for i in range(3):
+            for run_id in ids:
+                await _waiting(engine, run_id, i + 1)
+                assert len(_sticky(engine)) <= 1
+            for run_id in ids:
+                await engine.signal(f"{run_id}:{i}", i)
+        for run_id in ids:
+            result = await engine.wait_for_run(run_id, terminal=True, timeout=10)
+            assert result.output == [0, 1, 2]
+    for _ in range(10):
+        await asyncio.sleep(0)  # let the last cancelled bodies unwind
+    assert len(starts) > len(ids)  # evicted bodies were replayed
+    # Every body that did not finish was cancelled exactly once (evicted,
+    # dropped or let go at the drain): none leaked, none ran on.
+    assert len(cancelled) == len(starts) - len(ids)
+    assert len(_sticky(engine)) == 0
+
+
+async def test_a_cancel_while_kept_ends_the_run_and_the_body_never_goes_on(
+    make_engine: EngineFactory,
+) -> None:
+    engine = make_engine()
+    went_on: list[str] = []
+
+    @engine.workflow("wait")
+    async def wait(ctx: durably.WorkflowContext) -> str:
+        value = await ctx.wait_for_signal(f"{ctx.run_id}:go")
+        went_on.append(value)
+        return str(value)
+
+    async with engine:
+        await engine.start("wait", run_id="w")
+        await _waiting(engine, "w", 1)
+        assert len(_sticky(engine)) == 1
+        await engine.cancel("w")
+        await engine.signal("w:go", "late")
+        result = await engine.wait_for_run("w", terminal=True, timeout=10)
+        assert result.status is RunStatus.CANCELLED
+        await engine.join()
+    assert went_on == []
+
+
+async def test_a_compensating_cancel_while_kept_replays_and_undoes_once(
+    make_engine: EngineFactory,
+) -> None:
+    engine = make_engine()
+    starts: list[str] = []
+    undone: list[Any] = []
+
+    @engine.workflow("saga")
+    async def saga(ctx: durably.WorkflowContext) -> str:
+        starts.append(ctx.run_id)
+        await ctx.local_step("book", lambda: "booked", compensate=undone.append)
+        await ctx.wait_for_signal(f"{ctx.run_id}:go")
+        return "done"
+
+    async with engine:
+        await engine.start("saga", run_id="s")
+        await _waiting(engine, "s", 2)
+        assert len(_sticky(engine)) == 1
+        await engine.cancel("s", compensate=True)
+        result = await engine.wait_for_run("s", terminal=True, timeout=10)
+    assert result.status is RunStatus.CANCELLED
+    assert undone == ["booked"]
+    assert starts == ["s", "s"]  # the cancel's turn replayed, unwinding
+    assert _sticky(engine).replayed == 1
+
+
+async def test_a_body_with_update_handlers_is_not_kept(make_engine: EngineFactory) -> None:
+    engine = make_engine()
+    starts: list[str] = []
+
+    @engine.workflow("counter")
+    async def counter(ctx: durably.WorkflowContext) -> int:
+        starts.append(ctx.run_id)
+        state = {"n": 0}
+
+        def bump(by: int) -> int:
+            state["n"] += by
+            return state["n"]
+
+        ctx.on_update("bump", bump)
+        await ctx.wait_condition(lambda: state["n"] >= 3)
+        await ctx.wait_for_signal(f"{ctx.run_id}:go")
+        return state["n"]
+
+    async with engine:
+        await engine.start("counter", run_id="c")
+        await _waiting(engine, "c", 0)
+        assert len(_sticky(engine)) == 0
+        assert (await engine.update("c", "bump", 1)).result == 1
+        assert (await engine.update("c", "bump", 2)).result == 3
+        await _waiting(engine, "c", 3)
+        assert len(_sticky(engine)) == 0
+        await engine.signal("c:go", None)
+        result = await engine.wait_for_run("c", terminal=True, timeout=10)
+    assert result.output == 3
+    assert len(starts) >= 3  # every turn replayed the recorded updates
+
+
+async def test_a_turn_interceptor_turns_the_cache_off(make_engine: EngineFactory) -> None:
+    engine = make_engine()
+    starts: list[str] = []
+    _signals(engine, starts, 2)
+
+    class Count(durably.Interceptor):
+        turns = 0
+
+        async def intercept_turn(self, info: Any, call_next: Any) -> Any:
+            Count.turns += 1
+            return await call_next()
+
+    engine.use(Count())
+    async with engine:
+        await engine.start("signals", run_id="r")
+        for i in range(2):
+            await _waiting(engine, "r", i + 1)
+            await engine.signal(f"r:{i}", i)
+        assert (await engine.wait_for_run("r", terminal=True, timeout=10)).output == [0, 1]
+    assert starts == ["r"] * 3 and Count.turns == 3
+
+
+async def test_an_operation_not_yet_started_is_never_run_on_a_stale_history(
+    make_engine: EngineFactory,
+) -> None:
+    """The kept body of A holds a local step it took a position for but has
+    not started; B's turn runs that step. Resuming A's body would run it a
+    second time: A must see the history moved on and replay."""
+    a, b = make_engine(drive=False), make_engine(drive=False)
+    effects: list[str] = []
+    starts: list[str] = []
+
+    for engine in (a, b):
+
+        @engine.workflow("lazy")
+        async def lazy(ctx: durably.WorkflowContext) -> str:
+            starts.append(ctx.run_id)
+            later = ctx.local_step("effect", lambda: effects.append("ran") or "value")
+            await ctx.wait_for_signal(f"{ctx.run_id}:go")
+            value = await later
+            await ctx.wait_for_signal(f"{ctx.run_id}:again")
+            return value
+
+    await a.start("lazy", run_id="l")
+    assert await a.run_one("l")
+    assert len(_sticky(a)) == 1
+    await b.signal("l:go", None)
+    assert await b.run_one("l")
+    assert effects == ["ran"]
+    await a.signal("l:again", None)
+    assert await a.run_one("l")
+    assert (await a.wait_for_run("l", terminal=True, timeout=10)).output == "value"
+    assert effects == ["ran"]  # once: A replayed, its stale body was let go
+    assert _sticky(a).replayed == 1
+
+
+def test_continues_allows_only_the_parked_positions_to_move() -> None:
+    from durably._sticky import continues
+    from durably.model import Checkpoint, CheckpointStatus
+
+    def cp(seq: int, status: CheckpointStatus, **fields: Any) -> Checkpoint:
+        return Checkpoint("r", seq, f"op{seq}", "signal", status, **fields)
+
+    done, pending = CheckpointStatus.COMPLETED, CheckpointStatus.PENDING
+    seen: dict[int, Checkpoint | None] = {0: cp(0, done), 1: cp(1, pending), 2: None}
+    parked = frozenset({1})
+    same = {0: cp(0, done), 1: cp(1, pending), 2: cp(2, done)}
+    assert continues(seen, parked, same)
+    assert continues(seen, parked, {**same, 1: cp(1, done, output="x")})  # what it waited for
+    assert not continues(seen, parked, {**same, 3: cp(3, pending)})  # a position added
+    assert not continues(seen, parked, {0: same[0], 1: same[1]})  # one gone
+    assert not continues(seen, parked, {**same, 0: cp(0, done, attempts=2)})  # rewritten
+    assert not continues(seen, parked, {**same, 2: cp(2, pending)})  # a settled write unsettled
+    assert not continues(seen, frozenset(), {**same, 1: cp(1, done)})  # not parked: no change
