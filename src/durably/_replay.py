@@ -480,9 +480,9 @@ class Turn:
         """
         task = asyncio.ensure_future(body())
         task.add_done_callback(lambda _: self._poke())
-        return await self._run(task, keep)
+        return await self._run(task, keep=keep)
 
-    async def _run(self, task: asyncio.Future[Any], keep: bool) -> TurnOutcome:
+    async def _run(self, task: asyncio.Future[Any], *, keep: bool) -> TurnOutcome:
         while True:
             await self._wakeup
             self._wakeup = asyncio.get_running_loop().create_future()
@@ -543,9 +543,7 @@ class Turn:
         expected.update(self.written)
         return expected, frozenset(self._open_seqs)
 
-    def resume(
-        self, run: Run, checkpoints: dict[int, Checkpoint], *, keep: bool = False
-    ) -> Awaitable[TurnOutcome] | None:
+    def resume(self, run: Run, checkpoints: dict[int, Checkpoint]) -> Awaitable[TurnOutcome] | None:
         """Take the next turn of the kept body against ``checkpoints`` (the
         history the lease returned, checked by the caller to continue the one
         this turn saw): every parked operation runs again from its start, as a
@@ -574,7 +572,7 @@ class Turn:
         for park in parks:
             if not park.done():
                 park.set_result(True)
-        return self._run(task, keep)
+        return self._run(task, keep=True)  # kept again if it parks again
 
     def dispose(self) -> None:
         """Let go of a kept body as a suspend does: cancel it (the turn is

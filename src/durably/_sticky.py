@@ -25,14 +25,15 @@ without the cache; a crash loses the cache, and the next turn replays.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Awaitable
 from dataclasses import dataclass
 
 from ._ops.saga import Saga
-from ._replay import Turn
+from ._replay import Turn, TurnOutcome
 from .context import WorkflowContext
 from .model import Checkpoint, CheckpointStatus, Run
 
-__all__ = ["Kept", "StickyRuns", "continues"]
+__all__ = ["Kept", "Resumed", "StickyRuns", "continues"]
 
 _SETTLED = (CheckpointStatus.COMPLETED, CheckpointStatus.FAILED)
 
@@ -65,6 +66,14 @@ class Kept:
             return False
         expected, parked = self.turn.expected_history()
         return continues(expected, parked, history)
+
+
+@dataclass(frozen=True, slots=True)
+class Resumed:
+    """A kept turn taken up again: its next turn's outcome, to await."""
+
+    kept: Kept
+    outcome: Awaitable[TurnOutcome]
 
 
 def continues(
@@ -132,9 +141,20 @@ class StickyRuns:
         if kept is not None and kept.turn is turn:
             kept.settled = True
 
-    def take(self, run_id: str) -> Kept | None:
-        """Remove and return ``run_id``'s kept turn, if any."""
-        return self._kept.pop(run_id, None)
+    def resume(self, run: Run, history: dict[int, Checkpoint]) -> Resumed | None:
+        """The next turn of ``run``'s kept body, leased with ``history``, if
+        it fits (:meth:`Kept.fits`); else ``None``, the kept body let go,
+        and the turn replays."""
+        kept = self._kept.pop(run.run_id, None)
+        if kept is None:
+            return None
+        outcome = kept.turn.resume(run, history) if kept.fits(run, history) else None
+        if outcome is None:
+            kept.turn.dispose()
+            self.replayed += 1
+            return None
+        self.resumed += 1
+        return Resumed(kept, outcome)
 
     def drop(self, run_id: str) -> None:
         """Let go of ``run_id``'s kept turn, if any."""

@@ -337,20 +337,13 @@ class TurnDriver:
         keep = (
             sticky is not None and not self._services.intercept.turns and not self._router.draining
         )
-        kept = sticky.take(run.run_id) if sticky is not None else None
         resumed = None
-        if kept is not None:
-            if kept.fits(run, checkpoints):
-                resumed = kept.turn.resume(run, checkpoints, keep=keep)
-            else:
-                kept.turn.dispose()
-            if sticky is not None:
-                if resumed is None:
-                    sticky.replayed += 1
-                else:
-                    sticky.resumed += 1
-        if kept is not None and resumed is not None:
-            turn, ctx, saga = kept.turn, kept.ctx, kept.saga
+        if keep and sticky is not None:
+            resumed = sticky.resume(run, checkpoints)
+        elif sticky is not None:
+            sticky.drop(run.run_id)
+        if resumed is not None:
+            turn, ctx, saga = resumed.kept.turn, resumed.kept.ctx, resumed.kept.saga
         else:
             turn = Turn(
                 run,
@@ -377,7 +370,7 @@ class TurnDriver:
         renewer = asyncio.create_task(self._renew(turn))
         try:
             if resumed is not None:
-                outcome = await resumed
+                outcome = await resumed.outcome
             else:
                 outcome = await turn.execute(lambda: definition.call(ctx, value), keep=keep)
             if turn.kept and not ctx._updates_idle:
