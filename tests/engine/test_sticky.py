@@ -1,5 +1,8 @@
 """Sticky runs: a suspended turn's body kept in memory and resumed by the run's next turn.
 
+The cache is on by default; these tests name its size, so they hold also when
+``DURABLY_TEST_STICKY_RUNS=0`` runs the rest of the suite with it off.
+
 Cache hits are proven by counting how often a body started from the top (a
 replay starts it again; a resumed body does not), never by timing. Every test
 runs on memory, SQLite and PostgreSQL.
@@ -10,8 +13,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
+
 import durably
 from durably import RunStatus
+from durably._options import EngineOptions
 from durably._sticky import StickyRuns
 
 from .conftest import EngineFactory
@@ -34,7 +40,7 @@ def _signals(engine: durably.Engine, starts: list[str], count: int) -> None:
 
 
 async def test_a_kept_run_resumes_without_replaying(make_engine: EngineFactory) -> None:
-    engine = make_engine()
+    engine = make_engine(sticky_runs=1000)
     starts: list[str] = []
     _signals(engine, starts, 5)
     async with engine:
@@ -150,7 +156,7 @@ async def test_a_run_another_instance_advanced_is_replayed_not_resumed(
 ) -> None:
     """A keeps the body; B takes the next turn (A's cache knows nothing of
     it); A's next turn finds a history its body did not see and replays."""
-    a, b = make_engine(drive=False), make_engine(drive=False)
+    a, b = make_engine(drive=False, sticky_runs=1000), make_engine(drive=False, sticky_runs=1000)
     starts_a: list[str] = []
     starts_b: list[str] = []
     _signals(a, starts_a, 3)
@@ -176,7 +182,10 @@ async def test_a_run_another_instance_advanced_is_replayed_not_resumed(
 async def test_a_crash_loses_the_cache_and_the_next_process_replays(
     make_engine: EngineFactory,
 ) -> None:
-    crashed, restarted = make_engine(drive=False), make_engine(drive=False)
+    crashed, restarted = (
+        make_engine(drive=False, sticky_runs=1000),
+        make_engine(drive=False, sticky_runs=1000),
+    )
     before: list[str] = []
     after: list[str] = []
     _signals(crashed, before, 2)
@@ -237,7 +246,7 @@ async def test_eviction_under_pressure_cancels_bodies_as_a_suspend_does(
 async def test_a_cancel_while_kept_ends_the_run_and_the_body_never_goes_on(
     make_engine: EngineFactory,
 ) -> None:
-    engine = make_engine()
+    engine = make_engine(sticky_runs=1000)
     went_on: list[str] = []
 
     @engine.workflow("wait")
@@ -261,7 +270,7 @@ async def test_a_cancel_while_kept_ends_the_run_and_the_body_never_goes_on(
 async def test_a_compensating_cancel_while_kept_replays_and_undoes_once(
     make_engine: EngineFactory,
 ) -> None:
-    engine = make_engine()
+    engine = make_engine(sticky_runs=1000)
     starts: list[str] = []
     undone: list[Any] = []
 
@@ -285,7 +294,7 @@ async def test_a_compensating_cancel_while_kept_replays_and_undoes_once(
 
 
 async def test_a_body_with_update_handlers_is_not_kept(make_engine: EngineFactory) -> None:
-    engine = make_engine()
+    engine = make_engine(sticky_runs=1000)
     starts: list[str] = []
 
     @engine.workflow("counter")
@@ -317,7 +326,7 @@ async def test_a_body_with_update_handlers_is_not_kept(make_engine: EngineFactor
 
 
 async def test_a_turn_interceptor_turns_the_cache_off(make_engine: EngineFactory) -> None:
-    engine = make_engine()
+    engine = make_engine(sticky_runs=1000)
     starts: list[str] = []
     _signals(engine, starts, 2)
 
@@ -338,13 +347,14 @@ async def test_a_turn_interceptor_turns_the_cache_off(make_engine: EngineFactory
     assert starts == ["r"] * 3 and Count.turns == 3
 
 
+@pytest.mark.filterwarnings("ignore:coroutine 'local_step' was never awaited")
 async def test_an_operation_not_yet_started_is_never_run_on_a_stale_history(
     make_engine: EngineFactory,
 ) -> None:
     """The kept body of A holds a local step it took a position for but has
     not started; B's turn runs that step. Resuming A's body would run it a
     second time: A must see the history moved on and replay."""
-    a, b = make_engine(drive=False), make_engine(drive=False)
+    a, b = make_engine(drive=False, sticky_runs=1000), make_engine(drive=False, sticky_runs=1000)
     effects: list[str] = []
     starts: list[str] = []
 
@@ -390,3 +400,10 @@ def test_continues_allows_only_the_parked_positions_to_move() -> None:
     assert not continues(seen, parked, {**same, 0: cp(0, done, attempts=2)})  # rewritten
     assert not continues(seen, parked, {**same, 2: cp(2, pending)})  # a settled write unsettled
     assert not continues(seen, frozenset(), {**same, 1: cp(1, done)})  # not parked: no change
+
+
+def test_the_cache_is_on_by_default_and_its_size_is_checked() -> None:
+    assert EngineOptions().sticky_runs == 1000
+    for bad in (-1, True, 1.5):
+        with pytest.raises(ValueError, match="sticky_runs"):
+            EngineOptions(sticky_runs=bad)  # type: ignore[arg-type]
