@@ -469,9 +469,9 @@ class Turn:
 
     # -- the driver ---------------------------------------------------------------------
 
-    async def execute(
+    def execute(
         self, body: Callable[[], Awaitable[Any]], *, keep: bool = False
-    ) -> TurnOutcome:
+    ) -> Awaitable[TurnOutcome]:
         """Run ``body`` until it returns, raises, parks for good, or the turn is closed.
 
         With ``keep``, a body that parked for good is left parked rather than
@@ -480,7 +480,7 @@ class Turn:
         """
         task = asyncio.ensure_future(body())
         task.add_done_callback(lambda _: self._poke())
-        return await self._run(task, keep=keep)
+        return self._run(task, keep=keep)
 
     async def _run(self, task: asyncio.Future[Any], *, keep: bool) -> TurnOutcome:
         while True:
