@@ -407,3 +407,26 @@ def test_the_cache_is_on_by_default_and_its_size_is_checked() -> None:
     for bad in (-1, True, 1.5):
         with pytest.raises(ValueError, match="sticky_runs"):
             EngineOptions(sticky_runs=bad)  # type: ignore[arg-type]
+
+
+async def test_an_event_batch_resumes_position_by_position(make_engine: EngineFactory) -> None:
+    engine = make_engine(sticky_runs=1000)
+    starts: list[str] = []
+
+    @engine.workflow("batch")
+    async def batch(ctx: durably.WorkflowContext) -> list[Any]:
+        starts.append(ctx.run_id)
+        items = await ctx.wait_for_events("tick", max_items=3, window="1h")
+        return [*items, await ctx.wait_for_event("done")]
+
+    async with engine:
+        await engine.start("batch", run_id="b")
+        # first, window, two more: the batch takes all its positions at the call
+        await _waiting(engine, "b", 1)
+        for i, positions in ((0, 3), (1, 4), (2, 5)):
+            await engine.publish_event("tick", i)
+            await _waiting(engine, "b", positions)
+        await engine.publish_event("done", "end")
+        result = await engine.wait_for_run("b", terminal=True, timeout=10)
+    assert result.output == [0, 1, 2, "end"]
+    assert starts == ["b"]
