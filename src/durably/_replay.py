@@ -373,7 +373,14 @@ class Turn:
             self._unresumable_parks += 1  # nothing could run it again: the turn is not kept
         self._generation += 1
         self._poke()
-        if await future:
+        try:
+            resumed = await future
+        except BaseException:
+            # Cancelled from inside the body (a timeout of its own): a kept
+            # body that moved this way is not resumed (see :meth:`_mark`).
+            self._generation += 1
+            raise
+        if resumed:
             raise _Resumed
         raise _TurnClosed(self.close_reason)  # pragma: no cover - futures resolve only to resume
 

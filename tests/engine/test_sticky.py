@@ -430,3 +430,34 @@ async def test_an_event_batch_resumes_position_by_position(make_engine: EngineFa
         result = await engine.wait_for_run("b", terminal=True, timeout=10)
     assert result.output == [0, 1, 2, "end"]
     assert starts == ["b"]
+
+
+async def test_a_kept_body_that_moved_on_its_own_is_replayed(make_engine: EngineFactory) -> None:
+    """A body timing out a wait with asyncio (not ctx) moves while kept: its
+    next turn must not resume it (it stands elsewhere now) but replay."""
+    engine = make_engine(sticky_runs=1000, drive=False)
+    starts: list[str] = []
+    stuck = asyncio.Event()
+
+    @engine.workflow("impatient")
+    async def impatient(ctx: durably.WorkflowContext) -> str:
+        starts.append(ctx.run_id)
+        try:
+            return str(await asyncio.wait_for(ctx.wait_for_signal("i:go"), timeout=0.05))
+        except TimeoutError:
+            await stuck.wait()  # not a ctx call: nothing tells the turn
+            return "timed out"
+
+    await engine.start("impatient", run_id="i")
+    assert await engine.run_one("i")
+    assert len(_sticky(engine)) == 1
+    await asyncio.sleep(0.2)  # the kept body's own timeout fires
+    # A turn with the same history (a reconcile wake): resuming would wait
+    # forever on a body that no longer stands at a park.
+    assert await asyncio.wait_for(engine.run_one("i"), timeout=30)
+    assert starts == ["i", "i"]
+    assert _sticky(engine).replayed == 1
+    await engine.signal("i:go", "went")
+    assert await engine.run_one("i")
+    assert (await engine.wait_for_run("i", terminal=True, timeout=10)).output == "went"
+    stuck.set()
