@@ -195,6 +195,7 @@ class Lifecycle:
         still_running = await router.executor.close(timeout)
         for turn in list(router.active.values()):
             turn.close(CloseReason.DRAIN)
+        self._turns.let_go_kept()
         for run_id in [*router.preleased, *router.resumed]:
             # Leased to us (inserted, or woken by a step result) but dropped
             # before their turn.

@@ -206,6 +206,7 @@ class TurnEnv:
                 held = await write()
         if not held:
             self.fence_lost()
+        turn.wrote(checkpoint.seq, checkpoint)
 
     def save_later(self, checkpoint: Checkpoint, *, send: list[StepTask] | None = None) -> None:
         """Start writing ``checkpoint``; the turn's next flush waits for it.
@@ -215,6 +216,7 @@ class TurnEnv:
             turn.write_later(self.store.save_checkpoint(checkpoint, turn.owner))
         else:
             turn.write_later(self.services.steps.save_and_send(checkpoint, turn.owner, send))
+        turn.wrote(checkpoint.seq, checkpoint)
 
     def fence_lost(self) -> NoReturn:
         """Leave the turn: the store refused a write, so another instance holds the lease.

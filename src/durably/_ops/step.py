@@ -289,6 +289,7 @@ class StepRunner:
                 seen = 0  # the newest beat persisted by someone else that we saw
                 while True:
                     if waiter.result is not None:
+                        turn.wrote(seq)  # the receiver settled it in the store
                         return self._settled(seq, call, cp, waiter)
                     heard = waiter.heard_at or 0
                     if seen > heard:
@@ -314,6 +315,7 @@ class StepRunner:
                         CheckpointStatus.COMPLETED,
                         CheckpointStatus.FAILED,
                     ):
+                        turn.wrote(seq)  # settled by whoever received the result
                         return fresh
                     persisted = fresh.last_heartbeat_at if fresh is not None else None
                     if persisted is not None and persisted > max(seen, heard):
