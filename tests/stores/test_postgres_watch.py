@@ -197,3 +197,41 @@ async def _until_blocked(store: PostgresStore, holder: Any) -> None:
         raise AssertionError("nothing ever waited for the lock")
     finally:
         await conn.close()
+
+
+async def test_the_engine_does_not_hear_its_own_settles_echoed(postgres_url: str) -> None:
+    """A settle made through this store was handed to this process's waiters
+    in memory; its NOTIFY coming back made the engine re-read the run (once per
+    turn of every watched run: ~14% of a dispatched step's CPU). The engine's
+    subscriber hears only other processes' settles (a second store, its own
+    pool); the channel's other listeners still hear everything."""
+    here = PostgresStore(postgres_url)
+    elsewhere = PostgresStore(postgres_url)
+    await here.open()
+    await elsewhere.open()
+    engine_heard: asyncio.Queue[str] = asyncio.Queue()
+    listener_heard: asyncio.Queue[str] = asyncio.Queue()
+    try:
+        await here.subscribe(lambda kind, run_id: engine_heard.put_nowait(f"{kind}:{run_id}"))
+        await here.listen(lambda kind, run_id: listener_heard.put_nowait(f"{kind}:{run_id}"))
+        for run_id in ("ours", "theirs"):
+            await _leased(here, run_id)
+        await elsewhere.watch_runs(["ours", "theirs"])
+
+        assert await _last_step_and_settle(here, "ours") is SettleResult.SETTLED
+        # The other process settles "theirs" (it took the run over).
+        await elsewhere.settle_run("theirs", OWNER, RunStatus.COMPLETED, RunChanges(), NOW)
+
+        async def next_settled(queue: asyncio.Queue[str]) -> str:
+            while True:
+                payload = await asyncio.wait_for(queue.get(), 30)  # a hang guard
+                if payload.startswith("settled:"):
+                    return payload.partition(":")[2]
+
+        # Notices arrive in commit order: "theirs" first means "ours" never came.
+        assert await next_settled(engine_heard) == "theirs"
+        assert await next_settled(listener_heard) == "ours"
+        assert await next_settled(listener_heard) == "theirs"
+    finally:
+        await elsewhere.close()
+        await here.close()

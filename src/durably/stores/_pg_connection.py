@@ -28,6 +28,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import asyncpg
 
 from .._logs import engine_logger
+from .._notices import StoreNotice
 from ._postgres_schema import MIGRATIONS
 
 __all__ = ["PgConnection", "split_schema"]
@@ -79,6 +80,9 @@ class PgConnection:
         self._on_event: Callable[[str, str], None] | None = None
         self._listeners: list[Callable[[str, str], None]] = []  # besides on_event
         self._relistening: asyncio.Task[None] | None = None
+        # Server pids of this pool's connections: a settle notice from one of
+        # them is this process's own (see _heard).
+        self._own_pids: set[int] = set()
 
     # -- the pool ----------------------------------------------------------------------
 
@@ -184,6 +188,14 @@ class PgConnection:
         # released connection needs no reset query: asyncpg still rolls back a
         # transaction left open, and the round trip it saves is on every call.
         kwargs.setdefault("reset", _keep_session)
+        user_init = kwargs.pop("init", None)
+
+        async def init(conn: Any) -> None:
+            self._own_pids.add(conn.get_server_pid())
+            if user_init is not None:
+                await user_init(conn)
+
+        kwargs["init"] = init
         pool = await asyncpg.create_pool(
             self._dsn,
             min_size=self._min_size,
@@ -260,15 +272,22 @@ class PgConnection:
     async def _listen(self) -> None:
         kwargs = dict(self._connect_kwargs)
         kwargs.pop("server_settings", None)
-        kwargs.pop("reset", None)  # a pool option
+        kwargs.pop("reset", None)  # pool options
+        kwargs.pop("init", None)
         conn = await asyncpg.connect(self._dsn, **kwargs)
         await conn.add_listener(self.channel, self._heard)
         conn.add_termination_listener(self._listener_lost)
         self._listener = conn
 
-    def _heard(self, _conn: Any, _pid: int, _channel: str, payload: str) -> None:
+    def _heard(self, _conn: Any, pid: int, _channel: str, payload: str) -> None:
         kind, _, argument = payload.partition(":")
-        if self._on_event is not None:
+        # The subscriber hears other processes' changes. A settle sent from our
+        # own pool was handed to this process's waiters in memory already;
+        # passing its echo on made the engine re-read the run, once per turn
+        # of every watched run. Other listeners still hear everything.
+        if self._on_event is not None and not (
+            kind == StoreNotice.SETTLED and pid in self._own_pids
+        ):
             self._on_event(kind, argument)
         for listener in list(self._listeners):
             listener(kind, argument)
