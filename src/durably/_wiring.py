@@ -101,7 +101,11 @@ def wire(
     registry = Registry()
     threads = StepThreads(options.step_threads)
     # A wrapped store may not forward watch_runs: it then just reads.
-    watcher = RunWatcher(store.get_runs, watch_runs=getattr(store, "watch_runs", None))
+    watcher = RunWatcher(
+        store.get_runs,
+        watch_runs=getattr(store, "watch_runs", None),
+        get_statuses=getattr(store, "get_run_statuses", None),
+    )
     router = RunRouter(store, clock, watcher, settings)
     updates = UpdateCalls(store, clock, router.wake)
     entities = Entities(store, updates, start)

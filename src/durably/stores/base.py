@@ -43,6 +43,7 @@ __all__ = [
     "RunChanges",
     "RunPage",
     "RunQuery",
+    "RunStatusStore",
     "RunStore",
     "ScheduleRecord",
     "ScheduleStore",
@@ -866,6 +867,18 @@ class StoreInspector(Protocol):
     async def count_flow_waiters(self) -> dict[str, int]:
         """How many steps wait for admission, by flow-control queue (queues
         without a waiter are left out)."""
+
+
+@runtime_checkable
+class RunStatusStore(Protocol):
+    """Runs' statuses alone, cheaper than :meth:`RunStore.get_runs` (no input,
+    output or error read and decoded). Optional: the engine's wait for runs
+    polls every waited run each interval as a safety net for a lost notice,
+    and with this reads whole only the runs whose status a waiter wants."""
+
+    async def get_run_statuses(self, run_ids: list[str]) -> dict[str, RunStatus]:
+        """The status of each run that exists among ``run_ids``."""
+        ...
 
 
 @runtime_checkable

@@ -115,6 +115,10 @@ class MemoryStore(MemoryWaits):
         """The runs that exist among ``run_ids``."""
         return [copy.deepcopy(self._runs[i]) for i in dict.fromkeys(run_ids) if i in self._runs]
 
+    async def get_run_statuses(self, run_ids: list[str]) -> dict[str, RunStatus]:
+        """The status of each run that exists among ``run_ids`` (``RunStatusStore``)."""
+        return {i: self._runs[i].status for i in run_ids if i in self._runs}
+
     async def watch_runs(self, run_ids: list[str]) -> list[Run]:
         """The runs, as :meth:`get_runs` (this store's notices stay in-process)."""
         return await self.get_runs(run_ids)

@@ -464,6 +464,16 @@ class PostgresStore:
         )
         return [run_from_row(row) for row in rows]
 
+    async def get_run_statuses(self, run_ids: list[str]) -> dict[str, RunStatus]:
+        """The status of each run that exists among ``run_ids`` (``RunStatusStore``)."""
+        if not run_ids:
+            return {}
+        rows = await self._db.pool().fetch(
+            "SELECT id, status FROM durably_runs WHERE id = ANY($1::text[])",
+            list(dict.fromkeys(run_ids)),
+        )
+        return {row[0]: RunStatus(row[1]) for row in rows}
+
     async def watch_runs(self, run_ids: list[str]) -> list[Run]:
         """The runs, marking the live ones watched: their settles are announced
         from now on. A run settling meanwhile either waits for the mark (its

@@ -308,6 +308,23 @@ class SqliteStore:
 
         return await self._db.run(op)
 
+    async def get_run_statuses(self, run_ids: list[str]) -> dict[str, RunStatus]:
+        """The status of each run that exists among ``run_ids`` (``RunStatusStore``)."""
+        ids = list(dict.fromkeys(run_ids))
+
+        def op(conn: sqlite3.Connection) -> dict[str, RunStatus]:
+            found: dict[str, RunStatus] = {}
+            for start in range(0, len(ids), 500):
+                chunk = ids[start : start + 500]
+                marks = ",".join("?" * len(chunk))
+                for run_id, status in conn.execute(
+                    f"SELECT id, status FROM durably_runs WHERE id IN ({marks})", chunk
+                ):
+                    found[run_id] = RunStatus(status)
+            return found
+
+        return await self._db.run(op)
+
     async def watch_runs(self, run_ids: list[str]) -> list[Run]:
         """The runs, as :meth:`get_runs` (no notices cross processes here:
         other processes find settles by polling)."""

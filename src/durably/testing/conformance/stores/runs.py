@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from durably.model import Run, RunStatus
-from durably.stores import RunChanges, RunQuery, SettleResult, StateStore
+from durably.stores import RunChanges, RunQuery, RunStatusStore, SettleResult, StateStore
 
 from ._helpers import (
     NESTED,
@@ -431,3 +431,24 @@ async def test_racing_create_runs_in_opposite_orders_create_each_run_once(
         a, b = await asyncio.gather(first.create_runs(runs), second.create_runs(runs[::-1]))
 
         assert sorted(a + b) == sorted(run.run_id for run in runs)
+
+
+async def test_get_run_statuses_reads_what_get_runs_reads(store: StateStore) -> None:
+    """The optional status-only read (``RunStatusStore``): the same statuses
+    as whole reads, over more than one SQL batch, unknown and repeated ids
+    ignored."""
+    if not isinstance(store, RunStatusStore):
+        pytest.skip("this store reads runs whole only")
+    ids = [f"st{i:04d}" for i in range(520)]
+    await asyncio.gather(*(store.create_run(make_run(i)) for i in ids))
+    await leased(store, "st-running")
+    await store.create_run(make_run("st-done", RunStatus.COMPLETED, output=5))
+    everything = [*ids, "st-running", "st-done"]
+
+    found = await store.get_run_statuses([*everything, "missing", ids[0]])
+
+    assert found == {run.run_id: run.status for run in await store.get_runs(everything)}
+    assert found["st-running"] is RunStatus.RUNNING
+    assert found["st-done"] is RunStatus.COMPLETED
+    assert await store.get_run_statuses([]) == {}
+    assert await store.get_run_statuses(["missing"]) == {}
