@@ -4,7 +4,9 @@ The latency scenario of ``compare.py`` (start one run, wait for its result, repe
 by *process CPU time* (``time.process_time``) in a fresh interpreter per sample, alternating
 the trees, so a busy machine inflates the wall clock but barely the CPU. Each sample also
 reports its wall-clock p50 and, in a second pass of the same process, the event-loop
-callbacks (``Handle._run``) and tasks created per run, counted, not timed.
+callbacks (``Handle._run``) and tasks created per run, and in a third pass the Python and C
+function calls per run (``sys.setprofile``): counted, not timed, so a busy machine cannot move
+them (a few background callbacks, the worker's ticks, can).
 
     python bench/pg_cpu.py --variants before=/tmp/before/src,after=src --repeat 5
     python bench/pg_cpu.py --variants after=src --store memory      # the engine alone
@@ -85,6 +87,18 @@ async def main():
             finally:
                 asyncio.events.Handle._run = orig_run
                 loop.set_task_factory(orig_factory)
+            # third pass: Python and C function calls per run (deterministic, unlike time)
+            calls = [0]
+            def prof(frame, event, arg):
+                if event == "call" or event == "c_call":
+                    calls[0] += 1
+            sys.setprofile(prof)
+            try:
+                for i in range(M):
+                    await one(i)
+            finally:
+                sys.setprofile(None)
+            counts["calls"] = calls[0]
     finally:
         if admin is not None:
             await admin.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
@@ -94,6 +108,7 @@ async def main():
         "p50_ms": statistics.median(walls) * 1e3,
         "callbacks": counts["callbacks"] / M,
         "tasks": counts["tasks"] / M,
+        "calls": counts["calls"] / M,
     }))
 
 asyncio.run(main())
@@ -145,7 +160,8 @@ def main() -> None:
             f"  {name:<10} CPU µs/run median {med:6.1f} ({min(cpu):.1f}–{max(cpu):.1f})"
             f" {med / base:5.2f}x | p50 ms {statistics.median(p50):.3f}"
             f" ({min(p50):.3f}–{max(p50):.3f}) | callbacks/run {rows[0]['callbacks']:.1f}"
-            f" tasks/run {rows[0]['tasks']:.2f}"
+            f" tasks/run {rows[0]['tasks']:.2f} | function calls/run"
+            f" {statistics.median(s['calls'] for s in rows):.0f}"
         )
 
 

@@ -45,6 +45,11 @@ DO $$ DECLARE i text; BEGIN
 END $$;
 """
 
+# floor.py's statement: one 2-column row inserted, one commit
+FLOOR_TABLE = "CREATE TABLE floor_t (id BIGSERIAL PRIMARY KEY, run_id TEXT, v TEXT)"
+FLOOR_INSERT = "INSERT INTO floor_t (run_id, v) VALUES ($1, $2)"
+FLOOR_PAYLOAD = json.dumps({"output": 42, "name": "s0", "status": "completed", "pad": "x" * 64})
+
 
 def capture() -> None:
     real = asyncpg.connection.Connection.fetchval
@@ -93,6 +98,11 @@ async def main() -> None:
     p.add_argument("--bare", action="store_true", help="also a schema without secondary indexes")
     p.add_argument("--extra", default="", help="SQL of a candidate, run after the migrations")
     p.add_argument("--plan", action="store_true", help="print one plan of each statement")
+    p.add_argument(
+        "--floor",
+        action="store_true",
+        help="also time floor.py's statement (a 2-column row, one commit) on the same connections",
+    )
     a = p.parse_args()
     capture()
     await record()
@@ -113,6 +123,8 @@ async def main() -> None:
             c = await asyncpg.connect(BASE, server_settings={"search_path": f'"{schemas[v]}"'})
             for m in migs:
                 await c.execute(m)
+            if a.floor:
+                await c.execute(FLOOR_TABLE)
             conns[v] = c
         times: dict[tuple[str, str], list[float]] = {}
         for i in range(a.count):
@@ -122,6 +134,10 @@ async def main() -> None:
                     t0 = time.perf_counter()
                     await conns[v].fetchval(q, *with_id(args, old, rid))
                     times.setdefault((v, name), []).append(time.perf_counter() - t0)
+                if a.floor:
+                    t0 = time.perf_counter()
+                    await conns[v].execute(FLOOR_INSERT, rid, FLOOR_PAYLOAD)
+                    times.setdefault((v, "floor"), []).append(time.perf_counter() - t0)
         plans: dict[tuple[str, str], list[dict[str, Any]]] = {}
         for i in range(a.explain):
             for v in variants:
@@ -145,6 +161,12 @@ async def main() -> None:
         }
         for v in variants:
             print(f"{v}: {len(indexes[v])} indexes on durably_runs")
+            if a.floor:
+                ts = times[(v, "floor")]
+                print(
+                    f"  floor  client p50 {statistics.median(ts) * 1e3:.3f} ms"
+                    f" (mean {statistics.fmean(ts) * 1e3:.3f}); floor.py's one-commit insert"
+                )
             for name in ("insert", "final"):
                 ts = times[(v, name)]
                 ps = plans[(v, name)]

@@ -239,11 +239,14 @@ class PgWriteBatcher:
             async with self._acquire() as conn:
                 held, settled = await self._write(conn, checkpoints, settles)
                 # Committed: answer now, not after the connection's release.
+                # Settles first: a settle's turn hands its run's outcome to the
+                # caller waiting on it, so it goes first in the loop's queue
+                # (ahead of the callbacks collecting the checkpoint writes).
+                for (_, settle_future), result in zip(settles, settled, strict=True):
+                    _resolve(settle_future, result)
                 for key, (_, futures) in checkpoints.items():
                     for future in futures:
                         _resolve(future, key in held)
-                for (_, settle_future), result in zip(settles, settled, strict=True):
-                    _resolve(settle_future, result)
                 delivered = True
         except Exception as exc:
             if not delivered:
