@@ -157,9 +157,9 @@ def main() -> None:
         p50 = [s["p50_ms"] for s in rows]
         med = statistics.median(cpu)
         print(
-            f"  {name:<10} CPU µs/run median {med:6.1f} ({min(cpu):.1f}–{max(cpu):.1f})"
+            f"  {name:<10} CPU µs/run median {med:6.1f} ({min(cpu):.1f}-{max(cpu):.1f})"
             f" {med / base:5.2f}x | p50 ms {statistics.median(p50):.3f}"
-            f" ({min(p50):.3f}–{max(p50):.3f}) | callbacks/run {rows[0]['callbacks']:.1f}"
+            f" ({min(p50):.3f}-{max(p50):.3f}) | callbacks/run {rows[0]['callbacks']:.1f}"
             f" tasks/run {rows[0]['tasks']:.2f} | function calls/run"
             f" {statistics.median(s['calls'] for s in rows):.0f}"
         )

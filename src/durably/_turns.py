@@ -475,6 +475,8 @@ class TurnDriver:
             changes = RunChanges(error=outcome.error, wake_at=outcome.wake_at)
         else:
             status, changes = RunStatus.SUSPENDED, RunChanges(wake_at=outcome.wake_at)
+        if turn is not None and not turn.may_have_waiters:
+            changes.waiters = False  # the store may skip clearing waiters it has none of
         if (
             status in TERMINAL_STATUSES
             and run.parent_id is not None

@@ -780,6 +780,7 @@ class PostgresStore:
                 dump_json(changes.error),
                 changes.wake_at,
                 now,
+                waiters=changes.waiters,
             )
         )
 
