@@ -146,8 +146,7 @@ _STILL_HELD = """
 Acquire = Callable[[], AbstractAsyncContextManager[Any]]
 
 # Loop turns a batch of nothing but step results waits for its turn's next
-# write; each is a plain callback (not a step of the batch task), so an idle
-# loop loses microseconds and a busy turn pays no task switch per loop turn.
+# write; each is a bare ``sleep(0)``, so an idle loop loses microseconds.
 # ``completed`` results are queued while the turn moves on, and so is the
 # ``running`` record of a step started under a fresh lease, which its result
 # then supersedes within the batch. Not ``failed``: a turn awaits those
@@ -170,8 +169,6 @@ class PgWriteBatcher:
         self._idle = asyncio.Event()
         self._idle.set()
         self._task: asyncio.Task[None] | None = None
-        self._lingering = False  # a _linger callback is counting loop turns
-        self._writing = False  # the batch task is writing a batch
 
     def save_checkpoint(self, params: tuple[Any, ...], owner: str) -> asyncio.Future[bool]:
         """Queue a fenced upsert (``params`` as the store's checkpoint tuple)."""
@@ -204,62 +201,40 @@ class PgWriteBatcher:
 
     def _kick(self) -> None:
         self._idle.clear()
+        self._wakeup.set()
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._run())
-        self._due()
-
-    def _due(self) -> None:
-        """Wake the batch task for what is queued: at once, unless it is nothing
-        but step results (then after a linger)."""
-        if not self._only_results():
-            self._wakeup.set()  # at once; a linger under way stops at its next turn
-        elif not self._lingering and not self._writing:
-            self._lingering = True
-            asyncio.get_running_loop().call_soon(self._linger, _LINGER)
-
-    def _linger(self, turns: int) -> None:
-        """Hold a batch of nothing but step results for up to ``turns`` loop
-        turns, for its turn's next write; then (or once anything else is
-        queued) wake the batch task. While a batch is being written the
-        linger stops: it starts afresh once that write is done."""
-        if self._wakeup.is_set() or self._writing:
-            self._lingering = False
-            return
-        if turns > 1 and self._only_results():
-            asyncio.get_running_loop().call_soon(self._linger, turns - 1)
-            return
-        self._lingering = False
-        self._wakeup.set()
 
     async def _run(self) -> None:
         while True:
             await self._wakeup.wait()
+            for _ in range(_LINGER):
+                if not self._only_results():
+                    break
+                await asyncio.sleep(0)
             self._wakeup.clear()
             checkpoints, self._checkpoints = self._checkpoints, {}
             settles, self._settles = self._settles, []
             if not checkpoints and not settles:
                 self._idle.set()
                 continue
-            self._writing = True
-            try:
-                error = await self._commit(checkpoints, settles)
-                size = len(checkpoints) + len(settles)
-                if error is not None and size > 1 and is_row_error(error):
-                    # One row the database refused undid the whole batch: write
-                    # each again alone so only that row's owner hears of it.
-                    _log.warning(
-                        "a batch of %d writes failed (%s); writing them one by one", size, error
-                    )
-                    await self._one_by_one(checkpoints, settles)
-                elif error is not None:
-                    _log.warning("a batch of %d writes failed: %s", size, error)
-                    _fail_all(checkpoints, settles, error)
-            finally:
-                self._writing = False
+            error = await self._commit(checkpoints, settles)
+            if error is not None and len(checkpoints) + len(settles) > 1 and is_row_error(error):
+                # One row the database refused undid the whole batch: write
+                # each again alone so only that row's owner hears of it.
+                _log.warning(
+                    "a batch of %d writes failed (%s); writing them one by one",
+                    len(checkpoints) + len(settles),
+                    error,
+                )
+                await self._one_by_one(checkpoints, settles)
+            elif error is not None:
+                _log.warning(
+                    "a batch of %d writes failed: %s", len(checkpoints) + len(settles), error
+                )
+                _fail_all(checkpoints, settles, error)
             if not self._checkpoints and not self._settles:
                 self._idle.set()
-            elif not self._wakeup.is_set():
-                self._due()  # queued while this batch was written
 
     async def _commit(
         self,
