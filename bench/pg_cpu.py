@@ -11,6 +11,9 @@ them (a few background callbacks, the worker's ticks, can).
     python bench/pg_cpu.py --variants before=/tmp/before/src,after=src --repeat 5
     python bench/pg_cpu.py --variants after=src --store memory      # the engine alone
 
+Each PostgreSQL sample also measures floor.py's statement (one 2-column row, one commit) N
+times on its schema right after the timed runs, and prints p50 ÷ two floor commits per sample.
+
 Each sample runs on a fresh schema of ``BENCH_PG_URL`` (default the local ``test`` database)
 and drops it afterwards.
 """
@@ -65,6 +68,22 @@ async def main():
                 await one(i)
                 walls.append(time.perf_counter() - t0)
             cpu = time.process_time() - cpu0
+            floor = []
+            if admin is not None:
+                # floor.py's statement on this schema, right after: one commit's round trip
+                fc = await asyncpg.connect(BASE, server_settings={"search_path": schema})
+                try:
+                    await fc.execute(
+                        "CREATE TABLE floor_t (id BIGSERIAL PRIMARY KEY, run_id TEXT, v TEXT)"
+                    )
+                    for i in range(N):
+                        t0 = time.perf_counter()
+                        await fc.execute(
+                            "INSERT INTO floor_t (run_id, v) VALUES ($1, $2)", str(i), "x" * 100
+                        )
+                        floor.append(time.perf_counter() - t0)
+                finally:
+                    await fc.close()
             # second pass, counted: callbacks run by the loop and tasks created per run
             counts = {"callbacks": 0, "tasks": 0}
             orig_run = asyncio.events.Handle._run
@@ -106,6 +125,7 @@ async def main():
     print(json.dumps({
         "cpu_us": cpu / N * 1e6,
         "p50_ms": statistics.median(walls) * 1e3,
+        "floor_ms": statistics.median(floor) * 1e3 if floor else 0.0,
         "callbacks": counts["callbacks"] / M,
         "tasks": counts["tasks"] / M,
         "calls": counts["calls"] / M,
@@ -155,6 +175,7 @@ def main() -> None:
         rows = samples[name]
         cpu = [s["cpu_us"] for s in rows]
         p50 = [s["p50_ms"] for s in rows]
+        ratio = [s["p50_ms"] / (2 * s["floor_ms"]) for s in rows if s["floor_ms"]]
         med = statistics.median(cpu)
         print(
             f"  {name:<10} CPU µs/run median {med:6.1f} ({min(cpu):.1f}-{max(cpu):.1f})"
@@ -163,6 +184,12 @@ def main() -> None:
             f" tasks/run {rows[0]['tasks']:.2f} | function calls/run"
             f" {statistics.median(s['calls'] for s in rows):.0f}"
         )
+        if ratio:
+            print(
+                f"  {'':<10} p50 / two floor commits (floor measured right after, same schema):"
+                f" median {statistics.median(ratio):.2f}x ({min(ratio):.2f}-{max(ratio):.2f}),"
+                f" floor p50 {statistics.median(s['floor_ms'] for s in rows):.3f} ms"
+            )
 
 
 if __name__ == "__main__":
