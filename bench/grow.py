@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import re
 import time
 from pathlib import Path
@@ -253,15 +254,29 @@ class Recorder:
         wrap("executemany", many=True)
 
 
+async def call_sweeps(store: Any, now: int) -> None:
+    """Each sweep and per-poll read once, directly (the engine runs them on its own timers)."""
+    from durably.stores import RunQuery
+
+    await store.list_pending(now, 100)
+    await store.list_due(now, 100)
+    await store.list_orphans(now, 100)
+    await store.recover_orphans(["old-0500000"], now, 3)
+    await store.claim_due_batch(["old-0500000"], now, now + 30_000)
+    await store.load_checkpoints("old-0500000")
+    await store.list_runs(RunQuery())
+    await store.list_finished_before(now - 7 * 86_400_000, 100)
+    await store.list_expired(now, 100)
+    await store.list_stalled(now - 60_000, 100)
+    await store.count_pending()
+
+
 async def explain(url: str, out: Path, k: int) -> dict[str, Any]:
     import asyncpg
-
-    from durably.stores import RunQuery
 
     rec = Recorder()
     rec.install()
     engine = build_engine(url)
-    now = int(time.time() * 1000)
     async with engine:
         store: Any = engine.store
         # the per-turn paths: one at a time, then a gathered batch, then timers
@@ -272,19 +287,7 @@ async def explain(url: str, out: Path, k: int) -> dict[str, Any]:
         naps = await asyncio.gather(*(engine.start("nap", i) for i in range(20)))
         for r in [*runs, *naps]:
             await engine.wait_for_run(r.run_id, terminal=True, timeout=60)
-        now = int(time.time() * 1000)
-        # the sweeps, called directly (the engine runs them on its own timers)
-        await store.list_pending(now, 100)
-        await store.list_due(now, 100)
-        await store.list_orphans(now, 100)
-        await store.recover_orphans(["old-0500000"], now, 3)
-        await store.claim_due_batch(["old-0500000"], now, now + 30_000)
-        await store.load_checkpoints("old-0500000")
-        await store.list_runs(RunQuery())
-        await store.list_finished_before(now - 7 * 86_400_000, 100)
-        await store.list_expired(now, 100)
-        await store.list_stalled(now - 60_000, 100)
-        await store.count_pending()
+        await call_sweeps(store, int(time.time() * 1000))
     rec.on = False
     conn = await asyncpg.connect(url)
     held = f"{await conn.fetchval('SELECT count(*) FROM durably_runs'):,}"
@@ -294,7 +297,8 @@ async def explain(url: str, out: Path, k: int) -> dict[str, Any]:
         "",
         'Written by `bench/grow.py explain` (see RESULTS.md, "Cost as work grows"). Every SQL '
         "text is one the store sent while an engine ran workflows (one at a time, 50 at once, "
-        f"20 with a timer) on a PostgreSQL database holding {held} runs (all finished but the ~80 this run adds) and "
+        f"20 with a timer) on a PostgreSQL database holding {held} runs (all finished but the "
+        "~80 this run adds) and "
         "their checkpoints, plus the sweeps called once each. Each is shown with "
         "`EXPLAIN (ANALYZE, BUFFERS)` with the settings of the store's pooled connections "
         "(`plan_cache_mode = force_generic_plan`, `max_parallel_workers_per_gather = 0`), "
@@ -322,10 +326,8 @@ async def explain(url: str, out: Path, k: int) -> dict[str, Any]:
                 plan, err = "", f"{type(exc).__name__}: {exc}"
             finally:
                 await tr.rollback()
-                try:
+                with contextlib.suppress(Exception):
                     await conn.execute(f"DEALLOCATE {name}")
-                except Exception:
-                    pass
             seq = sorted(set(re.findall(r"Seq Scan on (durably_\w+)", plan)))
             sizes = {t: await conn.fetchval(f"SELECT count(*) FROM {t}") for t in seq}
             ms = re.search(r"Execution Time: ([\d.]+) ms", plan)
@@ -374,7 +376,7 @@ async def explain(url: str, out: Path, k: int) -> dict[str, Any]:
             f"| {it['kind']}: `{it['sql'][:70].replace('|', '/')}…` | {it['calls']} | {plan} "
             f"| {it['ms']} |"
         )
-    out.write_text("\n".join(lines + summary + [""] + body) + "\n")
+    await asyncio.to_thread(out.write_text, "\n".join(lines + summary + [""] + body) + "\n")
     bad = [it for it in report if it["seq_scans"]]
     return {"queries": len(report), "sequential": bad, "explained": report, "out": str(out)}
 

@@ -6,7 +6,7 @@
 #   bash bench/run.sh --db sqlite --repeat 2 --scale     # any compare.py flag passes through
 #   bash bench/run.sh dispatch [--repeat 3] [--quick]    # dispatched steps (dispatch_compare.py)
 #   bash bench/run.sh starts [--repeat 3] [--baseline REV]  # 10,000 starts (starts_compare.py)
-#   bash bench/run.sh grow [--repeat 3] [--quick]        # 1,000,000 finished runs vs empty (grow_compare.py)
+#   bash bench/run.sh grow [--repeat 5] [--quick]        # 1,000,000 finished runs vs empty: wall, CPU, pages (grow_compare.py)
 #   bash bench/run.sh big [--quick]                      # 100,000-child fan, 100,000 suspended (big.py)
 #   bash bench/run.sh fleet [--quick]                    # 1, 2, 4 engine processes (fleet.py)
 #

@@ -68,6 +68,9 @@ echo "== mypy --strict"
 echo "== schedules on croniter $(.venv-croniter/bin/python -c 'import importlib.metadata as m; print(m.version("croniter"))')"
 .venv-croniter/bin/pytest -q -p no:cacheprovider tests/engine/test_schedules.py \
   -k "not sqlite and not postgresql and (not memory or dst)"
+echo "== replay paths with the sticky-run cache off (the main run has it on)"
+DURABLY_TEST_STICKY_RUNS=0 .venv/bin/pytest -q -p no:cacheprovider tests/engine/test_replay.py \
+  tests/engine/test_interleavings.py tests/engine/test_dispatched.py tests/engine/test_composition.py
 echo "== pytest (croniter $(.venv/bin/python -c 'import importlib.metadata as m; print(m.version("croniter"))'))"
 # The slowest tests are listed at the end: the CI budget is 20 minutes.
 exec .venv/bin/pytest -q -p no:cacheprovider --durations=25 "$@"

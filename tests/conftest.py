@@ -52,6 +52,19 @@ async def isolated_postgres_url() -> AsyncIterator[str]:
             await conn.close()
 
 
+@pytest.fixture(autouse=True)
+def _sticky_runs_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``DURABLY_TEST_STICKY_RUNS=0`` runs the tests with the sticky-run cache
+    off (the default size of every engine a test builds without naming one)."""
+    size = os.environ.get("DURABLY_TEST_STICKY_RUNS")
+    if size is not None:
+        import durably
+
+        defaults = dict(durably.Engine.__init__.__kwdefaults__ or {})
+        defaults["sticky_runs"] = int(size)
+        monkeypatch.setattr(durably.Engine.__init__, "__kwdefaults__", defaults)
+
+
 @pytest.fixture
 async def postgres_url() -> AsyncIterator[str]:
     """A PostgreSQL store URL isolated in its own schema for this test."""

@@ -17,7 +17,7 @@ from ._executor import RunExecutor
 from ._replay import CloseReason
 from ._run_queue import RunQueue
 from .errors import WrongEventLoop
-from .transports.base import RunCarrier
+from .transports.base import RunCarrier, SettlingConsumer
 
 if TYPE_CHECKING:
     from ._options import EngineOptions
@@ -173,7 +173,11 @@ class Lifecycle:
         if self._consuming:
             return
         self._consuming = True
-        await self._transport.consume_results(self._steps.on_results, self._steps.on_heartbeat)
+        steps, transport = self._steps, self._transport
+        if not isinstance(transport, SettlingConsumer) or not await transport.consume_settling(
+            steps.store, steps.settle_taken, steps.on_results, steps.on_heartbeat
+        ):
+            await transport.consume_results(steps.on_results, steps.on_heartbeat)
         await self._consume_turns()
         await self._step_server.start(self._served(), self._options().step_concurrency)
 
@@ -191,6 +195,7 @@ class Lifecycle:
         still_running = await router.executor.close(timeout)
         for turn in list(router.active.values()):
             turn.close(CloseReason.DRAIN)
+        self._turns.let_go_kept()
         for run_id in [*router.preleased, *router.resumed]:
             # Leased to us (inserted, or woken by a step result) but dropped
             # before their turn.

@@ -72,6 +72,7 @@ class EngineOptions:
     publish_events: bool = False
     remote_advance_silence: Duration = "30s"
     compensation_retries: int = 2
+    sticky_runs: int = 1000
 
     lease_ms: int = field(init=False)
     """How long a turn's lease lasts without renewal."""
@@ -130,6 +131,10 @@ class EngineOptions:
             or not 0 <= self.compensation_retries <= 100
         ):
             raise ValueError("compensation_retries must be an int from 0 to 100")
+        if isinstance(self.sticky_runs, bool) or not isinstance(self.sticky_runs, int):
+            raise ValueError("sticky_runs must be an int (0 disables the cache)")
+        if self.sticky_runs < 0:
+            raise ValueError("sticky_runs must be >= 0 (0 disables the cache)")
         if self.step_concurrency < 1 or self.remote_redispatch_max < 0:
             raise ValueError("step_concurrency must be >= 1 and remote_redispatch_max >= 0")
         derive(

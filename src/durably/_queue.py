@@ -29,10 +29,14 @@ migrations: a deployment that never uses the queue never has it.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from .model import Checkpoint, Run
+    from .stores.base import Resolution, TurnLease
 
 __all__ = [
     "PUSH_CHUNK",
@@ -43,8 +47,11 @@ __all__ = [
     "MessageQueue",
     "MessageStore",
     "OutMessage",
+    "OutboxStore",
     "QueuedRun",
+    "ResultSettlingStore",
     "RunBroker",
+    "SettledMessages",
     "Unlisten",
 ]
 
@@ -130,6 +137,66 @@ class MessageStore(Protocol):
 
     def messages(self) -> MessageQueue:
         """The store's message queue, made on first use."""
+        ...
+
+
+@runtime_checkable
+class OutboxStore(Protocol):
+    """A :class:`MessageStore` that can push messages in the transaction that
+    writes a checkpoint (SQLite, PostgreSQL): the ``db`` transport sends a
+    dispatched step's task with its pending checkpoint, one commit instead of
+    two, and no crash can fall between them."""
+
+    def save_checkpoint_sending(
+        self, checkpoint: Checkpoint, owner: str, messages: list[OutMessage]
+    ) -> Awaitable[bool]:
+        """:meth:`~durably.stores.base.CheckpointStore.save_checkpoint`, in call
+        order with it, and in the same transaction, if and only if the
+        checkpoint was written (the lease held), push ``messages`` and notify
+        their topics' listeners once committed."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class SettledMessages:
+    """What :meth:`ResultSettlingStore.claim_and_resolve` took and did."""
+
+    messages: list[Message]
+    """The messages deleted (every one claimed, whatever ``decode`` made of it)."""
+    decoded: Any
+    """What ``decode`` returned for them."""
+    answers: list[int | None]
+    """:meth:`~durably.stores.base.CheckpointStore.resolve_checkpoints`'s answers."""
+    leased: dict[str, tuple[Run, dict[int, Checkpoint]]]
+    """The runs leased (with ``lease``), with their histories."""
+
+
+@runtime_checkable
+class ResultSettlingStore(Protocol):
+    """A :class:`MessageStore` that settles step results in the transaction
+    that takes their messages off the queue (SQLite, PostgreSQL): no claim of
+    its own, no ack after, nothing acked but unsettled or settled but queued."""
+
+    async def claim_and_resolve(
+        self,
+        topics: list[str],
+        limit: int,
+        visible_at: int,
+        decode: Callable[[list[Message]], tuple[Any, list[Resolution]]],
+        now: int,
+        lease: TurnLease | None,
+        delete: Sequence[int] = (),
+    ) -> SettledMessages:
+        """In one transaction: delete the messages ``delete`` names (the tasks
+        of results settled here), and up to ``limit`` messages of ``topics``
+        visible and unclaimed at ``visible_at`` (wall-clock ms; highest
+        priority then oldest first; rows another consumer's transaction holds
+        are skipped), settle (at ``now``) the resolutions
+        ``decode(messages)`` makes of them (its first value is handed back as
+        :attr:`SettledMessages.decoded`) and, with ``lease``, lease the runs
+        they wake as :meth:`~durably.stores.base.CheckpointStore.resolve_and_lease`
+        does. If anything raises, nothing was taken. ``decode`` must not block
+        (on SQLite it runs on the store's thread)."""
         ...
 
 

@@ -22,20 +22,33 @@ import traceback
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeVar
 
 from . import _codec as codec
 from ._faults import is_infrastructure_error
 from .errors import NondeterminismError, _ContinueAsNew, _TurnClosed
 from .model import CancelMode, Checkpoint, CheckpointKind, ErrorInfo, Run
 
-__all__ = ["CloseReason", "Turn", "TurnEnd", "TurnOutcome", "error_info"]
+__all__ = ["FINAL", "CloseReason", "Turn", "TurnEnd", "TurnOutcome", "error_info"]
+
+T = TypeVar("T")
 
 # Event-loop iterations without progress before a turn with parked operations
 # counts as quiescent. Pure scheduling (gather's child tasks, nested gathers)
 # settles within a handful of iterations; real work is counted as in flight.
 _QUIESCENCE_YIELDS = 20
 _MAX_TRACEBACK_CHARS = 8000
+
+
+FINAL = None
+"""What :meth:`Turn.wrote` records for a position settled by a write whose exact
+form the store decides (a delivered signal, a transaction): the next history
+must hold it, settled."""
+
+
+class _Resumed(BaseException):
+    """Raised at a parked operation when a kept turn resumes: the operation
+    runs again from its start against the new history (see :meth:`Turn.resumable`)."""
 
 
 class TurnEnd(StrEnum):
@@ -111,7 +124,7 @@ class Turn:
         self._next_seq = 0
         self._history_end = max(checkpoints, default=-1) + 1
         self._parked: dict[int, tuple[int | None, bool]] = {}
-        self._park_futures: list[asyncio.Future[None]] = []
+        self._park_futures: list[asyncio.Future[bool]] = []
         self._in_flight = 0
         self._generation = 0
         self._wakeup: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -155,6 +168,17 @@ class Turn:
         it resolves (``None``: nothing); see :mod:`durably._ops.updates`."""
         self.in_handler = False
         """An update's handler or validator is running: ``ctx`` calls are refused."""
+        self.written: dict[int, Checkpoint | None] = {}
+        """What this turn wrote, by position (:data:`FINAL`: settled, form unknown):
+        with the snapshot, the history a kept turn expects to find next time."""
+        self._open: dict[int, tuple[int, ...]] = {}
+        """The positions of each operation running under :meth:`resumable` now."""
+        self._open_seqs: dict[int, int] = {}
+        self._open_ids = 0
+        self._closed_calls = 0
+        self._unresumable_parks = 0
+        self._body: asyncio.Future[Any] | None = None
+        self._kept_at: tuple[int, int, int] | None = None
 
     # -- used by the context's operations ----------------------------------------------
 
@@ -322,6 +346,7 @@ class Turn:
     def ensure_open(self) -> None:
         """Raise :class:`_TurnClosed` once the turn has ended."""
         if self.closed:
+            self._closed_calls += 1  # a kept body that moved: it is not resumed
             raise _TurnClosed(self.close_reason)
 
     @contextlib.contextmanager
@@ -346,13 +371,66 @@ class Turn:
         delivery could be lost to a crash.
         """
         self.ensure_open()
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._parked[seq] = (wake_at, reconcile)
         self._park_futures.append(future)
+        if seq not in self._open_seqs:
+            self._unresumable_parks += 1  # nothing could run it again: the turn is not kept
         self._generation += 1
         self._poke()
-        await future
-        raise _TurnClosed(self.close_reason)  # pragma: no cover - futures are never resolved
+        try:
+            resumed = await future
+        except BaseException:
+            # Cancelled from inside the body (a timeout of its own): a kept
+            # body that moved this way is not resumed (see :meth:`_mark`).
+            self._generation += 1
+            raise
+        if resumed:
+            raise _Resumed
+        raise _TurnClosed(self.close_reason)  # pragma: no cover - futures resolve only to resume
+
+    async def resumable(self, seqs: tuple[int, ...], op: Callable[[bool], Awaitable[T]]) -> T:
+        """Run ``op(again=False)``: the operation at ``seqs``; if it parks and
+        the turn is kept and resumed (:meth:`resume`), run ``op(again=True)``,
+        which reads its positions from the new history, as a replay would.
+
+        Only a turn whose every park is inside one of these can be kept.
+        """
+        self._open_ids += 1
+        key = self._open_ids
+        self._open[key] = seqs
+        counts = self._open_seqs
+        for seq in seqs:
+            counts[seq] = counts.get(seq, 0) + 1
+        try:
+            again = False
+            while True:
+                try:
+                    return await op(again)
+                except _Resumed:
+                    again = True
+        finally:
+            del self._open[key]
+            for seq in seqs:
+                if counts[seq] == 1:
+                    del counts[seq]
+                else:
+                    counts[seq] -= 1
+
+    def resumable_at(
+        self, seq: int, recorded: Checkpoint | None, op: Callable[[Checkpoint | None], Awaitable[T]]
+    ) -> Awaitable[T]:
+        """:meth:`resumable` for an operation at one position: ``op(recorded)``,
+        then ``op(<the new history's checkpoint at seq>)`` after a resume."""
+
+        def attempt(again: bool) -> Awaitable[T]:
+            return op(self.checkpoints.get(seq) if again else recorded)
+
+        return self.resumable((seq,), attempt)
+
+    def wrote(self, seq: int, checkpoint: Checkpoint | None = FINAL) -> None:
+        """Note that this turn wrote ``checkpoint`` at ``seq`` (see :attr:`written`)."""
+        self.written[seq] = checkpoint
 
     async def block(self, seq: int, reason: ErrorInfo, poll_at: int) -> Any:
         """Park ``seq`` because no live worker can take it: once the turn
@@ -403,10 +481,20 @@ class Turn:
 
     # -- the driver ---------------------------------------------------------------------
 
-    async def execute(self, body: Callable[[], Awaitable[Any]]) -> TurnOutcome:
-        """Run ``body`` until it returns, raises, parks for good, or the turn is closed."""
+    def execute(
+        self, body: Callable[[], Awaitable[Any]], *, keep: bool = False
+    ) -> Awaitable[TurnOutcome]:
+        """Run ``body`` until it returns, raises, parks for good, or the turn is closed.
+
+        With ``keep``, a body that parked for good is left parked rather than
+        cancelled when the turn can be resumed later (:attr:`kept`): the
+        caller then resumes it (:meth:`resume`) or lets it go (:meth:`dispose`).
+        """
         task = asyncio.ensure_future(body())
         task.add_done_callback(lambda _: self._poke())
+        return self._run(task, keep=keep)
+
+    async def _run(self, task: asyncio.Future[Any], *, keep: bool) -> TurnOutcome:
         while True:
             await self._wakeup
             self._wakeup = asyncio.get_running_loop().create_future()
@@ -431,13 +519,80 @@ class Turn:
         else:
             outcome = TurnOutcome(TurnEnd.SUSPENDED, wake_at=self._wake_at())
         self.close(self.close_reason or CloseReason.SUSPENDED)
-        task.cancel()
-        # A body that swallows cancellation can only reach the engine through
-        # ctx, which now raises _TurnClosed; it is not awaited past this bound.
-        await asyncio.wait({task}, timeout=1.0)
-        if task.done() and not task.cancelled():
-            task.exception()  # retrieved so asyncio does not log it
+        if keep and outcome.end is TurnEnd.SUSPENDED and self._resumable():
+            self._body = task
+            self._kept_at = self._mark()
+            return outcome
+        await _cancel(task)
         return outcome
+
+    @property
+    def kept(self) -> bool:
+        """Whether the body is parked in memory, for :meth:`resume` or :meth:`dispose`."""
+        return self._body is not None
+
+    def _resumable(self) -> bool:
+        """Whether the parked body can be resumed by resolving its parks:
+        every park runs again from its operation's start, nothing else is
+        held, and nothing of the turn is still being written."""
+        if self._unresumable_parks or self._held or self.unwinding or self._phase is not None:
+            return False
+        if self.fenced or self.failure is not None or self.store_error is not None:
+            return False
+        parked = set(self._parked)
+        # Every running operation is parked (none waits on something else
+        # that would not run it again from its start).
+        return all(parked.intersection(seqs) for seqs in self._open.values())
+
+    def _mark(self) -> tuple[int, int, int]:
+        """What must not have moved while the body is kept."""
+        return (self._generation, self._next_seq, self._closed_calls)
+
+    def expected_history(self) -> tuple[dict[int, Checkpoint | None], frozenset[int]]:
+        """The history this kept turn expects the store to hold now, and the
+        positions of its parked operations (which anything may have settled)."""
+        expected: dict[int, Checkpoint | None] = dict(self.checkpoints)
+        expected.update(self.written)
+        return expected, frozenset(self._open_seqs)
+
+    def resume(self, run: Run, checkpoints: dict[int, Checkpoint]) -> Awaitable[TurnOutcome] | None:
+        """Take the next turn of the kept body against ``checkpoints`` (the
+        history the lease returned, checked by the caller to continue the one
+        this turn saw): every parked operation runs again from its start, as a
+        replay would reach it. ``None`` if the body moved while it was kept
+        (it is disposed of then: replay instead)."""
+        task = self._body
+        if task is None or task.done() or self._kept_at != self._mark():
+            self.dispose()
+            return None
+        self._body = None
+        self._kept_at = None
+        self.run = run
+        self.checkpoints = checkpoints
+        self.lease_until = run.locked_until
+        self._history_end = max(checkpoints, default=-1) + 1
+        self.written = {}
+        self.closed = False
+        self.close_reason = None
+        self.blocked = None
+        self.unordered_writes = False
+        self._unflushed = []
+        self._wakeup = asyncio.get_running_loop().create_future()
+        parks, self._park_futures = self._park_futures, []
+        self._parked = {}
+        self._generation += 1
+        for park in parks:
+            if not park.done():
+                park.set_result(True)
+        return self._run(task, keep=True)  # kept again if it parks again
+
+    def dispose(self) -> None:
+        """Let go of a kept body as a suspend does: cancel it (the turn is
+        closed already, so a ``ctx`` call it makes meanwhile raises)."""
+        task, self._body, self._kept_at = self._body, None, None
+        if task is not None and not task.done():
+            task.cancel()
+            task.add_done_callback(_retrieve)
 
     async def _quiescent(self, task: asyncio.Future[Any]) -> bool:
         generation, quiet = self._generation, 0
@@ -560,6 +715,21 @@ def error_info(exc: BaseException) -> ErrorInfo:
 
 def _no_gate(_seqs: Iterable[int]) -> None:
     return None
+
+
+async def _cancel(task: asyncio.Future[Any]) -> None:
+    """Cancel a parked body and give it a bounded moment to unwind."""
+    task.cancel()
+    # A body that swallows cancellation can only reach the engine through
+    # ctx, which now raises _TurnClosed; it is not awaited past this bound.
+    await asyncio.wait({task}, timeout=1.0)
+    if task.done() and not task.cancelled():
+        task.exception()  # retrieved so asyncio does not log it
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 def _outcome(write: asyncio.Future[bool]) -> Any:

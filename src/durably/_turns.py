@@ -22,6 +22,7 @@ from ._lifecycle_events import RUN_OUTCOMES, EventKind
 from ._logs import RUN_CONTEXT, LogContext, engine_logger
 from ._ops.saga import Saga
 from ._replay import CloseReason, Turn, TurnEnd, TurnOutcome, error_info
+from ._sticky import Kept, StickyRuns
 from .clock import SystemClock
 from .context import WorkflowContext
 from .errors import SchemaValidationError, WorkflowNotRegistered, _TurnClosed
@@ -85,6 +86,9 @@ class TurnDriver:
         # would otherwise queue one start per run for the store's pool.
         self._turn_starts: BatchCall[str, Leased | None] = BatchCall(self._start_turns, 256)
         self._failures = FailureLog(_log)
+        size = options().sticky_runs
+        self.sticky: StickyRuns | None = StickyRuns(size) if size > 0 else None
+        """Suspended turns kept in memory for their run's next turn (see :mod:`durably._sticky`)."""
         self.remote_turn: RemoteTurn | None = None
         """Takes the turns of remote workflows (set by the wiring)."""
         self.timer_set: Callable[[int], None] | None = None
@@ -328,14 +332,30 @@ class TurnDriver:
         if definition.remote is not None and self.remote_turn is not None:
             return await self.remote_turn(run, checkpoints, definition, missing_children), None
         options = self._options()
-        turn = Turn(
-            run,
-            checkpoints,
-            self._owner(),
-            self._clock.now_ms,
-            options.reconcile_ms,
-            options.lease_ms,
+        sticky = self.sticky
+        # A turn interceptor (tracing) wraps each turn in a context of its own,
+        # which a body kept from an earlier turn would not run under.
+        keep = (
+            sticky is not None and not self._services.intercept.turns and not self._router.draining
         )
+        resumed = None
+        if keep and sticky is not None:
+            resumed = sticky.resume(run, checkpoints)
+        elif sticky is not None:
+            sticky.drop(run.run_id)
+        if resumed is not None:
+            turn, ctx, saga = resumed.kept.turn, resumed.kept.ctx, resumed.kept.saga
+        else:
+            turn = Turn(
+                run,
+                checkpoints,
+                self._owner(),
+                self._clock.now_ms,
+                options.reconcile_ms,
+                options.lease_ms,
+            )
+            saga = Saga()
+            ctx = WorkflowContext(turn, self._services, saga)
         turn.missing_children = missing_children
         events = self._services.events
         if events.active:
@@ -346,13 +366,28 @@ class TurnDriver:
                 workflow=run.workflow,
                 resumed=bool(checkpoints),
             )
-        saga = Saga()
-        ctx = WorkflowContext(turn, self._services, saga)
         active = self._router.active
         active[run.run_id] = turn
         renewer = self._renewer(turn)
         try:
-            outcome = await turn.execute(lambda: definition.call(ctx, value))
+            if resumed is not None:
+                outcome = await resumed.outcome
+            else:
+                outcome = await turn.execute(lambda: definition.call(ctx, value), keep=keep)
+            if turn.kept and not ctx._updates_idle:
+                turn.dispose()  # updates re-apply by replaying: nothing to resume
+            if sticky is not None and turn.kept:
+                sticky.keep(
+                    run.run_id,
+                    Kept(
+                        turn,
+                        ctx,
+                        saga,
+                        run.workflow,
+                        run.workflow_version,
+                        run.recovery_attempts,
+                    ),
+                )
             if outcome.end is TurnEnd.CLOSED:
                 return outcome, turn
             unwind = turn.unwinding or (outcome.end is TurnEnd.FAILED and bool(saga))
@@ -374,6 +409,12 @@ class TurnDriver:
             renewer.cancel()
             if active.get(run.run_id) is turn:
                 del active[run.run_id]
+
+    def let_go_kept(self) -> None:
+        """Let go of every kept turn (a drain: their bodies are cancelled, as
+        a suspend without the cache cancels them)."""
+        if self.sticky is not None:
+            self.sticky.clear()
 
     async def _pin(self, run: Run, definition: WorkflowDef) -> None:
         """Pin an unpinned run (a client started it without a version) to the
@@ -498,6 +539,11 @@ class TurnDriver:
             # settled too; collect them (a write that failed is only logged:
             # the run's own row already holds its outcome).
             await self._collect(turn, run_id)
+        if turn is not None and turn.kept and self.sticky is not None:
+            if result is SettleResult.LOST or turn.fenced:
+                self.sticky.drop(run_id)  # not ours any more: the next turn replays
+            else:
+                self.sticky.settled(run_id, turn)
         if result is SettleResult.LOST and outcome.end is TurnEnd.CONTINUED:
             current = await self._store.get_run(run_id)
             if current is not None and current.status is RunStatus.CANCELLED:

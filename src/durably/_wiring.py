@@ -45,7 +45,7 @@ from .steps.definition import StepDefinition
 from .stores import StateStore
 from .stores.base import TurnLease
 from .transports import Transport
-from .transports.base import EventCarrier, TurnCarrier
+from .transports.base import CheckpointSender, EventCarrier, TurnCarrier
 
 __all__ = ["Parts", "wire"]
 
@@ -188,6 +188,8 @@ def wire(
 
     steps.lease_turns = lease_for_results
     steps.resume_leased = router.resume_leased
+    if isinstance(transport, CheckpointSender):
+        steps.send_with_checkpoint = transport.checkpoint_sender(store)
     remote.guard = capabilities.check
     scheduler = Scheduler(store, clock, namespace, registry, start=start, cancel=cancel)
     events = EventRouter(

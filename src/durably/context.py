@@ -58,7 +58,7 @@ from ._replay import Turn
 from ._typed import Decoder, check_declared, identity, output_type_of, typed_for
 from .durations import Duration, to_ms
 from .errors import NondeterminismError, _ContinueAsNew
-from .model import CheckpointKind, CheckpointStatus
+from .model import Checkpoint, CheckpointKind, CheckpointStatus
 from .retry import RetryPolicy
 from .steps import StepPolicy, StepRef
 from .steps.definition import check_policy
@@ -112,6 +112,11 @@ class WorkflowContext:
         self._updates = TurnUpdates(self._env)
         self.log = self._env.log
         """A logger that tags every record with the run id and workflow."""
+
+    @property
+    def _updates_idle(self) -> bool:
+        """Whether this body uses no updates (internal: a kept turn resumes only then)."""
+        return self._updates.idle
 
     # -- identity ------------------------------------------------------------------------
 
@@ -367,7 +372,10 @@ class WorkflowContext:
             decode = typed_for(output, f"the result of step {call.name!r}").decode
         undo = self._saga.undo_for(self._env.services, call, compensate, compensation_retries)
         seq, recorded = self._turn.allocate(call.name, CheckpointKind.STEP)
-        result = self._gated(StepRunner(self._env).run(seq, call, recorded), seq)
+        runner = StepRunner(self._env)
+        result = self._gated(
+            self._turn.resumable_at(seq, recorded, lambda cp: runner.run(seq, call, cp)), seq
+        )
         if undo is not None:
             return self._saga.with_undo(seq, call.name, undo, result, decode, call.input)
         return result if decode is identity else _decoded(result, decode)
@@ -423,7 +431,7 @@ class WorkflowContext:
         """
         ms = to_ms(duration, name="sleep duration")
         seq, recorded = self._turn.allocate("sleep", CheckpointKind.SLEEP)
-        return self._gated(timer(self._env, seq, recorded, lambda now: now + ms), seq)
+        return self._gated(self._timer(seq, recorded, lambda now: now + ms), seq)
 
     def sleep_until(self, when: datetime | int | float) -> Awaitable[None]:
         """Wait durably until ``when`` (an aware ``datetime`` or epoch seconds)."""
@@ -436,7 +444,13 @@ class WorkflowContext:
         else:
             raise TypeError("sleep_until takes an aware datetime or epoch seconds")
         seq, recorded = self._turn.allocate("sleep", CheckpointKind.SLEEP)
-        return self._gated(timer(self._env, seq, recorded, lambda _now: target), seq)
+        return self._gated(self._timer(seq, recorded, lambda _now: target), seq)
+
+    def _timer(
+        self, seq: int, recorded: Checkpoint | None, wake_time: Callable[[int], int]
+    ) -> Awaitable[None]:
+        env = self._env
+        return self._turn.resumable_at(seq, recorded, lambda cp: timer(env, seq, cp, wake_time))
 
     def wait_for_signal(self, token: str, *, timeout: Duration | None = None) -> Awaitable[Any]:
         """Wait for ``engine.signal(token, payload)`` and return the payload.

@@ -146,6 +146,12 @@ class Engine:
         compensation_retries: how many times a failing saga undo is retried
             before it is skipped and logged (default 2: three attempts); a
             ``compensate=`` step may set its own.
+        sticky_runs: how many suspended runs keep their workflow body parked
+            in memory (default 1,000; ``0`` disables it), so the run's next
+            turn in this process resumes it instead of replaying its history
+            from the top. Purely a cache: the turn still leases the run and
+            reads its history, and replays whenever that history is not the
+            one the kept body saw (see docs/workflows.md, "Sticky runs").
     """
 
     def __init__(
@@ -180,6 +186,7 @@ class Engine:
         publish_events: bool = False,
         remote_advance_silence: Duration = "30s",
         compensation_retries: int = 2,
+        sticky_runs: int = 1000,
     ) -> None:
         # Taken first, while the locals are exactly the parameters: the keywords
         # are EngineOptions' fields, by name.

@@ -16,8 +16,8 @@ from durably.stores import MemoryStore
 from durably.testing.conformance import TransportFactory, wait_until
 from durably.testing.conformance.transports.contract import Handler, Results, task
 from durably.transports.base import TransportError
-from durably.transports.db import DbTransport, task_topic
-from durably.wire import StepResult, StepTask
+from durably.transports.db import RESULTS_TOPIC, DbTransport, task_topic
+from durably.wire import Heartbeat, StepResult, StepTask
 
 
 def _store(transport: object) -> object:
@@ -272,3 +272,88 @@ async def test_two_engines_on_one_schema_settle_results_without_a_deadlock(
     deadlocks = [r.getMessage() for r in caplog.records if "deadlock" in r.getMessage()]
     assert not failures, failures
     assert not deadlocks, deadlocks
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
+async def test_an_engine_on_its_own_store_settles_in_its_own_transactions(
+    kind: str, tmp_path: Any, request: pytest.FixtureRequest
+) -> None:
+    """db:// on the engine's own store: a served task's result never enters
+    the queue (settled with the task's deletion), a dispatched task enters it
+    only in the transaction of its checkpoint, and nothing is left queued."""
+    if kind == "sqlite":
+        await _counted_run(f"sqlite:///{tmp_path / 'own.db'}")
+    else:
+        async with request.getfixturevalue("isolated_postgres")() as url:
+            await _counted_run(url)
+
+
+async def _counted_run(url: str) -> None:
+    engine = durably.Engine(url, transport="db://", poll_interval=0.05)
+
+    @engine.step("inc")
+    async def inc(n: int) -> int:
+        return n + 1
+
+    @engine.workflow("three")
+    async def three(ctx: durably.WorkflowContext, n: int) -> int:
+        for _ in range(3):
+            n = int(await ctx.step("inc", n))
+        return n
+
+    pushed: list[str] = []
+    try:
+        await engine.start_worker()
+        queue = engine.store.messages()  # type: ignore[attr-defined]
+        push = queue.push
+
+        async def counted(messages: list[Any]) -> None:
+            pushed.extend(m.topic for m in messages)
+            await push(messages)
+
+        queue.push = counted
+        runs = [await engine.start("three", i) for i in range(10)]
+        done = [await engine.wait_for_run(r.run_id, terminal=True, timeout=60) for r in runs]
+        assert [r.output for r in done] == [i + 3 for i in range(10)]
+        # neither a task nor a result went through a push of its own (runs do)
+        assert [t for t in pushed if t == RESULTS_TOPIC or t.startswith("tasks:")] == []
+        assert await queue.depth([RESULTS_TOPIC, task_topic("inc")]) == {}
+    finally:
+        await engine.close()
+
+
+async def test_a_served_result_settled_here_is_never_followed_by_its_beat(
+    db_factory: TransportFactory,
+) -> None:
+    """A result settled with its task's deletion skips the queue; a beat its
+    step sent earlier may still be queued behind it. That beat is dropped:
+    no beat is delivered after its step's result."""
+    transport = await db_factory()
+    assert isinstance(transport, DbTransport)
+    seen: list[tuple[str, str]] = []
+
+    async def settle(take: Any) -> None:
+        results, _, _ = await take(lambda results: [], 0, None)
+        seen.extend(("result", r.step_id) for r in results)
+
+    async def on_results(results: list[StepResult]) -> None:
+        seen.extend(("result", r.step_id) for r in results)
+
+    async def on_heartbeat(beat: Any) -> None:
+        seen.append(("beat", beat.step_id))
+
+    assert await transport.consume_settling(transport.store, settle, on_results, on_heartbeat)
+
+    async def serve(t: StepTask) -> None:
+        await transport.send_result(StepResult(t.run_id, t.seq, ok=True, output=1))
+
+    await transport.serve(["g"], serve, concurrency=1)
+    await transport.dispatch([task("r1")])
+    await wait_until(lambda: ("result", "r1:1") in seen, what="the result")
+    # A beat of the same step, late (sent before the result, queued after it)
+    await transport.send_heartbeat(Heartbeat("r1", 1, "g", 0))
+    await transport.send_heartbeat(Heartbeat("r2", 1, "g", 0))  # another step's: delivered
+    await wait_until(lambda: ("beat", "r2:1") in seen, what="the other step's beat")
+    assert seen == [("result", "r1:1"), ("beat", "r2:1")]
+    queue = transport.store.messages()  # type: ignore[attr-defined]
+    assert await queue.depth() == {}  # the task went with its result; no ack left

@@ -144,6 +144,7 @@ def record_attributes(
     env.turn.write_later(
         env.store.upsert_attributes(checkpoint, attributes, env.turn.owner), ordered=False
     )
+    env.turn.wrote(seq, checkpoint)
 
 
 async def new_webhook(env: TurnEnv, seq: int, name: str, recorded: Checkpoint | None) -> str:

@@ -27,6 +27,7 @@ from ..model import Checkpoint, CheckpointKind, CheckpointStatus, ErrorInfo, Run
 from ..retry import RetryPolicy
 from ..steps._dispatcher import StepDispatcher
 from ..stores.base import StateStore
+from ..wire import StepTask
 
 __all__ = ["ChildStart", "Services", "SpawnChildren", "StepGuard", "TurnEnv"]
 
@@ -182,25 +183,40 @@ class TurnEnv:
             queue,
         )
 
-    async def save(self, checkpoint: Checkpoint) -> None:
-        """Write ``checkpoint`` after every deferred write, fenced by the lease."""
+    async def save(self, checkpoint: Checkpoint, *, send: list[StepTask] | None = None) -> None:
+        """Write ``checkpoint`` after every deferred write, fenced by the lease;
+        with ``send``, send those tasks in the same transaction (the
+        transport must allow it: ``StepDispatcher.send_with_checkpoint``)."""
         turn, store = self.turn, self.store
         turn.ensure_open()
+
+        def write() -> Awaitable[bool]:
+            if send is None:
+                return store.save_checkpoint(checkpoint, turn.owner)
+            return self.services.steps.save_and_send(checkpoint, turn.owner, send)
+
         with turn.store_calls:
             if store.ordered_writes:
                 # Queued behind every earlier write: once this one is done they
                 # are too, and the flush only collects their results.
-                held = await store.save_checkpoint(checkpoint, turn.owner)
+                held = await write()
                 await turn.flush()
             else:
                 await turn.flush()
-                held = await store.save_checkpoint(checkpoint, turn.owner)
+                held = await write()
         if not held:
             self.fence_lost()
+        turn.wrote(checkpoint.seq, checkpoint)
 
-    def save_later(self, checkpoint: Checkpoint) -> None:
-        """Start writing ``checkpoint``; the turn's next flush waits for it."""
-        self.turn.write_later(self.store.save_checkpoint(checkpoint, self.turn.owner))
+    def save_later(self, checkpoint: Checkpoint, *, send: list[StepTask] | None = None) -> None:
+        """Start writing ``checkpoint``; the turn's next flush waits for it.
+        With ``send``, those tasks go out in its transaction (as :meth:`save`)."""
+        turn = self.turn
+        if send is None:
+            turn.write_later(self.store.save_checkpoint(checkpoint, turn.owner))
+        else:
+            turn.write_later(self.services.steps.save_and_send(checkpoint, turn.owner, send))
+        turn.wrote(checkpoint.seq, checkpoint)
 
     def fence_lost(self) -> NoReturn:
         """Leave the turn: the store refused a write, so another instance holds the lease.

@@ -97,7 +97,7 @@ async def gather(
     group = f"all:{calls[0].seq}" if calls else None
 
     async def run_children() -> list[tuple[bool, Any]]:
-        return await _run_children(env, calls, group, fail_fast) if calls else []
+        return await _children(env, calls, group, fail_fast) if calls else []
 
     async def run_others() -> list[Any]:
         return await asyncio.gather(*(item for _, item in others), return_exceptions=True)
@@ -124,10 +124,26 @@ async def gather(
 
 
 async def _await_child(env: TurnEnv, call: ChildCall) -> Any:
-    [(ok, value)] = await _run_children(env, [call], None, False)
+    [(ok, value)] = await _children(env, [call], None, False)
     if not ok:
         raise value
     return value
+
+
+def _children(
+    env: TurnEnv, calls: list[ChildCall], group: str | None, fail_fast: bool
+) -> Awaitable[list[tuple[bool, Any]]]:
+    """:func:`_run_children` again from its start after a kept turn resumes,
+    each call's checkpoint read from the new history (as a replay would)."""
+    turn = env.turn
+
+    def attempt(again: bool) -> Awaitable[list[tuple[bool, Any]]]:
+        if again:
+            for call in calls:
+                call.recorded = turn.checkpoints.get(call.seq)
+        return _run_children(env, calls, group, fail_fast)
+
+    return turn.resumable(tuple(call.seq for call in calls), attempt)
 
 
 async def _run_children(
@@ -178,6 +194,8 @@ async def _run_children(
             await turn.flush()
             if not await env.store.save_checkpoints(placeholders, turn.owner):
                 env.fence_lost()
+            for placeholder in placeholders:
+                turn.wrote(placeholder.seq, placeholder)
             errors = await services.spawn_children(turn.run, [calls[i] for i in fresh])
         for i, error in zip(fresh, errors, strict=True):
             if error is None:
@@ -289,6 +307,8 @@ class ChildStarts:
                 list(placeholders.values()), turn.owner
             ):
                 env.fence_lost()
+            for placeholder in placeholders.values():
+                turn.wrote(placeholder.seq, placeholder)
             errors = await services.spawn_children(turn.run, batch)
         for call, error in zip(batch, errors, strict=True):
             turn.missing_children.discard(call.run_id)

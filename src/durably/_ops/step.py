@@ -167,7 +167,14 @@ class StepRunner:
                 cp = await self._await_live(seq, call, cp, send=False)
                 continue
             if call.timeout_ms is None:
-                await self._send(seq, call, cp)
+                if services.steps.send_with_checkpoint is not None:
+                    # Not awaited: the checkpoint and its task are queued
+                    # before the turn's settle and commit with it (ordered
+                    # writes), so the run is parked when its result can first
+                    # arrive, and a crash leaves all three or none.
+                    self._env.save_later(cp, send=[self._task(seq, call, cp)])
+                else:
+                    await self._send(seq, call, cp)
                 return await turn.park(seq, cp.wake_at, reconcile=True)
             cp = await self._await_live(seq, call, cp, send=True)
 
@@ -249,6 +256,11 @@ class StepRunner:
         """
         turn = self._env.turn
         with turn.in_flight(), turn.store_calls:
+            if self._env.services.steps.send_with_checkpoint is not None:
+                # One transaction: the task is out exactly when its checkpoint
+                # is durable (a store error leaves neither, and the turn runs again).
+                await self._env.save(cp, send=[self._task(seq, call, cp)])
+                return True
             await self._env.save(cp)
             try:
                 await self._env.services.steps.dispatch([self._task(seq, call, cp)])
@@ -277,6 +289,7 @@ class StepRunner:
                 seen = 0  # the newest beat persisted by someone else that we saw
                 while True:
                     if waiter.result is not None:
+                        turn.wrote(seq)  # the receiver settled it in the store
                         return self._settled(seq, call, cp, waiter)
                     heard = waiter.heard_at or 0
                     if seen > heard:
@@ -302,6 +315,7 @@ class StepRunner:
                         CheckpointStatus.COMPLETED,
                         CheckpointStatus.FAILED,
                     ):
+                        turn.wrote(seq)  # settled by whoever received the result
                         return fresh
                     persisted = fresh.last_heartbeat_at if fresh is not None else None
                     if persisted is not None and persisted > max(seen, heard):

@@ -113,6 +113,7 @@ async def transaction(
                 continue
             if not held:
                 env.fence_lost()
+            turn.wrote(seq)
             if told is not None:
                 told.completed(attempts)
             return output

@@ -99,6 +99,14 @@ class TurnUpdates:
             turn.gate = self.gate
         turn.on_quiescent = self.on_quiescent
 
+    @property
+    def idle(self) -> bool:
+        """Whether updates play no part in this body: no handler, no recorded
+        update, no condition or gate (a kept turn resumes only then)."""
+        return not (
+            self.handlers or self.fallback or self._recorded or self._conditions or self._gates
+        )
+
     # -- the body's side ---------------------------------------------------------------
 
     def register(self, name: str, handler: Handler) -> None:

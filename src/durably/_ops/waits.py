@@ -164,7 +164,12 @@ def wait_for_signal(
     recorded: Checkpoint | None,
 ) -> Awaitable[Any]:
     """The body of ``ctx.wait_for_signal`` once its position is taken (an awaitable)."""
-    return _wait(env, seq, name, CheckpointKind.SIGNAL, None, timeout_ms, recorded, _Signal(token))
+    mailbox = _Signal(token)
+    return env.turn.resumable_at(
+        seq,
+        recorded,
+        lambda cp: _wait(env, seq, name, CheckpointKind.SIGNAL, None, timeout_ms, cp, mailbox),
+    )
 
 
 def wait_for_event(
@@ -179,7 +184,12 @@ def wait_for_event(
     """The body of ``ctx.wait_for_event`` once its position is taken (an awaitable)."""
     stored_input = {"match": match} if match else None
     mailbox = _Event(event, match)
-    return _wait(env, seq, name, CheckpointKind.EVENT, stored_input, timeout_ms, recorded, mailbox)
+    kind = CheckpointKind.EVENT
+    return env.turn.resumable_at(
+        seq,
+        recorded,
+        lambda cp: _wait(env, seq, name, kind, stored_input, timeout_ms, cp, mailbox),
+    )
 
 
 def check_batch(max_items: object, window_ms: int) -> int:
@@ -231,16 +241,23 @@ async def wait_for_events(
     mailbox = _Event(event, match)
     label, kind = batch.label, CheckpointKind.EVENT
     seq, recorded = batch.first
-    items = [await _wait(env, seq, label, kind, stored_input, timeout_ms, recorded, mailbox)]
+    first = env.turn.resumable_at(
+        seq,
+        recorded,
+        lambda cp: _wait(env, seq, label, kind, stored_input, timeout_ms, cp, mailbox),
+    )
+    items = [await first]
     if not batch.rest:
         return items
     opened = await _window_opened(env, *batch.window, f"{label}:window")
     closes = opened + window_ms
     for seq, recorded in batch.rest:
+
+        def wait(cp: Checkpoint | None, seq: int = seq) -> Awaitable[Any]:
+            return _wait(env, seq, label, kind, stored_input, None, cp, mailbox, deadline_at=closes)
+
         try:
-            item = await _wait(
-                env, seq, label, kind, stored_input, None, recorded, mailbox, deadline_at=closes
-            )
+            item = await env.turn.resumable_at(seq, recorded, wait)
         except EventTimeout:
             break  # the window closed (recorded, so a replay stops here too)
         items.append(item)
@@ -298,6 +315,7 @@ async def _wait(
             with turn.in_flight(), turn.store_calls:
                 await turn.flush()
                 won = await mailbox.cancel(env, seq, error_info(mailbox.timed_out()), now)
+            turn.wrote(seq)
             if won is not None:
                 return won.output
             raise mailbox.timed_out()
@@ -317,6 +335,7 @@ async def _wait(
         result = await mailbox.register(env, checkpoint, now)
     if result is None:
         env.fence_lost()
+    turn.wrote(seq, None if result.delivered else checkpoint)
     if result.delivered:
         events = env.services.events
         if events.active and isinstance(mailbox, _Signal):
@@ -334,6 +353,7 @@ async def _wait(
         # Due already (a batch window that closed): no turn waits for nothing.
         with turn.in_flight(), turn.store_calls:
             won = await mailbox.cancel(env, seq, error_info(mailbox.timed_out()), now)
+        turn.wrote(seq)
         if won is not None:
             return won.output
         raise mailbox.timed_out()

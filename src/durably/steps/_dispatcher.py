@@ -25,7 +25,7 @@ from ..clock import Clock
 from ..model import TERMINAL_STATUSES, Checkpoint, CheckpointKind, CheckpointStatus, Run
 from ..stores._rows import is_row_error
 from ..stores.base import BeatRecord, CheckpointStore, FlowStore, Resolution, TurnLease
-from ..transports.base import Transport
+from ..transports.base import SendWithCheckpoint, TakeResults, Transport
 from ..wire import Heartbeat, StepResult, StepTask, routing_token
 from ._flow import FlowQueue
 from .definition import StepDefinition
@@ -54,6 +54,23 @@ ResumeLeased = Callable[[Run, dict[int, Checkpoint], str], Awaitable[None]]
 """Takes the turn of a run leased to the owner (third argument) with its history."""
 
 Leased = dict[str, tuple[Run, dict[int, Checkpoint]]]
+
+_TAKE_LEASE = 256
+"""The batch size a taken batch's lease is asked for (the slots bound it)."""
+
+
+def _resolutions(results: list[StepResult]) -> list[Resolution]:
+    return [
+        Resolution(
+            result.run_id,
+            result.seq,
+            CheckpointStatus.COMPLETED if result.ok else CheckpointStatus.FAILED,
+            result.output if result.ok else None,
+            None if result.ok else (result.error or {"message": "step failed"}),
+            [event.to_wire() for event in result.events] or None,
+        )
+        for result in results
+    ]
 
 
 class StepDispatcher:
@@ -93,6 +110,20 @@ class StepDispatcher:
         their next turn, as a lease (``None``: none; set by the wiring)."""
         self.resume_leased: ResumeLeased | None = None
         """Takes the turn of a run the settle leased to us (set by the wiring)."""
+        self.send_with_checkpoint: SendWithCheckpoint | None = None
+        """The transport's way to send tasks in the transaction that writes
+        their checkpoint (``CheckpointSender``; set by the wiring), if any."""
+
+    def save_and_send(
+        self, checkpoint: Checkpoint, owner: str, tasks: list[StepTask]
+    ) -> Awaitable[bool]:
+        """Write ``checkpoint`` under ``owner``'s lease and send ``tasks`` in the
+        same transaction (only with :attr:`send_with_checkpoint`); whether the
+        lease held. Called synchronously, the write is queued at once."""
+        assert self.send_with_checkpoint is not None
+        if self._intercept.outbound:
+            self._intercept.prepare(tasks)
+        return self.send_with_checkpoint(checkpoint, owner, tasks)
 
     async def dispatch(self, tasks: list[StepTask]) -> None:
         """Send tasks; raises :class:`~durably.transports.TransportError` if not sent."""
@@ -142,19 +173,30 @@ class StepDispatcher:
     async def on_results(self, results: list[StepResult]) -> None:
         """Settle a batch of results and wake the runs that can move on."""
         now = self.clock.now_ms()
-        resolutions = [
-            Resolution(
-                result.run_id,
-                result.seq,
-                CheckpointStatus.COMPLETED if result.ok else CheckpointStatus.FAILED,
-                result.output if result.ok else None,
-                None if result.ok else (result.error or {"message": "step failed"}),
-                [event.to_wire() for event in result.events] or None,
-            )
-            for result in results
-        ]
         lease = self.lease_turns(len(results)) if self.resume_leased is not None else None
-        answers, leased = await self._settle(resolutions, now, lease)
+        answers, leased = await self._settle(_resolutions(results), now, lease)
+        await self._settled(results, answers, leased, lease)
+
+    async def settle_taken(self, take: TakeResults) -> None:
+        """Settle the batch ``take`` takes off the transport in the settle's
+        own transaction (``SettlingConsumer``), then wake or resume its runs."""
+        # As many woken runs as there are free turn slots, whatever the batch's size.
+        lease = self.lease_turns(_TAKE_LEASE) if self.resume_leased is not None else None
+        results, answers, leased = await take(
+            _resolutions, self.clock.now_ms(), lease if lease and lease.limit > 0 else None
+        )
+        if results:
+            await self._settled(results, answers, leased, lease)
+
+    async def _settled(
+        self,
+        results: list[StepResult],
+        answers: list[int | None],
+        leased: Leased,
+        lease: TurnLease | None,
+    ) -> None:
+        """After a settle: resume the runs it leased, hand results to their
+        in-memory waiters, wake the runs that can move on."""
         if leased:
             # Settled and leased in one transaction: their turns start here
             # now, with the histories read there (no wake, no second lease).

@@ -17,14 +17,16 @@ goes back to the pool.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 from .._logs import engine_logger
 from .._notices import StoreNotice
+from .._queue import OutMessage
 from ..model import TERMINAL_STATUSES, RunStatus
-from ._pg_sql import CP_PARAMS, CP_UPSERT_TAIL, notice_argument
+from ._pg_sql import CP_PARAMS, CP_UPSERT_TAIL, RUNNING, notice_argument, only_checked
 from ._rows import CP_COLUMNS, is_row_error
 from .base import SettleResult
 
@@ -82,7 +84,7 @@ _BATCH = f"""
         UPDATE durably_runs r SET status = s.status, output = s.output, error = s.error,
             wake_at = s.wake_at, locked_by = NULL, locked_until = NULL, updated_at = s.now
         FROM s
-        WHERE r.id = s.id AND r.status = 'running' AND r.locked_by = s.owner
+        WHERE r.id = s.id AND {only_checked("r.status = 'running'")} AND r.locked_by = s.owner
             AND (s.terminal OR r.wake_requested_at IS NULL) AND (SELECT n FROM locked) >= 0
         RETURNING r.id, s.terminal, r.watched
     ), cleared AS (
@@ -100,6 +102,34 @@ _BATCH = f"""
     FROM settled
 """
 
+# _BATCH that also pushes the tasks of the dispatched steps it writes (the
+# ``db`` transport's messages, OutboxStore): a task goes in only with its
+# checkpoint (joined on ``held``, so a lost lease sends nothing), in the
+# order given, and its topic is notified at commit as a push would.
+_BATCH_SENDING = (
+    _BATCH.replace(
+        """
+    SELECT run_id AS id, seq, NULL::boolean AS notified FROM held""",
+        """
+    , pushed AS (
+        INSERT INTO durably_messages (topic, body, priority, available_at, created_at)
+        SELECT m.topic, m.body, m.priority, 0, $35::bigint
+        FROM unnest($30::text[], $31::integer[], $32::text[], $33::text[], $34::integer[])
+            WITH ORDINALITY AS m(run_id, seq, topic, body, priority, n)
+        JOIN held h ON h.run_id = m.run_id AND h.seq = m.seq
+        ORDER BY m.n
+        RETURNING topic
+    )
+    SELECT run_id AS id, seq, NULL::boolean AS notified FROM held""",
+    )
+    + f"""
+    UNION ALL
+    SELECT NULL, NULL,
+        pg_notify($28, '{StoreNotice.MESSAGE}:' || {notice_argument("t.topic")}) IS NULL
+    FROM (SELECT DISTINCT topic FROM pushed) AS t
+"""
+)
+
 # The latency path: a lone run's last result and its terminal settle. Plain
 # parameters instead of one array per column, and the settle's own lease check
 # fences the checkpoint (a terminal settle succeeds exactly when the lease is
@@ -111,7 +141,7 @@ _FINAL_SETTLE = f"""
         UPDATE durably_runs SET status = $20::text, output = $21::text, error = $22::text,
             wake_at = $23::bigint, locked_by = NULL, locked_until = NULL,
             updated_at = $24::bigint
-        WHERE id = $1::text AND status = 'running' AND locked_by = $19::text
+        WHERE id = $1::text AND {RUNNING} AND locked_by = $19::text
         RETURNING id, watched
     ), saved AS (
         INSERT INTO durably_checkpoints ({CP_COLUMNS})
@@ -137,10 +167,10 @@ _FINAL = f"""{_FINAL_SETTLE}, cleared AS (
 # its ~0.4 ms round trip (bench/RESULTS.md, 2026-12-02).
 _FINAL_NO_WAITERS = f"{_FINAL_SETTLE}{_FINAL_ANSWER}"
 
-_STILL_HELD = """
+_STILL_HELD = f"""
     SELECT r.id FROM durably_runs r
     JOIN unnest($1::text[], $2::text[]) AS v(id, owner) ON r.id = v.id
-    WHERE r.status = 'running' AND r.locked_by = v.owner
+    WHERE {only_checked("r.status = 'running'")} AND r.locked_by = v.owner
 """
 
 Acquire = Callable[[], AbstractAsyncContextManager[Any]]
@@ -154,6 +184,9 @@ Acquire = Callable[[], AbstractAsyncContextManager[Any]]
 _LINGER = 6
 _RESULTS = frozenset({"completed", "running"})
 
+_Outbox = dict[tuple[str, int], list[OutMessage]]
+"""Messages to push, by the (run id, seq) of the checkpoint they go out with."""
+
 
 class PgWriteBatcher:
     """Queues fenced checkpoint upserts and settles; commits them in batches."""
@@ -165,15 +198,27 @@ class PgWriteBatcher:
             tuple[str, int], tuple[tuple[Any, ...], list[asyncio.Future[bool]]]
         ] = {}
         self._settles: list[tuple[tuple[Any, ...], asyncio.Future[SettleResult]]] = []
+        # Messages to push with the checkpoint of their position (OutboxStore).
+        self._outbox: _Outbox = {}
         self._wakeup = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
         self._task: asyncio.Task[None] | None = None
 
-    def save_checkpoint(self, params: tuple[Any, ...], owner: str) -> asyncio.Future[bool]:
-        """Queue a fenced upsert (``params`` as the store's checkpoint tuple)."""
+    def save_checkpoint(
+        self,
+        params: tuple[Any, ...],
+        owner: str,
+        messages: list[OutMessage] | None = None,
+    ) -> asyncio.Future[bool]:
+        """Queue a fenced upsert (``params`` as the store's checkpoint tuple);
+        ``messages`` go into the queue in its transaction if it is written."""
         future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         key = (params[0], params[1])
+        if messages:
+            # Kept if a later write of the position supersedes this one: the
+            # caller heard nothing yet, so both are one write to it.
+            self._outbox.setdefault(key, []).extend(messages)
         # A later write of the same position within one batch supersedes the
         # earlier one (a multi-row upsert may touch each row once).
         waiting = self._checkpoints.pop(key, None)
@@ -215,10 +260,11 @@ class PgWriteBatcher:
             self._wakeup.clear()
             checkpoints, self._checkpoints = self._checkpoints, {}
             settles, self._settles = self._settles, []
+            outbox, self._outbox = self._outbox, {}
             if not checkpoints and not settles:
                 self._idle.set()
                 continue
-            error = await self._commit(checkpoints, settles)
+            error = await self._commit(checkpoints, settles, outbox)
             if error is not None and len(checkpoints) + len(settles) > 1 and is_row_error(error):
                 # One row the database refused undid the whole batch: write
                 # each again alone so only that row's owner hears of it.
@@ -227,7 +273,7 @@ class PgWriteBatcher:
                     len(checkpoints) + len(settles),
                     error,
                 )
-                await self._one_by_one(checkpoints, settles)
+                await self._one_by_one(checkpoints, settles, outbox)
             elif error is not None:
                 _log.warning(
                     "a batch of %d writes failed: %s", len(checkpoints) + len(settles), error
@@ -240,12 +286,13 @@ class PgWriteBatcher:
         self,
         checkpoints: dict[tuple[str, int], tuple[tuple[Any, ...], list[asyncio.Future[bool]]]],
         settles: list[tuple[tuple[Any, ...], asyncio.Future[SettleResult]]],
+        outbox: _Outbox,
     ) -> Exception | None:
         """Write one batch and answer its callers; the error that undid it, if any."""
         delivered = False
         try:
             async with self._acquire() as conn:
-                held, settled = await self._write(conn, checkpoints, settles)
+                held, settled = await self._write(conn, checkpoints, settles, outbox)
                 # Committed: answer now, not after the connection's release.
                 # Settles first: a settle's turn hands its run's outcome to the
                 # caller waiting on it, so it goes first in the loop's queue
@@ -266,6 +313,7 @@ class PgWriteBatcher:
         self,
         checkpoints: dict[tuple[str, int], tuple[tuple[Any, ...], list[asyncio.Future[bool]]]],
         settles: list[tuple[tuple[Any, ...], asyncio.Future[SettleResult]]],
+        outbox: _Outbox,
     ) -> None:
         """Write each checkpoint, then each settle, in a transaction of its own.
 
@@ -274,7 +322,8 @@ class PgWriteBatcher:
         """
         broken: dict[str, Exception] = {}
         for key, entry in checkpoints.items():
-            error = await self._commit({key: entry}, [])
+            sending = {key: outbox[key]} if key in outbox else {}
+            error = await self._commit({key: entry}, [], sending)
             if error is not None:
                 _fail_all({key: entry}, [], error)
                 broken.setdefault(key[0], error)
@@ -283,7 +332,7 @@ class PgWriteBatcher:
             if run_error is not None:
                 _fail(settle[1], run_error)
                 continue
-            error = await self._commit({}, [settle])
+            error = await self._commit({}, [settle], {})
             if error is not None:
                 _fail(settle[1], error)
 
@@ -292,16 +341,21 @@ class PgWriteBatcher:
         must see committed before it can queue its next write."""
         if self._settles or not self._checkpoints:
             return False
-        return all(row[4] in _RESULTS for row, _ in self._checkpoints.values())
+        # A checkpoint sending its step's task is usually the last write of
+        # its turn (which parks on it): its settle commits with it.
+        return all(
+            row[4] in _RESULTS or key in self._outbox for key, (row, _) in self._checkpoints.items()
+        )
 
     async def _write(
         self,
         conn: Any,
         checkpoints: dict[tuple[str, int], tuple[tuple[Any, ...], list[asyncio.Future[bool]]]],
         settles: list[tuple[tuple[Any, ...], asyncio.Future[SettleResult]]],
+        outbox: _Outbox,
     ) -> tuple[set[tuple[str, int]], list[SettleResult]]:
         cp_rows = [row for row, _ in checkpoints.values()]
-        if len(cp_rows) == 1 and len(settles) == 1:
+        if len(cp_rows) == 1 and len(settles) == 1 and not outbox:
             row, settle = cp_rows[0], settles[0][0]
             # (run_id, owner) of the checkpoint and the settle; a terminal settle
             if (row[0], row[18]) == (settle[0], settle[1]) and settle[7]:
@@ -317,11 +371,20 @@ class PgWriteBatcher:
             first.setdefault(params[0], params)
         settle_rows = [params[:8] for params in first.values()]
         runs = list({row[0] for row in cp_rows} | first.keys())
-        rows = await conn.fetch(
-            _BATCH, *_columns(cp_rows, 19), *_columns(settle_rows, 8), self._channel, runs
-        )
+        args: list[Any] = [*_columns(cp_rows, 19), *_columns(settle_rows, 8), self._channel, runs]
+        if outbox:
+            sent = [(key, m) for key, messages in outbox.items() for m in messages]
+            args += [
+                [key[0] for key, _ in sent],
+                [key[1] for key, _ in sent],
+                [m.topic for _, m in sent],
+                [m.body for _, m in sent],
+                [int(m.priority) for _, m in sent],
+                int(time.time() * 1000),
+            ]
+        rows = await conn.fetch(_BATCH_SENDING if outbox else _BATCH, *args)
         held = {(row["id"], row["seq"]) for row in rows if row["seq"] is not None}
-        done = {row["id"] for row in rows if row["seq"] is None}
+        done = {row["id"] for row in rows if row["seq"] is None and row["id"] is not None}
         missed = [p for p in settle_rows if p[0] not in done]
         still_held: set[str] = set()
         if missed:

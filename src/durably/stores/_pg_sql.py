@@ -8,8 +8,11 @@ __all__ = [
     "CP_PARAMS",
     "CP_UPSERT_TAIL",
     "NOTICE_ARGUMENT_BYTES",
+    "RUNNING",
     "RUNS_UNNEST",
+    "SUSPENDED",
     "notice_argument",
+    "only_checked",
 ]
 
 NOTICE_ARGUMENT_BYTES = 1024
@@ -27,6 +30,28 @@ def notice_argument(expr: str) -> str:
     changed" and which their polling covers.
     """
     return f"(CASE WHEN octet_length({expr}) <= {NOTICE_ARGUMENT_BYTES} THEN {expr} ELSE '' END)"
+
+
+def only_checked(predicate: str) -> str:
+    """SQL for ``predicate`` as a check of rows found otherwise, never a way to find them.
+
+    A statement that names its runs (``id = $1``, ``id = ANY(...)``) must reach
+    them through the primary key. But with many finished runs, ``ANALYZE``
+    finds no run ``running`` or ``suspended`` (too few to sample), and the
+    generic plan then prefers a ``status = 'running'`` condition, answered by
+    the range of ``durably_runs_updated (status, updated_at)``, over the key:
+    every live run, and the dead entries of recently finished ones, read once
+    per settle (bench/grow-explain.md, at 1,000,000 runs;
+    tests/stores/test_postgres_run_probes.py). In a ``WHERE`` clause
+    ``(...) IS TRUE`` keeps exactly the rows ``...`` keeps, and no index answers it.
+    """
+    return f"({predicate}) IS TRUE"
+
+
+RUNNING = only_checked("status = 'running'")
+"""``status = 'running'`` in a statement that names its runs (see :func:`only_checked`)."""
+SUSPENDED = only_checked("status = 'suspended'")
+"""``status = 'suspended'`` in a statement that names its runs (see :func:`only_checked`)."""
 
 
 CP_PARAMS = (

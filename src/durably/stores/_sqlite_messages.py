@@ -25,7 +25,7 @@ from .._queue import PUSH_CHUNK, Listener, Message, OutMessage, Unlisten
 if TYPE_CHECKING:
     from ._sqlite_thread import SqliteThread
 
-__all__ = ["SqliteMessageQueue"]
+__all__ = ["SqliteMessageQueue", "insert_messages"]
 
 _T = TypeVar("_T")
 
@@ -87,26 +87,8 @@ class SqliteMessageQueue:
         process's listeners of their topics."""
         if not messages:
             return
-        created = int(time.time() * 1000)
-        rows = [
-            (m.topic, m.body, int(m.priority), int(m.available_at or 0), created) for m in messages
-        ]
-
-        def op(conn: sqlite3.Connection) -> None:
-            width = len(rows[0])
-            most = conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) // width
-            chunk = max(1, min(PUSH_CHUNK, most))
-            for start in range(0, len(rows), chunk):
-                part = rows[start : start + chunk]
-                marks = ",".join(["(?,?,?,?,?)"] * len(part))
-                conn.execute(
-                    "INSERT INTO durably_messages "
-                    f"(topic, body, priority, available_at, created_at) VALUES {marks}",
-                    [value for row in part for value in row],
-                )
-
-        await self._run(op)
-        self._tell(StoreNotice.MESSAGE, list(dict.fromkeys(m.topic for m in messages)))
+        await self._run(lambda conn: insert_messages(conn, messages))
+        self.announce(messages)
 
     async def claim(
         self, topics: list[str], owner: str, limit: int, lease_ms: int, now: int
@@ -200,12 +182,40 @@ class SqliteMessageQueue:
 
         return unlisten
 
+    def ready_in(self, conn: sqlite3.Connection) -> None:
+        """Create the table in ``conn``'s transaction unless done already
+        (for the store's writes that push into it)."""
+        if not self._created:
+            _create(conn)
+            self._created = True
+
+    def announce(self, messages: list[OutMessage]) -> None:
+        """Wake this process's listeners of the topics of ``messages``, pushed
+        and committed (by :meth:`push`, or with a checkpoint by the store)."""
+        self._tell(StoreNotice.MESSAGE, list(dict.fromkeys(m.topic for m in messages)))
+
     def _tell(self, kind: str, arguments: list[str]) -> None:
         for loop, listener in list(_LISTENERS.get(self._key, ())):
             for argument in arguments:
                 # A loop that closed has nobody listening any more.
                 with contextlib.suppress(RuntimeError):
                     loop.call_soon_threadsafe(listener, kind, argument)
+
+
+def insert_messages(conn: sqlite3.Connection, messages: list[OutMessage]) -> None:
+    """Insert ``messages`` in order (multi-row INSERTs), in the caller's transaction."""
+    created = int(time.time() * 1000)
+    rows = [(m.topic, m.body, int(m.priority), int(m.available_at or 0), created) for m in messages]
+    most = conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) // 5
+    chunk = max(1, min(PUSH_CHUNK, most))
+    for start in range(0, len(rows), chunk):
+        part = rows[start : start + chunk]
+        marks = ",".join(["(?,?,?,?,?)"] * len(part))
+        conn.execute(
+            "INSERT INTO durably_messages "
+            f"(topic, body, priority, available_at, created_at) VALUES {marks}",
+            [value for row in part for value in row],
+        )
 
 
 def _create(conn: sqlite3.Connection) -> None:

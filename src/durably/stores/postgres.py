@@ -26,12 +26,13 @@ import asyncio
 import dataclasses
 import functools
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .. import _attributes as attrcodec
 from .. import _codec as codec
 from .._notices import StoreNotice
+from .._queue import Message, OutMessage, SettledMessages
 from ..model import (
     TERMINAL_STATUSES,
     Checkpoint,
@@ -47,8 +48,8 @@ from ._pg_connection import PgConnection
 from ._pg_messages import PgMessageQueue
 from ._pg_sql import CP_PARAMS as _CP_PARAMS
 from ._pg_sql import CP_UPSERT_TAIL as _CP_UPSERT_TAIL
+from ._pg_sql import RUNNING, SUSPENDED, notice_argument
 from ._pg_sql import RUNS_UNNEST as _RUNS_UNNEST
-from ._pg_sql import notice_argument
 from ._pg_starts import PgStartBatcher
 from ._rows import (
     CP_COLUMNS,
@@ -748,7 +749,7 @@ class PostgresStore:
         """Keep the lease for one more turn."""
         row = await self._db.pool().fetchrow(
             "UPDATE durably_runs SET wake_requested_at = NULL, locked_until = $1 "
-            "WHERE id = $2 AND status = 'running' AND locked_by = $3 "
+            f"WHERE id = $2 AND {RUNNING} AND locked_by = $3 "
             f"RETURNING {_SELECT_RUN}",
             lease_until,
             run_id,
@@ -760,7 +761,7 @@ class PostgresStore:
         """Extend our lease."""
         done = await self._db.pool().fetchval(
             "UPDATE durably_runs SET locked_until = $1 "
-            "WHERE id = $2 AND status = 'running' AND locked_by = $3 RETURNING true",
+            f"WHERE id = $2 AND {RUNNING} AND locked_by = $3 RETURNING true",
             lease_until,
             run_id,
             owner,
@@ -793,7 +794,7 @@ class PostgresStore:
         sql = (
             "UPDATE durably_runs SET status = $1, output = $2, error = $3, wake_at = $4, "
             "locked_by = NULL, locked_until = NULL, updated_at = $5 "
-            f"WHERE id = $6 AND status = 'running' AND locked_by = $7{guard} RETURNING true"
+            f"WHERE id = $6 AND {RUNNING} AND locked_by = $7{guard} RETURNING true"
         )
         params = (
             status.value,
@@ -816,7 +817,7 @@ class PostgresStore:
         if await pool.fetchval(sql, *params):
             return SettleResult.SETTLED
         held = await pool.fetchval(
-            "SELECT true FROM durably_runs WHERE id = $1 AND status = 'running' AND locked_by = $2",
+            f"SELECT true FROM durably_runs WHERE id = $1 AND {RUNNING} AND locked_by = $2",
             run_id,
             owner,
         )
@@ -868,7 +869,7 @@ class PostgresStore:
         done = await self._db.pool().fetchval(
             "UPDATE durably_runs SET status = 'pending', locked_by = NULL, "
             "locked_until = NULL, updated_at = $1 "
-            "WHERE id = $2 AND status = 'running' AND locked_by = $3 "
+            f"WHERE id = $2 AND {RUNNING} AND locked_by = $3 "
             f"RETURNING (SELECT pg_notify($4, '{StoreNotice.PENDING}:')) IS NULL",
             now,
             run_id,
@@ -897,7 +898,7 @@ class PostgresStore:
         """Record (or clear) the turn a run leased by ``owner`` awaits."""
         done = await self._db.pool().fetchval(
             "UPDATE durably_runs SET awaiting_decision_task_id = $1 "
-            "WHERE id = $2 AND status = 'running' AND locked_by = $3 RETURNING true",
+            f"WHERE id = $2 AND {RUNNING} AND locked_by = $3 RETURNING true",
             task_id,
             run_id,
             owner,
@@ -919,7 +920,7 @@ class PostgresStore:
             row = await conn.fetchrow(
                 "UPDATE durably_runs SET status = 'running', locked_by = $1, locked_until = $2, "
                 "wake_at = NULL, wake_requested_at = NULL, awaiting_decision_task_id = NULL, "
-                "updated_at = $3 WHERE id = $4 AND status = 'suspended' "
+                f"updated_at = $3 WHERE id = $4 AND {SUSPENDED} "
                 f"AND awaiting_decision_task_id = $5 RETURNING {_SELECT_RUN}",
                 owner,
                 lease_until,
@@ -949,7 +950,7 @@ class PostgresStore:
         """Push back the re-drive time of a run awaiting a decision."""
         done = await self._db.pool().fetchval(
             "UPDATE durably_runs SET wake_at = greatest(coalesce(wake_at, 0), $1), "
-            "updated_at = $2 WHERE id = $3 AND status = 'suspended' "
+            f"updated_at = $2 WHERE id = $3 AND {SUSPENDED} "
             "AND awaiting_decision_task_id IS NOT NULL RETURNING true",
             wake_at,
             now,
@@ -1053,7 +1054,7 @@ class PostgresStore:
                 "locked_by = NULL, locked_until = NULL, updated_at = $1, "
                 "status = CASE WHEN recovery_attempts + 1 > $2 THEN 'dead' ELSE 'pending' END "
                 "WHERE id IN (SELECT id FROM durably_runs WHERE id = ANY($3::text[]) "
-                "AND status = 'running' AND (locked_until IS NULL OR locked_until < $1) "
+                f"AND {RUNNING} AND (locked_until IS NULL OR locked_until < $1) "
                 "FOR UPDATE SKIP LOCKED) "
                 "RETURNING id, status, recovery_attempts",
                 now,
@@ -1167,7 +1168,7 @@ class PostgresStore:
         return await self._ids(
             "UPDATE durably_runs SET wake_at = $1, wake_requested_at = NULL "
             "WHERE id IN (SELECT id FROM durably_runs WHERE id = ANY($2::text[]) "
-            "AND status = 'suspended' AND (wake_at <= $3 OR wake_requested_at IS NOT NULL) "
+            f"AND {SUSPENDED} AND (wake_at <= $3 OR wake_requested_at IS NOT NULL) "
             "AND (locked_by IS NULL OR locked_until IS NULL OR locked_until < $3) "
             "FOR UPDATE SKIP LOCKED) "
             "RETURNING id",
@@ -1222,6 +1223,13 @@ class PostgresStore:
         """Upsert under the lease (never replacing a completed checkpoint),
         committed together with other turns' writes."""
         return self._writes().save_checkpoint(checkpoint_params(checkpoint), owner)
+
+    def save_checkpoint_sending(
+        self, checkpoint: Checkpoint, owner: str, messages: list[OutMessage]
+    ) -> asyncio.Future[bool]:
+        """:meth:`save_checkpoint` that pushes ``messages`` into the message
+        queue in its transaction, if the lease held (``OutboxStore``)."""
+        return self._writes().save_checkpoint(checkpoint_params(checkpoint), owner, messages)
 
     async def _save_checkpoint_alone(self, checkpoint: Checkpoint, owner: str) -> bool:
         """Upsert under the lease, in a statement of its own."""
@@ -1302,6 +1310,36 @@ class PostgresStore:
             )
         await self._wake_waiters(waiter_runs, now)
         return answers, leased
+
+    async def claim_and_resolve(
+        self,
+        topics: list[str],
+        limit: int,
+        visible_at: int,
+        decode: Callable[[list[Message]], tuple[Any, list[Resolution]]],
+        now: int,
+        lease: TurnLease | None,
+        delete: Sequence[int] = (),
+    ) -> SettledMessages:
+        """Take step results off the message queue and settle them, in one
+        transaction (``ResultSettlingStore``)."""
+        leased: dict[str, tuple[Run, dict[int, Checkpoint]]] = {}
+        async with self._db.transaction() as conn:
+            rows = await conn.fetch(_TAKE_MESSAGES, topics, visible_at, limit, list(delete))
+            messages = sorted(
+                (
+                    Message(r["id"], r["topic"], r["body"], r["priority"], r["deliveries"])
+                    for r in rows
+                    if not r["deleted"]
+                ),
+                key=lambda m: (-m.priority, m.id),
+            )
+            decoded, resolutions = decode(messages)
+            answers, waiter_runs = await self._resolve_in(
+                conn, resolutions, now, lease=None if lease is None else (lease, leased)
+            )
+        await self._wake_waiters(waiter_runs, now)
+        return SettledMessages(messages, decoded, answers, leased)
 
     async def _resolve_in(
         self,
@@ -2034,6 +2072,24 @@ _RECORD_BEATS = """
 skips the rows another transaction holds (a result being settled, a turn's
 write): waiting on them while holding the others could deadlock against that
 transaction; the caller writes those alone."""
+
+# The results consumer's claim, settle and ack in one: the rows are deleted in
+# the settle's transaction (rolled back with it), and SKIP LOCKED leaves the
+# rows another consumer's open transaction took to it.
+# The served tasks named in $4 (whose results this settle carries) go too.
+_TAKE_MESSAGES = """
+    DELETE FROM durably_messages
+    WHERE id = ANY($4::bigint[]) OR id IN (
+        SELECT id FROM durably_messages
+        WHERE topic = ANY($1::text[]) AND available_at <= $2
+            AND (claimed_until IS NULL OR claimed_until < $2)
+        ORDER BY priority DESC, id
+        LIMIT $3
+        FOR UPDATE SKIP LOCKED
+    )
+    RETURNING id, topic, body, priority, deliveries + 1 AS deliveries,
+        id = ANY($4::bigint[]) AS deleted
+"""
 
 _LEASE_WOKEN = (
     "WITH r AS (UPDATE durably_runs SET status = 'running', locked_by = $1, "

@@ -13,14 +13,16 @@ import asyncio
 import dataclasses
 import functools
 import inspect
+import json
 import os
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from .. import _attributes as attrcodec
 from .. import _codec as codec
+from .._queue import Message, OutMessage, SettledMessages
 from .._urls import redact_url
 from ..model import (
     TERMINAL_STATUSES,
@@ -55,7 +57,7 @@ from ._rows import (
     schedule_from_row,
     schedule_params,
 )
-from ._sqlite_messages import SqliteMessageQueue
+from ._sqlite_messages import SqliteMessageQueue, insert_messages
 from ._sqlite_schema import MIGRATIONS
 from ._sqlite_thread import SqliteThread
 from .base import (
@@ -1006,6 +1008,31 @@ class SqliteStore:
 
         return self._db.submit(op)
 
+    def save_checkpoint_sending(
+        self, checkpoint: Checkpoint, owner: str, messages: list[OutMessage]
+    ) -> asyncio.Future[bool]:
+        """:meth:`save_checkpoint` that pushes ``messages`` into the message
+        queue in its transaction, if the lease held (``OutboxStore``)."""
+        params = checkpoint_params(checkpoint)
+        run_id = checkpoint.run_id
+        queue = self.messages()
+
+        def op(conn: sqlite3.Connection) -> bool:
+            if not conn.execute(_HOLDS_LEASE, (run_id, owner)).fetchone():
+                return False
+            conn.execute(_UPSERT_CHECKPOINT, params)
+            queue.ready_in(conn)
+            insert_messages(conn, messages)
+            return True
+
+        def told(done: asyncio.Future[bool]) -> None:
+            if not done.cancelled() and done.exception() is None and done.result():
+                queue.announce(messages)
+
+        future = self._db.submit(op)
+        future.add_done_callback(told)
+        return future
+
     async def save_checkpoints(self, checkpoints: list[Checkpoint], owner: str) -> bool:
         """Upsert many checkpoints under the lease, in one transaction."""
         params = [checkpoint_params(cp) for cp in checkpoints]
@@ -1084,33 +1111,48 @@ class SqliteStore:
     ) -> tuple[list[int | None], dict[str, tuple[Run, dict[int, Checkpoint]]]]:
         """Settle the outcomes and lease the runs they wake, in one transaction."""
         values = _resolve_values(resolutions)
-        of, of_params = _of(lease.workflows)
-        sql = _lease_statement(len(lease.statuses), of)
-        statuses = [s.value for s in lease.statuses]
 
         def op(
             conn: sqlite3.Connection,
         ) -> tuple[list[int | None], dict[str, tuple[Run, dict[int, Checkpoint]]]]:
             leased: dict[str, tuple[Run, dict[int, Checkpoint]]] = {}
+            return _resolve_all(conn, values, now, _lease_woken(conn, lease, now, leased)), leased
 
-            def take(woken: list[str]) -> set[str]:
-                for run_id in woken[: max(0, lease.limit)]:
-                    params = [lease.owner, lease.lease_until, now, run_id, *statuses, now]
-                    row = conn.execute(sql, [*params, *of_params]).fetchone()
-                    if row is None:
-                        continue
-                    rows = conn.execute(
-                        f"SELECT {CP_SELECT} FROM durably_checkpoints WHERE run_id = ? "
-                        "ORDER BY seq",
-                        (run_id,),
-                    )
-                    leased[run_id] = (
-                        run_from_row(row),
-                        {r[1]: checkpoint_from_row(r) for r in rows},
-                    )
-                return set(leased)
+        return await self._db.run(op)
 
-            return _resolve_all(conn, values, now, take), leased
+    async def claim_and_resolve(
+        self,
+        topics: list[str],
+        limit: int,
+        visible_at: int,
+        decode: Callable[[list[Message]], tuple[Any, list[Resolution]]],
+        now: int,
+        lease: TurnLease | None,
+        delete: Sequence[int] = (),
+    ) -> SettledMessages:
+        """Take step results off the message queue and settle them, in one
+        transaction (``ResultSettlingStore``)."""
+        queue = self.messages()
+        params = (json.dumps(topics), visible_at, visible_at, limit)
+
+        deleted = json.dumps(list(delete)) if delete else None
+
+        def op(conn: sqlite3.Connection) -> SettledMessages:
+            queue.ready_in(conn)
+            if deleted is not None:
+                conn.execute(
+                    "DELETE FROM durably_messages WHERE id IN (SELECT value FROM json_each(?))",
+                    (deleted,),
+                )
+            messages = sorted(
+                (Message(*row) for row in conn.execute(_TAKE_MESSAGES, params).fetchall()),
+                key=lambda m: (-m.priority, m.id),
+            )
+            decoded, resolutions = decode(messages)
+            leased: dict[str, tuple[Run, dict[int, Checkpoint]]] = {}
+            take = None if lease is None else _lease_woken(conn, lease, now, leased)
+            answers = _resolve_all(conn, _resolve_values(resolutions), now, take)
+            return SettledMessages(messages, decoded, answers, leased)
 
         return await self._db.run(op)
 
@@ -1623,6 +1665,49 @@ def _migrate(conn: sqlite3.Connection) -> None:
 
 _Resolve = tuple[CheckpointStatus, str | None, str | None, str | None, str, int]
 """One outcome to settle: status, output, error, events (JSON), run id, seq."""
+
+
+def _lease_woken(
+    conn: sqlite3.Connection,
+    lease: TurnLease,
+    now: int,
+    leased: dict[str, tuple[Run, dict[int, Checkpoint]]],
+) -> Callable[[list[str]], set[str]]:
+    """How a settle leases the runs it wakes (into ``leased``, with their
+    histories) as ``lease`` says, for :func:`_resolve_all`."""
+    of, of_params = _of(lease.workflows)
+    sql = _lease_statement(len(lease.statuses), of)
+    statuses = [s.value for s in lease.statuses]
+
+    def take(woken: list[str]) -> set[str]:
+        for run_id in woken[: max(0, lease.limit)]:
+            params = [lease.owner, lease.lease_until, now, run_id, *statuses, now]
+            row = conn.execute(sql, [*params, *of_params]).fetchone()
+            if row is None:
+                continue
+            rows = conn.execute(
+                f"SELECT {CP_SELECT} FROM durably_checkpoints WHERE run_id = ? ORDER BY seq",
+                (run_id,),
+            )
+            leased[run_id] = (run_from_row(row), {r[1]: checkpoint_from_row(r) for r in rows})
+        return set(leased)
+
+    return take
+
+
+# The results consumer's claim, settle and ack in one (SQLite has one writer:
+# nothing else can take the rows while the transaction is open).
+_TAKE_MESSAGES = """
+    DELETE FROM durably_messages
+    WHERE id IN (
+        SELECT id FROM durably_messages
+        WHERE topic IN (SELECT value FROM json_each(?))
+            AND available_at <= ? AND (claimed_until IS NULL OR claimed_until < ?)
+        ORDER BY priority DESC, id
+        LIMIT ?
+    )
+    RETURNING id, topic, body, priority, deliveries + 1
+"""
 
 
 def _resolve_values(resolutions: list[Resolution]) -> list[_Resolve]:

@@ -18,14 +18,22 @@ from typing import Any, Protocol, runtime_checkable
 
 from .._queue import RunBroker
 from ..errors import DurablyError
+from ..model import Checkpoint, Run
+from ..stores.base import Resolution, TurnLease
 from ..wire import Heartbeat, StepResult, StepTask
 
 __all__ = [
     "CancelHandler",
+    "CheckpointSender",
     "EventCarrier",
     "HeartbeatHandler",
     "ResultHandler",
     "RunCarrier",
+    "SendWithCheckpoint",
+    "SettleTaken",
+    "SettlingConsumer",
+    "TakeResults",
+    "Taken",
     "TaskHandler",
     "Transport",
     "TransportError",
@@ -46,6 +54,12 @@ HeartbeatHandler = Callable[[Heartbeat], Awaitable[None]]
 
 CancelHandler = Callable[[list[str]], None]
 """Worker side: these runs were cancelled; handlers working for them should stop."""
+
+
+SendWithCheckpoint = Callable[[Checkpoint, str, list[StepTask]], Awaitable[bool]]
+"""``(checkpoint, lease owner, tasks)``: write the checkpoint under the owner's
+lease and send the tasks in the same transaction; ``False`` (nothing written,
+nothing sent) if the lease is lost. Raising means neither happened."""
 
 
 class TransportError(DurablyError):
@@ -137,6 +151,53 @@ class RunCarrier(Protocol):
 
     def run_queue(self) -> RunBroker:
         """A new carrier of the run queue (the transport must be open)."""
+
+
+@runtime_checkable
+class CheckpointSender(Protocol):
+    """A transport whose messages can live in the store's own database
+    (``db``): a dispatched step's task is then sent in the transaction that
+    writes its pending checkpoint, one commit where there were two, and no
+    crash can leave the checkpoint saved and the task unsent."""
+
+    def checkpoint_sender(self, store: object) -> SendWithCheckpoint | None:
+        """How to write a checkpoint and send tasks in one transaction of
+        ``store``; ``None`` if the transport's messages are not in that store."""
+
+
+Taken = tuple[list[StepResult], list[int | None], dict[str, tuple[Run, dict[int, Checkpoint]]]]
+"""Results taken off a transport and settled: the results, the store's answer
+for each (``resolve_checkpoints``), and the runs leased with their histories."""
+
+TakeResults = Callable[
+    [Callable[[list[StepResult]], list[Resolution]], int, TurnLease | None], Awaitable[Taken]
+]
+"""``take(resolutions_of, now, lease)``: in one transaction of the store, take
+a batch of results off the transport and settle ``resolutions_of(results)``
+at ``now`` (leasing woken runs with ``lease``, as ``resolve_and_lease``)."""
+
+SettleTaken = Callable[[TakeResults], Awaitable[None]]
+"""Engine side: settle a batch through ``take``, then wake or resume its runs."""
+
+
+@runtime_checkable
+class SettlingConsumer(Protocol):
+    """A transport whose results can live in the store's own database
+    (``db``): they are then taken off the queue in the transaction that
+    settles them, one commit where a claim, a settle and an ack were three,
+    and no result is ever acked unsettled or settled but still queued."""
+
+    async def consume_settling(
+        self,
+        store: object,
+        settle: SettleTaken,
+        on_results: ResultHandler,
+        on_heartbeat: HeartbeatHandler,
+    ) -> bool:
+        """Start the results consumer settling in ``store`` through
+        ``settle``; ``False`` (nothing started) if the transport's messages are
+        not in that store. ``on_results`` is the plain path, for a batch the
+        store refused as a whole (settled there entry by entry)."""
 
 
 TurnHandler = Callable[[Any], Awaitable[None]]

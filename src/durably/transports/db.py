@@ -13,6 +13,14 @@ store's :class:`~durably._queue.MessageQueue`:
 - The results consumer claims results and beats in batches of up to 256,
   hands them over, and acks them after; a batch whose handler raised is
   handed back and delivered again.
+- On the engine's own store (the usual case: ``Engine(url, transport="db://")``)
+  two stages share the store's transactions. A dispatched step's task is
+  pushed in the transaction that writes its pending checkpoint
+  (:meth:`checkpoint_sender`; a step without ``timeout`` also parks its run
+  in it): one commit, and no crash leaves the checkpoint without its task.
+  Results and beats are taken off the queue in the transaction that settles
+  them (:meth:`consume_settling`: deleted there, no claim lease, no ack);
+  a batch the store refuses is claimed and settled the plain way above.
 - Consumers wake on the queue's notifications (PostgreSQL ``LISTEN``; within
   the process on SQLite) and poll as a safety net (1 s; 50 ms on SQLite).
 - Cancel notices are ``NOTIFY <channel>, 'cancel:<run_id>'`` on PostgreSQL and
@@ -26,18 +34,39 @@ import contextlib
 import os
 import socket
 import uuid
-from collections.abc import Collection
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Collection
 
 from .. import _codec as codec
 from .._aio import wait_event
 from .._batch import BatchCall
 from .._logs import engine_logger
 from .._notices import StoreNotice
-from .._queue import Message, MessageQueue, MessageStore, OutMessage, Unlisten
+from .._queue import (
+    Message,
+    MessageQueue,
+    MessageStore,
+    OutboxStore,
+    OutMessage,
+    ResultSettlingStore,
+    Unlisten,
+)
 from ..clock import wall_ms
+from ..model import Checkpoint
+from ..stores._rows import is_row_error
+from ..stores.base import Resolution, TurnLease
 from ..wire import Heartbeat, StepResult, StepTask, WireError
 from ._db_runs import MessageRuns
-from .base import CancelHandler, HeartbeatHandler, ResultHandler, TaskHandler, TransportError
+from .base import (
+    CancelHandler,
+    HeartbeatHandler,
+    ResultHandler,
+    SendWithCheckpoint,
+    SettleTaken,
+    Taken,
+    TaskHandler,
+    TransportError,
+)
 
 __all__ = ["DbTransport"]
 
@@ -46,11 +75,44 @@ _log = engine_logger("durably.transport")
 RESULTS_TOPIC = "results"
 BEATS_TOPIC = "beats"
 _RESULT_BATCH = 256
+_SETTLED_MEMORY = 4096
+"""Steps settled here whose late beats are dropped (the newest so many)."""
 
 
 def task_topic(group: str) -> str:
     """The topic tasks routed to ``group`` go to."""
     return f"tasks:{group}"
+
+
+def _parse(
+    messages: list[Message], settled: Collection[str] = ()
+) -> tuple[list[StepResult], list[Heartbeat]]:
+    """The results and beats of taken messages, oldest first; a beat whose
+    step's result is among them (or ``settled`` already) says nothing new, a
+    malformed message is dropped."""
+    results: list[StepResult] = []
+    beats: list[Heartbeat] = []
+    for message in sorted(messages, key=lambda m: m.id):
+        try:
+            body = codec.loads(message.body)
+            if message.topic == BEATS_TOPIC:
+                beats.append(Heartbeat.from_wire(body))
+            else:
+                results.append(StepResult.from_wire(body))
+        except (ValueError, WireError) as exc:
+            _log.error("dropping a malformed %s message: %s", message.topic, exc)
+    finished = {result.step_id for result in results}
+    return results, [b for b in beats if b.step_id not in finished and b.step_id not in settled]
+
+
+def _result_message(result: StepResult) -> OutMessage:
+    return OutMessage(RESULTS_TOPIC, codec.dumps(result.to_wire()))
+
+
+def _task_messages(tasks: list[StepTask]) -> list[OutMessage]:
+    return [
+        OutMessage(task_topic(t.group), codec.dumps(t.to_wire()), t.priority or 0) for t in tasks
+    ]
 
 
 class DbTransport:
@@ -102,6 +164,15 @@ class DbTransport:
         self._results_loop: asyncio.Task[None] | None = None
         self._results_wake = asyncio.Event()
         self._acking: set[asyncio.Task[None]] = set()
+        # Results of tasks served here, settled by this transport's settling
+        # consumer in the transaction that deletes their tasks (no push, no
+        # take, no ack of their own): the served task's message by step id,
+        # the results waiting for the next settle, the tasks it deleted.
+        self._settling = False
+        self._task_of: dict[str, int] = {}
+        self._local: list[tuple[StepResult, int, asyncio.Future[None]]] = []
+        self._settled_tasks: set[int] = set()
+        self._settled_steps: OrderedDict[str, None] = OrderedDict()
         self._cancel_handlers: list[CancelHandler] = []
         # writes, batched while the previous batch commits
         # One write per batch, of whatever queued meanwhile: the queue chunks
@@ -125,6 +196,8 @@ class DbTransport:
                 return
             queue: MessageQueue = self.store.messages()
             self._unlisten = await queue.listen(self._heard)
+            # Makes the table: the store's checkpoint writes may push into it.
+            await queue.depth([])
             self._queue = queue
 
     def run_queue(self) -> MessageRuns:
@@ -146,6 +219,9 @@ class DbTransport:
         if loop is not None:
             loop.cancel()
             await asyncio.gather(loop, return_exceptions=True)
+        self._settling = False
+        local, self._local = self._local, []
+        await self._push_local(local)
         await self._pushes.drain()
         await asyncio.gather(*list(self._acking), return_exceptions=True)
         await self._acks.drain()
@@ -174,15 +250,29 @@ class DbTransport:
 
     # -- sending -----------------------------------------------------------------------
 
+    def checkpoint_sender(self, store: object) -> SendWithCheckpoint | None:
+        """Tasks go out with their checkpoints when ``store`` is this
+        transport's own (``CheckpointSender``)."""
+        if store is not self.store or not isinstance(store, OutboxStore):
+            return None
+        return self._send_with_checkpoint
+
+    def _send_with_checkpoint(
+        self, checkpoint: Checkpoint, owner: str, tasks: list[StepTask]
+    ) -> Awaitable[bool]:
+        # Not a coroutine: the write is queued now, in call order with the
+        # turn's other writes (its settle may follow before anything awaits it).
+        self._q()
+        store = self.store
+        assert isinstance(store, OutboxStore)
+        return store.save_checkpoint_sending(checkpoint, owner, _task_messages(tasks))
+
     async def dispatch(self, tasks: list[StepTask]) -> None:
         """Store the tasks in their groups' topics (one transaction)."""
         if not tasks:
             return
         try:
-            messages = [
-                OutMessage(task_topic(t.group), codec.dumps(t.to_wire()), t.priority or 0)
-                for t in tasks
-            ]
+            messages = _task_messages(tasks)
             # Through the batcher: a fan's tasks (and concurrent turns' ones)
             # go out in one transaction rather than one each.
             await self._pushes.many(messages)
@@ -192,8 +282,17 @@ class DbTransport:
             raise TransportError(f"could not dispatch {len(tasks)} task(s): {exc}") from exc
 
     async def send_result(self, result: StepResult) -> None:
-        """Store the result for the results consumers."""
-        await self._send(OutMessage(RESULTS_TOPIC, codec.dumps(result.to_wire())), "result")
+        """Store the result for the results consumers; the result of a task
+        served here is settled here, with its task's deletion, when this
+        transport settles in its own store (:meth:`consume_settling`)."""
+        message_id = self._task_of.get(result.step_id) if self._settling else None
+        if message_id is None:
+            await self._send(_result_message(result), "result")
+            return
+        settled: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._local.append((result, message_id, settled))
+        self._results_wake.set()
+        await settled
 
     async def send_heartbeat(self, beat: Heartbeat) -> None:
         """Store the beat for the results consumers."""
@@ -283,6 +382,7 @@ class DbTransport:
             self._task_wake.clear()
 
     async def _handle(self, message: Message, handler: TaskHandler) -> None:
+        step_id = ""
         try:
             try:
                 task = StepTask.from_wire(codec.loads(message.body))
@@ -292,6 +392,8 @@ class DbTransport:
                 with contextlib.suppress(Exception):  # if not, it comes back: dropped then
                     await self._acks(message.id)
                 return
+            step_id = task.step_id
+            self._task_of[step_id] = message.id
             try:
                 await handler(task)
             except asyncio.CancelledError:
@@ -306,12 +408,17 @@ class DbTransport:
                 await self._hand_back([message.id], wall_ms() + self.redeliver_delay_ms)
                 return
             self._finished(message.id)
+            if message.id in self._settled_tasks:
+                return  # deleted by the settle of its result
             try:
                 await self._acks(message.id)
             except Exception as exc:  # it comes back after its lease: at least once
                 _log.warning("could not ack task %s: %s", task.step_id, exc)
         finally:
             self._finished(message.id)
+            self._settled_tasks.discard(message.id)
+            if self._task_of.get(step_id) == message.id:
+                del self._task_of[step_id]
 
     def _finished(self, message_id: int) -> None:
         if self._running.pop(message_id, None) is not None:
@@ -363,6 +470,128 @@ class DbTransport:
         self._results_loop = asyncio.create_task(
             self._consume(on_results, on_heartbeat), name="durably-db-results"
         )
+
+    async def consume_settling(
+        self,
+        store: object,
+        settle: SettleTaken,
+        on_results: ResultHandler,
+        on_heartbeat: HeartbeatHandler,
+    ) -> bool:
+        """Take results and beats off the queue in the transaction that
+        settles them (``SettlingConsumer``), when ``store`` is this transport's own."""
+        self._q()
+        if store is not self.store or not isinstance(store, ResultSettlingStore):
+            return False
+        if self._results_loop is not None:
+            raise RuntimeError("this transport already has a results consumer")
+        self._results_loop = asyncio.create_task(
+            self._consume_settling(store, settle, on_results, on_heartbeat),
+            name="durably-db-results",
+        )
+        self._settling = True
+        return True
+
+    async def _consume_settling(
+        self,
+        store: ResultSettlingStore,
+        settle: SettleTaken,
+        on_results: ResultHandler,
+        on_heartbeat: HeartbeatHandler,
+    ) -> None:
+        topics = [RESULTS_TOPIC, BEATS_TOPIC]
+        while True:
+            self._results_wake.clear()
+            taken = 0
+            local: list[tuple[StepResult, int, asyncio.Future[None]]] = []
+
+            async def take(
+                resolutions_of: Callable[[list[StepResult]], list[Resolution]],
+                now: int,
+                lease: TurnLease | None,
+            ) -> Taken:
+                nonlocal taken, local
+                local, self._local = self._local, []
+                served = [result for result, _, _ in local]
+
+                def decode(
+                    messages: list[Message],
+                ) -> tuple[tuple[list[StepResult], list[Heartbeat]], list[Resolution]]:
+                    results, beats = _parse(messages, self._settled_steps)
+                    results = served + results
+                    return (results, beats), resolutions_of(results)
+
+                got = await store.claim_and_resolve(
+                    topics,
+                    _RESULT_BATCH,
+                    wall_ms(),
+                    decode,
+                    now,
+                    lease,
+                    delete=[message_id for _, message_id, _ in local],
+                )
+                taken = len(got.messages)
+                for result, message_id, settled in local:
+                    self._settled_tasks.add(message_id)
+                    # A beat it sent before may still be queued: never
+                    # delivered after its result (the consumer's promise).
+                    self._settled_steps[result.step_id] = None
+                    if len(self._settled_steps) > _SETTLED_MEMORY:
+                        self._settled_steps.popitem(last=False)
+                    if not settled.done():
+                        settled.set_result(None)
+                results, beats = got.decoded
+                for beat in beats:  # committed (deleted) already: fire and forget
+                    try:
+                        await on_heartbeat(beat)
+                    except Exception:
+                        _log.exception("heartbeat of %s could not be handled", beat.step_id)
+                return results, got.answers, got.leased
+
+            try:
+                await settle(take)
+            except Exception as exc:
+                # Results served here go the plain way (pushed; their tasks
+                # acked once their handlers return).
+                await self._push_local([item for item in local if not item[2].done()])
+                if is_row_error(exc):
+                    # A result the store refuses undid the transaction: this
+                    # batch goes the plain way, which settles it entry by entry.
+                    taken = await self._consume_once(topics, on_results, on_heartbeat)
+                else:
+                    _log.warning("could not take results: %s", exc)
+            if taken < _RESULT_BATCH and not self._local:
+                await wait_event(self._results_wake, self.poll_interval)
+
+    async def _push_local(self, local: list[tuple[StepResult, int, asyncio.Future[None]]]) -> None:
+        """Send results that were to be settled here as any other result."""
+        if not local:
+            return
+        try:
+            await self._pushes.many([_result_message(result) for result, _, _ in local])
+        except Exception as exc:
+            error = TransportError(f"could not send {len(local)} result(s): {exc}")
+            for _, _, settled in local:
+                if not settled.done():
+                    settled.set_exception(error)
+            return
+        for _, _, settled in local:
+            if not settled.done():
+                settled.set_result(None)
+
+    async def _consume_once(
+        self, topics: list[str], on_results: ResultHandler, on_heartbeat: HeartbeatHandler
+    ) -> int:
+        try:
+            claimed = await self._q().claim(
+                topics, self.owner, _RESULT_BATCH, self.lease_ms, wall_ms()
+            )
+        except Exception as exc:
+            _log.warning("could not claim results: %s", exc)
+            return 0
+        if claimed:
+            await self._deliver(claimed, on_results, on_heartbeat)
+        return len(claimed)
 
     async def _consume(self, on_results: ResultHandler, on_heartbeat: HeartbeatHandler) -> None:
         topics = [RESULTS_TOPIC, BEATS_TOPIC]

@@ -1,19 +1,40 @@
 """A narrow typed view of the untyped ``bullmq`` package, and the consumer
-(one BullMQ worker and its loop) the ``redis://`` transport serves queues with."""
+(one BullMQ worker and its loop) the ``redis://`` transport serves queues with.
+
+The worker is bullmq's, with its fetch loop and its job completion replaced
+(:class:`_BatchWorker`): it takes as many jobs as it has room for in one
+script call and finishes the jobs done meanwhile in one pipeline, with
+BullMQ's own scripts (see :mod:`._batched`). Locks, their renewal, the
+stalled-job check, failures and hand-backs are bullmq's unchanged.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 import redis.asyncio as aioredis
 from bullmq import DelayedError
+from bullmq import Job as _BullJob
 from bullmq import Queue as _BullQueue
 from bullmq import Worker as _BullWorker
+from bullmq.custom_errors import UnrecoverableError, WaitingChildrenError
+from bullmq.timer import Timer
 
 from ..._logs import engine_logger
+from ._batched import (
+    Call,
+    Collector,
+    Script,
+    move_to_active_args,
+    parse_taken,
+    run_scripts,
+    take_script,
+)
 
 _log = engine_logger("durably.transport")
 
@@ -24,6 +45,8 @@ class _Job(Protocol):
 
 
 class _QueueBackend(Protocol):
+    scripts: Any
+
     async def moveToDelayed(
         self, job_id: str, timestamp: int, delay: int, token: str, opts: dict[str, Any]
     ) -> Any: ...
@@ -54,6 +77,10 @@ class _Worker(Protocol):
 
 
 _Processor = Callable[[_Job, str], Awaitable[Any]]
+_GiveBack = Callable[[str, _Job, str], Awaitable[None]]
+
+_TAKE_MAX = 100
+"""Jobs taken in one script call at most (Redis runs nothing else meanwhile)."""
 
 
 def _new_queue(name: str, client: aioredis.Redis) -> _Queue:
@@ -70,13 +97,13 @@ class _Consumer:
         processor: _Processor,
         url: str,
         options: dict[str, Any],
-        give_back: Callable[[str, _Job, str], Awaitable[None]],
+        give_back: _GiveBack,
     ):
         # autorun off: bullmq's own ensure_future(run()) is untracked, and a
         # run() that starts after close() reconnects and leaks a connection.
         self.queue = queue
-        self.worker: _Worker = _BullWorker(
-            queue, processor, {"connection": url, **options, "autorun": False}
+        self.worker: _Worker = _BatchWorker(
+            queue, processor, {"connection": url, **options, "autorun": False}, give_back
         )
         self.worker.on("error", _worker_error(queue))
         self._give_back = give_back
@@ -131,3 +158,180 @@ def _worker_error(queue: str) -> Callable[..., None]:
         _log.warning("BullMQ worker on %s: %s", queue, error)
 
     return report
+
+
+class _BatchWorker(_BullWorker):  # type: ignore[misc]  # bullmq is untyped
+    """bullmq's worker, taking and finishing jobs many at a time.
+
+    One loop: block on the queue's marker while the queue is dry (as bullmq
+    does), then take as many jobs as there is room for in one script call,
+    start each, and go on. A finished job's ``moveToFinished`` goes out with
+    the others finished meanwhile, in one pipeline.
+    """
+
+    running: bool
+    drained: bool
+    closing: bool
+
+    def __init__(
+        self, name: str, processor: _Processor, opts: dict[str, Any], give_back: _GiveBack
+    ) -> None:
+        super().__init__(name, processor, opts)
+        self._give_back = give_back
+        self._busy = 0
+        self._room = asyncio.Event()
+        self._take = take_script(Script.of(self.scripts.commands["moveToActive"]))
+        self._finishing: Collector[tuple[Any, Any, str], None] = Collector(self._finish_many)
+        self._batches = 0
+
+    async def run(self) -> None:
+        if self.running:
+            raise RuntimeError("Worker is already running")
+        await self._ensure_client_names()
+        self.lockManager.start()
+        self.stalledCheckTimer = Timer(
+            self.opts["stalledInterval"] / 1000, self.runStalledJobsCheck, self.emit
+        )
+        self.running = True
+        try:
+            while not self.closing:
+                room = self.opts["concurrency"] - self._busy
+                if room <= 0:
+                    self._room.clear()
+                    await self._room.wait()
+                    continue
+                self._batches += 1
+                batch = self._batches
+                fetch = asyncio.ensure_future(
+                    self.retryIfFailed(
+                        functools.partial(self._next_jobs, batch, min(room, _TAKE_MAX)),
+                        {"delay_in_ms": self.opts["runRetryDelay"], "only_emit_error": True},
+                    )
+                )
+                # bullmq's close() waits for what is in ``processing``: a
+                # fetch under way is finished (its jobs handed back) first.
+                self.processing.add(fetch)
+                try:
+                    jobs = await fetch
+                finally:
+                    self.processing.discard(fetch)
+                for job in jobs or ():
+                    self._start(job)
+            if self.processing:
+                await asyncio.wait(set(self.processing))
+        finally:
+            self.running = False
+            if not self.closing:
+                for task in self.processing:
+                    task.cancel()
+                if self.processing:
+                    await asyncio.gather(*self.processing, return_exceptions=True)
+                self.processing.clear()
+            with contextlib.suppress(Exception):
+                self.stalledCheckTimer.stop()
+            await self.lockManager.close()
+
+    async def close(self, force: bool = False) -> None:
+        self.closing = True
+        self._room.set()
+        await super().close(force)
+
+    def _start(self, job: Any) -> None:
+        self._busy += 1
+        task = asyncio.ensure_future(self.processJob(job, job.token))
+        self.processing.add(task)
+        task.add_done_callback(self._ended)
+
+    def _ended(self, task: asyncio.Future[Any]) -> None:
+        self.processing.discard(task)
+        self._busy -= 1
+        self._room.set()
+
+    async def _next_jobs(self, batch: int, room: int) -> list[Any]:
+        """Jobs to process: up to ``room``, blocking on the marker while the queue is dry."""
+        if self.drained:
+            self.waiting = asyncio.ensure_future(self.waitForJob())
+            try:
+                self.blockUntil = await self.waiting
+            except asyncio.CancelledError:
+                if not self.closing:
+                    raise
+                return []  # close() ended the wait
+            finally:
+                self.waiting = None
+            if self.blockUntil > 0 and self.blockUntil > int(time.time() * 1000):
+                return []  # the next job is a delayed one: wait until it is due
+        token = f"{self.id}:{batch}"
+        keys, args = move_to_active_args(self.keys, token, self.opts["lockDuration"], room)
+        (reply,) = await run_scripts(self.client, [Call(self._take, keys, args)])
+        if isinstance(reply, BaseException):
+            raise reply
+        taken, delay_until = parse_taken(reply)
+        self.drained = len(taken) < room
+        self.blockUntil = delay_until if self.drained else 0
+        jobs = []
+        for i, (raw, job_id) in enumerate(taken, start=1):
+            job = _BullJob.fromJSON(self, raw, job_id)
+            job.token = f"{token}:{i}"
+            jobs.append(job)
+        if self.closing:
+            # Taken while closing: nobody here will process them.
+            for job in jobs:
+                await self._give_back(self.name, job, job.token)
+            return []
+        return jobs
+
+    async def processJob(self, job: Any, token: str) -> None:
+        """bullmq's ``processJob``, with the completion batched."""
+        try:
+            self.jobs.add((job, token))
+            self.lockManager.track_job(job.id, token, int(time.time() * 1000))
+            if job.deferredFailure:
+                await job.moveToFailed(UnrecoverableError(job.deferredFailure), token)
+                self.emit("failed", job, UnrecoverableError(job.deferredFailure))
+                return
+            result = await self.processor(job, token)
+            if not self.forceClosing:
+                await self._finishing.add((job, result, token))
+                job.attemptsMade = job.attemptsMade + 1
+            self.emit("completed", job, result)
+        except (DelayedError, WaitingChildrenError):
+            return
+        except Exception as err:
+            try:
+                if not self.forceClosing:
+                    await job.moveToFailed(err, token)
+                self.emit("failed", job, err)
+            except Exception as again:
+                self.emit("error", again, job)
+        finally:
+            self.jobs.discard((job, token))
+            self.lockManager.untrack_job(job.id)
+
+    async def _finish_many(self, done: list[tuple[Any, Any, str]]) -> list[BaseException | None]:
+        script = Script.of(self.scripts.commands["moveToFinished"])
+        calls = []
+        for job, result, token in done:
+            keys, args = self.scripts.moveToCompletedArgs(
+                job, result, job.opts.get("removeOnComplete", False), token, False
+            )
+            calls.append(Call(script, keys, args))
+        replies = await run_scripts(self.client, calls)
+        outcomes: list[BaseException | None] = []
+        for (job, _, _), reply in zip(done, replies, strict=True):
+            if isinstance(reply, BaseException):
+                outcomes.append(reply)
+            elif isinstance(reply, int) and reply < 0:
+                outcomes.append(
+                    self.scripts.finishedErrors(
+                        {
+                            "code": reply,
+                            "jobId": job.id,
+                            "command": "moveToFinished",
+                            "state": "active",
+                        }
+                    )
+                )
+            else:
+                outcomes.append(None)
+        return outcomes

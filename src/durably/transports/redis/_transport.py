@@ -12,12 +12,11 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Collection
-from typing import Any, Generic, NoReturn, TypeVar
+from typing import Any, NoReturn
 
 import redis.asyncio as aioredis
 from redis.asyncio.client import PubSub
 
-from ..._aio import wait_event
 from ..._logs import engine_logger
 from ..._notices import StoreNotice
 from ..._urls import redact_url
@@ -31,6 +30,7 @@ from ..base import (
     TurnHandler,
 )
 from . import _turns
+from ._batched import Collector, add_job_call, check_added, run_scripts
 from ._bullmq import _Consumer, _delayed, _Job, _new_queue, _Processor, _Queue
 from ._names import RedisNames, bullmq_priority, split_url
 from ._runs import RedisRuns
@@ -40,10 +40,6 @@ _EVENTS = "durably.events"
 """The control notice kind of lifecycle events (ours; upstream instances ignore it)."""
 
 _RESULT_BATCH = 256
-_RESULT_WINDOW_S = 0.002
-"""How long a results batch stays open for one more result."""
-_RESULT_WINDOW_MAX_S = 0.05
-"""How long a growing results batch stays open at most."""
 _BEAT_TTL_MS = 30_000
 _SETTLED_MEMORY = 10_000
 """Step ids of recently delivered results, so a late beat for one is dropped."""
@@ -58,7 +54,6 @@ _SILENT_S = 10.0
 _OPEN_RETRY_FIRST_S = 0.25
 _OPEN_RETRY_MAX_S = 5.0
 _REPORT_EVERY_S = 60.0
-_T = TypeVar("_T")
 
 
 def _now_ms() -> int:
@@ -121,7 +116,6 @@ class RedisTransport:
         self._on_heartbeat: HeartbeatHandler | None = None
         self._batch: list[tuple[StepResult, asyncio.Future[bool]]] = []
         self._flush: asyncio.Task[None] | None = None
-        self._batch_full = asyncio.Event()
         self._settled: OrderedDict[str, None] = OrderedDict()
         # pub/sub
         self._cancel_handlers: list[CancelHandler] = []
@@ -132,8 +126,8 @@ class RedisTransport:
         """Subscriptions replaced by the watchdog (for tests and metrics)."""
         self.malformed: dict[str, int] = {}
         """Malformed messages dropped, per channel."""
-        # sends, batched while the previous batch is written
-        self._results_out: _Batcher[dict[str, Any]] = _Batcher(self._write_results)
+        # tasks and results added, batched while the previous batch is written
+        self._adding: Collector[list[tuple[str, dict[str, Any]]], None] = Collector(self._add_jobs)
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> RedisTransport:
@@ -209,7 +203,7 @@ class RedisTransport:
             with contextlib.suppress(Exception):
                 await pubsub.aclose()  # type: ignore[no-untyped-call]  # untyped in redis-py
         self._pubsubs.clear()
-        await self._results_out.drain()
+        await self._adding.drain()
         client, self._client = self._client, None
         self._queues.clear()
         if client is not None:
@@ -416,9 +410,7 @@ class RedisTransport:
             by_queue.setdefault(self.names.tasks(task.group), []).append(job)
         try:
             self._redis()
-            await asyncio.gather(
-                *(self._queue(name).addBulk(jobs) for name, jobs in by_queue.items())
-            )
+            await self._adding.add([(name, job) for name, jobs in by_queue.items() for job in jobs])
         except Exception as exc:
             raise TransportError(
                 f"could not dispatch {len(tasks)} task(s): {type(exc).__name__}: {exc}"
@@ -429,12 +421,29 @@ class RedisTransport:
         self._redis()
         job = {"name": "result", "data": result.to_wire(), "opts": dict(_OTHER_JOB_OPTS)}
         try:
-            await self._results_out.add(job)
+            await self._adding.add([(self.names.results, job)])
         except Exception as exc:
             raise TransportError(f"could not send a result: {type(exc).__name__}: {exc}") from exc
 
-    async def _write_results(self, jobs: list[dict[str, Any]]) -> None:
-        await self._queue(self.names.results).addBulk(jobs)
+    async def _add_jobs(
+        self, batches: list[list[tuple[str, dict[str, Any]]]]
+    ) -> list[BaseException | None]:
+        """Add the jobs of every caller's batch (tasks, results) in one
+        transaction; each batch fails alone if a job of it is refused."""
+        calls, owners = [], []
+        for owner, batch in enumerate(batches):
+            for name, job in batch:
+                scripts = self._queue(name).backend.scripts
+                calls.append(add_job_call(scripts, job["name"], job["data"], job["opts"]))
+                owners.append(owner)
+        replies = await run_scripts(self._redis(), calls, transaction=True)
+        outcomes: list[BaseException | None] = [None] * len(batches)
+        for owner, reply in zip(owners, replies, strict=True):
+            try:
+                check_added(reply)
+            except Exception as exc:
+                outcomes[owner] = outcomes[owner] or exc
+        return outcomes
 
     async def send_heartbeat(self, beat: Heartbeat) -> None:
         """Publish the beat, and keep it as the step's latest for late listeners."""
@@ -649,8 +658,6 @@ class RedisTransport:
             return
         done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._batch.append((result, done))
-        if len(self._batch) >= _RESULT_BATCH:
-            self._batch_full.set()
         if self._flush is None or self._flush.done():
             self._flush = asyncio.create_task(self._flush_soon())
         if not await asyncio.shield(done):
@@ -658,20 +665,12 @@ class RedisTransport:
 
     async def _flush_soon(self) -> None:
         while self._batch:
-            # Results fetched together arrive a fraction of a ms apart: keep
-            # the batch open while it grows (up to a cap), so a burst is
-            # settled in a few store writes rather than one each, and a lone
-            # result waits only one short window.
-            cap = time.monotonic() + _RESULT_WINDOW_MAX_S
-            size = -1
-            while (
-                len(self._batch) != size
-                and len(self._batch) < _RESULT_BATCH
-                and time.monotonic() < cap
-            ):
-                size = len(self._batch)
-                self._batch_full.clear()
-                await wait_event(self._batch_full, _RESULT_WINDOW_S)
+            # The consumer takes results many per fetch and starts them all
+            # at once: one turn of the loop lets the whole fetch join the
+            # batch (and what arrived while the previous batch was settled is
+            # here already), so a burst is settled in a few store writes
+            # without holding a lone result back.
+            await asyncio.sleep(0)
             batch, self._batch = self._batch[:_RESULT_BATCH], self._batch[_RESULT_BATCH:]
             ok = True
             handler = self._on_results
@@ -720,37 +719,3 @@ class RedisTransport:
 
 async def _run_handler(handler: TaskHandler, task: StepTask) -> None:
     await handler(task)
-
-
-class _Batcher(Generic[_T]):
-    """Collects items while the previous batch is written; one write per batch."""
-
-    def __init__(self, write: Callable[[list[_T]], Awaitable[None]]) -> None:
-        self._write = write
-        self._items: list[tuple[_T, asyncio.Future[None]]] = []
-        self._task: asyncio.Task[None] | None = None
-
-    async def add(self, item: _T) -> None:
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._items.append((item, future))
-        if self._task is None or self._task.done():
-            self._task = asyncio.create_task(self._run())
-        await future
-
-    async def drain(self) -> None:
-        if self._task is not None:
-            await asyncio.gather(self._task, return_exceptions=True)
-
-    async def _run(self) -> None:
-        while self._items:
-            batch, self._items = self._items[:500], self._items[500:]
-            try:
-                await self._write([item for item, _ in batch])
-            except Exception as exc:
-                for _, future in batch:
-                    if not future.done():
-                        future.set_exception(exc)
-            else:
-                for _, future in batch:
-                    if not future.done():
-                        future.set_result(None)

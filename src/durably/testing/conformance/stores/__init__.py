@@ -12,6 +12,7 @@ from .children import *  # noqa: F403
 from .decisions import *  # noqa: F403
 from .events import *  # noqa: F403
 from .lifecycle import *  # noqa: F403
+from .outbox import *  # noqa: F403
 from .schedules import *  # noqa: F403
 from .signals import *  # noqa: F403
 from .steps import *  # noqa: F403

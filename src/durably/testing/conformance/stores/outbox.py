@@ -1,0 +1,308 @@
+"""The message-queue transactions of the SQL stores, proven on each store that has them.
+
+``OutboxStore.save_checkpoint_sending`` (a dispatched step's task pushed in
+the transaction that writes its checkpoint) and
+``ResultSettlingStore.claim_and_resolve`` (step results taken off the queue
+in the transaction that settles them): a batch of one, a batch of many, and
+two store objects racing. A store without a message queue (memory) skips.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from durably._queue import Message, OutboxStore, OutMessage, ResultSettlingStore
+from durably.model import RunStatus
+from durably.stores import StateStore
+from durably.stores.base import Resolution
+
+from .steps import (
+    COMPLETED,
+    NOW,
+    OWNER,
+    _leased,
+    _make_cp,
+    dispatched_cp,
+    lease_to,
+    parked,
+)
+
+if TYPE_CHECKING:
+    from .. import StoreFactory
+
+TOPIC = "tasks:g"
+RESULTS = "results"
+
+
+def _outbox(store: StateStore) -> OutboxStore:
+    if not isinstance(store, OutboxStore):
+        pytest.skip(f"{type(store).__name__} keeps no message queue")
+    return store
+
+
+def _settling(store: StateStore) -> ResultSettlingStore:
+    if not isinstance(store, ResultSettlingStore):
+        pytest.skip(f"{type(store).__name__} keeps no message queue")
+    return store
+
+
+async def _ready(store: Any) -> None:
+    """The queue's table exists (the db transport's open makes it)."""
+    await store.messages().depth([])
+
+
+async def _bodies(store: Any, topic: str) -> list[str]:
+    """The bodies queued in ``topic``, in claim order (claimed for good)."""
+    claimed = await store.messages().claim([topic], "reader", 10_000, 60_000, NOW * 2)
+    return [m.body for m in claimed]
+
+
+def _decode(messages: list[Message]) -> tuple[list[Message], list[Resolution]]:
+    """Each result message's body is ``run_id:seq``: complete that step."""
+    resolutions = []
+    for m in messages:
+        run_id, seq = m.body.rsplit(":", 1)
+        resolutions.append(Resolution(run_id, int(seq), COMPLETED, output=m.body))
+    return messages, resolutions
+
+
+async def test_a_checkpoint_sent_alone_writes_both(store: StateStore) -> None:
+    outbox = _outbox(store)
+    await _ready(store)
+    await _leased(store, "r1")
+
+    held = await outbox.save_checkpoint_sending(
+        dispatched_cp("r1", 1), OWNER, [OutMessage(TOPIC, "task-1")]
+    )
+
+    assert held is True
+    assert (await store.load_checkpoints("r1"))[1].dispatched_at == NOW + 1
+    assert await _bodies(store, TOPIC) == ["task-1"]
+
+
+async def test_a_checkpoint_whose_lease_is_lost_sends_nothing(store: StateStore) -> None:
+    outbox = _outbox(store)
+    await _ready(store)
+    await _leased(store, "r1", owner="someone-else")
+
+    held = await outbox.save_checkpoint_sending(
+        dispatched_cp("r1", 1), OWNER, [OutMessage(TOPIC, "task-1")]
+    )
+
+    assert held is False
+    assert await store.load_checkpoints("r1") == {}
+    assert await store.messages().depth() == {}  # type: ignore[attr-defined]
+
+
+async def test_many_checkpoints_sent_together_write_each_with_its_tasks(
+    store: StateStore,
+) -> None:
+    """Concurrent turns' writes (batched together by the store): each held
+    checkpoint goes out with its tasks in order; the one whose lease is lost
+    sends nothing, and plain writes in the same batch are unaffected."""
+    outbox = _outbox(store)
+    await _ready(store)
+    runs = [f"run-{n:02}" for n in range(20)]
+    for run_id in runs:
+        await _leased(store, run_id)
+    await _leased(store, "lost", owner="someone-else")
+
+    writes = [
+        outbox.save_checkpoint_sending(
+            dispatched_cp(run_id, 1),
+            OWNER,
+            [OutMessage(TOPIC, f"{run_id}:a"), OutMessage(TOPIC, f"{run_id}:b")],
+        )
+        for run_id in runs
+    ]
+    writes.append(
+        outbox.save_checkpoint_sending(dispatched_cp("lost", 1), OWNER, [OutMessage(TOPIC, "x")])
+    )
+    plain = store.save_checkpoint(_make_cp("run-00", 0, COMPLETED, output=0), OWNER)
+    held = await asyncio.gather(*writes, plain)
+
+    assert held == [True] * 20 + [False, True]
+    bodies = await _bodies(store, TOPIC)
+    assert sorted(bodies) == sorted(f"{r}:{x}" for r in runs for x in "ab")
+    for run_id in runs:  # a run's own tasks in the order given
+        assert bodies.index(f"{run_id}:a") < bodies.index(f"{run_id}:b")
+        assert (await store.load_checkpoints(run_id))[1].dispatched_at == NOW + 1
+    assert await store.load_checkpoints("lost") == {}
+
+
+async def test_two_store_objects_sending_at_once_lose_nothing(
+    store_factory: StoreFactory,
+) -> None:
+    a, b = await store_factory(), await store_factory()
+    _outbox(a)
+    await _ready(a)
+    runs = [f"race-{n:02}" for n in range(30)]
+    for run_id in runs:
+        await _leased(a, run_id)
+
+    held = await asyncio.gather(
+        *(
+            (a if n % 2 else b).save_checkpoint_sending(  # type: ignore[attr-defined]
+                dispatched_cp(run_id, 1), OWNER, [OutMessage(TOPIC, run_id)]
+            )
+            for n, run_id in enumerate(runs)
+        )
+    )
+
+    assert held == [True] * 30
+    assert sorted(await _bodies(a, TOPIC)) == runs
+
+
+async def _results(store: Any, *run_ids: str) -> None:
+    """Park each run on a dispatched step 1 and queue its result."""
+    for run_id in run_ids:
+        await parked(store, _make_cp(run_id, 0, COMPLETED, output=0), dispatched_cp(run_id, 1))
+    await store.messages().push([OutMessage(RESULTS, f"{run_id}:1") for run_id in run_ids])
+
+
+async def test_one_result_taken_and_settled_in_one_transaction(store: StateStore) -> None:
+    settling = _settling(store)
+    await _ready(store)
+    await _results(store, "r1")
+
+    got = await settling.claim_and_resolve([RESULTS], 256, NOW, _decode, NOW + 50, lease_to())
+
+    assert [m.body for m in got.messages] == ["r1:1"] == [m.body for m in got.decoded]
+    assert got.answers == [0]
+    assert set(got.leased) == {"r1"}
+    run, history = got.leased["r1"]
+    assert (run.status, run.locked_by) == (RunStatus.RUNNING, "settler")
+    assert (history[1].status, history[1].output) == (COMPLETED, "r1:1")
+    assert await store.messages().depth() == {}  # type: ignore[attr-defined]
+    # nothing left: an empty batch settles nothing
+    empty = await settling.claim_and_resolve([RESULTS], 256, NOW, _decode, NOW + 60, None)
+    assert (empty.messages, empty.answers, empty.leased) == ([], [], {})
+
+
+async def test_many_results_taken_in_batches_of_the_limit(store: StateStore) -> None:
+    settling = _settling(store)
+    await _ready(store)
+    runs = [f"run-{n:02}" for n in range(25)]
+    await _results(store, *runs)
+
+    first = await settling.claim_and_resolve([RESULTS], 10, NOW, _decode, NOW + 50, None)
+    rest = await settling.claim_and_resolve([RESULTS], 100, NOW, _decode, NOW + 50, None)
+
+    assert [m.body for m in first.messages] == [f"{r}:1" for r in runs[:10]]  # oldest first
+    assert [m.body for m in rest.messages] == [f"{r}:1" for r in runs[10:]]
+    assert first.answers + rest.answers == [0] * 25
+    assert first.leased == rest.leased == {}
+    for run_id in runs:  # settled and woken (no lease asked for)
+        assert (await store.load_checkpoints(run_id))[1].status is COMPLETED
+        run = await store.get_run(run_id)
+        assert run is not None and run.wake_requested_at == NOW + 50
+
+
+async def test_a_failed_decode_takes_nothing(store: StateStore) -> None:
+    settling = _settling(store)
+    await _ready(store)
+    await _results(store, "r1")
+
+    def broken(messages: list[Message]) -> tuple[Any, list[Resolution]]:
+        raise ValueError("undecodable")
+
+    with pytest.raises(ValueError, match="undecodable"):
+        await settling.claim_and_resolve([RESULTS], 256, NOW, broken, NOW + 50, lease_to())
+
+    assert (await store.load_checkpoints("r1"))[1].status is not COMPLETED
+    got = await settling.claim_and_resolve([RESULTS], 256, NOW, _decode, NOW + 50, None)
+    assert [m.body for m in got.messages] == ["r1:1"]
+
+
+async def test_a_message_claimed_by_a_live_consumer_is_not_taken(store: StateStore) -> None:
+    """A plain claim (the fallback path) holds its messages for its lease."""
+    settling = _settling(store)
+    await _ready(store)
+    await _results(store, "r1")
+    claimed = await store.messages().claim([RESULTS], "other", 10, 30_000, NOW)  # type: ignore[attr-defined]
+
+    got = await settling.claim_and_resolve([RESULTS], 256, NOW + 1, _decode, NOW + 50, None)
+    assert len(claimed) == 1 and got.messages == []
+    late = await settling.claim_and_resolve([RESULTS], 256, NOW + 30_001, _decode, NOW + 50, None)
+    assert [m.body for m in late.messages] == ["r1:1"] and late.messages[0].deliveries == 2
+
+
+async def test_two_consumers_racing_take_each_result_once(
+    store_factory: StoreFactory,
+) -> None:
+    a, b = await store_factory(), await store_factory()
+    _settling(a)
+    await _ready(a)
+    runs = [f"race-{n:02}" for n in range(60)]
+    await _results(a, *runs)
+
+    async def drain(store: Any, owner: str) -> list[tuple[list[Message], list[int | None]]]:
+        batches: list[tuple[list[Message], list[int | None]]] = []
+        while True:
+            got = await store.claim_and_resolve(
+                [RESULTS], 7, NOW, _decode, NOW + 50, lease_to(owner)
+            )
+            if not got.messages:
+                return batches
+            batches.append((got.messages, got.answers))
+
+    took_a, took_b = await asyncio.gather(drain(a, "a"), drain(b, "b"))
+
+    bodies = [m.body for batch, _ in took_a + took_b for m in batch]
+    assert sorted(bodies) == [f"{r}:1" for r in runs]  # every result once
+    answers = [x for _, batch in took_a + took_b for x in batch]
+    assert answers == [0] * 60  # each settled by whoever took it
+    for run_id in runs:
+        run = await a.get_run(run_id)
+        assert run is not None and run.status is RunStatus.RUNNING
+        assert run.locked_by in ("a", "b")
+
+
+async def test_served_tasks_are_deleted_with_the_results_they_settle(
+    store: StateStore,
+) -> None:
+    """The results of tasks served by the settling process itself are settled
+    with the deletion of those tasks (``delete``), in the same transaction,
+    and only those tasks go: the queue's own results are still taken."""
+    settling = _settling(store)
+    await _ready(store)
+    await _results(store, "queued")
+    await parked(store, _make_cp("served", 0, COMPLETED, output=0), dispatched_cp("served", 1))
+    await store.messages().push(  # type: ignore[attr-defined]
+        [OutMessage(TOPIC, "served-task"), OutMessage(TOPIC, "other-task")]
+    )
+    tasks = await store.messages().claim([TOPIC], "worker", 1, 30_000, NOW)  # type: ignore[attr-defined]
+    assert [m.body for m in tasks] == ["served-task"]
+
+    def with_served(messages: list[Message]) -> tuple[list[Message], list[Resolution]]:
+        taken, resolutions = _decode(messages)
+        return taken, [Resolution("served", 1, COMPLETED, output="here"), *resolutions]
+
+    got = await settling.claim_and_resolve(
+        [RESULTS], 256, NOW, with_served, NOW + 50, None, delete=[tasks[0].id]
+    )
+
+    assert [m.body for m in got.messages] == ["queued:1"]  # the deleted task is not "taken"
+    assert got.answers == [0, 0]
+    assert (await store.load_checkpoints("served"))[1].output == "here"
+    assert await _bodies(store, TOPIC) == ["other-task"]
+    assert await store.messages().depth([RESULTS]) == {}  # type: ignore[attr-defined]
+
+
+async def test_a_failed_settle_keeps_the_served_tasks(store: StateStore) -> None:
+    settling = _settling(store)
+    await _ready(store)
+    await store.messages().push([OutMessage(TOPIC, "served-task")])  # type: ignore[attr-defined]
+    tasks = await store.messages().claim([TOPIC], "worker", 1, 30_000, NOW)  # type: ignore[attr-defined]
+
+    def broken(messages: list[Message]) -> tuple[Any, list[Resolution]]:
+        raise ValueError("undecodable")
+
+    with pytest.raises(ValueError, match="undecodable"):
+        await settling.claim_and_resolve(
+            [RESULTS], 256, NOW, broken, NOW + 50, None, delete=[tasks[0].id]
+        )
+    assert await store.messages().depth([TOPIC]) == {TOPIC: 1}  # type: ignore[attr-defined]

@@ -1,0 +1,262 @@
+"""BullMQ's job state changes, many per round trip, with BullMQ's own Lua.
+
+The ``bullmq`` Python worker takes one job per ``moveToActive`` call and
+finishes one per ``moveToFinished`` call, each a round trip of its own, and
+its queue adds jobs in a transaction preceded by a ``SCRIPT EXISTS`` round
+trip. On the step path that is most of a dispatched step's cost. This module
+does the same state changes, with the same scripts on the same keys (so any
+BullMQ worker or producer, the upstream ``durable-worker`` among them, sees
+exactly what it would see from bullmq), in fewer round trips:
+
+- :func:`take_script`: BullMQ's ``moveToActive`` script run up to ``n`` times
+  in one script call, stopping at the first miss (each job gets its own lock
+  token);
+- :func:`run_scripts`: any number of BullMQ script calls in one pipeline
+  (``EVALSHA`` only, scripts loaded again after a ``SCRIPT FLUSH`` or a
+  restart);
+- :class:`Collector`: gathers calls made while the previous batch is written,
+  one write per batch, each caller told its own outcome.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+import msgpack  # type: ignore[import-untyped]  # bullmq's own dependency
+import redis.asyncio as aioredis
+from bullmq.job import optsEncodeMap
+from redis.exceptions import NoScriptError
+
+_T = TypeVar("_T")
+_R = TypeVar("_R")
+
+_TAKE_TAIL = """
+end
+local take_opts = cmsgpack.unpack(ARGV[3])
+local take_base = take_opts['token']
+local take_argv = {ARGV[1], ARGV[2], ARGV[3]}
+local taken = {}
+for i = 1, tonumber(ARGV[4]) do
+  take_opts['token'] = take_base .. ':' .. i
+  take_argv[3] = cmsgpack.pack(take_opts)
+  local got = bullmq_move_to_active(KEYS, take_argv)
+  taken[#taken + 1] = got
+  if type(got[1]) ~= 'table' then
+    -- Ran dry: with nothing left waiting, consume the wake-up marker (as the
+    -- BZPOPMIN a BullMQ worker blocks on next would), so this worker blocks
+    -- at once instead of popping the marker its own take put back.
+    if redis.call('LLEN', KEYS[1]) == 0 and redis.call('ZCARD', KEYS[3]) == 0 then
+      redis.call('ZREM', KEYS[11], '0')
+    end
+    break
+  end
+end
+return taken
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Script:
+    """A Lua script's text and SHA1 (what ``EVALSHA`` names it by)."""
+
+    text: str
+    sha: str
+
+    @classmethod
+    def of(cls, registered: Any) -> Script:
+        """From a redis-py registered script (bullmq's ``commands[...]``)."""
+        text = registered.script
+        return cls(text if isinstance(text, str) else text.decode(), str(registered.sha))
+
+
+def take_script(move_to_active: Script) -> Script:
+    """BullMQ's ``moveToActive`` (same KEYS, ARGV 1-3) run up to ``ARGV[4]``
+    times in one call; returns the list of its replies, ending at the first
+    that holds no job. The token in the opts (ARGV[3]) gets ``:1``, ``:2``…
+    appended, one per job taken. A call that runs dry with no job left
+    waiting removes the queue's base marker (``0``; a delayed job's marker
+    ``1`` stays): the caller blocks on the marker next, and would otherwise
+    pop the one its own take put back and take nothing."""
+    import hashlib
+
+    text = f"local function bullmq_move_to_active(KEYS, ARGV)\n{move_to_active.text}{_TAKE_TAIL}"
+    return Script(text, hashlib.sha1(text.encode()).hexdigest())
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One script call: the script, its keys and its arguments."""
+
+    script: Script
+    keys: Sequence[Any]
+    args: Sequence[Any]
+
+
+async def run_scripts(
+    client: aioredis.Redis, calls: Sequence[Call], *, transaction: bool = False
+) -> list[Any]:
+    """Run ``calls`` in one pipeline; each reply in order, an error as its
+    exception (not raised). A call refused because Redis lost the script
+    (``NOSCRIPT``: restarted, flushed) did not run: it is loaded and run again."""
+    replies = await _pipeline(client, calls, transaction)
+    missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
+    if missing:
+        for script in {calls[i].script for i in missing}:
+            await client.script_load(script.text)
+        again = await _pipeline(client, [calls[i] for i in missing], transaction)
+        for i, reply in zip(missing, again, strict=True):
+            replies[i] = reply
+    return replies
+
+
+async def _pipeline(client: aioredis.Redis, calls: Sequence[Call], transaction: bool) -> list[Any]:
+    async with client.pipeline(transaction=transaction) as pipe:
+        for call in calls:
+            pipe.evalsha(call.script.sha, len(call.keys), *call.keys, *call.args)
+        return list(await pipe.execute(raise_on_error=False))
+
+
+def move_to_active_args(
+    keys: dict[str, str], token: str, lock_ms: int, n: int
+) -> tuple[list[str], list[Any]]:
+    """The KEYS and ARGV of :func:`take_script` (those of bullmq's ``moveToActive``, and ``n``)."""
+    names = (
+        "wait",
+        "active",
+        "prioritized",
+        "events",
+        "stalled",
+        "limiter",
+        "delayed",
+        "paused",
+        "meta",
+        "pc",
+        "marker",
+    )
+    opts = msgpack.packb(
+        {"token": token, "lockDuration": lock_ms, "limiter": None}, use_bin_type=True
+    )
+    return [keys[name] for name in names], [keys[""], round(time.time() * 1000), opts, n]
+
+
+_ADD_KEYS = {
+    "addPrioritizedJob": (
+        "marker", "meta", "id", "prioritized", "delayed", "completed", "active", "events", "pc"
+    ),
+    "addStandardJob": (
+        "wait", "paused", "meta", "id", "completed", "delayed", "active", "events", "marker"
+    ),
+}  # fmt: skip
+
+
+def add_job_call(
+    scripts: Any, name: str, data: Any, opts: dict[str, Any], timestamp: int | None = None
+) -> Call:
+    """The script call adding a job, as bullmq's ``Queue.add`` would make it
+    (a prioritized or a standard job, the same KEYS and ARGV byte for byte),
+    without building a bullmq ``Job``; options are packed once per shape."""
+    if any(opts.get(k) for k in ("delay", "jobId", "parent", "deduplication", "backoff")):
+        raise ValueError("such jobs are added through bullmq")
+    script = "addPrioritizedJob" if opts.get("priority") else "addStandardJob"
+    keys = scripts.keys
+    now = round(time.time() * 1000) if timestamp is None else timestamp
+    packed = msgpack.packb(
+        [keys[""], "", name, now, None, None, None, None, None], use_bin_type=True
+    )
+    args = [packed, compact_json(data), _packed_opts(opts), now]
+    return Call(Script.of(scripts.commands[script]), [keys[k] for k in _ADD_KEYS[script]], args)
+
+
+_PACKED_OPTS: dict[str, bytes] = {}
+
+
+def _packed_opts(opts: dict[str, Any]) -> bytes:
+    shape = repr(opts)  # key order and values: what the packed bytes depend on
+    packed = _PACKED_OPTS.get(shape)
+    if packed is None:
+        # bullmq's Job fills in these defaults, then Scripts.encodeOpts
+        # shortens the names it knows, before packing
+        full = {"attempts": 0, "delay": 0, **opts, "backoff": None}
+        packed = bytes(msgpack.packb({optsEncodeMap.get(k, k): v for k, v in full.items()}))
+        if len(_PACKED_OPTS) >= 256:
+            _PACKED_OPTS.clear()
+        _PACKED_OPTS[shape] = packed
+    return packed
+
+
+def check_added(reply: Any) -> str:
+    """A job id from an add script's reply; raise what bullmq would raise."""
+    if isinstance(reply, BaseException):
+        raise reply
+    if isinstance(reply, int) and reply < 0:
+        raise RuntimeError(f"BullMQ refused a job (code {reply})")
+    return str(reply)
+
+
+def parse_taken(reply: Any) -> tuple[list[tuple[dict[str, str], str]], int]:
+    """The jobs a :func:`take_script` call took (raw hash, id), and the
+    timestamp of the next delayed job (0: none) if it ran dry."""
+    jobs: list[tuple[dict[str, str], str]] = []
+    delay_until = 0
+    for got in reply:
+        raw = got[0]
+        if isinstance(raw, list):
+            jobs.append((dict(zip(raw[::2], raw[1::2], strict=True)), str(got[1])))
+        elif len(got) > 3 and got[3]:
+            delay_until = int(got[3])
+    return jobs, delay_until
+
+
+def compact_json(value: Any) -> str:
+    """JSON as bullmq writes it (compact, no NaN)."""
+    return json.dumps(value, separators=(",", ":"), allow_nan=False)
+
+
+class Collector(Generic[_T, _R]):
+    """Gathers items while the previous batch is written: one write per batch
+    (up to ``limit`` items). ``write`` returns one outcome per item, an
+    exception for an item that failed; each caller of :meth:`add` gets its own."""
+
+    def __init__(
+        self, write: Callable[[list[_T]], Awaitable[list[_R | BaseException]]], limit: int = 500
+    ) -> None:
+        self._write = write
+        self._limit = limit
+        self._items: list[tuple[_T, asyncio.Future[_R]]] = []
+        self._task: asyncio.Task[None] | None = None
+
+    async def add(self, item: _T) -> _R:
+        """Queue ``item`` for the next write; its outcome (or its exception)."""
+        future: asyncio.Future[_R] = asyncio.get_running_loop().create_future()
+        self._items.append((item, future))
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._run())
+        return await future
+
+    async def drain(self) -> None:
+        """Wait for the writes under way."""
+        if self._task is not None:
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def _run(self) -> None:
+        while self._items:
+            batch, self._items = self._items[: self._limit], self._items[self._limit :]
+            try:
+                outcomes = await self._write([item for item, _ in batch])
+            except Exception as exc:
+                for _, future in batch:
+                    if not future.done():
+                        future.set_exception(exc)
+                continue
+            for (_, future), outcome in zip(batch, outcomes, strict=True):
+                if future.done():
+                    continue
+                if isinstance(outcome, BaseException):
+                    future.set_exception(outcome)
+                else:
+                    future.set_result(outcome)

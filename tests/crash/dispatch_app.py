@@ -1,0 +1,104 @@
+"""The engine process of the dispatched-step crash tests (``db://`` on SQLite).
+
+It drives runs and settles step results but serves no step (the test process
+does). ``CRASH_KILL_AT`` makes it SIGKILL itself once, at one moment:
+
+- ``checkpoint``: right after a dispatched step's pending checkpoint committed
+  (before anything else the engine does next);
+- ``settle``: as it turns a batch of taken step results into the settle's
+  resolutions (after the results were claimed, before they are settled).
+
+Configured by ``CRASH_DB``, ``CRASH_INSTANCE`` and ``CRASH_LEASE`` as ``app.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from typing import Any
+
+import durably
+from durably.model import CheckpointStatus
+from durably.steps import _dispatcher
+from durably.stores import SqliteStore
+
+DB = os.environ.get("CRASH_DB", "")
+KILL_AT = os.environ.get("CRASH_KILL_AT", "")
+STEPS = 3
+
+
+def _die() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _kill_after_dispatched_checkpoint() -> None:
+    """Wrap every checkpoint write: SIGKILL once a pending dispatched one commits."""
+    for name in ("save_checkpoint", "save_checkpoint_sending"):
+        original = getattr(SqliteStore, name, None)
+        if original is None:
+            continue
+
+        def wrapped(self: Any, checkpoint: Any, *args: Any, _original: Any = original) -> Any:
+            future = _original(self, checkpoint, *args)
+            if checkpoint.status is CheckpointStatus.PENDING and checkpoint.dispatched_at:
+                future.add_done_callback(lambda f: _die() if not f.exception() else None)
+            return future
+
+        setattr(SqliteStore, name, wrapped)
+
+
+def _kill_while_settling() -> None:
+    """SIGKILL as results become resolutions: inside the settle's transaction
+    where results are taken there, after their claim committed elsewhere."""
+    resolutions = getattr(_dispatcher, "_resolutions", None)
+    if resolutions is not None:
+
+        def dying(results: Any) -> Any:
+            if results:  # a poll that found nothing settles nothing
+                _die()
+            return resolutions(results)
+
+        _dispatcher._resolutions = dying
+    original = _dispatcher.StepDispatcher.on_results
+
+    async def on_results(self: Any, results: Any) -> None:
+        _die()
+        await original(self, results)
+
+    _dispatcher.StepDispatcher.on_results = on_results  # type: ignore[method-assign]
+
+
+async def pipeline(ctx: durably.WorkflowContext, n: int) -> int:
+    total = n
+    for seq in range(STEPS):
+        total = int(await ctx.step("work", [ctx.run_id, seq, total]))
+    return total
+
+
+async def _serve() -> None:
+    engine = durably.Engine(
+        f"sqlite:///{DB}",
+        transport="db://",
+        instance_id=os.environ.get("CRASH_INSTANCE") or None,
+        lease=os.environ.get("CRASH_LEASE", "1s"),
+        max_recovery_attempts=50,
+        poll_interval=0.05,
+        serve_steps=[],
+    )
+    engine.register("pipeline", pipeline)
+    if KILL_AT == "checkpoint":
+        _kill_after_dispatched_checkpoint()
+    elif KILL_AT == "settle":
+        _kill_while_settling()
+    async with engine:
+        print("ready", flush=True)
+        await asyncio.Event().wait()
+
+
+if __name__ == "__main__":
+    try:
+        asyncio.run(_serve())
+    except KeyboardInterrupt:
+        sys.exit(0)

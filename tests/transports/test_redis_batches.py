@@ -1,0 +1,336 @@
+"""The ``redis://`` transport's batched BullMQ paths on the real Redis: many
+jobs taken per script call, finished and added per pipeline, and bullmq's
+guarantees kept (each job to one holder, live locks renewed, a dead holder's
+jobs brought back)."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+from bullmq import Job, Queue
+from redis.exceptions import NoScriptError
+
+from durably.transports.redis import RedisTransport
+from durably.transports.redis._batched import (
+    Call,
+    Script,
+    add_job_call,
+    move_to_active_args,
+    parse_taken,
+    run_scripts,
+    take_script,
+)
+from durably.wire import Heartbeat, StepResult, StepTask
+
+from .conftest import REDIS_TEST_URL, wait_until
+
+
+@pytest.fixture
+async def prefix() -> AsyncIterator[str]:
+    name = f"durably-test-{uuid.uuid4().hex[:12]}"
+    yield name
+    client = aioredis.Redis.from_url(REDIS_TEST_URL)
+    try:
+        for pattern in (f"bull:{name}-*", f"{name}-*"):
+            keys = [key async for key in client.scan_iter(match=pattern, count=1000)]
+            if keys:
+                await client.delete(*keys)
+    finally:
+        await client.aclose()
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[aioredis.Redis]:
+    made = aioredis.Redis.from_url(REDIS_TEST_URL, decode_responses=True)
+    yield made
+    await made.aclose()
+
+
+class Taker:
+    """Takes jobs of one queue the way the transport's workers do."""
+
+    def __init__(self, queue: Any, client: aioredis.Redis) -> None:
+        self.keys: dict[str, str] = queue.keys
+        self.script = take_script(Script.of(queue.scripts.commands["moveToActive"]))
+        self.client = client
+
+    async def take(
+        self, n: int, token: str = "t", lock_ms: int = 30_000
+    ) -> tuple[list[tuple[dict[str, str], str]], int]:
+        keys, args = move_to_active_args(self.keys, token, lock_ms, n)
+        (reply,) = await run_scripts(self.client, [Call(self.script, keys, args)])
+        return parse_taken(reply)
+
+
+@pytest.mark.parametrize(
+    "opts",
+    [
+        {"removeOnComplete": True, "removeOnFail": {"age": 86_400}, "priority": 1_048_571},
+        {"removeOnComplete": True, "removeOnFail": True},
+        {"removeOnComplete": True, "removeOnFail": True, "priority": 7, "lifo": False},
+    ],
+)
+async def test_an_added_job_is_what_bullmq_would_add_byte_for_byte(
+    prefix: str, client: aioredis.Redis, opts: dict[str, Any]
+) -> None:
+    queue = Queue(f"{prefix}-q", {"connection": client})
+    data = {"runId": "r1", "seq": 2, "input": {"é": [1, 2.5, None]}}
+    ours = add_job_call(queue.scripts, "task", data, opts, timestamp=1_700_000_000_123)
+    job = Job(queue, "task", data, {**opts, "timestamp": 1_700_000_000_123})
+    theirs = queue.scripts.addJobArgs(job)
+    theirs.append(job.timestamp)
+    # the timestamp option bullmq needs here is not part of what it packs
+    theirs[2] = queue.scripts.addJobArgs(Job(queue, "task", data, opts))[2]
+    name = "addPrioritizedJob" if opts.get("priority") else "addStandardJob"
+    assert ours.script.sha == queue.scripts.commands[name].sha
+    assert list(ours.args) == theirs
+    [job_id] = await run_scripts(client, [ours])
+    stored = await client.hgetall(f"{queue.keys['']}{job_id}")
+    assert json.loads(stored["data"]) == data
+    assert stored["name"] == "task"
+
+
+async def test_a_take_of_one_locks_it_and_consumes_the_marker_once_dry(
+    prefix: str, client: aioredis.Redis
+) -> None:
+    queue = Queue(f"{prefix}-q", {"connection": client})
+    await queue.add("task", {"n": 1}, {"removeOnComplete": True})
+    taker = Taker(queue, client)
+    marker = queue.keys["marker"]
+    assert await client.zscore(marker, "0") is not None
+    jobs, delay_until = await taker.take(5, token="w:1")
+    assert [json.loads(raw["data"]) for raw, _ in jobs] == [{"n": 1}]
+    [(_, job_id)] = jobs
+    assert await client.get(f"{queue.keys['']}{job_id}:lock") == "w:1:1"
+    assert await client.lrange(queue.keys["active"], 0, -1) == [job_id]
+    # ran dry with nothing waiting: the next wait blocks instead of waking at once
+    assert await client.zscore(marker, "0") is None
+    assert delay_until == 0
+    assert await taker.take(5) == ([], 0)
+
+
+async def test_a_take_of_many_stops_at_its_count_or_when_dry(
+    prefix: str, client: aioredis.Redis
+) -> None:
+    queue = Queue(f"{prefix}-q", {"connection": client})
+    await queue.addBulk(
+        [{"name": "task", "data": {"n": i}, "opts": {"priority": 1_048_576}} for i in range(10)]
+    )
+    taker = Taker(queue, client)
+    first, _ = await taker.take(4, token="a")
+    assert [json.loads(raw["data"])["n"] for raw, _ in first] == [0, 1, 2, 3]
+    locks = [await client.get(f"{queue.keys['']}{job_id}:lock") for _, job_id in first]
+    assert locks == ["a:1", "a:2", "a:3", "a:4"]  # a token per job
+    assert await client.zscore(queue.keys["marker"], "0") is not None  # not dry: jobs wait
+    rest, _ = await taker.take(100, token="b")
+    assert [json.loads(raw["data"])["n"] for raw, _ in rest] == [4, 5, 6, 7, 8, 9]
+    assert await client.zscore(queue.keys["marker"], "0") is None
+    assert await client.llen(queue.keys["active"]) == 10
+
+
+async def test_a_dry_take_keeps_a_delayed_jobs_marker_and_says_when_it_is_due(
+    prefix: str, client: aioredis.Redis
+) -> None:
+    queue = Queue(f"{prefix}-q", {"connection": client})
+    await queue.add("task", {"n": 1}, {"delay": 60_000})
+    taker = Taker(queue, client)
+    jobs, delay_until = await taker.take(3)
+    assert jobs == []
+    assert delay_until > 0
+    assert await client.zscore(queue.keys["marker"], "1") is not None
+
+
+async def test_racing_takes_share_the_jobs_without_overlap(prefix: str) -> None:
+    clients = [aioredis.Redis.from_url(REDIS_TEST_URL, decode_responses=True) for _ in range(3)]
+    try:
+        queue = Queue(f"{prefix}-q", {"connection": clients[0]})
+        await queue.addBulk([{"name": "task", "data": {"n": i}} for i in range(120)])
+        takers = [Taker(queue, c) for c in clients]
+        taken: list[str] = []
+
+        async def drain(taker: Taker, token: str) -> None:
+            while True:
+                jobs, _ = await taker.take(7, token=token)
+                if not jobs:
+                    return
+                taken.extend(job_id for _, job_id in jobs)
+
+        await asyncio.gather(*(drain(t, f"w{i}") for i, t in enumerate(takers)))
+        assert len(taken) == 120
+        assert len(set(taken)) == 120
+    finally:
+        for c in clients:
+            await c.aclose()
+
+
+async def test_a_script_redis_does_not_hold_is_loaded_and_run_once(
+    client: aioredis.Redis,
+) -> None:
+    # A script never loaded (as after a restart or SCRIPT FLUSH): NOSCRIPT,
+    # then loaded and run, each call exactly once.
+    key = f"durably-test-{uuid.uuid4().hex[:12]}"
+    text = f"-- {key}\nreturn redis.call('INCR', KEYS[1])"
+    script = Script(text, hashlib.sha1(text.encode()).hexdigest())
+    try:
+        calls = [Call(script, [key], []) for _ in range(3)]
+        assert await run_scripts(client, calls) == [1, 2, 3]
+        assert await client.get(key) == "3"
+        # a script whose text does not match its SHA: loaded once, retried
+        # once, and its NOSCRIPT returned rather than looping
+        wrong = Script("return 1", "0" * 40)
+        [reply] = await run_scripts(client, [Call(wrong, [], [])], transaction=True)
+        assert isinstance(reply, NoScriptError)
+    finally:
+        await client.delete(key)
+
+
+async def _results_consumer(transport: RedisTransport, got: list[StepResult]) -> None:
+    async def on_results(batch: list[StepResult]) -> None:
+        got.extend(batch)
+
+    async def on_beat(beat: Heartbeat) -> None:
+        return None
+
+    await transport.consume_results(on_results, on_beat)
+
+
+@pytest.mark.parametrize("count", [1, 150])
+async def test_two_servers_racing_handle_each_task_once_and_leave_no_job(
+    prefix: str, client: aioredis.Redis, count: int
+) -> None:
+    engine = RedisTransport(REDIS_TEST_URL, prefix=prefix)
+    servers = [RedisTransport(REDIS_TEST_URL, prefix=prefix) for _ in range(2)]
+    handled: Counter[str] = Counter()
+    got: list[StepResult] = []
+    try:
+        await engine.open()
+        await _results_consumer(engine, got)
+        for server in servers:
+            await server.open()
+
+            async def handle(task: StepTask, server: RedisTransport = server) -> None:
+                handled[task.step_id] += 1
+                await asyncio.sleep(0)  # others run meanwhile: batches overlap
+                await server.send_result(
+                    StepResult(task.run_id, task.seq, ok=True, output=task.input)
+                )
+
+            await server.serve(["g"], handle, concurrency=40)
+        # many dispatch calls at once: they share the add pipelines
+        await asyncio.gather(
+            *(engine.dispatch([StepTask(f"r{i}", 1, "g", "g", i)]) for i in range(count))
+        )
+        await wait_until(lambda: len(got) >= count, timeout=20, what=f"{count} results")
+        await asyncio.sleep(0.2)  # a duplicate would show up by now
+        assert sorted(r.step_id for r in got) == sorted(f"r{i}:1" for i in range(count))
+        assert sorted(r.output for r in got) == list(range(count))
+        assert set(handled.values()) == {1}
+        assert len(handled) == count
+        tasks, results = f"bull:{prefix}-tasks-g", f"bull:{prefix}-results"
+
+        async def finished() -> bool:
+            return (
+                await client.llen(f"{tasks}:active") == 0
+                and await client.llen(f"{results}:active") == 0
+            )
+
+        for _ in range(200):
+            if await finished():
+                break
+            await asyncio.sleep(0.01)
+        # every job completed and removed (removeOnComplete): no hash left
+        left = [k async for k in client.scan_iter(match=f"{tasks}:[0-9]*")]
+        left += [k async for k in client.scan_iter(match=f"{results}:[0-9]*")]
+        assert left == []
+    finally:
+        for transport in (*servers, engine):
+            await transport.close()
+
+
+async def test_a_dead_holders_tasks_come_back_and_a_live_holder_keeps_its_own(
+    prefix: str, client: aioredis.Redis
+) -> None:
+    # Short locks: the stalled-job check runs every lock_ms.
+    engine = RedisTransport(REDIS_TEST_URL, prefix=prefix, lock_ms=400)
+    server = RedisTransport(REDIS_TEST_URL, prefix=prefix, lock_ms=400)
+    handled: Counter[str] = Counter()
+    got: list[StepResult] = []
+    try:
+        await engine.open()
+        await _results_consumer(engine, got)
+        await engine.dispatch([StepTask(f"dead{i}", 1, "g", "g") for i in range(5)])
+        # A holder that takes them and dies (never finishes, never renews).
+        queue = Queue(f"{prefix}-tasks-g", {"connection": client})
+        dead, _ = await Taker(queue, client).take(10, token="dead", lock_ms=400)
+        assert len(dead) == 5
+        await server.open()
+
+        async def handle(task: StepTask) -> None:
+            handled[task.step_id] += 1
+            if task.run_id.startswith("slow"):
+                await asyncio.sleep(1.5)  # several lock lengths: renewed, never stalled
+            await server.send_result(StepResult(task.run_id, task.seq, ok=True, output=None))
+
+        await server.serve(["g"], handle, concurrency=10)
+        await engine.dispatch([StepTask(f"slow{i}", 1, "g", "g") for i in range(3)])
+        await wait_until(lambda: len(got) >= 8, timeout=20, what="8 results")
+        await asyncio.sleep(0.5)
+        assert sorted(r.step_id for r in got) == sorted(
+            [f"dead{i}:1" for i in range(5)] + [f"slow{i}:1" for i in range(3)]
+        )
+        assert set(handled.values()) == {1}
+    finally:
+        await server.close()
+        await engine.close()
+
+
+async def test_a_task_stalled_too_often_is_answered_as_failed_not_run(
+    prefix: str, client: aioredis.Redis
+) -> None:
+    # Two holders died with it: BullMQ's stalled check marks it failed (at the
+    # next pickup, bullmq 3), and the server answers it instead of running it.
+    engine = RedisTransport(REDIS_TEST_URL, prefix=prefix)
+    server = RedisTransport(REDIS_TEST_URL, prefix=prefix)
+    got: list[StepResult] = []
+    try:
+        await engine.open()
+        await _results_consumer(engine, got)
+        await engine.dispatch([StepTask("r1", 1, "g", "g")])
+        queue = Queue(f"{prefix}-tasks-g", {"connection": client})
+        taker = Taker(queue, client)
+
+        async def stall_check() -> list[str]:
+            await client.delete(queue.keys["stalled-check"])  # not rate-limited here
+            return list(await queue.scripts.moveStalledJobsToWait(1, 30_000))
+
+        for holder in ("dead1", "dead2"):
+            [(_, job_id)], _ = await taker.take(1, token=holder, lock_ms=50)
+            assert await stall_check() == []  # marks it as possibly stalled
+            lock = f"{queue.keys['']}{job_id}:lock"
+            for _ in range(500):
+                if not await client.exists(lock):
+                    break
+                await asyncio.sleep(0.01)
+            assert await stall_check() == [job_id]  # its lock ran out: back to wait
+        assert await client.hget(f"{queue.keys['']}{job_id}", "defa")
+        await server.open()
+
+        async def never(task: StepTask) -> None:
+            raise AssertionError("a task stalled too often must not run")
+
+        await server.serve(["g"], never, concurrency=4)
+        await wait_until(lambda: len(got) == 1, timeout=10, what="the bridged failure")
+        [result] = got
+        assert (result.step_id, result.ok, result.retryable) == ("r1:1", False, True)
+        assert "stalled more than allowable limit" in str(result.error)
+    finally:
+        await server.close()
+        await engine.close()
