@@ -62,7 +62,8 @@ def per_workflow(side: str, count: int) -> float:
     for n in (_BASE, _BASE + count):
         run_side(side, name, n)
         time.sleep(1.0)  # the exited backends' counts reach the statistics
-        counted.append(asyncio.run(commits(name)))
+        # the side's database carries BENCH_DB_SUFFIX (common.make_target)
+        counted.append(asyncio.run(commits(name + os.environ.get("BENCH_DB_SUFFIX", ""))))
     return (counted[1] - counted[0]) / count
 
 

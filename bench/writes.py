@@ -8,7 +8,11 @@ statement: client time (round trip + commit, median), and from ``EXPLAIN (ANALYZ
 WAL)``: server execution time, WAL records and WAL bytes (one heap tuple plus one record per
 index entry written).
 
-    .venv/bin/python bench/writes.py [--count 2000] [--explain 200]
+    .venv/bin/python bench/writes.py [--count 2000] [--explain 200] [--floor] [--waiters]
+
+``--floor`` also times floor.py's one-commit insert on the same connections (the floor under
+the same load); ``--waiters`` also replays the final statement that clears the waiter tables
+(``_FINAL``) on runs of their own, beside the one a first turn that waited on nothing sends.
 """
 
 from __future__ import annotations
@@ -45,10 +49,19 @@ DO $$ DECLARE i text; BEGIN
 END $$;
 """
 
+# floor.py's statement: one 2-column row inserted, one commit
+FLOOR_TABLE = "CREATE TABLE floor_t (id BIGSERIAL PRIMARY KEY, run_id TEXT, v TEXT)"
+FLOOR_INSERT = "INSERT INTO floor_t (run_id, v) VALUES ($1, $2)"
+FLOOR_PAYLOAD = json.dumps({"output": 42, "name": "s0", "status": "completed", "pad": "x" * 64})
+
 
 def capture() -> None:
     real = asyncpg.connection.Connection.fetchval
     wanted = {postgres._INSERT_RUN: "insert", _pg_batch._FINAL: "final"}
+    # A first turn that waited on nothing sends the variant without the waiter tables.
+    no_waiters = getattr(_pg_batch, "_FINAL_NO_WAITERS", None)
+    if no_waiters is not None:
+        wanted[no_waiters] = "final"
 
     async def fetchval(self: Any, query: str, *args: Any, **kw: Any) -> Any:
         if query in wanted:
@@ -93,12 +106,26 @@ async def main() -> None:
     p.add_argument("--bare", action="store_true", help="also a schema without secondary indexes")
     p.add_argument("--extra", default="", help="SQL of a candidate, run after the migrations")
     p.add_argument("--plan", action="store_true", help="print one plan of each statement")
+    p.add_argument(
+        "--waiters",
+        action="store_true",
+        help="also time the final statement that clears waiter tables (_FINAL), on other runs",
+    )
+    p.add_argument(
+        "--floor",
+        action="store_true",
+        help="also time floor.py's statement (a 2-column row, one commit) on the same connections",
+    )
     a = p.parse_args()
     capture()
     await record()
     ins_q, ins_args = CAPTURED["insert"]
     fin_q, fin_args = CAPTURED["final"]
     old = ins_args[0]
+    # Each run replays one of these statement lists (a fresh id each).
+    runs = [[("insert", ins_q, ins_args), ("final", fin_q, fin_args)]]
+    if a.waiters:
+        runs.append([("insert", ins_q, ins_args), ("final_waiters", _pg_batch._FINAL, fin_args)])
     variants = {"before": _postgres_schema.MIGRATIONS[:11], "after": _postgres_schema.MIGRATIONS}
     if a.bare:  # the bound of the index lever: durably_runs with its primary key alone
         variants["bare"] = [*_postgres_schema.MIGRATIONS, BARE]
@@ -113,25 +140,33 @@ async def main() -> None:
             c = await asyncpg.connect(BASE, server_settings={"search_path": f'"{schemas[v]}"'})
             for m in migs:
                 await c.execute(m)
+            if a.floor:
+                await c.execute(FLOOR_TABLE)
             conns[v] = c
         times: dict[tuple[str, str], list[float]] = {}
         for i in range(a.count):
             for v in variants if i % 2 else reversed(list(variants)):
-                rid = f"{v}-{i}-{uuid.uuid4().hex[:8]}"
-                for name, q, args in (("insert", ins_q, ins_args), ("final", fin_q, fin_args)):
+                for statements in runs if i % 2 else reversed(runs):
+                    rid = f"{v}-{i}-{uuid.uuid4().hex[:8]}"
+                    for name, q, args in statements:
+                        t0 = time.perf_counter()
+                        await conns[v].fetchval(q, *with_id(args, old, rid))
+                        times.setdefault((v, name), []).append(time.perf_counter() - t0)
+                if a.floor:
                     t0 = time.perf_counter()
-                    await conns[v].fetchval(q, *with_id(args, old, rid))
-                    times.setdefault((v, name), []).append(time.perf_counter() - t0)
+                    await conns[v].execute(FLOOR_INSERT, rid, FLOOR_PAYLOAD)
+                    times.setdefault((v, "floor"), []).append(time.perf_counter() - t0)
         plans: dict[tuple[str, str], list[dict[str, Any]]] = {}
         for i in range(a.explain):
             for v in variants:
-                rid = f"x{v}-{i}-{uuid.uuid4().hex[:8]}"
-                for name, q, args in (("insert", ins_q, ins_args), ("final", fin_q, fin_args)):
-                    raw = await conns[v].fetchval(
-                        "EXPLAIN (ANALYZE, BUFFERS, WAL, FORMAT JSON) " + q,
-                        *with_id(args, old, rid),
-                    )
-                    plans.setdefault((v, name), []).append(json.loads(raw)[0])
+                for statements in runs:
+                    rid = f"x{v}-{i}-{uuid.uuid4().hex[:8]}"
+                    for name, q, args in statements:
+                        raw = await conns[v].fetchval(
+                            "EXPLAIN (ANALYZE, BUFFERS, WAL, FORMAT JSON) " + q,
+                            *with_id(args, old, rid),
+                        )
+                        plans.setdefault((v, name), []).append(json.loads(raw)[0])
         if a.plan:
             for key, ps in plans.items():
                 print(key, json.dumps(ps[-1], indent=1))
@@ -145,7 +180,15 @@ async def main() -> None:
         }
         for v in variants:
             print(f"{v}: {len(indexes[v])} indexes on durably_runs")
-            for name in ("insert", "final"):
+            if a.floor:
+                ts = times[(v, "floor")]
+                print(
+                    f"  floor  client p50 {statistics.median(ts) * 1e3:.3f} ms"
+                    f" (mean {statistics.fmean(ts) * 1e3:.3f}); floor.py's one-commit insert"
+                )
+            for name in ("insert", "final", "final_waiters"):
+                if (v, name) not in times:
+                    continue
                 ts = times[(v, name)]
                 ps = plans[(v, name)]
                 wal_rec = statistics.median(pl["Plan"].get("WAL Records", 0) for pl in ps)

@@ -145,6 +145,11 @@ class Turn:
         an outage into :meth:`store_failed` (a signal the body cannot catch)."""
         self.missing_children: set[str] = set()
         """Children waited on whose runs were never created (see the engine)."""
+        self.may_have_waiters = bool(checkpoints)
+        """Whether the run may hold signal or event waiters: it had a history when
+        this turn began (a waiter is written with its wait's checkpoint), or this
+        turn registered a wait. Only a lease holder registers one, so a turn whose
+        terminal settle holds the lease knows this for sure (see ``RunChanges``)."""
         self.attached_children: set[str] = set()
         """Children this run may leave running that must not outlive it (all but
         ``detached`` ones): cancelled when the run ends."""

@@ -11,7 +11,7 @@ parent, its waiters and its failure handlers.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from ._batch import BatchCall
@@ -23,6 +23,7 @@ from ._logs import RUN_CONTEXT, LogContext, engine_logger
 from ._ops.saga import Saga
 from ._replay import CloseReason, Turn, TurnEnd, TurnOutcome, error_info
 from ._sticky import Kept, StickyRuns
+from .clock import SystemClock
 from .context import WorkflowContext
 from .errors import SchemaValidationError, WorkflowNotRegistered, _TurnClosed
 from .model import TERMINAL_STATUSES, Checkpoint, ErrorInfo, Run, RunResult, RunStatus
@@ -367,7 +368,7 @@ class TurnDriver:
             )
         active = self._router.active
         active[run.run_id] = turn
-        renewer = asyncio.create_task(self._renew(turn))
+        renewer = self._renewer(turn)
         try:
             if resumed is not None:
                 outcome = await resumed.outcome
@@ -434,11 +435,26 @@ class TurnDriver:
         run.workflow_version = definition.version
         run.deadline_at = changes.get("deadline_at", run.deadline_at)
 
-    async def _renew(self, turn: Turn) -> None:
+    def _renewer(self, turn: Turn) -> asyncio.Task[None] | _DueRenewal:
+        """Keep ``turn``'s lease renewed until cancelled.
+
+        On the system clock the renewing task is only created when the first
+        renewal is due (half a lease in): most turns end long before, and a
+        task started at once would take a loop turn of its own between the
+        turn's start and its body, and another to be cancelled. A test's
+        clock keeps the task, which sleeps on that clock."""
+        if type(self._clock) is SystemClock:
+            delay = self._options().lease_ms / 2000
+            return _DueRenewal(delay, lambda: self._renew(turn, due=True))
+        return asyncio.create_task(self._renew(turn))
+
+    async def _renew(self, turn: Turn, *, due: bool = False) -> None:
         lease_ms = self._options().lease_ms
         interval = lease_ms / 2000
         while True:
-            await self._clock.sleep(interval)
+            if not due:
+                await self._clock.sleep(interval)
+            due = False
             if not turn.holds_lease:
                 return
             until = self._clock.now_ms() + lease_ms
@@ -500,6 +516,8 @@ class TurnDriver:
             changes = RunChanges(error=outcome.error, wake_at=outcome.wake_at)
         else:
             status, changes = RunStatus.SUSPENDED, RunChanges(wake_at=outcome.wake_at)
+        if turn is not None and not turn.may_have_waiters:
+            changes.waiters = False  # the store may skip clearing waiters it has none of
         if (
             status in TERMINAL_STATUSES
             and run.parent_id is not None
@@ -613,6 +631,26 @@ class TurnDriver:
         await self._store.move_updates(run.run_id, next_id, now)
         self._router.route(next_id, namespace=run.namespace, priority=run.priority)
         return next_id
+
+
+class _DueRenewal:
+    """A turn's lease renewal on the system clock: a timer that starts the
+    renewing task when the first renewal is due; :meth:`cancel` stops either."""
+
+    __slots__ = ("_handle", "_task")
+
+    def __init__(self, delay: float, renew: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        self._task: asyncio.Task[None] | None = None
+        self._handle = asyncio.get_running_loop().call_later(delay, self._start, renew)
+
+    def _start(self, renew: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        self._task = asyncio.ensure_future(renew())
+
+    def cancel(self) -> None:
+        """Stop renewing (the turn ended)."""
+        self._handle.cancel()
+        if self._task is not None:
+            self._task.cancel()
 
 
 def _ended(run: Run, status: RunStatus, changes: RunChanges) -> Run:

@@ -786,7 +786,14 @@ class Engine:
             await join_line(
                 self.store, definition.singleton, definition.name, singleton_key, run, now
             )
-        # The result decodes as the output type of the version the run took.
+        # The result decodes as the output type of the version the run took
+        # (the one just started, unless the id existed).
+        if (
+            run.workflow_version
+            and run.workflow_version == definition.version
+            and run.workflow == definition.name
+        ):
+            return RunHandle(run, self, definition.typed_output.decode)
         return RunHandle(run, self, self._output_decoder(run))
 
     async def _create_run(

@@ -41,6 +41,15 @@ class RetryPolicy:
         default: RetryPolicy | None = None,
     ) -> RetryPolicy:
         """Validate user-facing options, filling gaps from ``default``."""
+        if (
+            default is not None
+            and retries is None
+            and backoff is None
+            and backoff_base is None
+            and backoff_max is None
+            and jitter is None
+        ):
+            return default  # the usual step: the default as it is (frozen, so shared)
         base = default or cls()
         if retries is not None and (isinstance(retries, bool) or not isinstance(retries, int)):
             raise ValueError(f"retries must be an int >= 0, got {retries!r}")

@@ -86,8 +86,13 @@ class TurnUpdates:
             cp for _, cp in sorted(turn.checkpoints.items()) if cp.kind == CheckpointKind.UPDATE
         )
         self._handled = {_update_id(cp) for cp in self._recorded}
-        # How many recorded, not yet re-applied updates list each parked position.
-        self._holding: Counter[int] = Counter(seq for cp in self._recorded for seq in _parked(cp))
+        # How many recorded, not yet re-applied updates list each parked position
+        # (a run's first turn has none: skip Counter's generic iterable path).
+        self._holding: Counter[int] = (
+            Counter(seq for cp in self._recorded for seq in _parked(cp))
+            if self._recorded
+            else Counter()
+        )
         self._gates: dict[int, asyncio.Future[None]] = {}
         self._conditions: list[tuple[Callable[[], bool], asyncio.Future[None]]] = []
         if self._recorded:

@@ -124,6 +124,7 @@ class _Signal:
     def register(
         self, env: TurnEnv, checkpoint: Checkpoint, now: int
     ) -> Awaitable[SignalWait | None]:
+        env.turn.may_have_waiters = True
         return env.store.wait_signal(checkpoint, self.token, env.turn.owner, now)
 
     def cancel(
@@ -145,6 +146,7 @@ class _Event:
     def register(
         self, env: TurnEnv, checkpoint: Checkpoint, now: int
     ) -> Awaitable[SignalWait | None]:
+        env.turn.may_have_waiters = True
         return env.store.wait_event(checkpoint, self.name, self.match, env.turn.owner, now)
 
     def cancel(

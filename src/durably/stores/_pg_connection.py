@@ -43,6 +43,50 @@ last repeats until it works."""
 _SCHEMA_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 
 
+def _has_idle(pool: Any) -> bool:
+    """Whether ``pool`` holds an idle, connected connection of its own.
+
+    ``Pool.get_idle_size()`` counts every one (two calls per holder: ~45 calls
+    of each one-step run's ~1,000); the first found is enough. asyncpg connects
+    its ``min_size`` connections at the end of its (private) holder list, so
+    the search starts there; without that list, the public count."""
+    holders = getattr(pool, "_holders", None)
+    if holders is None:
+        return bool(pool.get_idle_size())
+    return any(h.is_connected() and h.is_idle() for h in reversed(holders))
+
+
+class _Checkout:
+    """:meth:`PgConnection.connection`'s context manager. A class, not an
+    ``@asynccontextmanager`` generator: it is entered for both statements of
+    every one-step run, and the generator costs a frame, a wrapper object and
+    two more coroutine hops on each entry and exit (profiled on the latency
+    path, bench/RESULTS.md 2026-12-02)."""
+
+    __slots__ = ("_conn", "_db", "_pool")
+
+    def __init__(self, db: PgConnection) -> None:
+        self._db = db
+        self._pool: Any = None
+        self._conn: Any = None
+
+    async def __aenter__(self) -> Any:
+        db = self._db
+        pool = self._pool = db.pool()
+        if db._hot is not None and not db._queued:
+            self._conn, db._hot = db._hot, None
+        else:
+            self._conn = await db._acquire(pool)
+        return self._conn
+
+    async def __aexit__(self, exc_type: object, exc: object, tb: object) -> None:
+        conn, pool, self._conn = self._conn, self._pool, None
+        if exc_type is not None:
+            await pool.release(conn)
+            return
+        self._db._give_back(pool, conn)
+
+
 class PgConnection:
     """The pool, LISTEN connection and migrations of one store on one schema.
 
@@ -98,8 +142,7 @@ class PgConnection:
             raise RuntimeError("the PostgreSQL store is not open")
         return self._pool
 
-    @asynccontextmanager
-    async def connection(self) -> AsyncIterator[Any]:
+    def connection(self) -> _Checkout:
         """A connection for one hot-path statement (or transaction).
 
         One connection stays checked out between calls (the *hot* one) and
@@ -111,22 +154,20 @@ class PgConnection:
         connection whose call raised (cancelled included) goes back to the
         pool, which cleans it up, and is never kept.
         """
-        pool = self.pool()
-        if self._hot is not None and not self._queued:
-            conn, self._hot = self._hot, None
-        else:
-            # Behind callers already waiting for the pool, never ahead of
-            # them: statements go out in the order they were asked for.
-            self._queued += 1
-            try:
-                conn = await pool.acquire()
-            finally:
-                self._queued -= 1
+        return _Checkout(self)
+
+    async def _acquire(self, pool: Any) -> Any:
+        """A connection from the pool, for a caller that found no idle hot one."""
+        # Behind callers already waiting for the pool, never ahead of
+        # them: statements go out in the order they were asked for.
+        self._queued += 1
         try:
-            yield conn
-        except BaseException:
-            await pool.release(conn)
-            raise
+            return await pool.acquire()
+        finally:
+            self._queued -= 1
+
+    def _give_back(self, pool: Any, conn: Any) -> None:
+        """After a call that succeeded: keep ``conn`` hot, or release it in the background."""
         if self._keeps(pool, conn):
             self._hot = conn
         else:
@@ -145,8 +186,8 @@ class PgConnection:
             self._hot is None
             and not self._queued
             and self._pool is pool
-            and pool.get_idle_size() > 0
             and not conn.is_closed()
+            and _has_idle(pool)
         )
 
     @asynccontextmanager

@@ -180,6 +180,11 @@ class RunChanges:
     output: Any = None
     error: ErrorInfo | None = None
     wake_at: int | None = None
+    waiters: bool = True
+    """Whether the run may hold signal or event waiters that a terminal status
+    must clear. ``False`` is the settling turn's promise that it holds none
+    (its run had no history when the turn began and the turn registered no
+    wait), so a store may skip that step; clearing anyway is always correct."""
 
 
 @dataclass(frozen=True, slots=True)

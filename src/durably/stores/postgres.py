@@ -791,6 +791,7 @@ class PostgresStore:
                 dump_json(changes.error),
                 changes.wake_at,
                 now,
+                waiters=changes.waiters,
             )
         )
 
