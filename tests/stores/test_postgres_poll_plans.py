@@ -108,6 +108,7 @@ async def test_polls_walk_their_index_under_stale_statistics(
     store = PostgresStore(postgres_url, server_settings=AUTO_EXPLAIN)
     await store.open()
     due = NOW - ASLEEP // 2  # run 0's time: nothing is due yet at this instant
+    mine, theirs = frozenset({("order", "1")}), frozenset({("other", "1")})
     # (name, call, rows the poll has to look at)
     polls: list[tuple[str, Callable[[], Awaitable[object]], int]] = [
         ("list_due, a page of due runs", lambda: store.list_due(NOW, PAGE), 2 * PAGE),
@@ -116,8 +117,8 @@ async def test_polls_walk_their_index_under_stale_statistics(
         ("list_pending", lambda: store.list_pending(NOW, PAGE), 0),
         ("count_pending", lambda: store.count_pending(), 0),
         ("list_orphans", lambda: store.list_orphans(NOW, PAGE), 0),
-        ("list_blocked", lambda: store.list_blocked(PAGE, workflows=frozenset({("order", "1")})), 0),
-        ("list_unclaimed", lambda: store.list_unclaimed(due, PAGE, workflows=frozenset({("other", "1")})), 0),
+        ("list_blocked", lambda: store.list_blocked(PAGE, workflows=mine), 0),
+        ("list_unclaimed", lambda: store.list_unclaimed(due, PAGE, workflows=theirs), 0),
         ("list_finished_before", lambda: store.list_finished_before(10, PAGE), 10),
     ]
     looked: dict[str, list[tuple[str, int]]] = {}
@@ -125,9 +126,9 @@ async def test_polls_walk_their_index_under_stale_statistics(
         for name, call, _ in polls:
             plans.clear()
             await call()
-            mine = [p for p in plans if "durably_runs" in p["Query Text"]]
-            assert mine, f"{name}: no plan explained"
-            looked[name] = [scan for p in mine for scan in _examined(p["Plan"])]
+            explained = [p for p in plans if "durably_runs" in p["Query Text"]]
+            assert explained, f"{name}: no plan explained"
+            looked[name] = [scan for p in explained for scan in _examined(p["Plan"])]
     finally:
         await store.close()
 
