@@ -14,7 +14,8 @@ so the statistics know of none (a burst between two analyzes).
 
 ``--churn``: after ``ANALYZE``, that many runs go pending and then finish (as an engine's claims
 would leave them), leaving their dead entries in the indexes; the polls are counted, then
-``VACUUM (VERBOSE) durably_runs`` (its buffer usage as it reports it), then the polls again.
+``VACUUM (VERBOSE) durably_runs`` (its buffer usage as it reports it; ``--index-cleanup``: with
+``INDEX_CLEANUP ON``), then the polls again.
 """
 
 from __future__ import annotations
@@ -117,6 +118,11 @@ async def main() -> None:
     parser.add_argument("--finished", type=int, default=100_000)
     parser.add_argument("--asleep", type=int, default=0)
     parser.add_argument("--churn", type=int, default=0)
+    parser.add_argument(
+        "--index-cleanup",
+        action="store_true",
+        help="VACUUM (INDEX_CLEANUP ON): what vacuum_index_cleanup = on makes autovacuum do",
+    )
     args = parser.parse_args()
     asyncpg.connection.Connection._process_log_message = _heard(  # type: ignore[method-assign]
         asyncpg.connection.Connection._process_log_message
@@ -162,10 +168,12 @@ async def main() -> None:
         if args.churn:
             said: list[str] = []
             conn.add_log_listener(lambda _c, m: said.append(m.message))
-            await conn.execute("VACUUM (VERBOSE) durably_runs")
-            usage = [m for m in said if "buffer usage" in m]
-            for line in usage[:1]:
-                print("\nVACUUM durably_runs:", re.sub(r"\s+", " ", line)[:600])
+            cleanup = ", INDEX_CLEANUP ON" if args.index_cleanup else ""
+            await conn.execute(f"VACUUM (VERBOSE{cleanup}) durably_runs")
+            for line in (m for m in said if "buffer usage" in m):
+                flat = re.sub(r"\s+", " ", line)
+                kept = re.findall(r"(index scan needed: [^:]*?removed|buffer usage: [^W]*)", flat)
+                print("\nVACUUM durably_runs:", "; ".join(kept))
             _print(f"{what}, after VACUUM", await _polls(store))
     finally:
         await store.close()
