@@ -54,6 +54,32 @@ SUSPENDED = only_checked("status = 'suspended'")
 """``status = 'suspended'`` in a statement that names its runs (see :func:`only_checked`)."""
 
 
+def polled(predicate: str) -> str:
+    """SQL for ``predicate`` in a poll, matching its partial index and no other.
+
+    A poll (``list_due``, ``list_pending``...) finds its runs through the
+    partial index for its status (migration 13), whose predicate is written
+    the same way, so the planner proves it by equality. Written as a plain
+    ``status = 'suspended'`` it would also be an index condition on every index
+    led by ``status`` (``durably_runs_updated``, ``durably_runs_status_listing``),
+    and when the statistics have not seen the runs a burst put to sleep ("one
+    row"), the generic plan took one of those: every sleeping run read and
+    sorted per poll (tests/stores/test_postgres_poll_plans.py). ``IS NOT FALSE``
+    keeps the rows ``...`` keeps (``status`` is ``NOT NULL``), no index answers
+    it, and it differs from :func:`only_checked`'s ``IS TRUE``, so a statement
+    naming its runs is not offered the partial indexes either.
+    """
+    return f"({predicate}) IS NOT FALSE"
+
+
+POLL_PENDING = polled("status = 'pending'")
+"""``status = 'pending'`` in a poll (see :func:`polled`; index ``durably_runs_pending``)."""
+POLL_RUNNING = polled("status = 'running'")
+"""``status = 'running'`` in a poll (see :func:`polled`; index ``durably_runs_orphans``)."""
+POLL_SUSPENDED = polled("status = 'suspended'")
+"""``status = 'suspended'`` in a poll (see :func:`polled`; index ``durably_runs_due``)."""
+
+
 CP_PARAMS = (
     "$1::text, $2::integer, $3::text, $4::text, $5::text, $6::text, $7::text, $8::text, "
     "$9::integer, $10::bigint, $11::bigint, $12::bigint, $13::text, $14::bigint, "

@@ -281,4 +281,26 @@ MIGRATIONS: list[str] = [
     CREATE INDEX durably_runs_tags ON durably_runs USING GIN (tags jsonb_path_ops)
         WHERE tags <> '[]'::jsonb;
     """,
+    # 13: each poll's partial index is the only index its status test matches
+    # (stores/_pg_sql.polled). With runs put to sleep since the last ANALYZE,
+    # a plain status = 'suspended' made durably_runs_updated (status, ...) as
+    # cheap as the poll's own index under the generic plan, and a poll read
+    # and sorted every sleeping run (tests/stores/test_postgres_poll_plans.py).
+    # The predicates below are written exactly as the polls write them; no
+    # index led by status can answer that form. The due index carries the
+    # poll's whole order (wake_at, id): on (wake_at) alone, a "one row"
+    # estimate sorted every due run for a page of them. The wake-requested
+    # branches check the status only (SUSPENDED), so their own index is the
+    # one they match.
+    """
+    DROP INDEX IF EXISTS durably_runs_due;
+    CREATE INDEX durably_runs_due ON durably_runs (wake_at, id)
+        WHERE (status = 'suspended') IS NOT FALSE;
+    DROP INDEX IF EXISTS durably_runs_orphans;
+    CREATE INDEX durably_runs_orphans ON durably_runs (locked_until)
+        WHERE (status = 'running') IS NOT FALSE;
+    DROP INDEX IF EXISTS durably_runs_pending;
+    CREATE INDEX durably_runs_pending ON durably_runs (priority DESC, created_at, id)
+        WHERE (status = 'pending') IS NOT FALSE;
+    """,
 ]

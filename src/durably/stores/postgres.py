@@ -48,7 +48,7 @@ from ._pg_connection import PgConnection
 from ._pg_messages import PgMessageQueue
 from ._pg_sql import CP_PARAMS as _CP_PARAMS
 from ._pg_sql import CP_UPSERT_TAIL as _CP_UPSERT_TAIL
-from ._pg_sql import RUNNING, SUSPENDED, notice_argument
+from ._pg_sql import POLL_PENDING, POLL_RUNNING, POLL_SUSPENDED, RUNNING, SUSPENDED, notice_argument
 from ._pg_sql import RUNS_UNNEST as _RUNS_UNNEST
 from ._pg_starts import PgStartBatcher
 from ._rows import (
@@ -267,8 +267,8 @@ _END_CHILDREN = f"""
 
 
 # list_due: suspended runs whose timer is due or whose wake was requested, most
-# overdue first. Each branch takes its own page in index order ((status,
-# wake_at) and the partial wake_requested_at index) before the two are merged:
+# overdue first. Each branch takes its own page in index order (the partial
+# (wake_at, id) and wake_requested_at indexes) before the two are merged:
 # grouping every due row first made a backlog of 25,000 due timers cost a
 # parallel sequential scan and a sort of all of them for each page of 500
 # (bench/big.py; tests/stores/test_postgres_due_index.py). A run in both pages
@@ -276,13 +276,13 @@ _END_CHILDREN = f"""
 LIST_DUE = (
     "SELECT id FROM ("
     " (SELECT id, wake_at AS due FROM durably_runs"
-    "  WHERE status = 'suspended' AND wake_at <= $1"
+    f"  WHERE {POLL_SUSPENDED} AND wake_at <= $1"
     "  AND ($3::text IS NULL OR namespace = $3)"
     f"  AND ($4::text[] IS NULL OR {_KEY} = ANY($4::text[]))"
     "  ORDER BY wake_at, id LIMIT $2)"
     " UNION ALL"
     " (SELECT id, wake_requested_at AS due FROM durably_runs"
-    "  WHERE wake_requested_at IS NOT NULL AND status = 'suspended'"
+    f"  WHERE wake_requested_at IS NOT NULL AND {SUSPENDED}"
     "  AND ($3::text IS NULL OR namespace = $3)"
     f"  AND ($4::text[] IS NULL OR {_KEY} = ANY($4::text[]))"
     "  ORDER BY wake_requested_at, id LIMIT $2)"
@@ -291,9 +291,9 @@ LIST_DUE = (
 
 
 # next_wake_at: the first suspended run's timer past $1, one step along the
-# (status, wake_at) index (ORDER BY ... LIMIT 1, not min() over every row).
+# partial (wake_at, id) index (ORDER BY ... LIMIT 1, not min() over every row).
 NEXT_WAKE = (
-    "SELECT wake_at FROM durably_runs WHERE status = 'suspended' AND wake_at > $1"
+    f"SELECT wake_at FROM durably_runs WHERE {POLL_SUSPENDED} AND wake_at > $1"
     " AND ($2::text IS NULL OR namespace = $2)"
     f" AND ($3::text[] IS NULL OR {_KEY} = ANY($3::text[]))"
     " ORDER BY wake_at LIMIT 1"
@@ -1016,7 +1016,7 @@ class PostgresStore:
     ) -> list[str]:
         """Pending runs, most urgent first, then oldest."""
         return await self._ids(
-            "SELECT id FROM durably_runs WHERE status = 'pending' "
+            f"SELECT id FROM durably_runs WHERE {POLL_PENDING} "
             "AND ($2::text IS NULL OR namespace = $2) "
             f"AND ($3::text[] IS NULL OR {_KEY} = ANY($3::text[])) "
             "ORDER BY priority DESC, created_at, id LIMIT $1",
@@ -1035,7 +1035,7 @@ class PostgresStore:
     ) -> list[str]:
         """Running runs whose lease expired."""
         return await self._ids(
-            "SELECT id FROM durably_runs WHERE status = 'running' "
+            f"SELECT id FROM durably_runs WHERE {POLL_RUNNING} "
             "AND (locked_until IS NULL OR locked_until < $1) "
             "AND ($3::text IS NULL OR namespace = $3) "
             f"AND ($4::text[] IS NULL OR {_KEY} = ANY($4::text[])) "
@@ -1136,13 +1136,13 @@ class PostgresStore:
         return await self._ids(
             "SELECT id FROM ("
             " SELECT id, updated_at AS since FROM durably_runs"
-            f"  WHERE status = 'pending' AND updated_at < $1 {outside}"
+            f"  WHERE {POLL_PENDING} AND updated_at < $1 {outside}"
             " UNION ALL"
             " SELECT id, wake_at AS since FROM durably_runs"
-            f"  WHERE status = 'suspended' AND wake_at < $1 {outside}"
+            f"  WHERE {POLL_SUSPENDED} AND wake_at < $1 {outside}"
             " UNION ALL"
             " SELECT id, wake_requested_at AS since FROM durably_runs"
-            f"  WHERE wake_requested_at < $1 AND status = 'suspended' {outside}"
+            f"  WHERE wake_requested_at < $1 AND {SUSPENDED} {outside}"
             ") AS unclaimed GROUP BY id ORDER BY min(since), id LIMIT $2",
             before,
             limit,
@@ -1837,7 +1837,7 @@ class PostgresStore:
     async def count_pending(self, namespace: str | None = None) -> int:
         """Pending runs (in ``namespace``)."""
         found = await self._db.pool().fetchval(
-            "SELECT count(*) FROM durably_runs WHERE status = 'pending' "
+            f"SELECT count(*) FROM durably_runs WHERE {POLL_PENDING} "
             "AND ($1::text IS NULL OR namespace = $1)",
             namespace,
         )

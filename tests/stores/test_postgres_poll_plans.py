@@ -1,0 +1,140 @@
+"""The engine's polls walk their own partial indexes, whatever the statistics
+say about the runs they look for.
+
+A burst puts thousands of runs to sleep between two ``ANALYZE``: the
+statistics still say no run is ``suspended`` (with 1,000,000 finished runs the
+sample never sees one), so under the generic plan the store's pool uses, a
+poll's ``status = 'suspended'`` looks like one row and any index led by
+``status`` looks as cheap as the poll's partial index. The planner took the
+generic ``durably_runs_updated (status, updated_at)``: one ``list_due`` read
+every sleeping run (20,000, 437 pages) and sorted them to return none
+(bench/RESULTS.md, "Flat at 1,000,000 runs, counted").
+
+Counted here, not timed: 100,000 finished runs analyzed, then 20,000 runs
+asleep (half due, half later) that the statistics have not seen. Each poll
+that filters on status runs through the store with ``auto_explain`` under the
+generic plan, and must look at no more rows of ``durably_runs`` than its page
+(or the rows it counts) plus a few.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import asyncpg
+import asyncpg.connection
+import asyncpg.exceptions
+import pytest
+
+from durably.stores.postgres import PostgresStore
+
+FINISHED = 100_000
+ASLEEP = 20_000
+NOW = 10_000_000
+PAGE = 50
+
+SEED = f"""
+    INSERT INTO durably_runs (id, workflow, workflow_version, status, tags, created_at,
+        updated_at)
+    SELECT 'old-' || lpad(i::text, 6, '0'), 'order', '1', 'completed', '[]'::jsonb, i, i
+    FROM generate_series(1, {FINISHED}) AS i
+"""
+# Run i wakes at NOW - ASLEEP/2 + i: the first half is due at NOW, the rest later.
+# Every one of them was put to sleep after the last ANALYZE.
+ASLEEP_SQL = f"""
+    INSERT INTO durably_runs (id, workflow, workflow_version, status, wake_at, tags,
+        created_at, updated_at)
+    SELECT 'nap-' || lpad(i::text, 6, '0'), 'order', '1', 'suspended',
+        {NOW} - {ASLEEP // 2} + i, '[]'::jsonb, {NOW} - {ASLEEP} + i, {NOW} - {ASLEEP} + i
+    FROM generate_series(1, {ASLEEP}) AS i
+"""
+
+AUTO_EXPLAIN = {
+    "session_preload_libraries": "auto_explain",
+    "auto_explain.log_min_duration": "0",
+    "auto_explain.log_analyze": "on",
+    "auto_explain.log_timing": "off",
+    "auto_explain.log_format": "json",
+    "auto_explain.log_level": "notice",
+    "client_min_messages": "notice",
+    # the pool's statements are prepared; after five runs PostgreSQL may keep a
+    # generic plan, the one a long-lived engine polls with: take it from the first
+    "plan_cache_mode": "force_generic_plan",
+}
+SCANS = {"Seq Scan", "Index Scan", "Index Only Scan", "Bitmap Heap Scan", "Bitmap Index Scan"}
+
+
+def _examined(node: dict[str, Any]) -> list[tuple[str, int]]:
+    """``(index or scan, rows looked at over every loop)`` for each scan of ``durably_runs``."""
+    found: list[tuple[str, int]] = []
+    if node.get("Node Type") in SCANS and node.get("Relation Name") == "durably_runs":
+        per_loop = node.get("Actual Rows", 0) + node.get("Rows Removed by Filter", 0)
+        per_loop += node.get("Rows Removed by Index Recheck", 0)
+        where = node.get("Index Name") or node["Node Type"]
+        found.append((where, round(per_loop * node.get("Actual Loops", 1))))
+    for child in node.get("Plans", []):
+        found.extend(_examined(child))
+    return found
+
+
+async def test_polls_walk_their_index_under_stale_statistics(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    plans: list[dict[str, Any]] = []
+    original = asyncpg.connection.Connection._process_log_message
+
+    def heard(conn: Any, fields: Any, last_query: Any) -> None:
+        text = asyncpg.exceptions.PostgresLogMessage.new(fields, query=last_query).message
+        if "plan:" in text and "{" in text:
+            plans.append(json.loads(text[text.index("{") :]))
+        original(conn, fields, last_query)
+
+    monkeypatch.setattr(asyncpg.connection.Connection, "_process_log_message", heard)
+
+    seeding = PostgresStore(postgres_url)
+    await seeding.open()
+    conn = await asyncpg.connect(postgres_url.split("?")[0])
+    try:
+        await conn.execute(f'SET search_path TO "{seeding.schema}"')
+        await conn.execute(SEED)
+        await conn.execute("ANALYZE durably_runs")
+        await conn.execute(ASLEEP_SQL)  # after ANALYZE: the statistics know of no sleeper
+    finally:
+        await conn.close()
+        await seeding.close()
+
+    store = PostgresStore(postgres_url, server_settings=AUTO_EXPLAIN)
+    await store.open()
+    due = NOW - ASLEEP // 2  # run 0's time: nothing is due yet at this instant
+    mine, theirs = frozenset({("order", "1")}), frozenset({("other", "1")})
+    # (name, call, rows the poll has to look at)
+    polls: list[tuple[str, Callable[[], Awaitable[object]], int]] = [
+        ("list_due, a page of due runs", lambda: store.list_due(NOW, PAGE), 2 * PAGE),
+        ("list_due, none due yet", lambda: store.list_due(due, PAGE), 0),
+        ("next_wake_at", lambda: store.next_wake_at(NOW), 1),
+        ("list_pending", lambda: store.list_pending(NOW, PAGE), 0),
+        ("count_pending", lambda: store.count_pending(), 0),
+        ("list_orphans", lambda: store.list_orphans(NOW, PAGE), 0),
+        ("list_blocked", lambda: store.list_blocked(PAGE, workflows=mine), 0),
+        ("list_unclaimed", lambda: store.list_unclaimed(due, PAGE, workflows=theirs), 0),
+        ("list_finished_before", lambda: store.list_finished_before(10, PAGE), 10),
+    ]
+    looked: dict[str, list[tuple[str, int]]] = {}
+    try:
+        for name, call, _ in polls:
+            plans.clear()
+            await call()
+            explained = [p for p in plans if "durably_runs" in p["Query Text"]]
+            assert explained, f"{name}: no plan explained"
+            looked[name] = [scan for p in explained for scan in _examined(p["Plan"])]
+    finally:
+        await store.close()
+
+    astray = [
+        f"{name}: {looked[name]}"
+        for name, _, needed in polls
+        if sum(rows for _, rows in looked[name]) > needed + 2
+    ]
+    assert not astray, "\n".join(astray)
