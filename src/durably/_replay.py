@@ -543,6 +543,11 @@ class Turn:
         """What must not have moved while the body is kept."""
         return (self._generation, self._next_seq, self._closed_calls)
 
+    @property
+    def open_seqs(self) -> dict[int, int]:
+        """The positions of the operations running now (parked ones among them)."""
+        return self._open_seqs
+
     def expected_history(self) -> tuple[dict[int, Checkpoint | None], frozenset[int]]:
         """The history this kept turn expects the store to hold now, and the
         positions of its parked operations (which anything may have settled)."""
