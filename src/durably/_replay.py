@@ -123,6 +123,9 @@ class Turn:
         """When the lease as last confirmed by the store runs out (engine clock)."""
         self._next_seq = 0
         self._history_end = max(checkpoints, default=-1) + 1
+        self.completed_below = 0
+        """Every position below this is a completed checkpoint of
+        :attr:`checkpoints` as the store holds it (see :mod:`durably._sticky`)."""
         self._parked: dict[int, tuple[int | None, bool]] = {}
         self._park_futures: list[asyncio.Future[bool]] = []
         self._in_flight = 0
@@ -569,6 +572,7 @@ class Turn:
         self._kept_at = None
         self.run = run
         self.checkpoints = checkpoints
+        self.completed_below = 0
         self.lease_until = run.locked_until
         self._history_end = max(checkpoints, default=-1) + 1
         self.written = {}

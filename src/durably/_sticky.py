@@ -53,6 +53,8 @@ class Kept:
     settled: bool = False
     """Whether the turn's suspend was written (only then may it resume)."""
     _read_from: int | None = None
+    _merged: tuple[dict[int, Checkpoint], int] | None = None
+    """The history :meth:`whole` made last, and the position it merged below."""
 
     def read_from(self) -> int:
         """The lowest position whose checkpoint the next turn must read from
@@ -68,7 +70,9 @@ class Kept:
             # The body cannot move while kept (Turn.resume checks), so this
             # holds until it resumes, when a new Kept replaces this one.
             seen, written, parked = self.turn.checkpoints, self.turn.written, self.turn.open_seqs
-            position = 0
+            # Below completed_below the body's history is settled already
+            # (it was merged from a kept body): start the scan there.
+            position = self.turn.completed_below
             while True:
                 cp = seen.get(position)
                 if (
@@ -89,9 +93,19 @@ class Kept:
         since = tail.since
         if self.read_from() < since:
             return None
-        whole = {seq: cp for seq, cp in tail.items() if seq < 0}
-        whole.update((seq, cp) for seq, cp in self.turn.checkpoints.items() if 0 <= seq < since)
+        seen = self.turn.checkpoints
+        if (tail and min(tail) < 0) or (seen and min(seen) < 0):
+            # Undos (negative positions) first, as a store orders them.
+            whole = {seq: cp for seq, cp in tail.items() if seq < 0}
+            whole.update((seq, cp) for seq, cp in seen.items() if 0 <= seq < since)
+        else:
+            # Copy (in C) and drop the few positions at or above ``since``,
+            # rather than pick the many below it one by one.
+            whole = dict(seen)
+            for seq in range(since, max(seen, default=-1) + 1):
+                whole.pop(seq, None)
         whole.update(tail)
+        self._merged = (whole, since)
         return whole
 
     def fits(self, run: Run, history: dict[int, Checkpoint]) -> bool:
@@ -197,6 +211,9 @@ class StickyRuns:
             kept.turn.dispose()
             self.replayed += 1
             return None
+        merged = kept._merged
+        if merged is not None and merged[0] is history:
+            kept.turn.completed_below = merged[1]
         self.resumed += 1
         return Resumed(kept, outcome)
 

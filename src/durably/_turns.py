@@ -298,10 +298,13 @@ class TurnDriver:
     async def _intercepted_turn(
         self, run: Run, checkpoints: dict[int, Checkpoint]
     ) -> tuple[TurnOutcome, Turn | None]:
+        # A tail holds every checkpoint not settled before it (those below
+        # are completed): the children to reconcile are among its positions.
+        unsettled = checkpoints
         checkpoints = await self._whole(run.run_id, checkpoints)
         intercept = self._services.intercept
         if not intercept.turns:
-            return await self._turn(run, checkpoints)
+            return await self._turn(run, checkpoints, unsettled)
         info = TurnInfo(
             run.run_id, run.workflow, run.workflow_version, run.trace_context, bool(checkpoints)
         )
@@ -311,7 +314,7 @@ class TurnDriver:
 
         async def call() -> tuple[TurnOutcome, Turn | None]:
             called.append(True)
-            result = await self._turn(run, checkpoints)
+            result = await self._turn(run, checkpoints, unsettled)
             info.outcome = result[0].end.value
             done.append(result)
             return result
@@ -325,10 +328,10 @@ class TurnDriver:
             # An interceptor's bug must not strand the run under our lease: the
             # turn runs (or its outcome stands) as if it were not there.
             _log.exception("a turn interceptor failed on run %s", run.run_id)
-            return done[0] if done else await self._turn(run, checkpoints)
+            return done[0] if done else await self._turn(run, checkpoints, unsettled)
 
     async def _turn(
-        self, run: Run, checkpoints: dict[int, Checkpoint]
+        self, run: Run, checkpoints: dict[int, Checkpoint], unsettled: dict[int, Checkpoint]
     ) -> tuple[TurnOutcome, Turn | None]:
         try:
             definition = self._registry.get(run.workflow, run.workflow_version)
@@ -353,7 +356,7 @@ class TurnDriver:
                     return TurnOutcome(TurnEnd.SUSPENDED, wake_at=ask_again), None
         except SchemaValidationError as exc:
             return TurnOutcome(TurnEnd.FAILED, error=error_info(exc)), None
-        missing_children = await self._children.reconcile(run, checkpoints)
+        missing_children = await self._children.reconcile(run, unsettled)
         self._router.forget(run.run_id)
         if definition.remote is not None and self.remote_turn is not None:
             return await self.remote_turn(run, checkpoints, definition, missing_children), None
