@@ -25,7 +25,7 @@ without the cache; a crash loses the cache, and the next turn replays.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass
 
 from ._ops.saga import Saga
@@ -53,8 +53,9 @@ class Kept:
     settled: bool = False
     """Whether the turn's suspend was written (only then may it resume)."""
     _read_from: int | None = None
-    _merged: tuple[dict[int, Checkpoint], int] | None = None
-    """The history :meth:`whole` made last, and the position it merged below."""
+    _merged: tuple[dict[int, Checkpoint], int, HistoryTail] | None = None
+    """The history :meth:`whole` made last, the position it merged below and
+    the tail it merged."""
 
     def read_from(self) -> int:
         """The lowest position whose checkpoint the next turn must read from
@@ -105,7 +106,7 @@ class Kept:
             for seq in range(since, max(seen, default=-1) + 1):
                 whole.pop(seq, None)
         whole.update(tail)
-        self._merged = (whole, since)
+        self._merged = (whole, since, tail)
         return whole
 
     def fits(self, run: Run, history: dict[int, Checkpoint]) -> bool:
@@ -123,6 +124,11 @@ class Kept:
         if not self.ctx._updates_idle:
             return False
         expected, parked = self.turn.expected_history()
+        merged = self._merged
+        if merged is not None and merged[0] is history:
+            # Below the tail's position the history holds the very
+            # checkpoints the body saw: compare the tail's positions only.
+            return continues(expected, parked, history, merged[2])
         return continues(expected, parked, history)
 
 
@@ -135,7 +141,10 @@ class Resumed:
 
 
 def continues(
-    expected: dict[int, Checkpoint | None], parked: frozenset[int], history: dict[int, Checkpoint]
+    expected: dict[int, Checkpoint | None],
+    parked: frozenset[int],
+    history: dict[int, Checkpoint],
+    positions: Iterable[int] | None = None,
 ) -> bool:
     """Whether ``history`` is ``expected`` but for the ``parked`` positions.
 
@@ -147,9 +156,10 @@ def continues(
     """
     if len(history) != len(expected):
         return False
-    for seq, cp in history.items():
+    for seq in history if positions is None else positions:
         if seq not in expected:
             return False
+        cp = history[seq]
         seen = expected[seq]
         if cp is seen or seq in parked:
             continue  # the very checkpoint it saw (kept below a tail's position)

@@ -400,6 +400,10 @@ def test_continues_allows_only_the_parked_positions_to_move() -> None:
     assert not continues(seen, parked, {**same, 0: cp(0, done, attempts=2)})  # rewritten
     assert not continues(seen, parked, {**same, 2: cp(2, pending)})  # a settled write unsettled
     assert not continues(seen, frozenset(), {**same, 1: cp(1, done)})  # not parked: no change
+    # a tail's positions only (the rest is the very checkpoints seen)
+    assert continues(seen, parked, {**same, 1: cp(1, done)}, [1, 2])
+    assert not continues(seen, parked, {**same, 2: cp(2, pending)}, [1, 2])
+    assert not continues(seen, parked, {0: same[0], 1: same[1], 3: cp(3, done)}, [1, 3])
 
 
 def test_the_cache_is_on_by_default_and_its_size_is_checked() -> None:
