@@ -123,6 +123,9 @@ class Turn:
         """When the lease as last confirmed by the store runs out (engine clock)."""
         self._next_seq = 0
         self._history_end = max(checkpoints, default=-1) + 1
+        self.completed_below = 0
+        """Every position below this is a completed checkpoint of
+        :attr:`checkpoints` as the store holds it (see :mod:`durably._sticky`)."""
         self._parked: dict[int, tuple[int | None, bool]] = {}
         self._park_futures: list[asyncio.Future[bool]] = []
         self._in_flight = 0
@@ -548,6 +551,11 @@ class Turn:
         """What must not have moved while the body is kept."""
         return (self._generation, self._next_seq, self._closed_calls)
 
+    @property
+    def open_seqs(self) -> dict[int, int]:
+        """The positions of the operations running now (parked ones among them)."""
+        return self._open_seqs
+
     def expected_history(self) -> tuple[dict[int, Checkpoint | None], frozenset[int]]:
         """The history this kept turn expects the store to hold now, and the
         positions of its parked operations (which anything may have settled)."""
@@ -569,6 +577,7 @@ class Turn:
         self._kept_at = None
         self.run = run
         self.checkpoints = checkpoints
+        self.completed_below = 0
         self.lease_until = run.locked_until
         self._history_end = max(checkpoints, default=-1) + 1
         self.written = {}

@@ -28,7 +28,7 @@ from .context import WorkflowContext
 from .errors import SchemaValidationError, WorkflowNotRegistered, _TurnClosed
 from .model import TERMINAL_STATUSES, Checkpoint, ErrorInfo, Run, RunResult, RunStatus
 from .stores import RunChanges, SettleResult
-from .stores.base import TurnLease
+from .stores.base import HistoryTail, ReadFrom, TurnLease
 
 if TYPE_CHECKING:
     from ._children import ChildRuns
@@ -89,6 +89,9 @@ class TurnDriver:
         size = options().sticky_runs
         self.sticky: StickyRuns | None = StickyRuns(size) if size > 0 else None
         """Suspended turns kept in memory for their run's next turn (see :mod:`durably._sticky`)."""
+        self.tails_reread = 0
+        """Histories leased from a kept body's position whose body was gone
+        by the turn (let go meanwhile), so read again in full."""
         self.remote_turn: RemoteTurn | None = None
         """Takes the turns of remote workflows (set by the wiring)."""
         self.timer_set: Callable[[int], None] | None = None
@@ -209,9 +212,7 @@ class TurnDriver:
                 again = await self._store.continue_turn(
                     run_id, self._owner(), self._clock.now_ms() + self._options().lease_ms
                 )
-                leased = (
-                    None if again is None else (again, await self._store.load_checkpoints(run_id))
-                )
+                leased = None if again is None else (again, await self._history(run_id))
             except Exception as exc:
                 if not is_infrastructure_error(exc):
                     raise
@@ -231,7 +232,31 @@ class TurnDriver:
             _WAKEABLE,
             limit,
             workflows=self._registry.executable(),
+            read_from=self._read_from(),
         )
+
+    def _read_from(self) -> ReadFrom | None:
+        """Where a lease reads each run's history from: a kept body holds
+        the settled start of its run's history (:mod:`durably._sticky`)."""
+        return None if self.sticky is None else self.sticky.read_from
+
+    async def _history(self, run_id: str) -> dict[int, Checkpoint]:
+        """``run_id``'s history for a turn leased by ``continue_turn``."""
+        since = 0 if self.sticky is None else self.sticky.read_from(run_id)
+        return await self._store.load_checkpoints(run_id, since)
+
+    async def _whole(self, run_id: str, history: dict[int, Checkpoint]) -> dict[int, Checkpoint]:
+        """The whole history of a turn leased with ``history``: a tail (read
+        from a kept body's position) completed from that body, or else read
+        again in full. The kept body is an optimization; the turn never
+        depends on it being there still."""
+        if not isinstance(history, HistoryTail):
+            return history
+        whole = None if self.sticky is None else self.sticky.whole(run_id, history)
+        if whole is None:
+            self.tails_reread += 1
+            return await self._store.load_checkpoints(run_id)
+        return whole
 
     async def _start_turns(self, run_ids: list[str]) -> list[Leased | None]:
         now = self._clock.now_ms()
@@ -244,6 +269,7 @@ class TurnDriver:
             now + self._options().lease_ms,
             _WAKEABLE,
             workflows=self._registry.executable(),
+            read_from=self._read_from(),
         )
         # An id asked twice in one batch gets its turn once: the second asker
         # sees what a second start_turn would (the run is leased: None).
@@ -273,9 +299,13 @@ class TurnDriver:
     async def _intercepted_turn(
         self, run: Run, checkpoints: dict[int, Checkpoint]
     ) -> tuple[TurnOutcome, Turn | None]:
+        # A tail holds every checkpoint not settled before it (those below
+        # are completed): the children to reconcile are among its positions.
+        unsettled = checkpoints
+        checkpoints = await self._whole(run.run_id, checkpoints)
         intercept = self._services.intercept
         if not intercept.turns:
-            return await self._turn(run, checkpoints)
+            return await self._turn(run, checkpoints, unsettled)
         info = TurnInfo(
             run.run_id, run.workflow, run.workflow_version, run.trace_context, bool(checkpoints)
         )
@@ -285,7 +315,7 @@ class TurnDriver:
 
         async def call() -> tuple[TurnOutcome, Turn | None]:
             called.append(True)
-            result = await self._turn(run, checkpoints)
+            result = await self._turn(run, checkpoints, unsettled)
             info.outcome = result[0].end.value
             done.append(result)
             return result
@@ -299,10 +329,10 @@ class TurnDriver:
             # An interceptor's bug must not strand the run under our lease: the
             # turn runs (or its outcome stands) as if it were not there.
             _log.exception("a turn interceptor failed on run %s", run.run_id)
-            return done[0] if done else await self._turn(run, checkpoints)
+            return done[0] if done else await self._turn(run, checkpoints, unsettled)
 
     async def _turn(
-        self, run: Run, checkpoints: dict[int, Checkpoint]
+        self, run: Run, checkpoints: dict[int, Checkpoint], unsettled: dict[int, Checkpoint]
     ) -> tuple[TurnOutcome, Turn | None]:
         try:
             definition = self._registry.get(run.workflow, run.workflow_version)
@@ -327,7 +357,7 @@ class TurnDriver:
                     return TurnOutcome(TurnEnd.SUSPENDED, wake_at=ask_again), None
         except SchemaValidationError as exc:
             return TurnOutcome(TurnEnd.FAILED, error=error_info(exc)), None
-        missing_children = await self._children.reconcile(run, checkpoints)
+        missing_children = await self._children.reconcile(run, unsettled)
         self._router.forget(run.run_id)
         if definition.remote is not None and self.remote_turn is not None:
             return await self.remote_turn(run, checkpoints, definition, missing_children), None
@@ -386,6 +416,7 @@ class TurnDriver:
                         run.workflow,
                         run.workflow_version,
                         run.recovery_attempts,
+                        run.created_at,
                     ),
                 )
             if outcome.end is TurnEnd.CLOSED:
@@ -489,7 +520,7 @@ class TurnDriver:
                 # which reads the intent and unwinds.
                 again = await self._store.continue_turn(run_id, owner, now + lease_ms)
                 if again is not None:
-                    return again, await self._store.load_checkpoints(run_id)
+                    return again, await self._history(run_id)
                 return None
             if self._router.draining:
                 await self._store.release_run(run_id, owner, now)
@@ -554,7 +585,7 @@ class TurnDriver:
             again = await self._store.continue_turn(run_id, owner, now + lease_ms)
             if again is None:
                 return None
-            return again, await self._store.load_checkpoints(run_id)
+            return again, await self._history(run_id)
         if result is SettleResult.SETTLED:
             if (
                 status is RunStatus.SUSPENDED

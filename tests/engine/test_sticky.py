@@ -400,6 +400,10 @@ def test_continues_allows_only_the_parked_positions_to_move() -> None:
     assert not continues(seen, parked, {**same, 0: cp(0, done, attempts=2)})  # rewritten
     assert not continues(seen, parked, {**same, 2: cp(2, pending)})  # a settled write unsettled
     assert not continues(seen, frozenset(), {**same, 1: cp(1, done)})  # not parked: no change
+    # a tail's positions only (the rest is the very checkpoints seen)
+    assert continues(seen, parked, {**same, 1: cp(1, done)}, [1, 2])
+    assert not continues(seen, parked, {**same, 2: cp(2, pending)}, [1, 2])
+    assert not continues(seen, parked, {0: same[0], 1: same[1], 3: cp(3, done)}, [1, 3])
 
 
 def test_the_cache_is_on_by_default_and_its_size_is_checked() -> None:
@@ -461,3 +465,81 @@ async def test_a_kept_body_that_moved_on_its_own_is_replayed(make_engine: Engine
     assert await engine.run_one("i")
     assert (await engine.wait_for_run("i", terminal=True, timeout=10)).output == "went"
     stuck.set()
+
+
+def _count_reads(engine: durably.Engine, run_id: str) -> list[int]:
+    """The number of checkpoints each turn start of ``run_id`` read (the
+    real store's answers, counted on their way to the engine)."""
+    reads: list[int] = []
+    store: Any = engine.store
+    start_turns = store.start_turns
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        leased = await start_turns(*args, **kwargs)
+        reads.extend(len(history) for rid, (_, history) in leased.items() if rid == run_id)
+        return leased
+
+    store.start_turns = counted
+    return reads
+
+
+async def test_a_resumed_turn_reads_only_what_changed(make_engine: EngineFactory) -> None:
+    """Each turn of a kept body reads the history from the position it
+    waits on, not the whole history (which grows by one a turn)."""
+    engine = make_engine(sticky_runs=1000)
+    starts: list[str] = []
+    _signals(engine, starts, 12)
+    reads = _count_reads(engine, "r")
+    async with engine:
+        await engine.start("signals", run_id="r")
+        for i in range(12):
+            await _waiting(engine, "r", i + 1)
+            await engine.signal(f"r:{i}", i)
+        result = await engine.wait_for_run("r", terminal=True, timeout=10)
+    assert result.output == list(range(12))
+    assert starts == ["r"] and _sticky(engine).resumed == 12
+    # one read per resumed turn (the first turn's run was leased as started):
+    # the signal just delivered, nothing below it
+    assert reads == [1] * 12
+    assert engine._turns.tails_reread == 0
+
+
+async def test_without_the_cache_every_turn_reads_the_whole_history(
+    make_engine: EngineFactory,
+) -> None:
+    engine = make_engine(sticky_runs=0)
+    starts: list[str] = []
+    _signals(engine, starts, 4)
+    reads = _count_reads(engine, "r")
+    async with engine:
+        await engine.start("signals", run_id="r")
+        for i in range(4):
+            await _waiting(engine, "r", i + 1)
+            await engine.signal(f"r:{i}", i)
+        await engine.wait_for_run("r", terminal=True, timeout=10)
+    assert reads == [1, 2, 3, 4]
+
+
+async def test_a_tail_whose_kept_body_is_gone_is_read_again_in_full(
+    make_engine: EngineFactory,
+) -> None:
+    """The cache is never what a turn's history depends on: a history read
+    from a kept body's position, whose body was let go before the turn
+    began, is read again whole."""
+    from durably.stores.base import HistoryTail
+
+    engine = make_engine(drive=False, sticky_runs=1000)
+    _signals(engine, [], 3)
+    await engine.start("signals", run_id="r")
+    assert await engine.run_one("r")
+    await engine.signal("r:0", "zero")
+    assert await engine.run_one("r")
+    sticky = _sticky(engine)
+    assert sticky.read_from("r") == 1
+    whole = await engine.store.load_checkpoints("r")
+    tail = await engine.store.load_checkpoints("r", sticky.read_from("r"))
+    assert isinstance(tail, HistoryTail) and list(tail) == [1]
+    assert await engine._turns._whole("r", tail) == whole  # completed from the body
+    sticky.drop("r")
+    assert await engine._turns._whole("r", tail) == whole  # read again
+    assert engine._turns.tails_reread == 1

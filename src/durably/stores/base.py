@@ -22,7 +22,7 @@ clock (real or virtual) is the only clock.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol, runtime_checkable
@@ -39,6 +39,8 @@ __all__ = [
     "EventDelivery",
     "Executable",
     "FlowStore",
+    "HistoryTail",
+    "ReadFrom",
     "Resolution",
     "RunChanges",
     "RunPage",
@@ -59,6 +61,7 @@ __all__ = [
     "UpdateRecord",
     "UpdateStore",
     "WaitStore",
+    "read_tail",
 ]
 
 
@@ -213,6 +216,32 @@ class BeatRecord:
     """The handler's progress report; ``None`` keeps the stored one."""
 
 
+ReadFrom = Callable[[str], int]
+"""The position from which a lease call reads a run's history: every
+checkpoint at that position or above, and every negative one (compensation
+undos); ``0`` reads it all. A position above ``0`` gets a
+:class:`HistoryTail` instead of the whole history. The caller (a kept
+turn, :mod:`durably._sticky`) holds the settled checkpoints below it, which
+a store never rewrites."""
+
+
+class HistoryTail(dict[int, Checkpoint]):
+    """A run's history read from :attr:`since` (and its negative positions):
+    what a lease call returns for a run its ``read_from`` placed above ``0``."""
+
+    __slots__ = ("since",)
+
+    def __init__(self, since: int, checkpoints: Iterable[tuple[int, Checkpoint]] = ()) -> None:
+        super().__init__(checkpoints)
+        self.since = since
+
+
+def read_tail(since: int, checkpoints: Iterable[tuple[int, Checkpoint]]) -> dict[int, Checkpoint]:
+    """``checkpoints`` as a lease call returns them: a :class:`HistoryTail`
+    when read from above ``0``, else the whole history as a plain dict."""
+    return HistoryTail(since, checkpoints) if since > 0 else dict(checkpoints)
+
+
 @dataclass(frozen=True, slots=True)
 class TurnLease:
     """How :meth:`CheckpointStore.resolve_and_lease` leases the runs it wakes:
@@ -225,6 +254,8 @@ class TurnLease:
     limit: int
     """At most this many runs are leased (the free turn slots of the caller)."""
     workflows: Executable | None = None
+    read_from: ReadFrom | None = None
+    """Where each leased run's history is read from (see :data:`ReadFrom`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -366,13 +397,16 @@ class TurnStore(Protocol):
         statuses: frozenset[RunStatus],
         *,
         workflows: Executable | None = None,
+        read_from: ReadFrom | None = None,
     ) -> dict[str, tuple[Run, dict[int, Checkpoint]]]:
         """Start the turns of many runs in one round trip. *Atomic* for each
         run: if its status is in ``statuses``, its ``(workflow, version)`` is
         in ``workflows`` (when given) and it is unleased (or its lease
         expired before ``now``), mark it ``running`` under ``owner`` until
         ``lease_until``, clear ``wake_requested_at`` and ``wake_at``, and load
-        every checkpoint it has (the one snapshot of its history per turn).
+        every checkpoint it has (the one snapshot of its history per turn),
+        or, with ``read_from``, those from the position it gives the run
+        (a :class:`HistoryTail`, see :data:`ReadFrom`).
 
         Returns the runs leased here with their histories; a run not leasable
         (another instance holds it, wrong status, a workflow outside
@@ -574,8 +608,10 @@ class CheckpointStore(Protocol):
     write before issuing the next one, since the later completing implies
     the earlier did."""
 
-    async def load_checkpoints(self, run_id: str) -> dict[int, Checkpoint]:
-        """Every checkpoint of a run, by seq (the one snapshot per turn)."""
+    async def load_checkpoints(self, run_id: str, since: int = 0) -> dict[int, Checkpoint]:
+        """Every checkpoint of a run, by seq (the one snapshot per turn); with
+        ``since`` above ``0``, only those at ``since`` or above and the
+        negative ones, as a :class:`HistoryTail` (see :data:`ReadFrom`)."""
 
     def save_checkpoint(self, checkpoint: Checkpoint, owner: str) -> Awaitable[bool]:
         """Upsert a checkpoint, fenced: only while ``owner`` holds the run's
@@ -623,8 +659,8 @@ class CheckpointStore(Protocol):
     ) -> tuple[list[int | None], dict[str, tuple[Run, dict[int, Checkpoint]]]]:
         """:meth:`resolve_checkpoints`, and in the same transaction lease the
         runs it wakes for their next turn, returning them with their
-        histories (the results just settled included) as
-        :meth:`TurnStore.start_turns` does.
+        histories (the results just settled included, each read from
+        ``lease.read_from``) as :meth:`TurnStore.start_turns` does.
 
         Of the runs the batch would stamp a wake on, at most ``lease.limit``
         (in run id order) are leased to ``lease.owner`` if

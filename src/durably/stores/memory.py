@@ -34,6 +34,7 @@ from .base import (
     ChildEnd,
     Executable,
     QueueState,
+    ReadFrom,
     Resolution,
     RunChanges,
     RunPage,
@@ -42,6 +43,7 @@ from .base import (
     SettleResult,
     TurnLease,
     UpdateRecord,
+    read_tail,
 )
 
 __all__ = ["MemoryStore"]
@@ -209,6 +211,7 @@ class MemoryStore(MemoryWaits):
         statuses: frozenset[RunStatus],
         *,
         workflows: Executable | None = None,
+        read_from: ReadFrom | None = None,
     ) -> dict[str, tuple[Run, dict[int, Checkpoint]]]:
         """Lease each run that is free and load its history (no await yields)."""
         leased: dict[str, tuple[Run, dict[int, Checkpoint]]] = {}
@@ -218,7 +221,8 @@ class MemoryStore(MemoryWaits):
                 continue
             run = await self._acquire_run(run_id, owner, now, lease_until, statuses)
             if run is not None:
-                leased[run_id] = run, await self.load_checkpoints(run_id)
+                since = 0 if read_from is None else read_from(run_id)
+                leased[run_id] = run, await self.load_checkpoints(run_id, since)
         return leased
 
     async def continue_turn(self, run_id: str, owner: str, lease_until: int) -> Run | None:
@@ -565,9 +569,12 @@ class MemoryStore(MemoryWaits):
 
     # -- checkpoints -------------------------------------------------------------------
 
-    async def load_checkpoints(self, run_id: str) -> dict[int, Checkpoint]:
-        """Every checkpoint of the run."""
-        return copy.deepcopy(dict(sorted(self._checkpoints.get(run_id, {}).items())))
+    async def load_checkpoints(self, run_id: str, since: int = 0) -> dict[int, Checkpoint]:
+        """Every checkpoint of the run (from ``since``, and the negative ones)."""
+        history = sorted(self._checkpoints.get(run_id, {}).items())
+        return read_tail(
+            since, [(seq, copy.deepcopy(cp)) for seq, cp in history if seq < 0 or seq >= since]
+        )
 
     async def save_checkpoint(self, checkpoint: Checkpoint, owner: str) -> bool:
         """Upsert under the lease; never replace a completed checkpoint."""
@@ -690,6 +697,7 @@ class MemoryStore(MemoryWaits):
             lease.lease_until,
             lease.statuses,
             workflows=lease.workflows,
+            read_from=lease.read_from,
         )
         return answers, leased
 

@@ -82,6 +82,7 @@ from .base import (
     EventDelivery,
     Executable,
     QueueState,
+    ReadFrom,
     Resolution,
     RunChanges,
     RunPage,
@@ -91,6 +92,7 @@ from .base import (
     SignalWait,
     TurnLease,
     UpdateRecord,
+    read_tail,
 )
 
 __all__ = ["PostgresStore"]
@@ -110,14 +112,28 @@ _INSERT_PENDING_RUN = (
     f"SELECT (SELECT pg_notify($23, '{StoreNotice.PENDING}:' || {notice_argument('id')})) "
     "IS NULL FROM ins"
 )
-_HISTORY = (
-    "(SELECT coalesce(json_agg(json_build_array(c.seq, c.name, c.kind, "
-    "c.status, c.input, c.output, c.error, c.attempts, c.wake_at, c.started_at, "
-    "c.finished_at, c.parallel_group, c.dispatched_at, c.redispatches, c.queue, "
-    "c.last_heartbeat_at, c.progress, c.events) ORDER BY c.seq), '[]')::text "
-    "FROM durably_checkpoints c WHERE c.run_id = r.id)"
-)
-"""A run's whole history as one JSON text, for the turn-starting statements."""
+
+
+def _history_from(since: str) -> str:
+    """A run's history from the position ``since`` (an SQL expression; the
+    negative positions too, see :data:`~durably.stores.base.ReadFrom`) as one
+    JSON text, for the turn-starting statements. Two ranges of the primary
+    key: the rows below ``since`` are neither read nor encoded."""
+    return (
+        "(SELECT coalesce(json_agg(json_build_array(c.seq, c.name, c.kind, "
+        "c.status, c.input, c.output, c.error, c.attempts, c.wake_at, c.started_at, "
+        "c.finished_at, c.parallel_group, c.dispatched_at, c.redispatches, c.queue, "
+        "c.last_heartbeat_at, c.progress, c.events) ORDER BY c.seq), '[]')::text "
+        "FROM (SELECT * FROM durably_checkpoints WHERE run_id = r.id AND seq < 0 "
+        "UNION ALL SELECT * FROM durably_checkpoints WHERE run_id = r.id "
+        f"AND seq >= greatest({since}, 0)) c)"
+    )
+
+
+# A batch's positions come as an array parallel to its ids ($4), $7: NULL
+# (or a missing entry) reads everything.
+_HISTORY = _history_from("coalesce(($7::integer[])[array_position($4::text[], r.id)], 0)")
+"""The history of each run of a batch statement leasing the runs ``$4``."""
 # Lease the run and read its history in one round trip.
 # A run's (workflow, version) as one key, compared with ``= ANY`` against the
 # one array parameter an engine passes (see ``_keys``); NULL: every run.
@@ -129,7 +145,7 @@ _START_TURN = (
     "AND (locked_by IS NULL OR locked_until IS NULL OR locked_until < $3) "
     f"AND ($6::text[] IS NULL OR {_KEY} = ANY($6::text[])) "
     f"RETURNING {_SELECT_RUN}) "
-    f"SELECT r.*, {_HISTORY} AS history FROM r"
+    f"SELECT r.*, {_history_from('$7::integer')} AS history FROM r"
 )
 _UPSERT_ATTRIBUTE = (
     "INSERT INTO durably_run_attributes (run_id, key, type, str_value, num_value) "
@@ -672,16 +688,18 @@ class PostgresStore:
         lease_until: int,
         statuses: frozenset[RunStatus],
         keys: list[str] | None,
+        since: int,
     ) -> tuple[Run, dict[int, Checkpoint]] | None:
         """Lease one run and load its history, in one statement that waits
         for the run's row lock (the batch passes locked rows over)."""
+        values = [s.value for s in statuses]
         async with self._db.connection() as conn:
             row = await conn.fetchrow(
-                _START_TURN, owner, lease_until, now, run_id, [s.value for s in statuses], keys
+                _START_TURN, owner, lease_until, now, run_id, values, keys, since
             )
         if row is None:
             return None
-        return run_from_row(row), _history(run_id, row["history"])
+        return run_from_row(row), _history(run_id, row["history"], since)
 
     async def start_turns(
         self,
@@ -692,6 +710,7 @@ class PostgresStore:
         statuses: frozenset[RunStatus],
         *,
         workflows: Executable | None = None,
+        read_from: ReadFrom | None = None,
     ) -> dict[str, tuple[Run, dict[int, Checkpoint]]]:
         """Lease the free runs and load their histories in one statement; a
         run whose row another transaction holds is retried alone."""
@@ -699,6 +718,7 @@ class PostgresStore:
             return {}
         values = [s.value for s in statuses]
         keys = _keys(workflows)
+        since, froms = _positions(read_from, run_ids)
         # SKIP LOCKED: the batch never waits on a row lock, so it cannot
         # deadlock with another multi-row write locking in another order.
         rows = await self._db.pool().fetch(
@@ -717,9 +737,11 @@ class PostgresStore:
             run_ids,
             values,
             keys,
+            froms,
         )
         leased = {
-            row["id"]: (run_from_row(row), _history(row["id"], row["history"])) for row in rows
+            row["id"]: (run_from_row(row), _history(row["id"], row["history"], since(row["id"])))
+            for row in rows
         }
         # A run passed over because its row was being written gets the one-row
         # statement, which waits for the lock and re-checks: the batch decides
@@ -748,7 +770,7 @@ class PostgresStore:
         if rest:
             again = await asyncio.gather(
                 *(
-                    self._start_turn(run_id, owner, now, lease_until, statuses, keys)
+                    self._start_turn(run_id, owner, now, lease_until, statuses, keys, since(run_id))
                     for run_id in rest
                 )
             )
@@ -1221,13 +1243,22 @@ class PostgresStore:
 
     # -- checkpoints -------------------------------------------------------------------
 
-    async def load_checkpoints(self, run_id: str) -> dict[int, Checkpoint]:
-        """Every checkpoint of the run."""
+    async def load_checkpoints(self, run_id: str, since: int = 0) -> dict[int, Checkpoint]:
+        """Every checkpoint of the run (from ``since``, and the negative ones)."""
+        if since <= 0:
+            rows = await self._db.pool().fetch(
+                f"SELECT {CP_SELECT} FROM durably_checkpoints WHERE run_id = $1 ORDER BY seq",
+                run_id,
+            )
+            return {row["seq"]: checkpoint_from_row(row) for row in rows}
         rows = await self._db.pool().fetch(
-            f"SELECT {CP_SELECT} FROM durably_checkpoints WHERE run_id = $1 ORDER BY seq",
+            f"SELECT {CP_SELECT} FROM durably_checkpoints WHERE run_id = $1 AND seq < 0 "
+            f"UNION ALL SELECT {CP_SELECT} FROM durably_checkpoints WHERE run_id = $1 "
+            "AND seq >= $2 ORDER BY seq",
             run_id,
+            since,
         )
-        return {row["seq"]: checkpoint_from_row(row) for row in rows}
+        return read_tail(since, ((row["seq"], checkpoint_from_row(row)) for row in rows))
 
     def save_checkpoint(self, checkpoint: Checkpoint, owner: str) -> asyncio.Future[bool]:
         """Upsert under the lease (never replacing a completed checkpoint),
@@ -1442,17 +1473,21 @@ class PostgresStore:
             if terms.limit > 0:
                 # The rows are locked by this transaction already: no SKIP
                 # LOCKED, every run start_turns would take is taken.
+                woken = sorted(wake)[: terms.limit]
+                since, froms = _positions(terms.read_from, woken)
                 taken = await conn.fetch(
                     _LEASE_WOKEN,
                     terms.owner,
                     terms.lease_until,
                     now,
-                    sorted(wake)[: terms.limit],
+                    woken,
                     [status.value for status in terms.statuses],
                     _keys(terms.workflows),
+                    froms,
                 )
                 for row in taken:
-                    leased[row["id"]] = (run_from_row(row), _history(row["id"], row["history"]))
+                    history = _history(row["id"], row["history"], since(row["id"]))
+                    leased[row["id"]] = (run_from_row(row), history)
                 wake -= set(leased)
         if wake:
             # One statement for every run to wake (its row is locked already,
@@ -2040,10 +2075,24 @@ def _flow_lock(queue: str) -> str:
     return f"durably:flow:{queue}"
 
 
-def _history(run_id: str, text: str) -> dict[int, Checkpoint]:
-    """Decode what :data:`_HISTORY` selected (each item the checkpoint's
-    columns after ``run_id``)."""
-    return {item[0]: checkpoint_from_row((run_id, *item)) for item in codec.loads(text)}
+def _history(run_id: str, text: str, since: int = 0) -> dict[int, Checkpoint]:
+    """Decode what :func:`_history_from` selected (each item the
+    checkpoint's columns after ``run_id``), read from ``since``."""
+    items = codec.loads(text)
+    if since <= 0:
+        return {item[0]: checkpoint_from_row((run_id, *item)) for item in items}
+    return read_tail(since, ((item[0], checkpoint_from_row((run_id, *item))) for item in items))
+
+
+def _positions(
+    read_from: ReadFrom | None, run_ids: list[str]
+) -> tuple[Callable[[str], int], list[int] | None]:
+    """Where each of ``run_ids`` is read from, asked once each: the lookup,
+    and the array parallel to ``run_ids`` the batch statements take as $7."""
+    if read_from is None:
+        return lambda _run_id: 0, None
+    froms = {run_id: max(0, read_from(run_id)) for run_id in run_ids}
+    return froms.__getitem__, [froms[run_id] for run_id in run_ids]
 
 
 _WAKE_RUN = (

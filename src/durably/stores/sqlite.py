@@ -67,6 +67,7 @@ from .base import (
     EventDelivery,
     Executable,
     QueueState,
+    ReadFrom,
     Resolution,
     RunChanges,
     RunPage,
@@ -76,6 +77,7 @@ from .base import (
     SignalWait,
     TurnLease,
     UpdateRecord,
+    read_tail,
 )
 
 __all__ = ["SqliteStore", "sqlite_path_from_url"]
@@ -545,6 +547,7 @@ class SqliteStore:
         statuses: frozenset[RunStatus],
         *,
         workflows: Executable | None = None,
+        read_from: ReadFrom | None = None,
     ) -> dict[str, tuple[Run, dict[int, Checkpoint]]]:
         """Lease each free run and load its history: one trip to the store
         thread and one transaction for the whole batch."""
@@ -561,11 +564,8 @@ class SqliteStore:
                 row = conn.execute(sql, params).fetchone()
                 if row is None:
                     continue
-                rows = conn.execute(
-                    f"SELECT {CP_SELECT} FROM durably_checkpoints WHERE run_id = ? ORDER BY seq",
-                    (run_id,),
-                )
-                leased[run_id] = run_from_row(row), {r[1]: checkpoint_from_row(r) for r in rows}
+                since = 0 if read_from is None else read_from(run_id)
+                leased[run_id] = run_from_row(row), _read_history(conn, run_id, since)
             return leased
 
         return await self._db.run(op)
@@ -997,17 +997,9 @@ class SqliteStore:
 
     # -- checkpoints -------------------------------------------------------------------
 
-    async def load_checkpoints(self, run_id: str) -> dict[int, Checkpoint]:
-        """Every checkpoint of the run."""
-
-        def op(conn: sqlite3.Connection) -> dict[int, Checkpoint]:
-            rows = conn.execute(
-                f"SELECT {CP_SELECT} FROM durably_checkpoints WHERE run_id = ? ORDER BY seq",
-                (run_id,),
-            )
-            return {row[1]: checkpoint_from_row(row) for row in rows}
-
-        return await self._db.run(op)
+    async def load_checkpoints(self, run_id: str, since: int = 0) -> dict[int, Checkpoint]:
+        """Every checkpoint of the run (from ``since``, and the negative ones)."""
+        return await self._db.run(lambda conn: _read_history(conn, run_id, since))
 
     def save_checkpoint(self, checkpoint: Checkpoint, owner: str) -> asyncio.Future[bool]:
         """Upsert under the lease; never replace a completed checkpoint.
@@ -1684,6 +1676,25 @@ _Resolve = tuple[CheckpointStatus, str | None, str | None, str | None, str, int]
 """One outcome to settle: status, output, error, events (JSON), run id, seq."""
 
 
+_READ_HISTORY = f"SELECT {CP_SELECT} FROM durably_checkpoints WHERE run_id = ? ORDER BY seq"
+# Two ranges of the primary key, not one scan filtered: the rows below
+# ``since`` are neither read nor decoded.
+_READ_TAIL = (
+    f"SELECT {CP_SELECT} FROM durably_checkpoints WHERE run_id = ?1 AND seq < 0 "
+    f"UNION ALL SELECT {CP_SELECT} FROM durably_checkpoints WHERE run_id = ?1 AND seq >= ?2 "
+    "ORDER BY seq"
+)
+
+
+def _read_history(conn: sqlite3.Connection, run_id: str, since: int) -> dict[int, Checkpoint]:
+    """A run's history as a lease call returns it (from ``since``: see
+    :data:`~durably.stores.base.ReadFrom`)."""
+    if since <= 0:
+        return {r[1]: checkpoint_from_row(r) for r in conn.execute(_READ_HISTORY, (run_id,))}
+    rows = conn.execute(_READ_TAIL, (run_id, since))
+    return read_tail(since, ((r[1], checkpoint_from_row(r)) for r in rows))
+
+
 def _lease_woken(
     conn: sqlite3.Connection,
     lease: TurnLease,
@@ -1702,11 +1713,8 @@ def _lease_woken(
             row = conn.execute(sql, [*params, *of_params]).fetchone()
             if row is None:
                 continue
-            rows = conn.execute(
-                f"SELECT {CP_SELECT} FROM durably_checkpoints WHERE run_id = ? ORDER BY seq",
-                (run_id,),
-            )
-            leased[run_id] = (run_from_row(row), {r[1]: checkpoint_from_row(r) for r in rows})
+            since = 0 if lease.read_from is None else lease.read_from(run_id)
+            leased[run_id] = (run_from_row(row), _read_history(conn, run_id, since))
         return set(leased)
 
     return take

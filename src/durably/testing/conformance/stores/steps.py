@@ -16,7 +16,14 @@ import pytest
 
 from durably.model import Checkpoint, CheckpointStatus, Run, RunStatus
 from durably.stores import RunChanges, SettleResult, StateStore
-from durably.stores.base import Admission, BeatRecord, QueueState, Resolution, TurnLease
+from durably.stores.base import (
+    Admission,
+    BeatRecord,
+    HistoryTail,
+    QueueState,
+    Resolution,
+    TurnLease,
+)
 
 if TYPE_CHECKING:
     from .. import StoreFactory
@@ -978,3 +985,120 @@ async def test_racing_admissions_across_store_objects_respect_the_limit(
     # whoever asks again agrees: the admitted keep their slots, the others wait
     again = [await stores[0].try_admit(request(n), NOW + 1) for n in range(20)]
     assert [n for n, a in enumerate(again) if a is None] == admitted
+
+
+# -- histories read from a position (a kept turn's ``read_from``) ----------------------
+
+
+async def _with_history(store: StateStore, run_id: str) -> None:
+    """A suspended run whose history holds an undo (-1), two completed
+    positions, a pending one and a completed one after it."""
+    await parked(
+        store,
+        _make_cp(run_id, -1, COMPLETED, kind="undo", output="undone"),
+        _make_cp(run_id, 0, COMPLETED, output="zero"),
+        _make_cp(run_id, 1, COMPLETED, output="one"),
+        dispatched_cp(run_id, 2),
+        _make_cp(run_id, 3, COMPLETED, output="three"),
+    )
+
+
+def _froms(**positions: int) -> Any:
+    return lambda run_id: positions.get(run_id.replace("-", "_"), 0)
+
+
+async def test_start_turns_reads_each_run_from_its_position(store: StateStore) -> None:
+    """A batch of many: each run's history is read from the position
+    ``read_from`` gives it, its negative positions included; ``0`` (or a
+    run it does not know) reads everything, as a plain history."""
+    for run_id in ("all", "mid", "end", "one"):
+        await _with_history(store, run_id)
+    everything = await store.load_checkpoints("all")
+
+    leased = await store.start_turns(
+        ["all", "mid", "end"], OWNER, NOW, NOW + LEASE, WAKEABLE, read_from=_froms(mid=2, end=9)
+    )
+
+    whole, mid, end = (leased[r][1] for r in ("all", "mid", "end"))
+    assert not isinstance(whole, HistoryTail)
+    assert whole == everything and list(whole) == [-1, 0, 1, 2, 3]
+    assert isinstance(mid, HistoryTail) and mid.since == 2
+    assert list(mid) == [-1, 2, 3]
+    assert mid[2] == dataclasses.replace(everything[2], run_id="mid")
+    assert mid[-1].output == "undone" and mid[3].output == "three"
+    assert isinstance(end, HistoryTail) and (end.since, list(end)) == (9, [-1])
+    # a batch of one
+    one = await store.start_turns(
+        ["one"], OWNER, NOW, NOW + LEASE, WAKEABLE, read_from=_froms(one=1)
+    )
+    assert list(one["one"][1]) == [-1, 1, 2, 3]
+
+
+async def test_a_history_read_from_a_position_sees_what_changed_above_it(
+    store_factory: StoreFactory,
+) -> None:
+    """Another instance's turn changed the run since: what it wrote at or
+    above the position is read; below it, nothing is read (the caller holds
+    those positions, settled ones a store never rewrites). Racing lease
+    calls lease the run once."""
+    ours, theirs = await store_factory(), await store_factory()
+    await _with_history(ours, "r1")
+    assert "r1" in await theirs.start_turns(["r1"], "instance-b", NOW, NOW + LEASE, WAKEABLE)
+    assert await theirs.save_checkpoints(
+        [_make_cp("r1", 2, COMPLETED, output="two"), _make_cp("r1", 4), _make_cp("r1", -2)],
+        "instance-b",
+    )
+    await theirs.settle_run("r1", "instance-b", RunStatus.SUSPENDED, RunChanges(), NOW + 2)
+
+    results = await asyncio.gather(
+        *(
+            store.start_turns(["r1"], owner, NOW + 3, NOW + LEASE, WAKEABLE, read_from=_froms(r1=2))
+            for store, owner in ((ours, OWNER), (theirs, "instance-b"), (ours, "third"))
+        )
+    )
+
+    histories = [got["r1"][1] for got in results if got]
+    assert len(histories) == 1
+    assert list(histories[0]) == [-2, -1, 2, 3, 4]
+    assert (histories[0][2].status, histories[0][2].output) == (COMPLETED, "two")
+    # from above the change at 2: that position is not read
+    assert list(await ours.load_checkpoints("r1", 3)) == [-2, -1, 3, 4]
+
+
+async def test_load_checkpoints_reads_from_a_position(store: StateStore) -> None:
+    await _with_history(store, "r1")
+
+    assert list(await store.load_checkpoints("r1")) == [-1, 0, 1, 2, 3]
+    assert list(await store.load_checkpoints("r1", 0)) == [-1, 0, 1, 2, 3]
+    tail = await store.load_checkpoints("r1", 3)
+    assert isinstance(tail, HistoryTail) and (tail.since, list(tail)) == (3, [-1, 3])
+    assert tail[3] == (await store.load_checkpoints("r1"))[3]
+
+
+async def test_resolve_and_lease_reads_each_woken_run_from_its_position(
+    store: StateStore,
+) -> None:
+    """Of one result and of many: each run leased is read from its position."""
+    for run_id in ("a", "b", "c"):
+        await _with_history(store, run_id)
+
+    _, one = await store.resolve_and_lease(
+        [Resolution("a", 2, COMPLETED, output="two")],
+        NOW + 50,
+        lease_to(read_from=_froms(a=2)),
+    )
+    assert isinstance(one["a"][1], HistoryTail)
+    assert [(s, cp.status) for s, cp in one["a"][1].items()] == [
+        (-1, COMPLETED),
+        (2, COMPLETED),
+        (3, COMPLETED),
+    ]
+    assert one["a"][1][2].output == "two"
+
+    _, many = await store.resolve_and_lease(
+        [Resolution(r, 2, COMPLETED, output=r) for r in ("c", "b")],
+        NOW + 50,
+        lease_to(read_from=_froms(c=3)),
+    )
+    assert list(many["b"][1]) == [-1, 0, 1, 2, 3] and not isinstance(many["b"][1], HistoryTail)
+    assert list(many["c"][1]) == [-1, 3]
