@@ -242,9 +242,11 @@ def _literal(value: Any) -> str:
 
 
 def _short(sql: str) -> str:
-    return sql.replace(sql[sql.index("SELECT") + 7 : sql.index(" FROM")], "…") if (
-        "SELECT" in sql and " FROM" in sql and "count(*)" not in sql
-    ) else sql
+    return (
+        sql.replace(sql[sql.index("SELECT") + 7 : sql.index(" FROM")], "…")
+        if ("SELECT" in sql and " FROM" in sql and "count(*)" not in sql)
+        else sql
+    )
 
 
 async def main() -> None:

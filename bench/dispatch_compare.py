@@ -7,8 +7,9 @@
 
 For each database (SQLite, PostgreSQL) and each scenario, every durably transport
 (``memory://``, ``local://``, ``db://`` and ``redis://`` at ``BENCH_REDIS_URL``, on that
-database's store) and DBOS (a child workflow enqueued on a ``Queue`` and awaited, see dispatch_dbos.py) run one after the other, each in a
-fresh process on a freshly reset database. Scenarios (see dispatch_durably.py):
+database's store) and DBOS (a child workflow enqueued on a ``Queue`` and awaited, see
+dispatch_dbos.py) run one after the other, each in a fresh process on a freshly reset
+database. Scenarios (see dispatch_durably.py):
 
 - throughput: N=200 workflows of K=5 sequential dispatched steps, started at once;
 - latency: one workflow with one dispatched step at a time, 200 samples;

@@ -25,7 +25,9 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, os.environ.get("DURABLY_SRC") or str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(
+    0, os.environ.get("DURABLY_SRC") or str(Path(__file__).resolve().parents[1] / "src")
+)
 
 import asyncpg
 import asyncpg.connection
@@ -241,9 +243,10 @@ async def main() -> None:
     if profiler is not None:
         out = Path(args.profile)
         if out.suffix == ".html":
-            out.write_text(profiler.output_html())
+            out.write_text(profiler.output_html())  # noqa: ASYNC240 - after the timed part
         else:
-            out.write_text(profiler.output_text(unicode=False, color=False, show_all=True))
+            report = profiler.output_text(unicode=False, color=False, show_all=True)
+            out.write_text(report)  # noqa: ASYNC240 - after the timed part
     if args.no_trace:
         return
     # per-label median time-from-t0 and per-span medians

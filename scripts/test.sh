@@ -61,8 +61,8 @@ fi
   -e . croniter pytest pytest-asyncio pytest-timeout
 
 echo "== ruff"
-.venv/bin/ruff check src tests
-.venv/bin/ruff format --check src tests
+.venv/bin/ruff check src tests bench
+.venv/bin/ruff format --check src tests bench
 echo "== mypy --strict"
 .venv/bin/mypy
 echo "== schedules on croniter $(.venv-croniter/bin/python -c 'import importlib.metadata as m; print(m.version("croniter"))')"
