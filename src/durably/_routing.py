@@ -97,17 +97,20 @@ class RunRouter:
         """Drop what ``run_id`` settled before: a new turn makes it stale."""
         self._watcher.forget(run_id)
 
-    def route(self, run_id: str, *, namespace: str | None = None, priority: int = 0) -> None:
+    def route(
+        self, run_id: str, *, namespace: str | None = None, priority: int = 0, wake: bool = False
+    ) -> None:
         """Give ``run_id`` a turn: through the run queue when the transport
-        carries one (any driving instance takes it), else here."""
+        carries one (any driving instance takes it), else here. With ``wake``,
+        the turn is owed even if the run is executing now (see ``submit``)."""
         self._watcher.forget(run_id)  # what it settled before is no longer current
         if self.run_queue is not None:
             # Even while draining: a drain stops consuming, not producing (a
             # child created by a turn finishing now must reach some instance).
             pool = namespace or self._options().namespace
-            self.run_queue.submit(run_id, wake=False, namespace=pool, priority=priority)
+            self.run_queue.submit(run_id, wake=wake, namespace=pool, priority=priority)
             return
-        self.submit_here(run_id)
+        self.submit_here(run_id, wake=wake)
 
     def submit_here(self, run_id: str, *, wake: bool = False) -> None:
         """Queue a turn of ``run_id`` on this process's executor, if it takes turns."""

@@ -287,7 +287,10 @@ class Worker:
             self._timers_fired(due, claimed, now)
         for run_id in ids:
             if run_id in claimed:
-                self._router.route(run_id)
+                # A wake: the claim moved the run's wake time to the claim's
+                # lease end, so a turn merged into one still finishing here
+                # (settled, not yet returned) would leave the run asleep until then.
+                self._router.route(run_id, wake=True)
         return len(claimed)
 
     def _timers_fired(self, due: list[Run], claimed: set[str], now: int) -> None:

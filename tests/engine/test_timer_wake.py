@@ -8,6 +8,7 @@ about time; that the loop does not spin is shown by counting its ticks.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -156,3 +157,33 @@ async def test_a_tick_woken_for_a_timer_runs_only_the_timer_phase(
 
     assert sweeps == 1  # the first tick's; the hour-long poll never came again
     assert timer_passes >= 3
+
+
+async def test_a_timer_due_while_its_previous_turn_finishes_still_wakes_the_run(
+    make_engine: EngineFactory,
+) -> None:
+    """The tick claims a due timer (its wake moves to the claim's lease end)
+    and hands the run to the executor; if the run's previous turn was still
+    finishing here (settled, not yet returned), the executor merged the hand-over
+    into that execution and dropped it, so the run slept until the claim's
+    lease ran out (30 s by default) instead of waking. The settle of the first
+    suspend is held up here, after its commit, while polls find the timer due."""
+    engine = make_engine(poll_interval=0.02, lease="60s")
+    register(engine)
+    store = engine.store
+    settle_run = store.settle_run
+    held = {"done": False}
+
+    async def slow_first_suspend(run_id: str, owner: str, status: RunStatus, *rest: Any) -> Any:
+        result = await settle_run(run_id, owner, status, *rest)
+        if status is RunStatus.SUSPENDED and not held["done"]:
+            held["done"] = True
+            await asyncio.sleep(0.5)  # committed; the 0.05 s timer falls due meanwhile
+        return result
+
+    store.settle_run = slow_first_suspend  # type: ignore[method-assign]
+    async with engine:
+        handle = await engine.start("naps", 2)
+
+        assert await handle.result(timeout=GENEROUS) == 2
+    assert held["done"]
