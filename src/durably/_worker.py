@@ -112,6 +112,7 @@ class Worker:
         self._loop_task: asyncio.Task[None] | None = None
         self._loop_wake: asyncio.Event | None = None
         self._pending_poll: asyncio.Task[None] | None = None
+        self._pending_again = False  # asked for again while a poll was in flight
         self._tick_at = math.inf
         """When (event-loop time) the loop ticks next; ``inf`` while it ticks."""
         self.ticks = 0
@@ -663,13 +664,22 @@ class Worker:
             return
         if self._pending_poll is None or self._pending_poll.done():
             self._pending_poll = asyncio.get_running_loop().create_task(self._poll_pending_soon())
+        else:
+            # The poll in flight may have read its page already: a run this
+            # ask is about would be missed until the next regular poll.
+            self._pending_again = True
 
     async def _poll_pending_soon(self) -> None:
         await asyncio.sleep(0.005)
-        try:
-            await self.run_pending()
-        except Exception as exc:
-            self._failures.failed("worker phase run_pending", exc)
+        while True:
+            self._pending_again = False
+            try:
+                await self.run_pending()
+            except Exception as exc:
+                self._failures.failed("worker phase run_pending", exc)
+                return  # the regular poll retries; no loop against a failing store
+            if not self._pending_again:
+                return
 
     def heard_cancel(self, run_ids: Collection[str]) -> None:
         """The transport's cancel notice (Redis pub/sub; PostgreSQL ``NOTIFY``

@@ -485,3 +485,42 @@ async def test_a_run_started_by_name_and_version_still_gets_its_execution_timeou
     await client.close()
     assert run is not None and run.deadline_at is not None
     assert run.error is not None and run.error.get("code") == "execution_timeout"
+
+
+async def test_a_start_heard_while_a_pending_poll_is_in_flight_is_not_lost(
+    make_engine: EngineFactory, store_url: str
+) -> None:
+    """A "new run" notice arriving while the pending-run poll it would ask for
+    is already running (past its read) was merged into that poll and dropped:
+    the run waited for the next regular poll (an hour here). The second start
+    lands right after the first poll's read, before that poll returns."""
+    if not store_url.startswith("postgresql"):
+        pytest.skip("needs the store's cross-process notices (PostgreSQL)")
+    worker = make_engine(poll_interval=3600)
+
+    @worker.workflow("job")
+    async def job(ctx: durably.WorkflowContext, n: int) -> int:
+        return n + 1
+
+    client = durably.Client(store_url)
+    store = worker.store
+    list_pending = store.list_pending
+    armed = [False]
+
+    async def read_then_start(*args: Any, **kwargs: Any) -> list[str]:
+        ids = await list_pending(*args, **kwargs)
+        if armed[0]:
+            armed[0] = False
+            await client.start("job", 2, run_id="late-2")
+            await asyncio.sleep(0.3)  # its notice arrives while this poll is in flight
+        return ids
+
+    store.list_pending = read_then_start  # type: ignore[method-assign]
+    async with worker:
+        await asyncio.sleep(0.2)  # the worker's first tick is behind it
+        armed[0] = True
+        first = await client.start("job", 1, run_id="late-1")
+        assert await first.result(timeout=30) == 2
+        result = await client.wait_for_run("late-2", terminal=True, timeout=30)
+        assert result.output == 3
+    await client.close()
