@@ -19,28 +19,20 @@ generic plan, and must look at no more rows of ``durably_runs`` than its page
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Callable
-from typing import Any
 
-import asyncpg
-import asyncpg.connection
-import asyncpg.exceptions
 import pytest
 
 from durably.stores.postgres import PostgresStore
+
+from ._explained import AUTO_EXPLAIN, SCANS, capture_plans, examined, finished_runs, seed_unseen
 
 FINISHED = 100_000
 ASLEEP = 20_000
 NOW = 10_000_000
 PAGE = 50
 
-SEED = f"""
-    INSERT INTO durably_runs (id, workflow, workflow_version, status, tags, created_at,
-        updated_at)
-    SELECT 'old-' || lpad(i::text, 6, '0'), 'order', '1', 'completed', '[]'::jsonb, i, i
-    FROM generate_series(1, {FINISHED}) AS i
-"""
+SEED = finished_runs(FINISHED)
 # Run i wakes at NOW - ASLEEP/2 + i: the first half is due at NOW, the rest later.
 # Every one of them was put to sleep after the last ANALYZE.
 ASLEEP_SQL = f"""
@@ -51,61 +43,21 @@ ASLEEP_SQL = f"""
     FROM generate_series(1, {ASLEEP}) AS i
 """
 
-AUTO_EXPLAIN = {
-    "session_preload_libraries": "auto_explain",
-    "auto_explain.log_min_duration": "0",
-    "auto_explain.log_analyze": "on",
-    "auto_explain.log_timing": "off",
-    "auto_explain.log_format": "json",
-    "auto_explain.log_level": "notice",
-    "client_min_messages": "notice",
-    # the pool's statements are prepared; after five runs PostgreSQL may keep a
-    # generic plan, the one a long-lived engine polls with: take it from the first
-    "plan_cache_mode": "force_generic_plan",
-}
-SCANS = {"Seq Scan", "Index Scan", "Index Only Scan", "Bitmap Heap Scan", "Bitmap Index Scan"}
-
-
-def _examined(node: dict[str, Any]) -> list[tuple[str, int]]:
-    """``(index or scan, rows looked at over every loop)`` for each scan of ``durably_runs``."""
-    found: list[tuple[str, int]] = []
-    if node.get("Node Type") in SCANS and node.get("Relation Name") == "durably_runs":
-        per_loop = node.get("Actual Rows", 0) + node.get("Rows Removed by Filter", 0)
-        per_loop += node.get("Rows Removed by Index Recheck", 0)
-        where = node.get("Index Name") or node["Node Type"]
-        found.append((where, round(per_loop * node.get("Actual Loops", 1))))
-    for child in node.get("Plans", []):
-        found.extend(_examined(child))
-    return found
+# The pool's statements are prepared; after five runs PostgreSQL may keep a
+# generic plan, the one a long-lived engine polls with: take it from the first.
+SETTINGS = {**AUTO_EXPLAIN, "plan_cache_mode": "force_generic_plan"}
+# A bitmap scan's index half counts too: that is where a poll's rows are looked at.
+SCANS_HERE = SCANS | {"Bitmap Index Scan"}
 
 
 async def test_polls_walk_their_index_under_stale_statistics(
     postgres_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    plans: list[dict[str, Any]] = []
-    original = asyncpg.connection.Connection._process_log_message
+    plans = capture_plans(monkeypatch)
+    # after ANALYZE: the statistics know of no sleeper
+    await seed_unseen(postgres_url, SEED, ASLEEP_SQL)
 
-    def heard(conn: Any, fields: Any, last_query: Any) -> None:
-        text = asyncpg.exceptions.PostgresLogMessage.new(fields, query=last_query).message
-        if "plan:" in text and "{" in text:
-            plans.append(json.loads(text[text.index("{") :]))
-        original(conn, fields, last_query)
-
-    monkeypatch.setattr(asyncpg.connection.Connection, "_process_log_message", heard)
-
-    seeding = PostgresStore(postgres_url)
-    await seeding.open()
-    conn = await asyncpg.connect(postgres_url.split("?")[0])
-    try:
-        await conn.execute(f'SET search_path TO "{seeding.schema}"')
-        await conn.execute(SEED)
-        await conn.execute("ANALYZE durably_runs")
-        await conn.execute(ASLEEP_SQL)  # after ANALYZE: the statistics know of no sleeper
-    finally:
-        await conn.close()
-        await seeding.close()
-
-    store = PostgresStore(postgres_url, server_settings=AUTO_EXPLAIN)
+    store = PostgresStore(postgres_url, server_settings=SETTINGS)
     await store.open()
     due = NOW - ASLEEP // 2  # run 0's time: nothing is due yet at this instant
     mine, theirs = frozenset({("order", "1")}), frozenset({("other", "1")})
@@ -128,7 +80,7 @@ async def test_polls_walk_their_index_under_stale_statistics(
             await call()
             explained = [p for p in plans if "durably_runs" in p["Query Text"]]
             assert explained, f"{name}: no plan explained"
-            looked[name] = [scan for p in explained for scan in _examined(p["Plan"])]
+            looked[name] = [scan for p in explained for scan in examined(p["Plan"], SCANS_HERE)]
     finally:
         await store.close()
 

@@ -23,27 +23,20 @@ did not: the one-run settle looked at 401 rows, a batch of settles 404-418, and
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
-import asyncpg
-import asyncpg.connection
-import asyncpg.exceptions
 import pytest
 
 import durably
 from durably.stores.postgres import PostgresStore
 
+from ._explained import AUTO_EXPLAIN, capture_plans, examined, finished_runs, seed_unseen
+
 FINISHED = 100_000
 LIVE = 400
 
-SEED = f"""
-    INSERT INTO durably_runs (id, workflow, workflow_version, status, tags, created_at,
-        updated_at)
-    SELECT 'old-' || lpad(i::text, 6, '0'), 'order', '1', 'completed', '[]'::jsonb, i, i
-    FROM generate_series(1, {FINISHED}) AS i
-"""
+SEED = finished_runs(FINISHED)
 # Leased far into the future by an engine that is not this one: not orphans.
 LEASED = f"""
     INSERT INTO durably_runs (id, workflow, workflow_version, status, locked_by,
@@ -53,35 +46,11 @@ LEASED = f"""
     FROM generate_series(1, {LIVE}) AS i
 """
 
-# Every statement's executed plan, sent back as a NOTICE to the connection that ran it.
-AUTO_EXPLAIN = {
-    "session_preload_libraries": "auto_explain",
-    "auto_explain.log_min_duration": "0",
-    "auto_explain.log_analyze": "on",
-    "auto_explain.log_timing": "off",
-    "auto_explain.log_format": "json",
-    "auto_explain.log_level": "notice",
-    "client_min_messages": "notice",
-}
 PKEY = "durably_runs_pkey"
-SCANS = {"Seq Scan", "Index Scan", "Index Only Scan", "Bitmap Heap Scan"}
 
 
 # ``id = $1``, ``r.id = s.id``, ``id = ANY($4::text[])``: the statement says which runs
 NAMES_A_RUN = re.compile(r"\bid = ")
-
-
-def _examined(node: dict[str, Any]) -> list[tuple[str, int]]:
-    """``(index or scan, rows looked at over every loop)`` for each scan of ``durably_runs``."""
-    found: list[tuple[str, int]] = []
-    if node.get("Node Type") in SCANS and node.get("Relation Name") == "durably_runs":
-        per_loop = node.get("Actual Rows", 0) + node.get("Rows Removed by Filter", 0)
-        per_loop += node.get("Rows Removed by Index Recheck", 0)
-        where = node.get("Index Name") or node["Node Type"]
-        found.append((where, round(per_loop * node.get("Actual Loops", 1))))
-    for child in node.get("Plans", []):
-        found.extend(_examined(child))
-    return found
 
 
 async def _local(i: int) -> int:
@@ -91,29 +60,9 @@ async def _local(i: int) -> int:
 async def test_statements_naming_a_run_probe_it_by_id(
     postgres_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    plans: list[dict[str, Any]] = []
-    original = asyncpg.connection.Connection._process_log_message
-
-    def heard(conn: Any, fields: Any, last_query: Any) -> None:
-        text = asyncpg.exceptions.PostgresLogMessage.new(fields, query=last_query).message
-        if "plan:" in text and "{" in text:
-            plans.append(json.loads(text[text.index("{") :]))
-        original(conn, fields, last_query)
-
-    # the pool drops listeners added with add_log_listener each time it takes a connection back
-    monkeypatch.setattr(asyncpg.connection.Connection, "_process_log_message", heard)
-
-    seeding = PostgresStore(postgres_url)
-    await seeding.open()
-    conn = await asyncpg.connect(postgres_url.split("?")[0])
-    try:
-        await conn.execute(f'SET search_path TO "{seeding.schema}"')
-        await conn.execute(SEED)
-        await conn.execute("ANALYZE durably_runs")
-        await conn.execute(LEASED)  # after ANALYZE: the statistics know of no live run
-    finally:
-        await conn.close()
-        await seeding.close()
+    plans = capture_plans(monkeypatch)
+    # after ANALYZE: the statistics know of no live run
+    await seed_unseen(postgres_url, SEED, LEASED)
 
     engine = durably.Engine(store=PostgresStore(postgres_url, server_settings=AUTO_EXPLAIN))
 
@@ -157,7 +106,7 @@ async def test_statements_naming_a_run_probe_it_by_id(
 
     naming_a_run = [p for p in plans if NAMES_A_RUN.search(p["Query Text"])]
     assert naming_a_run, "no statement naming a run was explained"
-    looked = [(" ".join(p["Query Text"].split())[:120], _examined(p["Plan"])) for p in naming_a_run]
+    looked = [(" ".join(p["Query Text"].split())[:120], examined(p["Plan"])) for p in naming_a_run]
     # each looks at the runs it names and no other: through the primary key
     astray = sorted(
         {(sql[:60], str(scans)) for sql, scans in looked if {i for i, _ in scans} - {PKEY}}
