@@ -4,6 +4,8 @@ is :data:`._rows.CP_COLUMNS`), and many runs' rows as one ``unnest``."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 __all__ = [
     "CP_PARAMS",
     "CP_UPSERT_TAIL",
@@ -13,6 +15,7 @@ __all__ = [
     "SUSPENDED",
     "notice_argument",
     "only_checked",
+    "status_match",
 ]
 
 NOTICE_ARGUMENT_BYTES = 1024
@@ -78,6 +81,36 @@ POLL_RUNNING = polled("status = 'running'")
 """``status = 'running'`` in a poll (see :func:`polled`; index ``durably_runs_orphans``)."""
 POLL_SUSPENDED = polled("status = 'suspended'")
 """``status = 'suspended'`` in a poll (see :func:`polled`; index ``durably_runs_due``)."""
+
+_FINISHED = ("cancelled", "completed", "dead", "failed")
+_POLLED = {"pending": POLL_PENDING, "running": POLL_RUNNING, "suspended": POLL_SUSPENDED}
+
+
+def status_match(statuses: Iterable[str]) -> str:
+    """SQL keeping the runs in any of ``statuses``, each written as its partial index's predicate.
+
+    Since migration 14 no index over every run leads with ``status``: a
+    finished status is found through ``durably_runs_finished`` (and
+    ``durably_runs_workflow_finished``), whose predicate ``status IN (...)``
+    the planner proves from a literal ``status = 'failed'``; a live one
+    through its poll's index (the :func:`polled` form) or, for ``blocked``,
+    ``durably_runs_blocked``. A parameter (``status = $1``) proves no
+    predicate under the generic plan, so the values are written into the
+    SQL; they are :class:`~durably.model.RunStatus` values, never caller text.
+    A live status's index holds the live runs alone: listing or counting
+    them costs the same with 1,000,000 finished runs as with none.
+    """
+    forms = []
+    for status in dict.fromkeys(statuses):
+        if status in _POLLED:
+            forms.append(_POLLED[status])
+        elif status in _FINISHED or status == "blocked":
+            forms.append(f"status = '{status}'")
+        else:
+            raise ValueError(f"not a run status: {status!r}")
+    if not forms:
+        return "false"
+    return forms[0] if len(forms) == 1 else f"({' OR '.join(forms)})"
 
 
 CP_PARAMS = (

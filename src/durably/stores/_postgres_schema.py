@@ -303,4 +303,40 @@ MIGRATIONS: list[str] = [
     CREATE INDEX durably_runs_pending ON durably_runs (priority DESC, created_at, id)
         WHERE (status = 'pending') IS NOT FALSE;
     """,
+    # 14: fewer, cheaper index entries per run version (bench/RESULTS.md,
+    # "Index entries per run version", issue 18). A status change is never a
+    # HOT update, so every version of a run enters every index it qualifies
+    # for; at 1,000,000 runs each entry into an index whose new keys land
+    # mid-tree costs a descent of 3 pages, one at the right end of an
+    # ascending index 1 (PostgreSQL's rightmost-leaf fast path).
+    # - No index is led by status over every run any more: the status-led
+    #   indexes hold only finished runs (the only status sets large enough
+    #   to need them), so a live run's versions skip them and no live-run
+    #   query can be planned on them under stale statistics. Live statuses
+    #   are found through their own partial indexes (pending, due, orphans,
+    #   and blocked below); list_runs/count_runs write each status in the
+    #   form its index matches (stores/_pg_sql.status_match).
+    # - durably_runs_updated (status, updated_at) is gone: the retention
+    #   sweep walks durably_runs_updated_at and checks the status, the
+    #   stalled sweep reads the due and orphan indexes.
+    # - The listing and namespace indexes ascend (a backward scan serves
+    #   newest first): a new run's key is the largest, so its entry goes to
+    #   the rightmost leaf without a descent.
+    # Built before the drops: a build only holds writes back (SHARE lock);
+    # a DROP INDEX blocks reads too, until the migration commits.
+    """
+    CREATE INDEX durably_runs_finished ON durably_runs (status, created_at, id)
+        WHERE status IN ('cancelled', 'completed', 'dead', 'failed');
+    CREATE INDEX durably_runs_workflow_finished ON durably_runs (workflow, status)
+        WHERE status IN ('cancelled', 'completed', 'dead', 'failed');
+    CREATE INDEX durably_runs_blocked ON durably_runs (priority DESC, created_at, id)
+        WHERE status = 'blocked';
+    CREATE INDEX durably_runs_created ON durably_runs (created_at, id);
+    CREATE INDEX durably_runs_namespace_created ON durably_runs (namespace, created_at, id);
+    DROP INDEX IF EXISTS durably_runs_updated;
+    DROP INDEX IF EXISTS durably_runs_status_listing;
+    DROP INDEX IF EXISTS durably_runs_workflow_status;
+    DROP INDEX IF EXISTS durably_runs_listing;
+    DROP INDEX IF EXISTS durably_runs_namespace;
+    """,
 ]

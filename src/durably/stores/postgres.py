@@ -48,7 +48,16 @@ from ._pg_connection import PgConnection
 from ._pg_messages import PgMessageQueue
 from ._pg_sql import CP_PARAMS as _CP_PARAMS
 from ._pg_sql import CP_UPSERT_TAIL as _CP_UPSERT_TAIL
-from ._pg_sql import POLL_PENDING, POLL_RUNNING, POLL_SUSPENDED, RUNNING, SUSPENDED, notice_argument
+from ._pg_sql import (
+    POLL_PENDING,
+    POLL_RUNNING,
+    POLL_SUSPENDED,
+    RUNNING,
+    SUSPENDED,
+    notice_argument,
+    only_checked,
+    status_match,
+)
 from ._pg_sql import RUNS_UNNEST as _RUNS_UNNEST
 from ._pg_starts import PgStartBatcher
 from ._rows import (
@@ -174,10 +183,12 @@ _SAVE_CHECKPOINT_FENCED = f"""
 """
 # The stranded signature (StateStore.list_stalled): $1 before, $2 limit, $3
 # namespace or NULL. The wait branch reads progress from the checkpoints, not
-# from updated_at, which every reconcile turn bumps without progressing.
-_STALLED = """
+# from updated_at, which every reconcile turn bumps without progressing. The
+# live runs are read through the due and orphan indexes (the polls' forms),
+# which hold them alone (migration 14): no finished run is looked at.
+_STALLED = f"""
     SELECT r.id FROM durably_runs r
-    WHERE r.status IN ('suspended', 'running')
+    WHERE ({POLL_SUSPENDED} OR {POLL_RUNNING})
     AND ($3::text IS NULL OR r.namespace = $3::text) AND (
         EXISTS (
             SELECT 1 FROM durably_checkpoints c
@@ -511,16 +522,17 @@ class PostgresStore:
 
     async def count_runs(self, query: RunQuery, cap: int) -> dict[str, int]:
         """Runs matching ``query`` per status, each count at most ``cap``."""
-        statuses = [s.value for s in RunStatus]
-        params: list[Any] = [*statuses, cap]
+        params: list[Any] = [cap]
         filters = _run_filter(dataclasses.replace(query, status=None, statuses=None), params)
-        cap_param = f"${len(statuses) + 1}"
         # One probe per status, each stopping at the cap: the cost is bounded
-        # whatever the table holds (a GROUP BY reads every matching row).
+        # whatever the table holds (a GROUP BY reads every matching row). Each
+        # status in its index's form (status_match): a live one counts its
+        # partial index alone, however many runs have finished.
         probes = " UNION ALL ".join(
-            f"SELECT ${i}::text AS status, (SELECT count(*) FROM (SELECT 1 FROM durably_runs "
-            f"WHERE {' AND '.join([f'status = ${i}', *filters])} LIMIT {cap_param}) AS hits) AS n"
-            for i in range(1, len(statuses) + 1)
+            f"SELECT '{st.value}'::text AS status, (SELECT count(*) FROM (SELECT 1 "
+            f"FROM durably_runs WHERE {' AND '.join([status_match([st.value]), *filters])} "
+            "LIMIT $1) AS hits) AS n"
+            for st in RunStatus
         )
         async with self._db.transaction() as conn:
             # A custom plan per call: a generic plan cannot tell a status held
@@ -1214,7 +1226,11 @@ class PostgresStore:
     ) -> list[str]:
         """Terminal runs last updated before ``before``, oldest first."""
         rows = await self._db.pool().fetch(
-            "SELECT id FROM durably_runs WHERE status = ANY($1::text[]) AND updated_at < $2 "
+            # Oldest change first along durably_runs_updated_at; the status
+            # only checked (no index led by it may answer: the finished index
+            # would be read whole and sorted). Live runs this old are skipped.
+            "SELECT id FROM durably_runs WHERE updated_at < $2 "
+            f"AND {only_checked('status = ANY($1::text[])')} "
             "AND ($4::text IS NULL OR namespace = $4) ORDER BY updated_at, id LIMIT $3",
             _TERMINAL,
             before,
@@ -2315,15 +2331,16 @@ def _row_count(status: str) -> int:
 
 def _run_filter(query: RunQuery, params: list[Any]) -> list[str]:
     # The WHERE clauses of list_runs and count_runs, their values appended to
-    # params; each one an index serves (see the schema's migrations 1 and 8).
+    # params; each one an index serves (see the schema's migrations 1, 8 and 14).
     clauses: list[str] = []
 
     def param(value: Any) -> str:
         params.append(value)
         return f"${len(params)}"
 
+    if query.status is not None:
+        clauses.append(status_match([RunStatus(query.status).value]))
     for column, value in (
-        ("status", query.status.value if query.status else None),
         ("workflow", query.workflow),
         ("namespace", query.namespace),
         ("parent_id", query.parent_id),
@@ -2335,7 +2352,7 @@ def _run_filter(query: RunQuery, params: list[Any]) -> list[str]:
         # are not in it) and changes no answer: a run with a tag has tags
         clauses.append(f"tags @> {param(codec.dumps([query.tag]))}::jsonb AND tags <> '[]'::jsonb")
     if query.statuses is not None:
-        clauses.append(f"status = ANY({param([st.value for st in query.statuses])}::text[])")
+        clauses.append(status_match(RunStatus(st).value for st in query.statuses))
     for flt in query.attributes:
         # One probe of the (key, value) index per condition (migration 9); a
         # run without the key has no row, so it never matches (not even ne).
