@@ -42,11 +42,12 @@ def only_checked(predicate: str) -> str:
     them through the primary key. But with many finished runs, ``ANALYZE``
     finds no run ``running`` or ``suspended`` (too few to sample), and the
     generic plan then prefers a ``status = 'running'`` condition, answered by
-    the range of ``durably_runs_updated (status, updated_at)``, over the key:
-    every live run, and the dead entries of recently finished ones, read once
-    per settle (bench/grow-explain.md, at 1,000,000 runs;
-    tests/stores/test_postgres_run_probes.py). In a ``WHERE`` clause
-    ``(...) IS TRUE`` keeps exactly the rows ``...`` keeps, and no index answers it.
+    the range of ``durably_runs_updated (status, updated_at)`` (dropped by
+    migration 14, which leaves no index over every run led by status), over
+    the key: every live run, and the dead entries of recently finished ones,
+    read once per settle (tests/stores/test_postgres_run_probes.py). In a
+    ``WHERE`` clause ``(...) IS TRUE`` keeps exactly the rows ``...`` keeps,
+    and no index answers it.
     """
     return f"({predicate}) IS TRUE"
 
@@ -63,8 +64,9 @@ def polled(predicate: str) -> str:
     A poll (``list_due``, ``list_pending``...) finds its runs through the
     partial index for its status (migration 13), whose predicate is written
     the same way, so the planner proves it by equality. Written as a plain
-    ``status = 'suspended'`` it would also be an index condition on every index
-    led by ``status`` (``durably_runs_updated``, ``durably_runs_status_listing``),
+    ``status = 'suspended'`` it was also an index condition on every index
+    led by ``status`` (``durably_runs_updated``, ``durably_runs_status_listing``,
+    both over every run until migration 14),
     and when the statistics have not seen the runs a burst put to sleep ("one
     row"), the generic plan took one of those: every sleeping run read and
     sorted per poll (tests/stores/test_postgres_poll_plans.py). ``IS NOT FALSE``
