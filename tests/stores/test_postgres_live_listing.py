@@ -163,3 +163,17 @@ async def test_every_index_over_every_run_is_one_a_live_run_needs(postgres_url: 
     status_led = [r for r in rows if "USING btree (status" in r["indexdef"]]
     assert status_led, "the finished runs' status index is missing"
     assert all(finished in r["indexdef"] for r in status_led), status_led
+
+
+def test_status_match_writes_each_status_as_its_index_matches() -> None:
+    """A finished or blocked status as a literal, a polled one in the polls'
+    form, several as one OR; anything else is refused (it becomes SQL)."""
+    from durably.stores._pg_sql import POLL_PENDING, POLL_RUNNING, status_match
+
+    assert status_match(["failed"]) == "status = 'failed'"
+    assert status_match(["blocked"]) == "status = 'blocked'"
+    assert status_match(["pending"]) == POLL_PENDING
+    assert status_match(["pending", "running", "pending"]) == f"({POLL_PENDING} OR {POLL_RUNNING})"
+    assert status_match([]) == "false"
+    with pytest.raises(ValueError, match="not a run status"):
+        status_match(["failed' OR true --"])
