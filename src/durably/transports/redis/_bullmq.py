@@ -30,11 +30,13 @@ from ._batched import (
     Call,
     Collector,
     Script,
+    compact_json,
     move_to_active_args,
     parse_taken,
     run_scripts,
     take_script,
 )
+from ._looped import CALL_MAX, finish_call, finish_script, finished_opts
 
 _log = engine_logger("durably.transport")
 
@@ -309,29 +311,40 @@ class _BatchWorker(_BullWorker):  # type: ignore[misc]  # bullmq is untyped
             self.lockManager.untrack_job(job.id)
 
     async def _finish_many(self, done: list[tuple[Any, Any, str]]) -> list[BaseException | None]:
-        script = Script.of(self.scripts.commands["moveToFinished"])
+        """Complete the jobs done meanwhile: one looped ``moveToFinished``
+        call per hundred jobs (see :mod:`._looped`), all in one pipeline."""
+        script = finish_script(Script.of(self.scripts.commands["moveToFinished"]))
+        queue_opts, now = self.opts, round(time.time() * 1000)
         calls = []
-        for job, result, token in done:
-            keys, args = self.scripts.moveToCompletedArgs(
-                job, result, job.opts.get("removeOnComplete", False), token, False
-            )
-            calls.append(Call(script, keys, args))
+        for start in range(0, len(done), CALL_MAX):
+            jobs = []
+            for job, result, token in done[start : start + CALL_MAX]:
+                packed = finished_opts(
+                    token,
+                    job.opts.get("removeOnComplete", False),
+                    queue_opts,
+                    job.opts,
+                    job.attempts,
+                    job.attemptsMade,
+                )
+                jobs.append((job.id, compact_json(result), packed))
+            calls.append(finish_call(script, self.keys, jobs, now))
         replies = await run_scripts(self.client, calls)
         outcomes: list[BaseException | None] = []
-        for (job, _, _), reply in zip(done, replies, strict=True):
-            if isinstance(reply, BaseException):
-                outcomes.append(reply)
-            elif isinstance(reply, int) and reply < 0:
-                outcomes.append(
-                    self.scripts.finishedErrors(
-                        {
-                            "code": reply,
-                            "jobId": job.id,
-                            "command": "moveToFinished",
-                            "state": "active",
-                        }
-                    )
-                )
-            else:
-                outcomes.append(None)
+        for start, reply in zip(range(0, len(done), CALL_MAX), replies, strict=True):
+            part = done[start : start + CALL_MAX]
+            each = reply if isinstance(reply, list) else [reply] * len(part)
+            for (job, _, _), one in zip(part, each, strict=True):
+                outcomes.append(self._finished(job, one))
         return outcomes
+
+    def _finished(self, job: Any, reply: Any) -> BaseException | None:
+        """A job's ``moveToFinished`` reply as bullmq would read it (an error or None)."""
+        if isinstance(reply, BaseException):
+            return reply
+        if isinstance(reply, int) and reply < 0:
+            error: BaseException = self.scripts.finishedErrors(
+                {"code": reply, "jobId": job.id, "command": "moveToFinished", "state": "active"}
+            )
+            return error
+        return None

@@ -30,8 +30,9 @@ from ..base import (
     TurnHandler,
 )
 from . import _turns
-from ._batched import Collector, add_job_call, check_added, run_scripts
+from ._batched import AddedJob, Collector, added_job, check_added, run_scripts
 from ._bullmq import _Consumer, _delayed, _Job, _new_queue, _Processor, _Queue
+from ._looped import CALL_MAX, add_call, add_script
 from ._names import RedisNames, bullmq_priority, split_url
 from ._runs import RedisRuns
 
@@ -429,20 +430,33 @@ class RedisTransport:
         self, batches: list[list[tuple[str, dict[str, Any]]]]
     ) -> list[BaseException | None]:
         """Add the jobs of every caller's batch (tasks, results) in one
-        transaction; each batch fails alone if a job of it is refused."""
-        calls, owners = [], []
+        transaction, one looped add script call per queue and job shape;
+        each batch fails alone if a job of it is refused."""
+        groups: dict[tuple[str, tuple[str, ...], bytes], list[tuple[int, AddedJob]]] = {}
         for owner, batch in enumerate(batches):
             for name, job in batch:
                 scripts = self._queue(name).backend.scripts
-                calls.append(add_job_call(scripts, job["name"], job["data"], job["opts"]))
-                owners.append(owner)
+                added = added_job(scripts, job["name"], job["data"], job["opts"])
+                key = (added.script.sha, added.keys, added.packed)
+                groups.setdefault(key, []).append((owner, added))
+        calls, members = [], []
+        for group in groups.values():
+            for start in range(0, len(group), CALL_MAX):
+                part = group[start : start + CALL_MAX]
+                first = part[0][1]
+                jobs = [(added.data, added.opts) for _, added in part]
+                script = add_script(first.script)
+                calls.append(add_call(script, first.keys, first.packed, first.timestamp, jobs))
+                members.append([owner for owner, _ in part])
         replies = await run_scripts(self._redis(), calls, transaction=True)
         outcomes: list[BaseException | None] = [None] * len(batches)
-        for owner, reply in zip(owners, replies, strict=True):
-            try:
-                check_added(reply)
-            except Exception as exc:
-                outcomes[owner] = outcomes[owner] or exc
+        for owners, reply in zip(members, replies, strict=True):
+            each = reply if isinstance(reply, list) else [reply] * len(owners)
+            for owner, one in zip(owners, each, strict=True):
+                try:
+                    check_added(one)
+                except Exception as exc:
+                    outcomes[owner] = outcomes[owner] or exc
         return outcomes
 
     async def send_heartbeat(self, beat: Heartbeat) -> None:
