@@ -357,3 +357,38 @@ async def test_an_add_transaction_cut_mid_way_adds_nothing(
     assert await client.llen(queue.keys["wait"]) == 2 * CALL_MAX
     stored = await client.hget(f"{queue.keys['']}{ids[-1]}", "data")
     assert json.loads(stored or "null") == {"n": 2 * CALL_MAX - 1}
+
+
+# -- the run queues' discovery ------------------------------------------------------------
+
+
+async def test_finding_the_run_queues_scans_a_big_keyspace_in_few_round_trips(
+    prefix: str, client: aioredis.Redis
+) -> None:
+    # An engine driving every pool looks for new run queues each second: with
+    # SCAN's default page of 10 keys that was one round trip per 10 keys of
+    # the whole database, each second (a third of a dispatched step's round
+    # trips in the bench). Failed first with 300+ SCANs.
+    from durably.transports.redis import RedisTransport
+
+    for start in range(0, 3_000, 500):
+        await client.mset({f"{prefix}-filler:{i}": "x" for i in range(start, start + 500)})
+    transport = RedisTransport(REDIS_TEST_URL, prefix=prefix)
+    await transport.open()
+    try:
+        runs = transport.run_queue()
+        await Queue(f"{prefix}-runs", {"connection": client}).add("run", {"runId": "r"})
+        real = transport._redis().scan
+        scans = 0
+
+        async def counted(*args: Any, **kwargs: Any) -> Any:
+            nonlocal scans
+            scans += 1
+            return await real(*args, **kwargs)
+
+        transport._redis().scan = counted  # type: ignore[method-assign]
+        assert await runs._queue_names() == [f"{prefix}-runs"]
+        dbsize = await client.dbsize()
+        assert scans <= dbsize // 1000 + 5, (scans, dbsize)  # other keys may come and go
+    finally:
+        await transport.close()

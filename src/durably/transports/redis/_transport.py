@@ -639,7 +639,8 @@ class RedisTransport:
         """Hear the latest beat of every step still beating (sent before we listened)."""
         client = self._redis()
         try:
-            keys = [key async for key in client.scan_iter(match=self.names.step_beat("*"))]
+            pattern = self.names.step_beat("*")
+            keys = [key async for key in client.scan_iter(match=pattern, count=1000)]
             for start in range(0, len(keys), 500):
                 for body in await client.mget(keys[start : start + 500]):
                     if body is not None:
