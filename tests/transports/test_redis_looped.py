@@ -19,6 +19,7 @@ from redis.asyncio.connection import Connection
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
+from durably.transports.redis import RedisTransport
 from durably.transports.redis._batched import (
     Call,
     Script,
@@ -37,8 +38,9 @@ from durably.transports.redis._looped import (
     finish_script,
     finished_opts,
 )
+from durably.wire import Heartbeat, StepResult
 
-from .conftest import REDIS_TEST_URL
+from .conftest import REDIS_TEST_URL, wait_until
 
 _OPTS = {"removeOnComplete": True, "removeOnFail": True}
 
@@ -369,8 +371,6 @@ async def test_finding_the_run_queues_scans_a_big_keyspace_in_few_round_trips(
     # SCAN's default page of 10 keys that was one round trip per 10 keys of
     # the whole database, each second (a third of a dispatched step's round
     # trips in the bench). Failed first with 300+ SCANs.
-    from durably.transports.redis import RedisTransport
-
     for start in range(0, 3_000, 500):
         await client.mset({f"{prefix}-filler:{i}": "x" for i in range(start, start + 500)})
     transport = RedisTransport(REDIS_TEST_URL, prefix=prefix)
@@ -392,3 +392,160 @@ async def test_finding_the_run_queues_scans_a_big_keyspace_in_few_round_trips(
         assert scans <= dbsize // 1000 + 5, (scans, dbsize)  # other keys may come and go
     finally:
         await transport.close()
+
+
+# -- results taken and settled a fetch at a time ------------------------------------------
+
+
+async def _results_left(client: aioredis.Redis, prefix: str) -> list[str]:
+    results = f"bull:{prefix}-results"
+    for _ in range(300):
+        if await client.llen(f"{results}:active") == 0:
+            break
+        await asyncio.sleep(0.01)
+    return [k async for k in client.scan_iter(match=f"{results}:[0-9]*", count=1000)]
+
+
+def _result(i: int) -> StepResult:
+    return StepResult(f"r{i}", 1, ok=True, output=i)
+
+
+@pytest.mark.parametrize("count", [1, 2 * CALL_MAX + 7])
+async def test_results_are_settled_in_batches_each_once(
+    prefix: str, client: aioredis.Redis, count: int
+) -> None:
+    engine = RedisTransport(REDIS_TEST_URL, prefix=prefix)
+    sender = RedisTransport(REDIS_TEST_URL, prefix=prefix)
+    batches: list[list[StepResult]] = []
+    try:
+        await engine.open()
+        await sender.open()
+        await _consume(engine, batches)
+        await asyncio.gather(*(sender.send_result(_result(i)) for i in range(count)))
+        await wait_until(lambda: sum(map(len, batches)) >= count, timeout=20, what="results")
+        await asyncio.sleep(0.2)  # a duplicate would show up by now
+        got = sorted(r.step_id for b in batches for r in b)
+        assert got == sorted(f"r{i}:1" for i in range(count))
+        if count > 1:
+            assert len(batches) < count  # settled many at a time
+        assert await _results_left(client, prefix) == []
+    finally:
+        await sender.close()
+        await engine.close()
+
+
+async def test_two_result_consumers_racing_settle_each_result_once(
+    prefix: str, client: aioredis.Redis
+) -> None:
+    engines = [RedisTransport(REDIS_TEST_URL, prefix=prefix) for _ in range(2)]
+    sender = RedisTransport(REDIS_TEST_URL, prefix=prefix)
+    got: list[list[StepResult]] = [[], []]
+    count = 3 * CALL_MAX
+    try:
+        await sender.open()
+        for engine, mine in zip(engines, got, strict=True):
+            await engine.open()
+            await _consume(engine, [], into=mine)
+        for start in range(0, count, 50):  # in waves, so both consumers take some
+            await asyncio.gather(
+                *(sender.send_result(_result(i)) for i in range(start, start + 50))
+            )
+            await asyncio.sleep(0.01)
+        await wait_until(lambda: len(got[0]) + len(got[1]) >= count, timeout=20, what="all")
+        await asyncio.sleep(0.2)
+        ids = [r.step_id for r in got[0] + got[1]]
+        assert sorted(ids) == sorted(f"r{i}:1" for i in range(count))  # each once
+        assert await _results_left(client, prefix) == []
+    finally:
+        for transport in (sender, *engines):
+            await transport.close()
+
+
+async def test_a_batch_that_could_not_be_settled_is_delivered_again(
+    prefix: str, client: aioredis.Redis
+) -> None:
+    engine = RedisTransport(REDIS_TEST_URL, prefix=prefix, redeliver_delay_ms=50)
+    sender = RedisTransport(REDIS_TEST_URL, prefix=prefix)
+    seen: list[str] = []
+    failed = False
+
+    async def on_results(batch: list[StepResult]) -> None:
+        nonlocal failed
+        if not failed:
+            failed = True
+            raise RuntimeError("the store is away (test)")
+        seen.extend(r.step_id for r in batch)
+
+    try:
+        await engine.open()
+        await sender.open()
+        await engine.consume_results(on_results, _no_beat)
+        await asyncio.gather(*(sender.send_result(_result(i)) for i in range(30)))
+        await wait_until(lambda: len(set(seen)) >= 30, timeout=20, what="30 results")
+        assert sorted(set(seen)) == sorted(f"r{i}:1" for i in range(30))
+        assert await _results_left(client, prefix) == []
+    finally:
+        await sender.close()
+        await engine.close()
+
+
+@pytest.mark.parametrize("ran", [False, True], ids=["before-it-ran", "after-it-ran"])
+async def test_a_connection_dropped_while_finishing_a_batch_loses_no_result(
+    prefix: str, client: aioredis.Redis, ran: bool
+) -> None:
+    # The finishing call of a settled batch fails as a dropped connection
+    # does, before Redis ran it or after (its reply lost). The results were
+    # settled already; their jobs are failed as bullmq's worker fails a job
+    # whose completion raised (or, if that fails too, come back through the
+    # stalled check and are settled again, which the engine tolerates):
+    # none is lost and none is left behind.
+    engine = RedisTransport(REDIS_TEST_URL, prefix=prefix, lock_ms=400)
+    sender = RedisTransport(REDIS_TEST_URL, prefix=prefix)
+    batches: list[list[StepResult]] = []
+    count = 40
+    try:
+        await engine.open()
+        await sender.open()
+        await _consume(engine, batches)
+        assert engine._results_worker is not None
+        worker: Any = engine._results_worker.worker
+        real, dropped = worker._finish_many, 0
+
+        async def drop_once(done: list[Any]) -> list[Any]:
+            nonlocal dropped
+            if dropped:
+                return list(await real(done))
+            dropped = len(done)
+            if ran:
+                await real(done)
+            raise RedisConnectionError("connection dropped mid-batch (test)")
+
+        worker._finish_many = drop_once
+        await asyncio.gather(*(sender.send_result(_result(i)) for i in range(count)))
+        await wait_until(lambda: dropped > 0, timeout=20, what="a dropped finish")
+        await wait_until(lambda: sum(map(len, batches)) >= count, timeout=20, what="results")
+        ids = {r.step_id for b in batches for r in b}
+        assert ids == {f"r{i}:1" for i in range(count)}
+        assert await _results_left(client, prefix) == []
+        await asyncio.sleep(1.0)  # past the lock: nothing comes back
+        assert sum(map(len, batches)) == count
+    finally:
+        await sender.close()
+        await engine.close()
+
+
+async def _no_beat(beat: Heartbeat) -> None:
+    return None
+
+
+async def _consume(
+    transport: RedisTransport,
+    batches: list[list[StepResult]],
+    into: list[StepResult] | None = None,
+) -> None:
+    async def on_results(batch: list[StepResult]) -> None:
+        batches.append(list(batch))
+        if into is not None:
+            into.extend(batch)
+
+    await transport.consume_results(on_results, _no_beat)

@@ -115,7 +115,8 @@ class RedisTransport:
         self._turn_consumers: list[_Consumer] = []
         self._on_results: ResultHandler | None = None
         self._on_heartbeat: HeartbeatHandler | None = None
-        self._batch: list[tuple[StepResult, asyncio.Future[bool]]] = []
+        # results taken, one group per fetch, each told at once whether its batch was settled
+        self._batch: list[tuple[list[StepResult], asyncio.Future[bool]]] = []
         self._flush: asyncio.Task[None] | None = None
         self._settled: OrderedDict[str, None] = OrderedDict()
         # pub/sub
@@ -624,7 +625,7 @@ class RedisTransport:
         name = self.names.results
         self._results_worker = _Consumer(
             name,
-            self._take_result,
+            self._take_one_result,
             self._connect_url,
             {
                 "concurrency": _RESULT_BATCH,
@@ -633,6 +634,7 @@ class RedisTransport:
                 "drainDelay": _DRAIN_DELAY_S,
             },
             self._give_back,
+            batch=self._take_results,
         )
 
     async def _replay_latest_beats(self) -> None:
@@ -658,49 +660,76 @@ class RedisTransport:
             _log.error("dropping a malformed heartbeat: %s", exc)
             return
         step_id = beat.step_id
-        if step_id in self._settled or any(r.step_id == step_id for r, _ in self._batch):
+        taken = (r.step_id == step_id for results, _ in self._batch for r in results)
+        if step_id in self._settled or any(taken):
             return  # its result is here already: the beat says nothing new
         await handler(beat)
 
-    async def _take_result(self, job: _Job, token: str) -> None:
+    async def _take_one_result(self, job: _Job, token: str) -> None:
+        # Results are taken a fetch at a time (_take_results); a job that
+        # reaches this path anyway is one of a batch of one.
+        if not (await self._take_results([job]))[0]:
+            raise _delayed()
+
+    async def _take_results(self, jobs: list[Any]) -> list[bool]:
+        """Settle a fetch's results in one batch (with any others taken
+        meanwhile); for each job, whether to complete it (False: handed back)."""
+        queue = self.names.results
         if self._closing:
-            # Fetched while closing: another instance settles it now.
-            await self._hand_back(self.names.results, job, token, 0)
-        try:
-            result = StepResult.from_wire(job.data)
-        except (WireError, ValueError, TypeError) as exc:
-            _log.error("dropping a malformed result (job %s): %s", job.id, exc)
-            return
+            # Fetched while closing: another instance settles them now.
+            for job in jobs:
+                await self._give_back(queue, job, job.token, 0)
+            return [False] * len(jobs)
+        results, parsed = [], []
+        for job in jobs:
+            try:
+                results.append(StepResult.from_wire(job.data))
+                parsed.append(job)
+            except (WireError, ValueError, TypeError) as exc:
+                # completed: removed, never delivered again
+                _log.error("dropping a malformed result (job %s): %s", job.id, exc)
+        if not results:
+            return [True] * len(jobs)
         done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._batch.append((result, done))
+        self._batch.append((results, done))
         if self._flush is None or self._flush.done():
             self._flush = asyncio.create_task(self._flush_soon())
-        if not await asyncio.shield(done):
-            await self._hand_back(self.names.results, job, token, self.redeliver_delay_ms)
+        if await done:
+            return [True] * len(jobs)
+        for job in parsed:
+            await self._give_back(queue, job, job.token, self.redeliver_delay_ms)
+        again = {id(job) for job in parsed}
+        return [id(job) not in again for job in jobs]
 
     async def _flush_soon(self) -> None:
         while self._batch:
-            # The consumer takes results many per fetch and starts them all
-            # at once: one turn of the loop lets the whole fetch join the
-            # batch (and what arrived while the previous batch was settled is
-            # here already), so a burst is settled in a few store writes
-            # without holding a lone result back.
+            # What arrived while the previous batch was settled is here
+            # already, and one turn of the loop lets the fetches under way
+            # join: a burst is settled in a few store writes without holding
+            # a lone result back.
             await asyncio.sleep(0)
-            batch, self._batch = self._batch[:_RESULT_BATCH], self._batch[_RESULT_BATCH:]
+            groups: list[tuple[list[StepResult], asyncio.Future[bool]]] = []
+            size = 0
+            while self._batch and (not groups or size + len(self._batch[0][0]) <= _RESULT_BATCH):
+                group = self._batch.pop(0)
+                groups.append(group)
+                size += len(group[0])
+            batch = [result for results, _ in groups for result in results]
             ok = True
             handler = self._on_results
             try:
                 if handler is not None:
-                    await handler([result for result, _ in batch])
+                    await handler(batch)
             except Exception:
                 _log.exception(
                     "a batch of %d step results could not be settled; delivering it again",
                     len(batch),
                 )
                 ok = False
-            for result, done in batch:
-                if ok:
+            if ok:
+                for result in batch:
                     self._settled[result.step_id] = None
+            for _, done in groups:
                 if not done.done():
                     done.set_result(ok)
             while len(self._settled) > _SETTLED_MEMORY:
