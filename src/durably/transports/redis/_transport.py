@@ -107,7 +107,7 @@ class RedisTransport:
         self._generation = 0
         self._slots = asyncio.Semaphore(1)
         self._on_task: TaskHandler | None = None
-        self._handlers: set[asyncio.Task[None]] = set()
+        self._handlers: set[asyncio.Task[Any]] = set()
         self._closing_workers: set[asyncio.Task[None]] = set()
         self._bridging: set[asyncio.Future[None]] = set()
         # results
@@ -531,14 +531,15 @@ class RedisTransport:
                 handler = self._on_task
                 if generation != self._generation or handler is None:
                     await self._hand_back(queue, job, token, 0)
-                runner = asyncio.create_task(_run_handler(handler, task))
-                self._handlers.add(runner)
-                runner.add_done_callback(self._handlers.discard)
+                # The handler runs in this job's own task (no task of its
+                # own): close() cancels it through _handlers.
+                current = asyncio.current_task()
+                assert current is not None
+                self._handlers.add(current)
                 try:
-                    await asyncio.shield(runner)
+                    await handler(task)
                 except asyncio.CancelledError:
                     # close(): this process stops; the task goes to another one.
-                    runner.cancel()
                     await self._hand_back(queue, job, token, 0)
                 except TransportError as exc:
                     # Redis went away under the result: one line, not a traceback each.
@@ -550,6 +551,8 @@ class RedisTransport:
                         task.step_id,
                     )
                     await self._hand_back(queue, job, token, self.redeliver_delay_ms)
+                finally:
+                    self._handlers.discard(current)
             finally:
                 slots.release()
 
@@ -760,6 +763,3 @@ class RedisTransport:
         """Tasks waiting in each routing token's queue."""
         return await _turns.queue_depths(self, tokens)
 
-
-async def _run_handler(handler: TaskHandler, task: StepTask) -> None:
-    await handler(task)
