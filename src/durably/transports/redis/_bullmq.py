@@ -3,8 +3,9 @@
 
 The worker is bullmq's, with its fetch loop and its job completion replaced
 (:class:`_BatchWorker`): it takes as many jobs as it has room for in one
-script call and finishes the jobs done meanwhile in one pipeline, with
-BullMQ's own scripts (see :mod:`._batched`). Locks, their renewal, the
+script call and finishes the jobs done meanwhile in one call, with BullMQ's
+own scripts (see :mod:`._batched` and :mod:`._looped`); a consumer may
+process a fetch's jobs together (``batch``). Locks, their renewal, the
 stalled-job check, failures and hand-backs are bullmq's unchanged.
 """
 
