@@ -762,4 +762,3 @@ class RedisTransport:
     async def queue_depths(self, tokens: Collection[str]) -> dict[str, int]:
         """Tasks waiting in each routing token's queue."""
         return await _turns.queue_depths(self, tokens)
-
