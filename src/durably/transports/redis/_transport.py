@@ -203,7 +203,7 @@ class RedisTransport:
         self._readers.clear()
         for pubsub in self._pubsubs.values():
             with contextlib.suppress(Exception):
-                await pubsub.aclose()  # type: ignore[no-untyped-call]  # untyped in redis-py
+                await pubsub.aclose()  # type: ignore[no-untyped-call,unused-ignore]  # untyped in older redis-py
         self._pubsubs.clear()
         await self._adding.drain()
         client, self._client = self._client, None
@@ -254,7 +254,7 @@ class RedisTransport:
                     return pubsub
         except BaseException:
             with contextlib.suppress(Exception):
-                await pubsub.aclose()  # type: ignore[no-untyped-call]  # untyped in redis-py
+                await pubsub.aclose()  # type: ignore[no-untyped-call,unused-ignore]  # untyped in older redis-py
             raise
 
     async def _read(self, channel: str, on_message: Callable[[Any], Awaitable[None]]) -> None:
@@ -298,7 +298,7 @@ class RedisTransport:
         _log.warning("lost the Redis subscription to %s (%s); reconnecting", channel, error)
         old = self._pubsubs[channel]
         with contextlib.suppress(Exception):
-            await old.aclose()  # type: ignore[no-untyped-call]  # untyped in redis-py
+            await old.aclose()  # type: ignore[no-untyped-call,unused-ignore]  # untyped in older redis-py
         delay = _OPEN_RETRY_FIRST_S
         while not self._closing:
             try:
