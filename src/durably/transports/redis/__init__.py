@@ -17,11 +17,14 @@ the TypeScript runtimes) speak, so any of them can serve a ``ctx.step``:
   other reason, is answered with a retryable failure (as the upstream workers'
   "failure bridge" does), so the engine's retry policy decides what follows.
 - Jobs are added, taken and finished with BullMQ's own Lua scripts on
-  BullMQ's keys, many per round trip (:mod:`._batched`): a consumer takes as
-  many jobs as it has room for in one call of ``moveToActive`` looped
-  server-side, finishes the jobs done meanwhile in one pipeline, and every
-  caller's tasks and results go out in one ``MULTI`` of ``EVALSHA``. Locks,
-  their renewal and the stalled-job check are bullmq's worker's.
+  BullMQ's keys, many per script call (:mod:`._batched`, :mod:`._looped`):
+  ``moveToActive``, ``moveToFinished`` and the add scripts run unchanged as
+  Lua functions called once per job by a short loop, the queue's keys sent
+  once per call. A consumer takes as many jobs as it has room for in one
+  call, finishes the jobs done meanwhile in one call, and every caller's
+  tasks and results go out in one ``MULTI`` (one call per queue). Results
+  are settled a fetch at a time. Locks, their renewal and the stalled-job
+  check are bullmq's worker's.
 - Heartbeats are published on ``{P}-heartbeat``: every instance hears every
   beat (the engine throttles what it persists). A durably worker also keeps
   its step's latest beat in ``{P}-step-beat:{stepId}`` for 30 s, so an engine

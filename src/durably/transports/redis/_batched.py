@@ -21,6 +21,7 @@ exactly what it would see from bullmq), in fewer round trips:
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -36,7 +37,6 @@ _T = TypeVar("_T")
 _R = TypeVar("_R")
 
 _TAKE_TAIL = """
-end
 local take_opts = cmsgpack.unpack(ARGV[3])
 local take_base = take_opts['token']
 local take_argv = {ARGV[1], ARGV[2], ARGV[3]}
@@ -70,8 +70,23 @@ class Script:
     @classmethod
     def of(cls, registered: Any) -> Script:
         """From a redis-py registered script (bullmq's ``commands[...]``)."""
-        text = registered.script
-        return cls(text if isinstance(text, str) else text.decode(), str(registered.sha))
+        sha = str(registered.sha)
+        known = _KNOWN.get(sha)
+        if known is None:
+            text = registered.script
+            known = _KNOWN[sha] = cls(text if isinstance(text, str) else text.decode(), sha)
+        return known
+
+
+_KNOWN: dict[str, Script] = {}
+"""Scripts by SHA (bullmq's are the same few for every queue)."""
+
+
+def _wrapped(name: str, script: Script, tail: str) -> Script:
+    """BullMQ's script as a local function ``name`` (its KEYS and ARGV as
+    parameters, so its body runs unchanged), then ``tail`` calling it."""
+    text = f"local function {name}(KEYS, ARGV)\n{script.text}\nend\n{tail}"
+    return Script(text, hashlib.sha1(text.encode()).hexdigest())
 
 
 def take_script(move_to_active: Script) -> Script:
@@ -82,10 +97,7 @@ def take_script(move_to_active: Script) -> Script:
     waiting removes the queue's base marker (``0``; a delayed job's marker
     ``1`` stays): the caller blocks on the marker next, and would otherwise
     pop the one its own take put back and take nothing."""
-    import hashlib
-
-    text = f"local function bullmq_move_to_active(KEYS, ARGV)\n{move_to_active.text}{_TAKE_TAIL}"
-    return Script(text, hashlib.sha1(text.encode()).hexdigest())
+    return _wrapped("bullmq_move_to_active", move_to_active, _TAKE_TAIL)
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,9 +166,24 @@ _ADD_KEYS = {
 }  # fmt: skip
 
 
-def add_job_call(
+@dataclass(frozen=True, slots=True)
+class AddedJob:
+    """What bullmq's ``Queue.add`` would send for one job, taken apart: the
+    script (``addPrioritizedJob`` or ``addStandardJob``) and its KEYS, then
+    its ARGV: the packed arguments (name, timestamp…), the data JSON, the
+    packed options and the timestamp."""
+
+    script: Script
+    keys: tuple[str, ...]
+    packed: bytes
+    data: str
+    opts: bytes
+    timestamp: int
+
+
+def added_job(
     scripts: Any, name: str, data: Any, opts: dict[str, Any], timestamp: int | None = None
-) -> Call:
+) -> AddedJob:
     """The script call adding a job, as bullmq's ``Queue.add`` would make it
     (a prioritized or a standard job, the same KEYS and ARGV byte for byte),
     without building a bullmq ``Job``; options are packed once per shape."""
@@ -168,8 +195,22 @@ def add_job_call(
     packed = msgpack.packb(
         [keys[""], "", name, now, None, None, None, None, None], use_bin_type=True
     )
-    args = [packed, compact_json(data), _packed_opts(opts), now]
-    return Call(Script.of(scripts.commands[script]), [keys[k] for k in _ADD_KEYS[script]], args)
+    return AddedJob(
+        Script.of(scripts.commands[script]),
+        tuple(keys[k] for k in _ADD_KEYS[script]),
+        packed,
+        compact_json(data),
+        _packed_opts(opts),
+        now,
+    )
+
+
+def add_job_call(
+    scripts: Any, name: str, data: Any, opts: dict[str, Any], timestamp: int | None = None
+) -> Call:
+    """:func:`added_job` as one call of bullmq's own add script."""
+    job = added_job(scripts, name, data, opts, timestamp)
+    return Call(job.script, job.keys, [job.packed, job.data, job.opts, job.timestamp])
 
 
 _PACKED_OPTS: dict[str, bytes] = {}

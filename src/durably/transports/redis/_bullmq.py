@@ -3,8 +3,9 @@
 
 The worker is bullmq's, with its fetch loop and its job completion replaced
 (:class:`_BatchWorker`): it takes as many jobs as it has room for in one
-script call and finishes the jobs done meanwhile in one pipeline, with
-BullMQ's own scripts (see :mod:`._batched`). Locks, their renewal, the
+script call and finishes the jobs done meanwhile in one call, with BullMQ's
+own scripts (see :mod:`._batched` and :mod:`._looped`); a consumer may
+process a fetch's jobs together (``batch``). Locks, their renewal, the
 stalled-job check, failures and hand-backs are bullmq's unchanged.
 """
 
@@ -30,11 +31,13 @@ from ._batched import (
     Call,
     Collector,
     Script,
+    compact_json,
     move_to_active_args,
     parse_taken,
     run_scripts,
     take_script,
 )
+from ._looped import CALL_MAX, finish_call, finish_script, finished_opts
 
 _log = engine_logger("durably.transport")
 
@@ -77,6 +80,9 @@ class _Worker(Protocol):
 
 
 _Processor = Callable[[_Job, str], Awaitable[Any]]
+_BatchProcessor = Callable[[list[Any]], Awaitable[list[bool]]]
+"""Processes a fetch's jobs at once: for each, whether to complete it (False:
+it was handed back already, and is neither completed nor failed)."""
 _GiveBack = Callable[[str, _Job, str], Awaitable[None]]
 
 _TAKE_MAX = 100
@@ -98,12 +104,13 @@ class _Consumer:
         url: str,
         options: dict[str, Any],
         give_back: _GiveBack,
+        batch: _BatchProcessor | None = None,
     ):
         # autorun off: bullmq's own ensure_future(run()) is untracked, and a
         # run() that starts after close() reconnects and leaks a connection.
         self.queue = queue
         self.worker: _Worker = _BatchWorker(
-            queue, processor, {"connection": url, **options, "autorun": False}, give_back
+            queue, processor, {"connection": url, **options, "autorun": False}, give_back, batch
         )
         self.worker.on("error", _worker_error(queue))
         self._give_back = give_back
@@ -166,7 +173,9 @@ class _BatchWorker(_BullWorker):  # type: ignore[misc]  # bullmq is untyped
     One loop: block on the queue's marker while the queue is dry (as bullmq
     does), then take as many jobs as there is room for in one script call,
     start each, and go on. A finished job's ``moveToFinished`` goes out with
-    the others finished meanwhile, in one pipeline.
+    the others finished meanwhile, in one pipeline. With a ``batch``
+    processor, a fetch's jobs are processed together instead (one task, one
+    call, then one finishing call for those it completed).
     """
 
     running: bool
@@ -174,10 +183,16 @@ class _BatchWorker(_BullWorker):  # type: ignore[misc]  # bullmq is untyped
     closing: bool
 
     def __init__(
-        self, name: str, processor: _Processor, opts: dict[str, Any], give_back: _GiveBack
+        self,
+        name: str,
+        processor: _Processor,
+        opts: dict[str, Any],
+        give_back: _GiveBack,
+        batch: _BatchProcessor | None = None,
     ) -> None:
         super().__init__(name, processor, opts)
         self._give_back = give_back
+        self._batch_processor = batch
         self._busy = 0
         self._room = asyncio.Event()
         self._take = take_script(Script.of(self.scripts.commands["moveToActive"]))
@@ -215,8 +230,11 @@ class _BatchWorker(_BullWorker):  # type: ignore[misc]  # bullmq is untyped
                     jobs = await fetch
                 finally:
                     self.processing.discard(fetch)
-                for job in jobs or ():
-                    self._start(job)
+                if jobs and self._batch_processor is not None:
+                    self._start_batch(jobs)
+                else:
+                    for job in jobs or ():
+                        self._start(job)
             if self.processing:
                 await asyncio.wait(set(self.processing))
         finally:
@@ -242,10 +260,65 @@ class _BatchWorker(_BullWorker):  # type: ignore[misc]  # bullmq is untyped
         self.processing.add(task)
         task.add_done_callback(self._ended)
 
-    def _ended(self, task: asyncio.Future[Any]) -> None:
+    def _ended(self, task: asyncio.Future[Any], count: int = 1) -> None:
         self.processing.discard(task)
-        self._busy -= 1
+        self._busy -= count
         self._room.set()
+
+    def _start_batch(self, jobs: list[Any]) -> None:
+        self._busy += len(jobs)
+        task = asyncio.ensure_future(self._process_batch(jobs))
+        self.processing.add(task)
+        task.add_done_callback(functools.partial(self._ended, count=len(jobs)))
+
+    async def _process_batch(self, jobs: list[Any]) -> None:
+        """bullmq's ``processJob`` for a fetch's jobs at once (see ``batch``)."""
+        now = int(time.time() * 1000)
+        for job in jobs:
+            self.jobs.add((job, job.token))
+            self.lockManager.track_job(job.id, job.token, now)
+        try:
+            plain = []
+            for job in jobs:
+                if job.deferredFailure:  # stalled too often: failed, as bullmq does
+                    await self._fail(job, UnrecoverableError(job.deferredFailure))
+                else:
+                    plain.append(job)
+            if not plain:
+                return
+            assert self._batch_processor is not None
+            try:
+                finish = await self._batch_processor(plain)
+            except Exception as err:
+                for job in plain:
+                    await self._fail(job, err)
+                return
+            done = [(job, None, job.token) for job, ok in zip(plain, finish, strict=True) if ok]
+            if not done or self.forceClosing:
+                return
+            try:
+                outcomes = await self._finish_many(done)
+            except Exception as err:
+                outcomes = [err] * len(done)
+            for (job, _, _), outcome in zip(done, outcomes, strict=True):
+                if outcome is None:
+                    job.attemptsMade = job.attemptsMade + 1
+                    self.emit("completed", job, None)
+                elif isinstance(outcome, Exception):
+                    await self._fail(job, outcome)
+        finally:
+            for job in jobs:
+                self.jobs.discard((job, job.token))
+                self.lockManager.untrack_job(job.id)
+
+    async def _fail(self, job: Any, err: Exception) -> None:
+        """Fail a job as bullmq's ``processJob`` does when processing it raised."""
+        try:
+            if not self.forceClosing:
+                await job.moveToFailed(err, job.token)
+            self.emit("failed", job, err)
+        except Exception as again:
+            self.emit("error", again, job)
 
     async def _next_jobs(self, batch: int, room: int) -> list[Any]:
         """Jobs to process: up to ``room``, blocking on the marker while the queue is dry."""
@@ -309,29 +382,40 @@ class _BatchWorker(_BullWorker):  # type: ignore[misc]  # bullmq is untyped
             self.lockManager.untrack_job(job.id)
 
     async def _finish_many(self, done: list[tuple[Any, Any, str]]) -> list[BaseException | None]:
-        script = Script.of(self.scripts.commands["moveToFinished"])
+        """Complete the jobs done meanwhile: one looped ``moveToFinished``
+        call per hundred jobs (see :mod:`._looped`), all in one pipeline."""
+        script = finish_script(Script.of(self.scripts.commands["moveToFinished"]))
+        queue_opts, now = self.opts, round(time.time() * 1000)
         calls = []
-        for job, result, token in done:
-            keys, args = self.scripts.moveToCompletedArgs(
-                job, result, job.opts.get("removeOnComplete", False), token, False
-            )
-            calls.append(Call(script, keys, args))
+        for start in range(0, len(done), CALL_MAX):
+            jobs = []
+            for job, result, token in done[start : start + CALL_MAX]:
+                packed = finished_opts(
+                    token,
+                    job.opts.get("removeOnComplete", False),
+                    queue_opts,
+                    job.opts,
+                    job.attempts,
+                    job.attemptsMade,
+                )
+                jobs.append((job.id, compact_json(result), packed))
+            calls.append(finish_call(script, self.keys, jobs, now))
         replies = await run_scripts(self.client, calls)
         outcomes: list[BaseException | None] = []
-        for (job, _, _), reply in zip(done, replies, strict=True):
-            if isinstance(reply, BaseException):
-                outcomes.append(reply)
-            elif isinstance(reply, int) and reply < 0:
-                outcomes.append(
-                    self.scripts.finishedErrors(
-                        {
-                            "code": reply,
-                            "jobId": job.id,
-                            "command": "moveToFinished",
-                            "state": "active",
-                        }
-                    )
-                )
-            else:
-                outcomes.append(None)
+        for start, reply in zip(range(0, len(done), CALL_MAX), replies, strict=True):
+            part = done[start : start + CALL_MAX]
+            each = reply if isinstance(reply, list) else [reply] * len(part)
+            for (job, _, _), one in zip(part, each, strict=True):
+                outcomes.append(self._finished(job, one))
         return outcomes
+
+    def _finished(self, job: Any, reply: Any) -> BaseException | None:
+        """A job's ``moveToFinished`` reply as bullmq would read it (an error or None)."""
+        if isinstance(reply, BaseException):
+            return reply
+        if isinstance(reply, int) and reply < 0:
+            error: BaseException = self.scripts.finishedErrors(
+                {"code": reply, "jobId": job.id, "command": "moveToFinished", "state": "active"}
+            )
+            return error
+        return None

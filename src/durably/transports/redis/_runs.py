@@ -151,7 +151,9 @@ class RedisRuns:
             )
 
     async def _queue_names(self) -> list[str]:
-        keys = [key async for key in self._client.scan_iter(match=self._names.runs_pattern)]
+        # A page of 1,000: the whole database is scanned each second.
+        pattern = self._names.runs_pattern
+        keys = [key async for key in self._client.scan_iter(match=pattern, count=1000)]
         return sorted(str(key)[len("bull:") : -len(":meta")] for key in keys)
 
     async def _discover_once(self) -> None:

@@ -30,8 +30,9 @@ from ..base import (
     TurnHandler,
 )
 from . import _turns
-from ._batched import Collector, add_job_call, check_added, run_scripts
+from ._batched import AddedJob, Collector, added_job, check_added, run_scripts
 from ._bullmq import _Consumer, _delayed, _Job, _new_queue, _Processor, _Queue
+from ._looped import CALL_MAX, add_call, add_script
 from ._names import RedisNames, bullmq_priority, split_url
 from ._runs import RedisRuns
 
@@ -106,7 +107,7 @@ class RedisTransport:
         self._generation = 0
         self._slots = asyncio.Semaphore(1)
         self._on_task: TaskHandler | None = None
-        self._handlers: set[asyncio.Task[None]] = set()
+        self._handlers: set[asyncio.Task[Any]] = set()
         self._closing_workers: set[asyncio.Task[None]] = set()
         self._bridging: set[asyncio.Future[None]] = set()
         # results
@@ -114,7 +115,8 @@ class RedisTransport:
         self._turn_consumers: list[_Consumer] = []
         self._on_results: ResultHandler | None = None
         self._on_heartbeat: HeartbeatHandler | None = None
-        self._batch: list[tuple[StepResult, asyncio.Future[bool]]] = []
+        # results taken, one group per fetch, each told at once whether its batch was settled
+        self._batch: list[tuple[list[StepResult], asyncio.Future[bool]]] = []
         self._flush: asyncio.Task[None] | None = None
         self._settled: OrderedDict[str, None] = OrderedDict()
         # pub/sub
@@ -201,7 +203,7 @@ class RedisTransport:
         self._readers.clear()
         for pubsub in self._pubsubs.values():
             with contextlib.suppress(Exception):
-                await pubsub.aclose()  # type: ignore[no-untyped-call]  # untyped in redis-py
+                await pubsub.aclose()  # type: ignore[no-untyped-call,unused-ignore]  # untyped in older redis-py
         self._pubsubs.clear()
         await self._adding.drain()
         client, self._client = self._client, None
@@ -252,7 +254,7 @@ class RedisTransport:
                     return pubsub
         except BaseException:
             with contextlib.suppress(Exception):
-                await pubsub.aclose()  # type: ignore[no-untyped-call]  # untyped in redis-py
+                await pubsub.aclose()  # type: ignore[no-untyped-call,unused-ignore]  # untyped in older redis-py
             raise
 
     async def _read(self, channel: str, on_message: Callable[[Any], Awaitable[None]]) -> None:
@@ -296,7 +298,7 @@ class RedisTransport:
         _log.warning("lost the Redis subscription to %s (%s); reconnecting", channel, error)
         old = self._pubsubs[channel]
         with contextlib.suppress(Exception):
-            await old.aclose()  # type: ignore[no-untyped-call]  # untyped in redis-py
+            await old.aclose()  # type: ignore[no-untyped-call,unused-ignore]  # untyped in older redis-py
         delay = _OPEN_RETRY_FIRST_S
         while not self._closing:
             try:
@@ -429,20 +431,33 @@ class RedisTransport:
         self, batches: list[list[tuple[str, dict[str, Any]]]]
     ) -> list[BaseException | None]:
         """Add the jobs of every caller's batch (tasks, results) in one
-        transaction; each batch fails alone if a job of it is refused."""
-        calls, owners = [], []
+        transaction, one looped add script call per queue and job shape;
+        each batch fails alone if a job of it is refused."""
+        groups: dict[tuple[str, tuple[str, ...], bytes], list[tuple[int, AddedJob]]] = {}
         for owner, batch in enumerate(batches):
             for name, job in batch:
                 scripts = self._queue(name).backend.scripts
-                calls.append(add_job_call(scripts, job["name"], job["data"], job["opts"]))
-                owners.append(owner)
+                added = added_job(scripts, job["name"], job["data"], job["opts"])
+                key = (added.script.sha, added.keys, added.packed)
+                groups.setdefault(key, []).append((owner, added))
+        calls, members = [], []
+        for group in groups.values():
+            for start in range(0, len(group), CALL_MAX):
+                part = group[start : start + CALL_MAX]
+                first = part[0][1]
+                jobs = [(added.data, added.opts) for _, added in part]
+                script = add_script(first.script)
+                calls.append(add_call(script, first.keys, first.packed, first.timestamp, jobs))
+                members.append([owner for owner, _ in part])
         replies = await run_scripts(self._redis(), calls, transaction=True)
         outcomes: list[BaseException | None] = [None] * len(batches)
-        for owner, reply in zip(owners, replies, strict=True):
-            try:
-                check_added(reply)
-            except Exception as exc:
-                outcomes[owner] = outcomes[owner] or exc
+        for owners, reply in zip(members, replies, strict=True):
+            each = reply if isinstance(reply, list) else [reply] * len(owners)
+            for owner, one in zip(owners, each, strict=True):
+                try:
+                    check_added(one)
+                except Exception as exc:
+                    outcomes[owner] = outcomes[owner] or exc
         return outcomes
 
     async def send_heartbeat(self, beat: Heartbeat) -> None:
@@ -516,14 +531,15 @@ class RedisTransport:
                 handler = self._on_task
                 if generation != self._generation or handler is None:
                     await self._hand_back(queue, job, token, 0)
-                runner = asyncio.create_task(_run_handler(handler, task))
-                self._handlers.add(runner)
-                runner.add_done_callback(self._handlers.discard)
+                # The handler runs in this job's own task (no task of its
+                # own): close() cancels it through _handlers.
+                current = asyncio.current_task()
+                assert current is not None
+                self._handlers.add(current)
                 try:
-                    await asyncio.shield(runner)
+                    await handler(task)
                 except asyncio.CancelledError:
                     # close(): this process stops; the task goes to another one.
-                    runner.cancel()
                     await self._hand_back(queue, job, token, 0)
                 except TransportError as exc:
                     # Redis went away under the result: one line, not a traceback each.
@@ -535,6 +551,8 @@ class RedisTransport:
                         task.step_id,
                     )
                     await self._hand_back(queue, job, token, self.redeliver_delay_ms)
+                finally:
+                    self._handlers.discard(current)
             finally:
                 slots.release()
 
@@ -610,7 +628,7 @@ class RedisTransport:
         name = self.names.results
         self._results_worker = _Consumer(
             name,
-            self._take_result,
+            self._take_one_result,
             self._connect_url,
             {
                 "concurrency": _RESULT_BATCH,
@@ -619,13 +637,15 @@ class RedisTransport:
                 "drainDelay": _DRAIN_DELAY_S,
             },
             self._give_back,
+            batch=self._take_results,
         )
 
     async def _replay_latest_beats(self) -> None:
         """Hear the latest beat of every step still beating (sent before we listened)."""
         client = self._redis()
         try:
-            keys = [key async for key in client.scan_iter(match=self.names.step_beat("*"))]
+            pattern = self.names.step_beat("*")
+            keys = [key async for key in client.scan_iter(match=pattern, count=1000)]
             for start in range(0, len(keys), 500):
                 for body in await client.mget(keys[start : start + 500]):
                     if body is not None:
@@ -643,49 +663,76 @@ class RedisTransport:
             _log.error("dropping a malformed heartbeat: %s", exc)
             return
         step_id = beat.step_id
-        if step_id in self._settled or any(r.step_id == step_id for r, _ in self._batch):
+        taken = (r.step_id == step_id for results, _ in self._batch for r in results)
+        if step_id in self._settled or any(taken):
             return  # its result is here already: the beat says nothing new
         await handler(beat)
 
-    async def _take_result(self, job: _Job, token: str) -> None:
+    async def _take_one_result(self, job: _Job, token: str) -> None:
+        # Results are taken a fetch at a time (_take_results); a job that
+        # reaches this path anyway is one of a batch of one.
+        if not (await self._take_results([job]))[0]:
+            raise _delayed()
+
+    async def _take_results(self, jobs: list[Any]) -> list[bool]:
+        """Settle a fetch's results in one batch (with any others taken
+        meanwhile); for each job, whether to complete it (False: handed back)."""
+        queue = self.names.results
         if self._closing:
-            # Fetched while closing: another instance settles it now.
-            await self._hand_back(self.names.results, job, token, 0)
-        try:
-            result = StepResult.from_wire(job.data)
-        except (WireError, ValueError, TypeError) as exc:
-            _log.error("dropping a malformed result (job %s): %s", job.id, exc)
-            return
+            # Fetched while closing: another instance settles them now.
+            for job in jobs:
+                await self._give_back(queue, job, job.token, 0)
+            return [False] * len(jobs)
+        results, parsed = [], []
+        for job in jobs:
+            try:
+                results.append(StepResult.from_wire(job.data))
+                parsed.append(job)
+            except (WireError, ValueError, TypeError) as exc:
+                # completed: removed, never delivered again
+                _log.error("dropping a malformed result (job %s): %s", job.id, exc)
+        if not results:
+            return [True] * len(jobs)
         done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._batch.append((result, done))
+        self._batch.append((results, done))
         if self._flush is None or self._flush.done():
             self._flush = asyncio.create_task(self._flush_soon())
-        if not await asyncio.shield(done):
-            await self._hand_back(self.names.results, job, token, self.redeliver_delay_ms)
+        if await done:
+            return [True] * len(jobs)
+        for job in parsed:
+            await self._give_back(queue, job, job.token, self.redeliver_delay_ms)
+        again = {id(job) for job in parsed}
+        return [id(job) not in again for job in jobs]
 
     async def _flush_soon(self) -> None:
         while self._batch:
-            # The consumer takes results many per fetch and starts them all
-            # at once: one turn of the loop lets the whole fetch join the
-            # batch (and what arrived while the previous batch was settled is
-            # here already), so a burst is settled in a few store writes
-            # without holding a lone result back.
+            # What arrived while the previous batch was settled is here
+            # already, and one turn of the loop lets the fetches under way
+            # join: a burst is settled in a few store writes without holding
+            # a lone result back.
             await asyncio.sleep(0)
-            batch, self._batch = self._batch[:_RESULT_BATCH], self._batch[_RESULT_BATCH:]
+            groups: list[tuple[list[StepResult], asyncio.Future[bool]]] = []
+            size = 0
+            while self._batch and (not groups or size + len(self._batch[0][0]) <= _RESULT_BATCH):
+                group = self._batch.pop(0)
+                groups.append(group)
+                size += len(group[0])
+            batch = [result for results, _ in groups for result in results]
             ok = True
             handler = self._on_results
             try:
                 if handler is not None:
-                    await handler([result for result, _ in batch])
+                    await handler(batch)
             except Exception:
                 _log.exception(
                     "a batch of %d step results could not be settled; delivering it again",
                     len(batch),
                 )
                 ok = False
-            for result, done in batch:
-                if ok:
+            if ok:
+                for result in batch:
                     self._settled[result.step_id] = None
+            for _, done in groups:
                 if not done.done():
                     done.set_result(ok)
             while len(self._settled) > _SETTLED_MEMORY:
@@ -715,7 +762,3 @@ class RedisTransport:
     async def queue_depths(self, tokens: Collection[str]) -> dict[str, int]:
         """Tasks waiting in each routing token's queue."""
         return await _turns.queue_depths(self, tokens)
-
-
-async def _run_handler(handler: TaskHandler, task: StepTask) -> None:
-    await handler(task)

@@ -1,0 +1,127 @@
+"""Counts per dispatched step over ``redis://``: CPU (user/sys), the client's writes (round
+trips) and bytes, where each write came from, and Redis's ``INFO commandstats`` deltas.
+
+    python dispatch_counts.py --db sqlite --n 600 --k 5
+    python dispatch_counts.py --db postgres --sites           # which code sent each write
+    python dispatch_counts.py --db sqlite --cprofile out.prof  # CPU-time cProfile of the window
+    PYTHONPATH=/tmp/before/src python dispatch_counts.py ...   # another tree (before/after)
+
+One process drives N workflows of K sequential ``ctx.step`` and serves them (as
+dispatch_durably.py's throughput scenario), after 20 untimed warm-up workflows. The
+commandstats count commands run inside scripts too and every client of the server: on a shared
+Redis read them as an upper bound; the client-side counts are this process's own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import os
+import time
+import traceback
+from typing import Any
+
+import dispatch_durably as dd
+from common import make_target, prepare_workdir, reset_target, timed_batch
+
+_writes = [0, 0]
+_sites: dict[str, int] = {}
+_count_sites = False
+
+
+def _count_writes() -> None:
+    """Wrap redis-py's socket write: one call is one write (a pipeline is one)."""
+    from redis.asyncio.connection import AbstractConnection
+
+    original = AbstractConnection.send_packed_command
+
+    async def counted(self: Any, command: Any, check_health: bool = True) -> None:
+        _writes[0] += 1
+        chunks = [command] if isinstance(command, bytes | str) else command
+        _writes[1] += sum(len(c) for c in chunks)
+        if _count_sites:
+            site = "?"
+            for frame in reversed(traceback.extract_stack(limit=40)):
+                if "durably/" in frame.filename or "bullmq/" in frame.filename:
+                    site = f"{frame.filename.rsplit('/', 1)[-1]}:{frame.name}"
+                    break
+            _sites[site] = _sites.get(site, 0) + 1
+        await original(self, command, check_health)
+
+    AbstractConnection.send_packed_command = counted  # type: ignore[method-assign]
+
+
+def _commandstats() -> dict[str, tuple[int, int]]:
+    import redis
+
+    client = redis.Redis.from_url(dd.REDIS_URL)
+    try:
+        stats = client.info("commandstats")
+    finally:
+        client.close()
+    return {k: (v["calls"], v["usec"]) for k, v in stats.items()}
+
+
+async def main(args: argparse.Namespace) -> None:
+    target = make_target(args.db, "bench_counts", prepare_workdir(".work"))
+    await reset_target(target)
+    engine = dd.build_engine(target, "redis")
+    k = args.k
+    try:
+        async with engine:
+
+            async def start(_: int) -> Any:
+                return await engine.start("steps", k)
+
+            async def wait(run: Any) -> Any:
+                res = await engine.wait_for_run(run.run_id, terminal=True, timeout=600)
+                dd.check(res, k)
+                return res
+
+            await timed_batch(20, start, wait, 600)
+            before = _commandstats()
+            _writes[0] = _writes[1] = 0
+            _sites.clear()
+            profile = cProfile.Profile(time.process_time) if args.cprofile else None
+            t0 = os.times()
+            if profile:
+                profile.enable()
+            await timed_batch(args.n, start, wait, 600)
+            if profile:
+                profile.disable()
+            t1 = os.times()
+            writes, sent = _writes
+            after = _commandstats()
+    finally:
+        await dd.forget_redis_prefix()
+    steps = args.n * k
+    user, system = (t1.user - t0.user) * 1e6 / steps, (t1.system - t0.system) * 1e6 / steps
+    print(f"CPU us/step {user + system:.1f} (user {user:.0f}, sys {system:.0f})")
+    print(f"client writes (round trips)/step {writes / steps:.3f}", end=", ")
+    print(f"bytes sent/step {sent / steps:.0f}")
+    for site, n in sorted(_sites.items(), key=lambda kv: -kv[1]):
+        print(f"  {n / steps:.3f}/step from {site}")
+    print("Redis commandstats per step (all clients; commands inside scripts included):")
+    for name in sorted(after):
+        calls = after[name][0] - before.get(name, (0, 0))[0]
+        usec = after[name][1] - before.get(name, (0, 0))[1]
+        if calls:
+            print(f"  {name:32s} {calls / steps:7.3f} calls  {usec / steps:7.1f} us")
+    if profile is not None:
+        profile.dump_stats(args.cprofile)
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--db", choices=["sqlite", "postgres"], required=True)
+    p.add_argument("--n", type=int, default=600)
+    p.add_argument("--k", type=int, default=5)
+    p.add_argument("--sites", action="store_true", help="say which code sent each write")
+    p.add_argument("--cprofile", default=None, help="write a CPU-time cProfile here")
+    parsed = p.parse_args()
+    _count_sites = parsed.sites
+    _count_writes()
+    asyncio.run(main(parsed))
