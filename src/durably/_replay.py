@@ -493,9 +493,19 @@ class Turn:
         cancelled when the turn can be resumed later (:attr:`kept`): the
         caller then resumes it (:meth:`resume`) or lets it go (:meth:`dispose`).
         """
-        task = asyncio.ensure_future(body())
-        task.add_done_callback(lambda _: self._poke())
+        task = asyncio.ensure_future(self._poking(body()))
         return self._run(task, keep=keep)
+
+    async def _poking(self, body: Awaitable[Any]) -> Any:
+        """``body``, poking the turn from the body task's own last step: the
+        turn wakes one loop turn after the body ends, where a done callback
+        takes two (the callback, then the turn's wake-up it schedules). The
+        task is done by the time the turn looks (nothing awaits after this
+        ``finally``); :meth:`_finish` drops this frame from a failure's traceback."""
+        try:
+            return await body
+        finally:
+            self._poke()
 
     async def _run(self, task: asyncio.Future[Any], *, keep: bool) -> TurnOutcome:
         while True:
@@ -639,6 +649,8 @@ class Turn:
     def _finish(self, task: asyncio.Future[Any]) -> TurnOutcome:
         self.close(self.close_reason or CloseReason.DONE)
         exc = None if task.cancelled() else task.exception()  # retrieved: asyncio logs it else
+        if exc is not None:
+            _drop_poking_frame(exc)
         if self.store_error is not None:
             # Whatever the body made of it (it may have swallowed the signal
             # with a bare except), the turn stopped on an outage: no outcome.
@@ -720,6 +732,17 @@ def error_info(exc: BaseException) -> ErrorInfo:
         "details": details,
         "traceback": text[-_MAX_TRACEBACK_CHARS:],
     }
+
+
+def _drop_poking_frame(exc: BaseException) -> None:
+    """Start ``exc``'s traceback at the body, as it did before the body ran
+    under :meth:`Turn._poking` (a stored failure shows no engine frame)."""
+    tb = exc.__traceback__
+    if tb is not None and tb.tb_frame.f_code is _POKING_CODE:
+        exc.__traceback__ = tb.tb_next
+
+
+_POKING_CODE = Turn._poking.__code__
 
 
 def _no_gate(_seqs: Iterable[int]) -> None:
