@@ -4,10 +4,11 @@ hop a one-step run pays between its store round trips."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import durably
 from durably._replay import Turn, TurnEnd
-from durably.model import Run, RunStatus
+from durably.model import Checkpoint, Run, RunStatus
 
 
 def _turn() -> Turn:
@@ -73,3 +74,79 @@ async def test_a_cancelled_body_still_ends_its_turn() -> None:
     )
     body_task.cancel()
     assert (await asyncio.wait_for(outcome, 10)).end is TurnEnd.CLOSED
+
+
+async def _written_statuses(step: Any) -> list[str]:
+    """The statuses of the checkpoints a one-step run hands the store, in order."""
+    engine = durably.Engine("memory://")
+    written: list[str] = []
+    save = engine.store.save_checkpoint
+
+    async def counting(checkpoint: Checkpoint, owner: str) -> bool:
+        written.append(str(checkpoint.status))
+        return await save(checkpoint, owner)
+
+    engine.store.save_checkpoint = counting  # type: ignore[method-assign]
+
+    @engine.workflow("one")
+    async def one(ctx: durably.WorkflowContext) -> Any:
+        return await ctx.local_step("s", step)
+
+    async with engine:
+        handle = await engine.start("one")
+        result = await engine.wait_for_run(handle.run_id, terminal=True, timeout=10)
+    assert result.status is RunStatus.COMPLETED, result
+    return written
+
+
+async def test_a_step_that_never_yields_writes_only_its_result() -> None:
+    """Its ``running`` record would be superseded in the same commit: never queued."""
+
+    async def quick() -> int:
+        return 1
+
+    assert await _written_statuses(quick) == ["completed"]
+
+
+async def test_a_step_that_yields_records_running_while_it_runs() -> None:
+    async def slow() -> int:
+        await asyncio.sleep(0.05)
+        return 1
+
+    def blocking() -> int:  # a step thread
+        return 1
+
+    assert await _written_statuses(slow) == ["running", "completed"]
+    assert await _written_statuses(blocking) == ["running", "completed"]
+
+
+async def test_a_quick_step_that_fails_records_running_before_failed() -> None:
+    """The attempt's records keep their order when it fails without yielding."""
+    calls: list[int] = []
+
+    async def flaky() -> int:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("first attempt")
+        return 1
+
+    engine = durably.Engine("memory://")
+    written: list[tuple[str, int]] = []
+    save = engine.store.save_checkpoint
+
+    async def counting(checkpoint: Checkpoint, owner: str) -> bool:
+        written.append((str(checkpoint.status), checkpoint.attempts))
+        return await save(checkpoint, owner)
+
+    engine.store.save_checkpoint = counting  # type: ignore[method-assign]
+
+    @engine.workflow("one")
+    async def one(ctx: durably.WorkflowContext) -> Any:
+        return await ctx.local_step("s", flaky, retries=1, backoff_base=0.001)
+
+    async with engine:
+        handle = await engine.start("one")
+        result = await engine.wait_for_run(handle.run_id, terminal=True, timeout=10)
+    assert result.status is RunStatus.COMPLETED, result
+    assert written[0] == ("running", 1)
+    assert written[-1] == ("completed", 2)
