@@ -17,9 +17,8 @@ recorded, and none keeps running detached after the turn ends.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import traceback
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, TypeVar
@@ -352,18 +351,17 @@ class Turn:
             self._closed_calls += 1  # a kept body that moved: it is not resumed
             raise _TurnClosed(self.close_reason)
 
-    @contextlib.contextmanager
-    def in_flight(self) -> Iterator[None]:
-        """Mark real work (I/O, a step function) so the turn is not quiescent."""
-        self._in_flight += 1
+    def in_flight(self) -> _InFlight:
+        """Mark real work (I/O, a step function) so the turn is not quiescent:
+        ``with turn.in_flight():``."""
+        return _InFlight(self)
+
+    def _landed(self) -> None:
+        """Work marked by :meth:`in_flight` ended."""
+        self._in_flight -= 1
         self._generation += 1
-        try:
-            yield
-        finally:
-            self._in_flight -= 1
-            self._generation += 1
-            if self._in_flight == 0 and (self._parked or self._held):
-                self._poke()
+        if self._in_flight == 0 and (self._parked or self._held):
+            self._poke()
 
     async def park(self, seq: int, wake_at: int | None, *, reconcile: bool) -> Any:
         """Wait for something that cannot happen during this turn.
@@ -685,6 +683,25 @@ class Turn:
     def _poke(self) -> None:
         if not self._wakeup.done():
             self._wakeup.set_result(None)
+
+
+class _InFlight:
+    """:meth:`Turn.in_flight`'s context manager. A class, not a
+    ``@contextmanager`` generator: it is entered once per step attempt, and
+    the generator costs a frame, a wrapper and four more calls each time."""
+
+    __slots__ = ("_turn",)
+
+    def __init__(self, turn: Turn) -> None:
+        self._turn = turn
+
+    def __enter__(self) -> None:
+        turn = self._turn
+        turn._in_flight += 1
+        turn._generation += 1
+
+    def __exit__(self, kind: object, exc: object, tb: object) -> None:
+        self._turn._landed()
 
 
 class _StoreGuard:
