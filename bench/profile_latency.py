@@ -147,7 +147,7 @@ def instrument() -> None:
         b,
         "_write",
         "batch._write",
-        lambda self, conn, cps, settles: f" cps={len(cps)} settles={len(settles)}",
+        lambda self, conn, cps, settles, *_: f" cps={len(cps)} settles={len(settles)}",
     )
 
     T = _turns.TurnDriver

@@ -17,9 +17,8 @@ recorded, and none keeps running detached after the turn ends.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import traceback
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, TypeVar
@@ -352,18 +351,17 @@ class Turn:
             self._closed_calls += 1  # a kept body that moved: it is not resumed
             raise _TurnClosed(self.close_reason)
 
-    @contextlib.contextmanager
-    def in_flight(self) -> Iterator[None]:
-        """Mark real work (I/O, a step function) so the turn is not quiescent."""
-        self._in_flight += 1
+    def in_flight(self) -> _InFlight:
+        """Mark real work (I/O, a step function) so the turn is not quiescent:
+        ``with turn.in_flight():``."""
+        return _InFlight(self)
+
+    def _landed(self) -> None:
+        """Work marked by :meth:`in_flight` ended."""
+        self._in_flight -= 1
         self._generation += 1
-        try:
-            yield
-        finally:
-            self._in_flight -= 1
-            self._generation += 1
-            if self._in_flight == 0 and (self._parked or self._held):
-                self._poke()
+        if self._in_flight == 0 and (self._parked or self._held):
+            self._poke()
 
     async def park(self, seq: int, wake_at: int | None, *, reconcile: bool) -> Any:
         """Wait for something that cannot happen during this turn.
@@ -493,9 +491,19 @@ class Turn:
         cancelled when the turn can be resumed later (:attr:`kept`): the
         caller then resumes it (:meth:`resume`) or lets it go (:meth:`dispose`).
         """
-        task = asyncio.ensure_future(body())
-        task.add_done_callback(lambda _: self._poke())
+        task = asyncio.ensure_future(self._poking(body()))
         return self._run(task, keep=keep)
+
+    async def _poking(self, body: Awaitable[Any]) -> Any:
+        """``body``, poking the turn from the body task's own last step: the
+        turn wakes one loop turn after the body ends, where a done callback
+        takes two (the callback, then the turn's wake-up it schedules). The
+        task is done by the time the turn looks (nothing awaits after this
+        ``finally``); :meth:`_finish` drops this frame from a failure's traceback."""
+        try:
+            return await body
+        finally:
+            self._poke()
 
     async def _run(self, task: asyncio.Future[Any], *, keep: bool) -> TurnOutcome:
         while True:
@@ -639,6 +647,8 @@ class Turn:
     def _finish(self, task: asyncio.Future[Any]) -> TurnOutcome:
         self.close(self.close_reason or CloseReason.DONE)
         exc = None if task.cancelled() else task.exception()  # retrieved: asyncio logs it else
+        if exc is not None:
+            _drop_poking_frame(exc)
         if self.store_error is not None:
             # Whatever the body made of it (it may have swallowed the signal
             # with a bare except), the turn stopped on an outage: no outcome.
@@ -673,6 +683,25 @@ class Turn:
     def _poke(self) -> None:
         if not self._wakeup.done():
             self._wakeup.set_result(None)
+
+
+class _InFlight:
+    """:meth:`Turn.in_flight`'s context manager. A class, not a
+    ``@contextmanager`` generator: it is entered once per step attempt, and
+    the generator costs a frame, a wrapper and four more calls each time."""
+
+    __slots__ = ("_turn",)
+
+    def __init__(self, turn: Turn) -> None:
+        self._turn = turn
+
+    def __enter__(self) -> None:
+        turn = self._turn
+        turn._in_flight += 1
+        turn._generation += 1
+
+    def __exit__(self, kind: object, exc: object, tb: object) -> None:
+        self._turn._landed()
 
 
 class _StoreGuard:
@@ -720,6 +749,17 @@ def error_info(exc: BaseException) -> ErrorInfo:
         "details": details,
         "traceback": text[-_MAX_TRACEBACK_CHARS:],
     }
+
+
+def _drop_poking_frame(exc: BaseException) -> None:
+    """Start ``exc``'s traceback at the body, as it did before the body ran
+    under :meth:`Turn._poking` (a stored failure shows no engine frame)."""
+    tb = exc.__traceback__
+    if tb is not None and tb.tb_frame.f_code is _POKING_CODE:
+        exc.__traceback__ = tb.tb_next
+
+
+_POKING_CODE = Turn._poking.__code__
 
 
 def _no_gate(_seqs: Iterable[int]) -> None:

@@ -9,6 +9,7 @@ it, so a sequential workflow pays one store round trip per step, not two.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -58,6 +59,7 @@ async def local_step(
     with turn.in_flight():
         for retry_number in range(policy.retries + 1):
             attempts += 1
+            soon: _RunningSoon | None = None
             if track:
                 running = env.checkpoint(
                     seq,
@@ -73,8 +75,9 @@ async def local_step(
                     await env.save(running)
                 else:
                     # A quick step's result supersedes it in the same
-                    # commit (one write per step, not two).
-                    env.save_later(running)
+                    # commit (one write per step, not two); one that ends
+                    # without yielding to the loop never queues it at all.
+                    soon = _RunningSoon(env, running)
             else:
                 await turn.flush()
             if told is not None:
@@ -92,6 +95,8 @@ async def local_step(
                     RUN_CONTEXT.reset(step_context)
                 output, value = typed.store(result, "step result")
             except Exception as exc:
+                if soon is not None:
+                    soon.now()  # recorded before the attempt's failure is
                 turn.ensure_open()
                 fatal = isinstance(exc, FatalError | codec.EncodeError | Misfit)
                 final = fatal or retry_number == policy.retries
@@ -110,6 +115,8 @@ async def local_step(
                     retry_number,
                 )
                 continue
+            if soon is not None:
+                soon.drop()  # the result below supersedes it
             turn.ensure_open()
             if told is not None:
                 told.completed(attempts)
@@ -132,6 +139,35 @@ async def local_step(
                 env.fence_lost()
             return value
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+class _RunningSoon:
+    """An attempt's ``running`` record, queued at the next turn of the event
+    loop: an attempt that ends without yielding to the loop (a quick async
+    step) drops it, as its result would supersede it in the same commit anyway;
+    one that yields (I/O, a step thread) has it queued while it runs."""
+
+    __slots__ = ("_checkpoint", "_env", "_handle")
+
+    def __init__(self, env: TurnEnv, checkpoint: Checkpoint) -> None:
+        self._env = env
+        self._checkpoint = checkpoint
+        self._handle: asyncio.Handle | None = asyncio.get_running_loop().call_soon(self.now)
+
+    def now(self) -> None:
+        """Queue the record now, unless queued already or the turn is closed."""
+        handle, self._handle = self._handle, None
+        if handle is None:
+            return
+        handle.cancel()
+        if not self._env.turn.closed:
+            self._env.save_later(self._checkpoint)
+
+    def drop(self) -> None:
+        """The attempt ended: a record not queued yet never will be."""
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
 
 
 async def after_failed_attempt(

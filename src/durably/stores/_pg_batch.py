@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
@@ -204,6 +204,12 @@ class PgWriteBatcher:
         self._idle = asyncio.Event()
         self._idle.set()
         self._task: asyncio.Task[None] | None = None
+        # The batch task waits a few loop turns for more than step results
+        # (``_LINGER``): meanwhile a turn's settle may write the batch itself.
+        self._lingering = False
+        # A batch a settling turn writes in its own task (see ``settle``); the
+        # batch task writes nothing until it is done (one batch at a time).
+        self._inline: asyncio.Future[None] | None = None
 
     def save_checkpoint(
         self,
@@ -227,13 +233,59 @@ class PgWriteBatcher:
         self._kick()
         return future
 
-    def settle(self, params: tuple[Any, ...]) -> asyncio.Future[SettleResult]:
+    def settle(self, params: tuple[Any, ...]) -> Awaitable[SettleResult]:
         """Queue a settle: ``(id, owner, status, output, error, wake_at, now, terminal,
-        waiters)`` (see :func:`settle_params`)."""
+        waiters)`` (see :func:`settle_params`).
+
+        When the batch task is only lingering over this run's own step results
+        (the usual end of a turn), the settling turn writes the batch in its
+        own task instead: the statement goes out in this loop turn, not the
+        task's next, and the answer wakes the turn directly, not the task
+        which then wakes the turn."""
         future: asyncio.Future[SettleResult] = asyncio.get_running_loop().create_future()
         self._settles.append((params, future))
         self._kick()
+        if self._may_write_here(params[0]):
+            return self._settle_here(future)
         return future
+
+    def _may_write_here(self, run_id: str) -> bool:
+        """Whether a settle of ``run_id`` may write the queued batch in its own
+        task: the batch task is lingering (no batch in flight), nobody else
+        does so now, and every queued write is that run's (a caller cancelled
+        mid-statement fails only its own run's writes)."""
+        return (
+            self._lingering
+            and self._inline is None
+            and len(self._settles) == 1
+            and not self._outbox
+            and all(key[0] == run_id for key in self._checkpoints)
+        )
+
+    async def _settle_here(self, future: asyncio.Future[SettleResult]) -> SettleResult:
+        settles = self._settles
+        if not (settles and settles[0][1] is future and self._may_write_here(settles[0][0][0])):
+            return await future  # the batch task took it meanwhile
+        checkpoints, self._checkpoints = self._checkpoints, {}
+        self._settles = []
+        inline = self._inline = asyncio.get_running_loop().create_future()
+        try:
+            await self._write_batch(checkpoints, settles, {})
+        except BaseException:
+            # Cancelled mid-statement: only this run's writes were in it, and
+            # none of them is known to be written.
+            for _, futures in checkpoints.values():
+                for waiting in futures:
+                    waiting.cancel()
+            future.cancel()
+            raise
+        finally:
+            self._inline = None
+            if not inline.done():
+                inline.set_result(None)
+            if not self._checkpoints and not self._settles and not self._lingering:
+                self._idle.set()
+        return await future
 
     async def close(self) -> None:
         """Commit what is queued, then stop."""
@@ -253,10 +305,16 @@ class PgWriteBatcher:
     async def _run(self) -> None:
         while True:
             await self._wakeup.wait()
-            for _ in range(_LINGER):
-                if not self._only_results():
-                    break
-                await asyncio.sleep(0)
+            self._lingering = True
+            try:
+                for _ in range(_LINGER):
+                    if not self._only_results():
+                        break
+                    await asyncio.sleep(0)
+            finally:
+                self._lingering = False
+            while self._inline is not None:
+                await self._inline  # a settling turn writes its run's batch
             self._wakeup.clear()
             checkpoints, self._checkpoints = self._checkpoints, {}
             settles, self._settles = self._settles, []
@@ -264,8 +322,20 @@ class PgWriteBatcher:
             if not checkpoints and not settles:
                 self._idle.set()
                 continue
-            error = await self._commit(checkpoints, settles, outbox)
-            if error is not None and len(checkpoints) + len(settles) > 1 and is_row_error(error):
+            await self._write_batch(checkpoints, settles, outbox)
+            if not self._checkpoints and not self._settles:
+                self._idle.set()
+
+    async def _write_batch(
+        self,
+        checkpoints: dict[tuple[str, int], tuple[tuple[Any, ...], list[asyncio.Future[bool]]]],
+        settles: list[tuple[tuple[Any, ...], asyncio.Future[SettleResult]]],
+        outbox: _Outbox,
+    ) -> None:
+        """Write one batch and answer its callers, one by one if a row undid it."""
+        error = await self._commit(checkpoints, settles, outbox)
+        if error is not None:
+            if len(checkpoints) + len(settles) > 1 and is_row_error(error):
                 # One row the database refused undid the whole batch: write
                 # each again alone so only that row's owner hears of it.
                 _log.warning(
@@ -274,13 +344,11 @@ class PgWriteBatcher:
                     error,
                 )
                 await self._one_by_one(checkpoints, settles, outbox)
-            elif error is not None:
+            else:
                 _log.warning(
                     "a batch of %d writes failed: %s", len(checkpoints) + len(settles), error
                 )
                 _fail_all(checkpoints, settles, error)
-            if not self._checkpoints and not self._settles:
-                self._idle.set()
 
     async def _commit(
         self,

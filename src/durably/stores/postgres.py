@@ -26,7 +26,7 @@ import asyncio
 import dataclasses
 import functools
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from .. import _attributes as attrcodec
@@ -814,7 +814,7 @@ class PostgresStore:
 
     def settle_run(
         self, run_id: str, owner: str, status: RunStatus, changes: RunChanges, now: int
-    ) -> asyncio.Future[SettleResult]:
+    ) -> Awaitable[SettleResult]:
         """End a turn by compare-and-set, committed with other turns' writes."""
         return self._writes().settle(
             settle_params(
