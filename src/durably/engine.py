@@ -158,7 +158,7 @@ class Engine:
             adapts per step name to the results' observed latency, and holds
             let go whenever another run waits for a slot; a result heard in
             time continues the same turn instead of a park, a wake and a new
-            turn (see docs/steps.md, "Holding the turn").
+            turn (see docs/workflows.md, "Holding the turn").
     """
 
     def __init__(

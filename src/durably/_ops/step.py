@@ -20,7 +20,6 @@ over its checkpoint:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -322,9 +321,15 @@ class StepRunner:
                         # result heard from now on finds no waiter and wakes
                         # the run (its stamp makes the park's settle see it).
                         return None
+                    # A timer that sets the event, not wait_for: no task per wait.
                     waiter.changed.clear()
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(waiter.changed.wait(), left / 1000)
+                    timer = asyncio.get_running_loop().call_later(
+                        left / 1000, waiter.changed.set
+                    )
+                    try:
+                        await waiter.changed.wait()
+                    finally:
+                        timer.cancel()
                     turn.ensure_open()
 
     async def _recheck(self, seq: int, waiter: LiveStep) -> Checkpoint | None:
