@@ -246,7 +246,12 @@ async def _scenario(engine: Any, args: Any, prof: Profiler) -> dict[str, Any]:
     # How many results continued a held turn (a tree before holds has none).
     holds = getattr(getattr(engine, "_steps", None), "holds", None)
     if holds is not None:
-        result["holds"] = {"hits": holds.hits, "misses": holds.misses, "released": holds.released}
+        result["holds"] = {
+            "hits": holds.hits,
+            "misses": holds.misses,
+            "released": holds.released,
+            "rechecks": getattr(holds, "rechecks", 0),
+        }
     return result
 
 

@@ -229,6 +229,7 @@ def wire(
         events=hub,
     )
     turns.timer_set = worker.timer_set
+    worker.wake_heard = steps.holds.wake_heard
     # A cancel heard from another instance stops the turn running here.
     transport.on_cancel(worker.heard_cancel)
     lifecycle = Lifecycle(

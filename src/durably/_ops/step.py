@@ -301,7 +301,7 @@ class StepRunner:
                 return None  # not out: the caller parks until it is due again
             began = loop_time_ms()
             deadline = began + window_ms
-            with turn.in_flight(), steps.holds.hold(waiter):
+            with turn.in_flight(), steps.holds.hold(waiter, self._env.run_id):
                 while True:
                     if waiter.result is not None:
                         steps.holds.heard(call.name, loop_time_ms() - began)
@@ -323,9 +323,7 @@ class StepRunner:
                         return None
                     # A timer that sets the event, not wait_for: no task per wait.
                     waiter.changed.clear()
-                    timer = asyncio.get_running_loop().call_later(
-                        left / 1000, waiter.changed.set
-                    )
+                    timer = asyncio.get_running_loop().call_later(left / 1000, waiter.changed.set)
                     try:
                         await waiter.changed.wait()
                     finally:

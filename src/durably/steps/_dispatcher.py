@@ -231,6 +231,10 @@ class StepDispatcher:
                     waiter.recheck = True
                 elif waiter.result is None:
                     waiter.result = result
+                if left is not None and (left == 0 or not result.ok):
+                    # The settle stamped the held run's wake (it could not
+                    # lease it): the notice of that stamp is not news here.
+                    self.holds.own_stamp(result.run_id)
                 waiter.changed.set()
                 continue
             if (left is None or left == 0 or not result.ok) and result.run_id not in leased:

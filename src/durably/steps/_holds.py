@@ -16,6 +16,15 @@ latency holds observed, times :data:`_HEADROOM`, capped by the engine's
 hold would only occupy the turn's slot), except one call in
 :data:`_PROBE_EVERY`, so a step that got faster is noticed.
 
+No result may reach the holder at all: on ``db://`` any instance's receiver
+may take it, settle the step and stamp the run's wake (it cannot lease a run
+held here). On PostgreSQL that stamp's notice reaches the holder, which then
+reads the step's checkpoint instead of waiting out its window
+(:meth:`LiveHolds.wake_heard`). The stamps of this process's own receiver
+notify it too; they are counted (:meth:`LiveHolds.own_stamp`) and skipped,
+and a notice is acted on a moment late, so one that overtook the hand-over
+of its own result is not taken for another instance's.
+
 A held turn keeps its concurrency slot (``max_concurrent_runs`` still bounds
 the turns in memory), but never makes another run wait for one: no hold
 starts while a run waits for a slot, and a run that has to wait releases the
@@ -46,6 +55,10 @@ _PROBE_EVERY = 16
 """A step slower than the cap is still held once in this many calls."""
 _MAX_NAMES = 4096
 """Step names with a remembered latency (names can come from callers)."""
+_NOTICE_DELAY_S = 0.01
+"""How late a wake notice for a held run is acted on (see the module docstring)."""
+_MAX_OWN = 10_000
+"""Runs whose own stamps are counted (a notice that never came is forgotten)."""
 
 
 class _Latency:
@@ -68,6 +81,8 @@ class LiveHolds:
         takes turns, is not draining, and no run waits for a slot)."""
         self._latency: OrderedDict[str, _Latency] = OrderedDict()
         self._held: OrderedDict[int, LiveStep] = OrderedDict()
+        self._runs: dict[str, list[LiveStep]] = {}
+        self._own: OrderedDict[str, int] = OrderedDict()
         self._ids = 0
         self.hits = 0
         """Holds that heard their result (a turn saved each)."""
@@ -75,6 +90,8 @@ class LiveHolds:
         """Holds whose window ran out (the run parked as without them)."""
         self.released = 0
         """Holds let go early for another run or a drain."""
+        self.rechecks = 0
+        """Wake notices that made holds read the store."""
 
     @property
     def holding(self) -> int:
@@ -119,15 +136,55 @@ class LiveHolds:
         seen.avg_ms += _ALPHA * (ms - seen.avg_ms)
 
     @contextmanager
-    def hold(self, waiter: LiveStep) -> Iterator[None]:
-        """Count ``waiter``'s turn as holding while inside (so it can be released)."""
+    def hold(self, waiter: LiveStep, run_id: str) -> Iterator[None]:
+        """Count ``waiter``'s turn (of ``run_id``) as holding while inside, so
+        it can be released or told to read the store."""
         self._ids += 1
         key = self._ids
         self._held[key] = waiter
+        of_run = self._runs.setdefault(run_id, [])
+        of_run.append(waiter)
         try:
             yield
         finally:
             self._held.pop(key, None)
+            of_run.remove(waiter)
+            if not of_run:
+                del self._runs[run_id]
+
+    def own_stamp(self, run_id: str) -> None:
+        """This process's receiver stamped ``run_id``'s wake while handing a
+        result to its holder: the notice that stamp sends is not news."""
+        self._own[run_id] = self._own.get(run_id, 0) + 1
+        self._own.move_to_end(run_id)
+        while len(self._own) > _MAX_OWN:
+            self._own.popitem(last=False)
+
+    def wake_heard(self, run_id: str) -> None:
+        """A wake notice for ``run_id``, which this process may be holding:
+        unless the stamp was our own, its holds read the store (another
+        instance may have settled their step), a moment from now."""
+        if self._take_own(run_id) or run_id not in self._runs:
+            return
+        asyncio.get_running_loop().call_later(_NOTICE_DELAY_S, self._recheck, run_id)
+
+    def _take_own(self, run_id: str) -> bool:
+        count = self._own.get(run_id, 0)
+        if count <= 0:
+            return False
+        if count == 1:
+            del self._own[run_id]
+        else:
+            self._own[run_id] = count - 1
+        return True
+
+    def _recheck(self, run_id: str) -> None:
+        if self._take_own(run_id):
+            return  # our own stamp after all: its result was handed over meanwhile
+        for waiter in self._runs.get(run_id, ()):
+            self.rechecks += 1
+            waiter.recheck = True
+            waiter.changed.set()
 
     def release(self, count: int | None = None) -> None:
         """Let the oldest ``count`` holds (all by default) go now: their
