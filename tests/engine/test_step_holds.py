@@ -58,7 +58,7 @@ async def turns_until_done(engine: durably.Engine, run_id: str) -> int:
     raise AssertionError("the subscription ended first")
 
 
-@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize("transport", ["memory://", *TRANSPORTS])
 async def test_a_fast_result_continues_the_same_turn(
     make_engine: EngineFactory, store_url: str, transport: str
 ) -> None:
@@ -492,3 +492,36 @@ async def test_on_postgres_another_instances_settle_ends_the_hold_at_once(
     assert result.output == "from B"
     assert holds(engine).hits == 1 and holds(engine).misses == 0
     assert holds(engine).rechecks >= 1
+
+
+async def test_two_instances_holding_and_settling_each_others_results(
+    make_engine: EngineFactory, store_url: str
+) -> None:
+    """Two engines on ``db://`` both drive runs, serve the step and settle
+    results: a held turn's result is as likely to be settled by the other
+    one. Every run completes with its output, every step runs once."""
+    if store_url == "memory://":
+        pytest.skip("db:// needs a SQL store")
+    engines = [make_engine(transport="db://", step_hold="200ms") for _ in range(2)]
+    executed: Counter[tuple[int, int]] = Counter()
+    for engine in engines:
+
+        @engine.step("inc")
+        async def inc(data: list[int]) -> int:
+            executed[(data[0], data[1])] += 1
+            return data[2] + 1
+
+        @engine.workflow("chain")
+        async def chain(ctx: durably.WorkflowContext, n: int) -> int:
+            total = n
+            for seq in range(4):
+                total = int(await ctx.step("inc", [n, seq, total]))
+            return total
+
+    async with engines[0], engines[1]:
+        for n in range(30):
+            await engines[n % 2].start("chain", n, run_id=f"r{n}")
+        results = [await finish(engines[0], f"r{n}") for n in range(30)]
+    assert [r.output for r in results] == [n + 4 for n in range(30)]
+    assert sorted(executed) == [(n, s) for n in range(30) for s in range(4)]
+    assert set(executed.values()) == {1}
