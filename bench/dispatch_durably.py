@@ -242,6 +242,20 @@ async def run_scenario(args: Any, t: Target) -> dict[str, Any]:
 
 
 async def _scenario(engine: Any, args: Any, prof: Profiler) -> dict[str, Any]:
+    result = await _measure(engine, args, prof)
+    # How many results continued a held turn (a tree before holds has none).
+    holds = getattr(getattr(engine, "_steps", None), "holds", None)
+    if holds is not None:
+        result["holds"] = {
+            "hits": holds.hits,
+            "misses": holds.misses,
+            "released": holds.released,
+            "rechecks": getattr(holds, "rechecks", 0),
+        }
+    return result
+
+
+async def _measure(engine: Any, args: Any, prof: Profiler) -> dict[str, Any]:
     async with engine:
         if args.scenario == "throughput":
             return await throughput(engine, args, prof)

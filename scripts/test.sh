@@ -71,6 +71,9 @@ echo "== schedules on croniter $(.venv-croniter/bin/python -c 'import importlib.
 echo "== replay paths with the sticky-run cache off (the main run has it on)"
 DURABLY_TEST_STICKY_RUNS=0 .venv/bin/pytest -q -p no:cacheprovider tests/engine/test_replay.py \
   tests/engine/test_interleavings.py tests/engine/test_dispatched.py tests/engine/test_composition.py
+echo "== dispatched steps with turns never held across them (the main run holds them)"
+DURABLY_TEST_STEP_HOLD=0 .venv/bin/pytest -q -p no:cacheprovider tests/engine/test_dispatched.py \
+  tests/engine/test_late_results.py tests/engine/test_saga_dispatched.py
 echo "== pytest (croniter $(.venv/bin/python -c 'import importlib.metadata as m; print(m.version("croniter"))'))"
 # The slowest tests are listed at the end: the CI budget is 20 minutes.
 exec .venv/bin/pytest -q -p no:cacheprovider --durations=25 "$@"

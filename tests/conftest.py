@@ -55,13 +55,19 @@ async def isolated_postgres_url() -> AsyncIterator[str]:
 @pytest.fixture(autouse=True)
 def _sticky_runs_default(monkeypatch: pytest.MonkeyPatch) -> None:
     """``DURABLY_TEST_STICKY_RUNS=0`` runs the tests with the sticky-run cache
-    off (the default size of every engine a test builds without naming one)."""
+    off (the default size of every engine a test builds without naming one);
+    ``DURABLY_TEST_STEP_HOLD=0`` with turns never held across a dispatched
+    step (every step without ``timeout`` parks its run at once)."""
     size = os.environ.get("DURABLY_TEST_STICKY_RUNS")
-    if size is not None:
+    hold = os.environ.get("DURABLY_TEST_STEP_HOLD")
+    if size is not None or hold is not None:
         import durably
 
         defaults = dict(durably.Engine.__init__.__kwdefaults__ or {})
-        defaults["sticky_runs"] = int(size)
+        if size is not None:
+            defaults["sticky_runs"] = int(size)
+        if hold is not None:
+            defaults["step_hold"] = float(hold) if hold.replace(".", "").isdigit() else hold
         monkeypatch.setattr(durably.Engine.__init__, "__kwdefaults__", defaults)
 
 

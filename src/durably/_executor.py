@@ -31,12 +31,17 @@ class RunExecutor:
         limit: int,
         *,
         on_room: Callable[[], None] | None = None,
+        on_full: Callable[[int], None] | None = None,
     ) -> None:
         """``on_room()`` is called each time an execution ends with no id
-        waiting: a slot is free, and the owner may have more work to hand over."""
+        waiting: a slot is free, and the owner may have more work to hand over.
+        ``on_full(waiting)`` is called when ids are left waiting for a slot:
+        executions that can let go of theirs (turns holding across a
+        dispatched step) should, that many."""
         self._handler = handler
         self._limit = limit
         self._on_room = on_room
+        self._on_full = on_full
         self._waiting: deque[str] = deque()
         self._waiting_ids: dict[str, bool] = {}
         self._executing: set[str] = set()
@@ -102,6 +107,8 @@ class RunExecutor:
             task = asyncio.create_task(self._run(run_id, wake), name=f"durably-run:{run_id}")
             self._tasks.add(task)
             self._idle.clear()
+        if self._waiting and self._on_full is not None:
+            self._on_full(len(self._waiting))
 
     async def _run(self, run_id: str, wake: bool) -> None:
         ok = True

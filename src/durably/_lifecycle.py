@@ -116,6 +116,7 @@ class Lifecycle:
                 self._turns.execute,
                 options.max_concurrent_runs,
                 on_room=self._worker.executor_has_room,
+                on_full=self._steps.holds.release,
             )
             self._opened = True
             self.listening = await self._store.subscribe(self._worker.on_store_event)
@@ -189,6 +190,7 @@ class Lifecycle:
             await router.run_queue.stop_claiming()
         await self._step_server.stop(timeout)
         router.draining = True
+        self._steps.holds.release()  # held turns park now, not at the end of their window
         await self._worker.stop()
         if router.executor is None:
             return

@@ -73,6 +73,7 @@ class EngineOptions:
     remote_advance_silence: Duration = "30s"
     compensation_retries: int = 2
     sticky_runs: int = 1000
+    step_hold: Duration | None = "250ms"
 
     lease_ms: int = field(init=False)
     """How long a turn's lease lasts without renewal."""
@@ -91,6 +92,9 @@ class EngineOptions:
     remote_silence_ms: int = field(init=False)
     """How long a remote workflow turn may go unheard before it is re-driven."""
     drives: bool = field(init=False)
+    step_hold_ms: int = field(init=False)
+    """The longest a turn holds in memory for a dispatched step's result
+    (steps without ``timeout``) before parking; ``0``: never holds."""
     """Whether runs execute here: a pure producer (``consumers="never"``) runs none."""
 
     def __post_init__(self) -> None:
@@ -154,6 +158,9 @@ class EngineOptions:
         if self.remote_silence_ms < 100:
             raise ValueError("remote_advance_silence must be at least 100ms")
         derive("drives", self.drive and self.consumers != "never")
+        hold = 0 if self.step_hold is None else to_ms(self.step_hold, name="step_hold")
+        # Well inside a lease: a holding turn never has to renew it for the hold.
+        derive("step_hold_ms", min(hold, self.lease_ms // 4))
         if self.webhook_base_url is not None and (
             not isinstance(self.webhook_base_url, str)
             or not self.webhook_base_url.startswith(("http://", "https://"))

@@ -119,7 +119,16 @@ def wire(
         queue=registry.queue,
         intercept=intercept,
         events=hub,
+        hold_ms=lambda: settings().step_hold_ms,
     )
+
+    def may_hold() -> bool:
+        # A hold keeps its turn's slot: none starts while a run waits for one
+        # (nor while draining, or where no turns run).
+        executor = router.executor
+        return router.accepting and executor is not None and executor.waiting == 0
+
+    steps.holds.may_hold = may_hold
     children = ChildRuns(
         store,
         clock,
@@ -220,6 +229,7 @@ def wire(
         events=hub,
     )
     turns.timer_set = worker.timer_set
+    worker.wake_heard = steps.holds.wake_heard
     # A cancel heard from another instance stops the turn running here.
     transport.on_cancel(worker.heard_cancel)
     lifecycle = Lifecycle(

@@ -89,6 +89,9 @@ class Worker:
         self._store = store
         self._clock = clock
         self._router = router
+        self.wake_heard: Callable[[str], None] = lambda _run_id: None
+        """Told of a wake notice for a run whose turn runs here (set by the
+        wiring: a hold across a step then reads the store)."""
         self._children = children
         self._hooks = hooks
         self._open = open
@@ -718,6 +721,9 @@ class Worker:
             # Only the pending-run poll, once for a burst of notifications
             # (our own starts notify us too, and we dispatched those already).
             self._schedule_pending_poll()
+        elif kind == StoreNotice.WAKE and run_id in router.active:
+            # Held here across a step, maybe settled by another instance.
+            self.wake_heard(run_id)
         elif (
             kind == StoreNotice.WAKE
             and router.executor is not None

@@ -152,6 +152,13 @@ class Engine:
             from the top. Purely a cache: the turn still leases the run and
             reads its history, and replays whenever that history is not the
             one the kept body saw (see docs/workflows.md, "Sticky runs").
+        step_hold: the longest a turn waits in memory for the result of a
+            dispatched step without ``timeout`` before it parks the run
+            (default 250 ms; ``0`` or ``None``: park at once). The window
+            adapts per step name to the results' observed latency, and holds
+            let go whenever another run waits for a slot; a result heard in
+            time continues the same turn instead of a park, a wake and a new
+            turn (see docs/workflows.md, "Holding the turn").
     """
 
     def __init__(
@@ -187,6 +194,7 @@ class Engine:
         remote_advance_silence: Duration = "30s",
         compensation_retries: int = 2,
         sticky_runs: int = 1000,
+        step_hold: Duration | None = "250ms",
     ) -> None:
         # Taken first, while the locals are exactly the parameters: the keywords
         # are EngineOptions' fields, by name.

@@ -6,7 +6,10 @@ does). ``CRASH_KILL_AT`` makes it SIGKILL itself once, at one moment:
 - ``checkpoint``: right after a dispatched step's pending checkpoint committed
   (before anything else the engine does next);
 - ``settle``: as it turns a batch of taken step results into the settle's
-  resolutions (after the results were claimed, before they are settled).
+  resolutions (after the results were claimed, before they are settled);
+- ``held``: once a turn holding across a step (``step_hold``) has heard its
+  result: the receiver settled the step, the turn continued it in memory,
+  and its next write may or may not have been queued.
 
 Configured by ``CRASH_DB``, ``CRASH_INSTANCE`` and ``CRASH_LEASE`` as ``app.py``.
 """
@@ -70,6 +73,16 @@ def _kill_while_settling() -> None:
     _dispatcher.StepDispatcher.on_results = on_results  # type: ignore[method-assign]
 
 
+def _kill_when_a_hold_hears() -> None:
+    """SIGKILL inside the turn that just heard its step's result in memory."""
+    from durably.steps._holds import LiveHolds
+
+    def heard(self: Any, name: str, latency_ms: float) -> None:
+        _die()
+
+    LiveHolds.heard = heard  # type: ignore[method-assign]
+
+
 async def pipeline(ctx: durably.WorkflowContext, n: int) -> int:
     total = n
     for seq in range(STEPS):
@@ -86,12 +99,15 @@ async def _serve() -> None:
         max_recovery_attempts=50,
         poll_interval=0.05,
         serve_steps=[],
+        step_hold="250ms",  # at most a quarter of the 1 s lease
     )
     engine.register("pipeline", pipeline)
     if KILL_AT == "checkpoint":
         _kill_after_dispatched_checkpoint()
     elif KILL_AT == "settle":
         _kill_while_settling()
+    elif KILL_AT == "held":
+        _kill_when_a_hold_hears()
     async with engine:
         print("ready", flush=True)
         await asyncio.Event().wait()

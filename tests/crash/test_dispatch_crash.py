@@ -59,7 +59,7 @@ def _completed_already(db: Path, run_id: str, seq: int) -> bool:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kill_at", ["checkpoint", "settle"])
+@pytest.mark.parametrize("kill_at", ["checkpoint", "settle", "held"])
 async def test_a_sigkill_loses_no_dispatched_step_and_runs_none_twice(
     tmp_path: Path, kill_at: str
 ) -> None:

@@ -7,9 +7,10 @@ over its checkpoint:
 - no checkpoint, or one not out (``dispatched_at`` unset): ask for admission
   if the call names a queue, then save ``pending`` *before* sending the task,
   so a fast result always finds it;
-- out, no ``timeout``: park durably (the reconcile wake, and the redispatch
-  deadline when set, bound the wait); whoever receives the result settles
-  the checkpoint and wakes the run;
+- out, no ``timeout``: hold the turn in memory for a short adaptive window
+  (:mod:`durably.steps._holds`), then park durably (the reconcile wake, and
+  the redispatch deadline when set, bound the wait); whoever receives the
+  result settles the checkpoint and hands it to the holder or wakes the run;
 - out, with ``timeout``: await in memory with a heartbeat-rearmed window;
   when it runs out, re-read the checkpoint before failing the attempt;
 - ``failed`` with attempts left and retryable: save ``pending`` with a backoff
@@ -33,6 +34,7 @@ from ..model import Checkpoint, CheckpointKind, CheckpointStatus, ErrorInfo
 from ..retry import RetryPolicy
 from ..steps import StepDefinition, StepRef
 from ..steps._dispatcher import LiveStep
+from ..steps._holds import loop_time_ms
 from ..stores.base import Admission
 from ..transports.base import TransportError
 from ..wire import StepTask, routing_token
@@ -167,7 +169,13 @@ class StepRunner:
                 cp = await self._await_live(seq, call, cp, send=False)
                 continue
             if call.timeout_ms is None:
-                if services.steps.send_with_checkpoint is not None:
+                window = services.steps.holds.window_ms(call.name)
+                if window > 0:
+                    held = await self._send_and_hold(seq, call, cp, window)
+                    if held is not None:
+                        cp = held
+                        continue
+                elif services.steps.send_with_checkpoint is not None:
                     # Not awaited: the checkpoint and its task are queued
                     # before the turn's settle and commit with it (ordered
                     # writes), so the run is parked when its result can first
@@ -273,6 +281,71 @@ class StepRunner:
                 return False
         return True
 
+    async def _send_and_hold(
+        self, seq: int, call: StepCall, cp: Checkpoint, window_ms: float
+    ) -> Checkpoint | None:
+        """Send a step without ``timeout``, then hold the turn up to
+        ``window_ms`` for its result (:mod:`durably.steps._holds`): its
+        settled checkpoint, or ``None`` when the caller must park as usual
+        (no result in time, released, or not sent)."""
+        turn, services = self._env.turn, self._env.services
+        steps = services.steps
+        # Registered before the task can go out: an inline result cannot slip past.
+        with steps.live(f"{self._env.run_id}:{seq}") as waiter:
+            if steps.send_with_checkpoint is not None:
+                # Queued, not awaited (as a park does): the task goes out in the
+                # transaction that makes its checkpoint durable, so no result
+                # can come before it, and the hold overlaps the commit.
+                self._env.save_later(cp, send=[self._task(seq, call, cp)])
+            elif not await self._send(seq, call, cp):
+                return None  # not out: the caller parks until it is due again
+            began = loop_time_ms()
+            deadline = began + window_ms
+            with turn.in_flight(), steps.holds.hold(waiter, self._env.run_id):
+                while True:
+                    if waiter.result is not None:
+                        steps.holds.heard(call.name, loop_time_ms() - began)
+                        turn.wrote(seq)  # the receiver settled it in the store
+                        return self._settled(seq, call, cp, waiter)
+                    if waiter.recheck:
+                        fresh = await self._recheck(seq, waiter)
+                        if fresh is not None:
+                            steps.holds.heard(call.name, loop_time_ms() - began)
+                            return fresh
+                    if waiter.released:
+                        return None
+                    left = deadline - loop_time_ms()
+                    if left <= 0:
+                        steps.holds.missed(call.name, window_ms)
+                        # Checked and unregistered with no await in between: a
+                        # result heard from now on finds no waiter and wakes
+                        # the run (its stamp makes the park's settle see it).
+                        return None
+                    # A timer that sets the event, not wait_for: no task per wait.
+                    waiter.changed.clear()
+                    timer = asyncio.get_running_loop().call_later(left / 1000, waiter.changed.set)
+                    try:
+                        await waiter.changed.wait()
+                    finally:
+                        timer.cancel()
+                    turn.ensure_open()
+
+    async def _recheck(self, seq: int, waiter: LiveStep) -> Checkpoint | None:
+        """The step's checkpoint as the store holds it, if settled there (a
+        result this process heard settled nothing: someone settled it first)."""
+        waiter.recheck = False
+        turn = self._env.turn
+        with turn.store_calls:
+            fresh = await self._env.services.store.get_checkpoint(self._env.run_id, seq)
+        turn.ensure_open()
+        if fresh is not None and fresh.status in (
+            CheckpointStatus.COMPLETED,
+            CheckpointStatus.FAILED,
+        ):
+            turn.wrote(seq)
+            return fresh
+        return None
+
     async def _await_live(
         self, seq: int, call: StepCall, cp: Checkpoint, *, send: bool
     ) -> Checkpoint:
@@ -291,6 +364,10 @@ class StepRunner:
                     if waiter.result is not None:
                         turn.wrote(seq)  # the receiver settled it in the store
                         return self._settled(seq, call, cp, waiter)
+                    if waiter.recheck:
+                        fresh = await self._recheck(seq, waiter)
+                        if fresh is not None:
+                            return fresh
                     heard = waiter.heard_at or 0
                     if seen > heard:
                         # A beat we did not hear: allow one persist-throttle of

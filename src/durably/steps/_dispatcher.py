@@ -28,6 +28,7 @@ from ..stores.base import BeatRecord, CheckpointStore, FlowStore, Resolution, Tu
 from ..transports.base import SendWithCheckpoint, TakeResults, Transport
 from ..wire import Heartbeat, StepResult, StepTask, routing_token
 from ._flow import FlowQueue
+from ._holds import LiveHolds
 from .definition import StepDefinition
 
 __all__ = ["LiveStep", "StepDispatcher"]
@@ -44,6 +45,12 @@ class LiveStep:
     """When this process last heard a heartbeat for it."""
     result: StepResult | None = None
     changed: asyncio.Event = field(default_factory=asyncio.Event)
+    recheck: bool = False
+    """A result was heard that settled nothing in the store (settled already,
+    by another instance's receiver or an earlier copy): the store is the
+    truth, so the waiter reads the checkpoint instead of trusting it."""
+    released: bool = False
+    """A hold told to let go now (:meth:`LiveHolds.release`)."""
 
 
 class _Store(CheckpointStore, FlowStore, Protocol):
@@ -87,7 +94,10 @@ class StepDispatcher:
         queue: Callable[[str], FlowQueue | None],
         intercept: Interceptors,
         events: EventHub,
+        hold_ms: Callable[[], int] = lambda: 0,
     ) -> None:
+        """``hold_ms()``: the longest a turn holds across a step without
+        ``timeout`` now (:mod:`durably.steps._holds`; ``0`` disables)."""
         self.store = store
         self.transport = transport
         self.clock = clock
@@ -98,6 +108,8 @@ class StepDispatcher:
         self._intercept = intercept
         self._events = events
         self._live: dict[str, LiveStep] = {}
+        self.holds = LiveHolds(hold_ms)
+        """The turns holding across a dispatched step (see :mod:`durably.steps._holds`)."""
         self._persisted: OrderedDict[str, int] = OrderedDict()
         # Beats are persisted off the results path, many in one statement:
         # the transports hand beats over one at a time, and a result waiting
@@ -213,7 +225,16 @@ class StepDispatcher:
             if waiter is not None:
                 # Its dispatcher holds the run's turn here; it returns the
                 # value itself, a wake would only cost another turn.
-                waiter.result = result
+                if left is None:
+                    # This copy settled nothing: what the store holds (settled
+                    # by whom it was, maybe with another output) is the truth.
+                    waiter.recheck = True
+                elif waiter.result is None:
+                    waiter.result = result
+                if left is not None and (left == 0 or not result.ok):
+                    # The settle stamped the held run's wake (it could not
+                    # lease it): the notice of that stamp is not news here.
+                    self.holds.own_stamp(result.run_id)
                 waiter.changed.set()
                 continue
             if (left is None or left == 0 or not result.ok) and result.run_id not in leased:

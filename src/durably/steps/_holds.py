@@ -1,0 +1,204 @@
+"""Holding a turn across a dispatched step: how long, and when to let go.
+
+A dispatched step without ``timeout`` used to park its run as soon as its
+task was out: the turn settled the run ``suspended``, the result's settle
+woke (leased) it, and a new turn resumed the body. For a fast worker that is
+a whole turn per result. Instead the turn now waits in memory for a short,
+adaptive window (a *hold*); a result heard within it continues the same turn
+(the receiver settles the checkpoint in the store, as for a step with a
+``timeout``). When the window runs out the turn parks exactly as before, so
+a hold only ever saves work: the store stays the truth, and a result that
+lands after the hold let go wakes the run through the usual path.
+
+The window is per step name: an exponentially weighted average of the result
+latency holds observed, times :data:`_HEADROOM`, capped by the engine's
+``step_hold``. A step known to answer slower than the cap is not held (a
+hold would only occupy the turn's slot), except one call in
+:data:`_PROBE_EVERY`, so a step that got faster is noticed.
+
+No result may reach the holder at all: on ``db://`` any instance's receiver
+may take it, settle the step and stamp the run's wake (it cannot lease a run
+held here). On PostgreSQL that stamp's notice reaches the holder, which then
+reads the step's checkpoint instead of waiting out its window
+(:meth:`LiveHolds.wake_heard`). The stamps of this process's own receiver
+notify it too; they are counted (:meth:`LiveHolds.own_stamp`) and skipped,
+and a notice is acted on a moment late, so one that overtook the hand-over
+of its own result is not taken for another instance's.
+
+A held turn keeps its concurrency slot (``max_concurrent_runs`` still bounds
+the turns in memory), but never makes another run wait for one: no hold
+starts while a run waits for a slot, and a run that has to wait releases the
+oldest holds at once (:meth:`LiveHolds.release`); so does a drain.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ._dispatcher import LiveStep
+
+__all__ = ["LiveHolds"]
+
+_ALPHA = 0.25
+"""The weight of the newest observation in a step's average latency."""
+_HEADROOM = 4.0
+"""The window is this many times the average latency (a miss costs a whole
+turn, a few extra milliseconds of waiting only the slot)."""
+_FLOOR_MS = 20.0
+"""The shortest window (the loop's own jitter under load is milliseconds)."""
+_PROBE_EVERY = 16
+"""A step slower than the cap is still held once in this many calls."""
+_MAX_NAMES = 4096
+"""Step names with a remembered latency (names can come from callers)."""
+_NOTICE_DELAY_S = 0.01
+"""How late a wake notice for a held run is acted on (see the module docstring)."""
+_MAX_OWN = 10_000
+"""Runs whose own stamps are counted (a notice that never came is forgotten)."""
+
+
+class _Latency:
+    __slots__ = ("avg_ms", "skipped")
+
+    def __init__(self, avg_ms: float) -> None:
+        self.avg_ms = avg_ms
+        self.skipped = 0
+
+
+class LiveHolds:
+    """The holds of one engine: their windows, and who holds now."""
+
+    def __init__(self, cap_ms: Callable[[], int]) -> None:
+        """``cap_ms()``: the longest hold now (``0`` disables holds; the
+        engine's current ``step_hold``)."""
+        self.cap_ms = cap_ms
+        self.may_hold: Callable[[], bool] = lambda: True
+        """Whether a hold may start now (set by the wiring: this process
+        takes turns, is not draining, and no run waits for a slot)."""
+        self._latency: OrderedDict[str, _Latency] = OrderedDict()
+        self._held: OrderedDict[int, LiveStep] = OrderedDict()
+        self._runs: dict[str, list[LiveStep]] = {}
+        self._own: OrderedDict[str, int] = OrderedDict()
+        self._ids = 0
+        self.hits = 0
+        """Holds that heard their result (a turn saved each)."""
+        self.misses = 0
+        """Holds whose window ran out (the run parked as without them)."""
+        self.released = 0
+        """Holds let go early for another run or a drain."""
+        self.rechecks = 0
+        """Wake notices that made holds read the store."""
+
+    @property
+    def holding(self) -> int:
+        """Turns holding now."""
+        return len(self._held)
+
+    def window_ms(self, name: str) -> float:
+        """How long a call of step ``name`` may hold its turn now (``0``: park at once)."""
+        cap = self.cap_ms()
+        if cap <= 0 or not self.may_hold():
+            return 0.0
+        seen = self._latency.get(name)
+        if seen is None:
+            return float(cap)  # first call: learn its latency
+        self._latency.move_to_end(name)
+        if seen.avg_ms > cap:
+            seen.skipped += 1
+            if seen.skipped % _PROBE_EVERY:
+                return 0.0
+            return float(cap)
+        return min(float(cap), max(_FLOOR_MS, _HEADROOM * seen.avg_ms))
+
+    def heard(self, name: str, latency_ms: float) -> None:
+        """A hold of step ``name`` heard its result ``latency_ms`` after it began."""
+        self.hits += 1
+        self._observe(name, latency_ms)
+
+    def missed(self, name: str, window_ms: float) -> None:
+        """A hold of step ``name`` saw no result within ``window_ms``."""
+        self.misses += 1
+        # The latency is above the window: move the average well past it, so
+        # a step that keeps missing stops being held after a few calls.
+        self._observe(name, 2 * window_ms)
+
+    def _observe(self, name: str, ms: float) -> None:
+        seen = self._latency.get(name)
+        if seen is None:
+            self._latency[name] = _Latency(ms)
+            while len(self._latency) > _MAX_NAMES:
+                self._latency.popitem(last=False)
+            return
+        seen.avg_ms += _ALPHA * (ms - seen.avg_ms)
+
+    @contextmanager
+    def hold(self, waiter: LiveStep, run_id: str) -> Iterator[None]:
+        """Count ``waiter``'s turn (of ``run_id``) as holding while inside, so
+        it can be released or told to read the store."""
+        self._ids += 1
+        key = self._ids
+        self._held[key] = waiter
+        of_run = self._runs.setdefault(run_id, [])
+        of_run.append(waiter)
+        try:
+            yield
+        finally:
+            self._held.pop(key, None)
+            of_run.remove(waiter)
+            if not of_run:
+                del self._runs[run_id]
+
+    def own_stamp(self, run_id: str) -> None:
+        """This process's receiver stamped ``run_id``'s wake while handing a
+        result to its holder: the notice that stamp sends is not news."""
+        self._own[run_id] = self._own.get(run_id, 0) + 1
+        self._own.move_to_end(run_id)
+        while len(self._own) > _MAX_OWN:
+            self._own.popitem(last=False)
+
+    def wake_heard(self, run_id: str) -> None:
+        """A wake notice for ``run_id``, which this process may be holding:
+        unless the stamp was our own, its holds read the store (another
+        instance may have settled their step), a moment from now."""
+        if self._take_own(run_id) or run_id not in self._runs:
+            return
+        asyncio.get_running_loop().call_later(_NOTICE_DELAY_S, self._recheck, run_id)
+
+    def _take_own(self, run_id: str) -> bool:
+        count = self._own.get(run_id, 0)
+        if count <= 0:
+            return False
+        if count == 1:
+            del self._own[run_id]
+        else:
+            self._own[run_id] = count - 1
+        return True
+
+    def _recheck(self, run_id: str) -> None:
+        if self._take_own(run_id):
+            return  # our own stamp after all: its result was handed over meanwhile
+        for waiter in self._runs.get(run_id, ()):
+            self.rechecks += 1
+            waiter.recheck = True
+            waiter.changed.set()
+
+    def release(self, count: int | None = None) -> None:
+        """Let the oldest ``count`` holds (all by default) go now: their
+        turns park as if their window had run out."""
+        while self._held and (count is None or count > 0):
+            _, waiter = self._held.popitem(last=False)
+            waiter.released = True
+            waiter.changed.set()
+            self.released += 1
+            if count is not None:
+                count -= 1
+
+
+def loop_time_ms() -> float:
+    """The event loop's monotonic time in ms: holds measure real latency,
+    not the engine's (possibly virtual) clock."""
+    return asyncio.get_running_loop().time() * 1000

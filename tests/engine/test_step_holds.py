@@ -1,0 +1,527 @@
+"""Holding the turn across a dispatched step (``Engine(step_hold=...)``).
+
+A step without ``timeout`` holds its turn in memory for a short window: a
+result heard within it continues the same turn; otherwise the run parks as
+it always did. These tests take the adversary's side: results that arrive
+just as the hold lets go, a result the store already holds another answer
+for, another instance settling the step, a run that needs the held slot, a
+drain, a cancel, a lost lease. Nothing is timed: outcomes, counts of turns
+and of handler calls are asserted; the windows only bound how long a test
+may wait before the run parks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from typing import Any
+
+import pytest
+
+import durably
+from durably import CheckpointStatus, EventKind, RunStatus
+from durably.stores.base import Resolution
+from durably.testing import eventually
+
+from .conftest import EngineFactory
+
+pytestmark = pytest.mark.timeout(60)
+
+TRANSPORTS = ["local://", "db://"]
+
+
+def transport_for(engine_url: str, transport: str) -> None:
+    if transport == "db://" and engine_url == "memory://":
+        pytest.skip("db:// needs a SQL store")
+
+
+def holds(engine: durably.Engine) -> Any:
+    return engine._steps.holds
+
+
+async def finish(engine: durably.Engine, run_id: str) -> durably.RunResult:
+    return await engine.wait_for_run(run_id, terminal=True, timeout=20)
+
+
+async def turns_until_done(engine: durably.Engine, run_id: str) -> int:
+    """How many turns ``run_id`` takes from now until it ends."""
+    started = 0
+    sub = engine.subscribe()
+    async with asyncio.timeout(20):
+        async for event in sub:
+            if event.run_id != run_id:
+                continue
+            if event.kind is EventKind.RUN_STARTED:
+                started += 1
+            if event.kind in (EventKind.RUN_COMPLETED, EventKind.RUN_FAILED):
+                return started
+    raise AssertionError("the subscription ended first")
+
+
+@pytest.mark.parametrize("transport", ["memory://", *TRANSPORTS])
+async def test_a_fast_result_continues_the_same_turn(
+    make_engine: EngineFactory, store_url: str, transport: str
+) -> None:
+    transport_for(store_url, transport)
+    engine = make_engine(transport=transport, step_hold="5s")
+    calls: Counter[int] = Counter()
+
+    @engine.step("inc")
+    async def inc(n: int) -> int:
+        calls[n] += 1
+        return n + 1
+
+    @engine.workflow("chain")
+    async def chain(ctx: durably.WorkflowContext, k: int) -> int:
+        n = 0
+        for _ in range(k):
+            n = await ctx.step(inc, n)
+        return n
+
+    async with engine:
+        counted = asyncio.ensure_future(turns_until_done(engine, "c"))
+        await asyncio.sleep(0)
+        await engine.start("chain", 4, run_id="c")
+        result = await finish(engine, "c")
+        turns = await counted
+    assert result.status is RunStatus.COMPLETED and result.output == 4
+    assert calls == Counter({0: 1, 1: 1, 2: 1, 3: 1})
+    assert turns == 1  # four results, one turn: no park, wake or lease per step
+    assert holds(engine).hits == 4 and holds(engine).misses == 0
+    history = await engine.history("c")
+    assert [(cp.status, cp.output) for cp in history] == [
+        (CheckpointStatus.COMPLETED, n) for n in (1, 2, 3, 4)
+    ]
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_without_a_hold_each_result_takes_a_turn(
+    make_engine: EngineFactory, store_url: str, transport: str
+) -> None:
+    transport_for(store_url, transport)
+    engine = make_engine(transport=transport, step_hold=0)
+
+    @engine.step("inc")
+    async def inc(n: int) -> int:
+        return n + 1
+
+    @engine.workflow("chain")
+    async def chain(ctx: durably.WorkflowContext, k: int) -> int:
+        n = 0
+        for _ in range(k):
+            n = await ctx.step(inc, n)
+        return n
+
+    async with engine:
+        counted = asyncio.ensure_future(turns_until_done(engine, "c"))
+        await asyncio.sleep(0)
+        await engine.start("chain", 3, run_id="c")
+        result = await finish(engine, "c")
+        turns = await counted
+    assert result.output == 3 and turns == 4
+    assert holds(engine).hits == 0 and holds(engine).misses == 0
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_a_result_right_after_the_hold_let_go_wakes_the_parked_run(
+    make_engine: EngineFactory, store_url: str, transport: str
+) -> None:
+    """The worker answers the moment the hold gives up (before the turn's
+    park is settled): the result is never lost, the step runs once."""
+    transport_for(store_url, transport)
+    engine = make_engine(transport=transport, step_hold="50ms")
+    gate = asyncio.Event()
+    calls = 0
+    lets_go = holds(engine)
+    missed = lets_go.missed
+
+    def open_gate(name: str, window_ms: float) -> None:
+        missed(name, window_ms)
+        gate.set()  # synchronously, as the hold unregisters and parks
+
+    lets_go.missed = open_gate
+
+    @engine.step("slow")
+    async def slow(x: int) -> int:
+        nonlocal calls
+        calls += 1
+        await gate.wait()
+        return x * 10
+
+    @engine.workflow("one")
+    async def one(ctx: durably.WorkflowContext) -> int:
+        return int(await ctx.step(slow, 4)) + 1
+
+    async with engine:
+        await engine.start("one", run_id="late")
+        result = await finish(engine, "late")
+    assert result.status is RunStatus.COMPLETED and result.output == 41
+    assert calls == 1 and lets_go.misses == 1 and lets_go.hits == 0
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_a_result_long_after_the_hold_let_go_wakes_the_parked_run(
+    make_engine: EngineFactory, store_url: str, transport: str
+) -> None:
+    transport_for(store_url, transport)
+    engine = make_engine(transport=transport, step_hold="20ms")
+    gate = asyncio.Event()
+
+    @engine.step("slow")
+    async def slow(x: int) -> int:
+        await gate.wait()
+        return x
+
+    @engine.workflow("one")
+    async def one(ctx: durably.WorkflowContext) -> int:
+        return int(await ctx.step(slow, 7))
+
+    async with engine:
+        await engine.start("one", run_id="parked")
+
+        async def suspended() -> bool:
+            run = await engine.get_run("parked")
+            return run is not None and run.status is RunStatus.SUSPENDED
+
+        await eventually(suspended, what="the run to park after its hold")
+        gate.set()
+        result = await finish(engine, "parked")
+    assert result.output == 7 and holds(engine).misses == 1
+
+
+async def test_a_result_that_settles_nothing_yields_to_the_stored_one(
+    make_engine: EngineFactory, store_url: str
+) -> None:
+    """Another instance's receiver settled the step first (with another
+    output): the result heard here settles nothing, and the held turn
+    continues with what the store holds, not with what it heard."""
+    engine = make_engine(transport="local://", step_hold="10s")
+    gate = asyncio.Event()
+
+    @engine.step("answer")
+    async def answer(x: int) -> str:
+        await gate.wait()
+        return "heard here"
+
+    @engine.workflow("one")
+    async def one(ctx: durably.WorkflowContext) -> str:
+        return str(await ctx.step(answer, 1))
+
+    async with engine:
+        await engine.start("one", run_id="truth")
+        await eventually(lambda: holds(engine).holding == 1, what="the turn to hold")
+        # What another instance's receiver does: settle the pending step.
+        answers = await engine.store.resolve_checkpoints(
+            [Resolution("truth", 0, CheckpointStatus.COMPLETED, "stored elsewhere")],
+            engine.clock.now_ms(),
+        )
+        assert answers == [0]
+        gate.set()
+        result = await finish(engine, "truth")
+    assert result.output == "stored elsewhere"
+    assert holds(engine).hits == 1
+
+
+async def test_a_step_settled_by_another_instance_alone_parks_then_resumes(
+    make_engine: EngineFactory, store_url: str
+) -> None:
+    """No result reaches this process (another instance took it, settled
+    the step and stamped a wake): the hold runs out, the run's park sees
+    the stamp, and the next turn reads the settled step."""
+    if store_url.startswith("postgres"):
+        pytest.skip("PostgreSQL's wake notice ends the hold: the test below")
+    engine = make_engine(transport="local://", step_hold="50ms")
+    never = asyncio.Event()
+    calls = 0
+
+    @engine.step("elsewhere")
+    async def elsewhere(x: int) -> str:
+        nonlocal calls
+        calls += 1
+        await never.wait()  # this process never answers
+        return "never"
+
+    @engine.workflow("one")
+    async def one(ctx: durably.WorkflowContext) -> str:
+        return str(await ctx.step(elsewhere, 1))
+
+    async with engine:
+        await engine.start("one", run_id="other")
+        await eventually(lambda: holds(engine).holding == 1, what="the turn to hold")
+        now = engine.clock.now_ms()
+        await engine.store.resolve_checkpoints(
+            [Resolution("other", 0, CheckpointStatus.COMPLETED, "from B")], now
+        )
+        await engine.store.request_wake("other", now)
+        result = await finish(engine, "other")
+        never.set()
+    assert result.output == "from B" and calls == 1
+    assert holds(engine).hits == 0 and holds(engine).misses == 1
+
+
+async def test_a_run_waiting_for_a_slot_releases_a_hold(
+    make_engine: EngineFactory, store_url: str
+) -> None:
+    """One slot: a held turn lets go as soon as another run needs the slot,
+    whose workflow then completes while the step is still out."""
+    engine = make_engine(transport="local://", step_hold="10s", max_concurrent_runs=1)
+    gate = asyncio.Event()
+    order: list[str] = []
+
+    @engine.step("slow")
+    async def slow(x: int) -> int:
+        await gate.wait()
+        return x
+
+    @engine.workflow("holder")
+    async def holder(ctx: durably.WorkflowContext) -> int:
+        out = int(await ctx.step(slow, 3))
+        order.append("holder")
+        return out
+
+    @engine.workflow("quick")
+    async def quick(ctx: durably.WorkflowContext) -> str:
+        order.append("quick")
+        return "done"
+
+    async with engine:
+        await engine.start("holder", run_id="h")
+        await eventually(lambda: holds(engine).holding == 1, what="the turn to hold")
+        await engine.start("quick", run_id="q")
+        assert (await finish(engine, "q")).output == "done"
+        gate.set()
+        assert (await finish(engine, "h")).output == 3
+    assert order == ["quick", "holder"]
+    assert holds(engine).released == 1 and holds(engine).hits == 0
+
+
+async def test_a_drain_releases_holds_and_another_engine_finishes_the_run(
+    make_engine: EngineFactory, store_url: str
+) -> None:
+    if store_url == "memory://":
+        pytest.skip("the second engine needs the first one's store and transport rows")
+    first = make_engine(transport="db://", step_hold="10s", serve_steps=[])
+    second = make_engine(transport="db://", step_hold=0)
+    calls = 0
+
+    @second.step("work")
+    async def work(x: int) -> int:
+        nonlocal calls
+        calls += 1
+        return x + 1
+
+    for engine in (first, second):
+
+        @engine.workflow("one")
+        async def one(ctx: durably.WorkflowContext) -> int:
+            return int(await ctx.step("work", 1))
+
+    async with first:
+        await first.start("one", run_id="d")
+        await eventually(lambda: holds(first).holding == 1, what="the turn to hold")
+    # Closed promptly (the hold let go at once) and the run is not lost.
+    assert holds(first).released == 1
+    async with second:
+        result = await finish(second, "d")
+    assert result.output == 2 and calls == 1
+
+
+async def test_a_cancel_stops_a_held_turn(make_engine: EngineFactory, store_url: str) -> None:
+    engine = make_engine(transport="local://", step_hold="10s")
+    gate = asyncio.Event()
+    after: list[str] = []
+
+    @engine.step("slow")
+    async def slow(x: int) -> int:
+        await gate.wait()
+        return x
+
+    @engine.workflow("one")
+    async def one(ctx: durably.WorkflowContext) -> int:
+        out = int(await ctx.step(slow, 1))
+        after.append("continued")
+        return out
+
+    async with engine:
+        await engine.start("one", run_id="x")
+        await eventually(lambda: holds(engine).holding == 1, what="the turn to hold")
+        await engine.cancel("x")
+        result = await finish(engine, "x")
+        gate.set()
+        await engine.join()
+    assert result.status is RunStatus.CANCELLED and after == []
+    assert holds(engine).holding == 0
+
+
+async def test_a_held_turn_whose_lease_was_taken_writes_nothing_more(
+    make_engine: EngineFactory, store_url: str
+) -> None:
+    """The lease is taken over while the turn holds (a long pause here):
+    the result still settles the step in the store (the truth for whoever
+    holds the run now), but the held turn's next write is fenced."""
+    engine = make_engine(transport="local://", step_hold="10s")
+    gate = asyncio.Event()
+    calls: Counter[str] = Counter()
+
+    @engine.step("first")
+    async def first(x: int) -> int:
+        calls["first"] += 1
+        await gate.wait()
+        return x
+
+    @engine.step("second")
+    async def second(x: int) -> int:
+        calls["second"] += 1
+        return x
+
+    @engine.workflow("two")
+    async def two(ctx: durably.WorkflowContext) -> int:
+        a = int(await ctx.step(first, 1))
+        return a + int(await ctx.step(second, 2))
+
+    async with engine:
+        await engine.start("two", run_id="t")
+        await eventually(lambda: holds(engine).holding == 1, what="the turn to hold")
+        now = engine.clock.now_ms()
+        assert await engine.store.update_run_if(
+            "t",
+            frozenset({RunStatus.RUNNING}),
+            {"locked_by": "usurper", "locked_until": now + 600_000},
+            now,
+        )
+        gate.set()
+        await eventually(lambda: holds(engine).hits == 1, what="the held turn to hear it")
+        await engine.join()
+    run = await engine.get_run("t")
+    assert run is not None and run.status is RunStatus.RUNNING and run.locked_by == "usurper"
+    history = {cp.seq: cp for cp in await engine.history("t")}
+    assert history[0].status is CheckpointStatus.COMPLETED and history[0].output == 1
+    assert 1 not in history and calls == Counter({"first": 1})
+
+
+async def test_many_runs_hold_at_once(make_engine: EngineFactory, store_url: str) -> None:
+    engine = make_engine(transport="local://", step_hold="10s")
+    gate = asyncio.Event()
+
+    @engine.step("slow")
+    async def slow(x: int) -> int:
+        await gate.wait()
+        return x
+
+    @engine.workflow("one")
+    async def one(ctx: durably.WorkflowContext, x: int) -> int:
+        return int(await ctx.step(slow, x)) * 2
+
+    async with engine:
+        ids = [(await engine.start("one", i, run_id=f"m{i}")).run_id for i in range(40)]
+        await eventually(lambda: holds(engine).holding == 40, what="every turn to hold")
+        gate.set()
+        results = [await finish(engine, run_id) for run_id in ids]
+    assert [r.output for r in results] == [2 * i for i in range(40)]
+    assert holds(engine).hits == 40 and holds(engine).holding == 0
+
+
+async def test_a_timeout_steps_waiter_also_yields_to_the_stored_result(
+    make_engine: EngineFactory, store_url: str
+) -> None:
+    """The same for a step with ``timeout`` (awaited in memory before holds
+    existed): a result that settled nothing is not what the run continues
+    with. Failed before the waiter re-read the store: the run returned the
+    output it heard, not the one stored."""
+    engine = make_engine(transport="local://", step_hold=0)
+    gate = asyncio.Event()
+
+    @engine.step("answer")
+    async def answer(x: int) -> str:
+        await gate.wait()
+        return "heard here"
+
+    @engine.workflow("one")
+    async def one(ctx: durably.WorkflowContext) -> str:
+        return str(await ctx.step(answer, 1, timeout="30s"))
+
+    async with engine:
+        await engine.start("one", run_id="truth")
+
+        async def out() -> bool:
+            history = await engine.history("truth")
+            return bool(history) and history[0].dispatched_at is not None
+
+        await eventually(out, what="the step to go out")
+        answers = await engine.store.resolve_checkpoints(
+            [Resolution("truth", 0, CheckpointStatus.COMPLETED, "stored elsewhere")],
+            engine.clock.now_ms(),
+        )
+        assert answers == [0]
+        gate.set()
+        result = await finish(engine, "truth")
+    assert result.output == "stored elsewhere"
+
+
+async def test_on_postgres_another_instances_settle_ends_the_hold_at_once(
+    make_engine: EngineFactory, store_url: str
+) -> None:
+    """The wake stamped by another instance's settle notifies the holder,
+    which reads the settled step and continues the same turn, long before
+    its window (here 7.5 s, a quarter of the lease) would run out."""
+    if not store_url.startswith("postgres"):
+        pytest.skip("only PostgreSQL notifies other processes of a wake")
+    engine = make_engine(transport="local://", step_hold="10s")
+    never = asyncio.Event()
+
+    @engine.step("elsewhere")
+    async def elsewhere(x: int) -> str:
+        await never.wait()  # this process never answers
+        return "never"
+
+    @engine.workflow("one")
+    async def one(ctx: durably.WorkflowContext) -> str:
+        return str(await ctx.step(elsewhere, 1))
+
+    async with engine:
+        assert engine.listening
+        await engine.start("one", run_id="other")
+        await eventually(lambda: holds(engine).holding == 1, what="the turn to hold")
+        now = engine.clock.now_ms()
+        await engine.store.resolve_checkpoints(
+            [Resolution("other", 0, CheckpointStatus.COMPLETED, "from B")], now
+        )
+        await engine.store.request_wake("other", now)
+        result = await finish(engine, "other")
+        never.set()
+    assert result.output == "from B"
+    assert holds(engine).hits == 1 and holds(engine).misses == 0
+    assert holds(engine).rechecks >= 1
+
+
+async def test_two_instances_holding_and_settling_each_others_results(
+    make_engine: EngineFactory, store_url: str
+) -> None:
+    """Two engines on ``db://`` both drive runs, serve the step and settle
+    results: a held turn's result is as likely to be settled by the other
+    one. Every run completes with its output, every step runs once."""
+    if store_url == "memory://":
+        pytest.skip("db:// needs a SQL store")
+    engines = [make_engine(transport="db://", step_hold="200ms") for _ in range(2)]
+    executed: Counter[tuple[int, int]] = Counter()
+    for engine in engines:
+
+        @engine.step("inc")
+        async def inc(data: list[int]) -> int:
+            executed[(data[0], data[1])] += 1
+            return data[2] + 1
+
+        @engine.workflow("chain")
+        async def chain(ctx: durably.WorkflowContext, n: int) -> int:
+            total = n
+            for seq in range(4):
+                total = int(await ctx.step("inc", [n, seq, total]))
+            return total
+
+    async with engines[0], engines[1]:
+        for n in range(30):
+            await engines[n % 2].start("chain", n, run_id=f"r{n}")
+        results = [await finish(engines[0], f"r{n}") for n in range(30)]
+    assert [r.output for r in results] == [n + 4 for n in range(30)]
+    assert sorted(executed) == [(n, s) for n in range(30) for s in range(4)]
+    assert set(executed.values()) == {1}
