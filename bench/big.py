@@ -220,6 +220,11 @@ def orchestrate(args: Any) -> int:
     fan_sizes = sorted({int(x) for x in args.fan_sizes.split(",") if x} | set(dbos_sizes))
     sus_sizes = sorted({int(x) for x in args.suspended_sizes.split(",") if x} | set(dbos_sizes))
     results: dict[str, Any] = {"fan": {}, "suspended": {}, "dbos_fan": {}, "dbos_suspended": {}}
+    shapes = set(args.shapes.split(","))
+    if "fan" not in shapes:
+        fan_sizes = []
+    if "suspended" not in shapes:
+        sus_sizes = []
     for n in fan_sizes:
         results["fan"][n] = sub(["scale.py", "--db", "postgres", "fanout", "--n", str(n)], 3600)
         if n in dbos_sizes:
@@ -331,6 +336,7 @@ def main() -> int:
         help="sizes run on DBOS too, and on durably alike (10000; quick 1000; '' for none)",
     )
     p.add_argument("--json", default=None, help="write the raw results here")
+    p.add_argument("--shapes", default="fan,suspended", help="which of fan,suspended to run")
     args = p.parse_args()
     if args.dbos_sizes is None:
         args.dbos_sizes = "1000" if args.quick else "10000"

@@ -70,7 +70,10 @@ async def woke(due_ms: int) -> int:
 
 @DBOS.workflow(name="nap")
 async def nap(due_ms: int) -> int:
-    await DBOS.sleep_async(max(0.0, due_ms / 1000.0 - time.time()))
+    # never 0: DBOS.sleep_async(0) returns without recording a step, so a workflow recovered
+    # after its due time would number its next step differently from its first execution
+    # (DBOSUnexpectedStepError); the recorded end time is what a recovered sleep waits for
+    await DBOS.sleep_async(max(0.001, due_ms / 1000.0 - time.time()))
     return await woke(due_ms)
 
 
@@ -104,6 +107,10 @@ SLEPT = (
     "WHERE s.name = 'nap' AND o.function_name ILIKE '%sleep%'"
 )
 DONE = "SELECT count(*) FROM dbos.workflow_status WHERE name = 'nap' AND status = 'SUCCESS'"
+FAILED = (
+    "SELECT count(*) FROM dbos.workflow_status WHERE name = 'nap' "
+    "AND status NOT IN ('SUCCESS', 'PENDING', 'ENQUEUED')"
+)
 
 
 def run_fan(url: str, n: int, timeout: float) -> dict[str, Any]:
@@ -165,6 +172,9 @@ def wake(
     async def until_done() -> None:
         deadline = time.time() + timeout
         while await count(url, DONE) < n:
+            failed = await count(url, FAILED)
+            if failed:  # a failed workflow never succeeds: say so now, not at the timeout
+                raise RuntimeError(f"{failed} of {n} workflows failed (see dbos.workflow_status)")
             if time.time() > deadline:
                 raise RuntimeError(f"timeout: {await count(url, DONE)}/{n} done")
             await asyncio.sleep(0.5)

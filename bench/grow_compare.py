@@ -229,6 +229,15 @@ def main() -> int:
             else "seeded databases reused"
         )
     )
+    for label, c in cells.items():
+        if label.startswith("dbos seed") and c.ok():
+            sd = c.ok()[0]
+            print(
+                f"DBOS {sd.get('version')}: seeded {sd['runs']:,} workflows in {sd['seconds']} s "
+                "(rows, MiB: "
+                + ", ".join(f"{t} {n:,} {sd['mib'].get(t, '?')}" for t, n in sd["rows"].items())
+                + ")"
+            )
     print("Cells: median (min-max when repeated). 'full / empty': the cost of a full table.")
     print("\nWall clock (noisy on a shared machine):")
     rows = []
