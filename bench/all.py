@@ -380,22 +380,35 @@ def main() -> int:
     p.add_argument("--quick", action="store_true")
     p.add_argument("--repeat", type=int, default=1, help="passed to every scenario but big")
     p.add_argument("--only", default=",".join(SCRIPTS), help="comma list of scenarios")
+    p.add_argument(
+        "--from",
+        dest="from_dir",
+        default=None,
+        help="run nothing: print the summary of the <scenario>.json files in this directory",
+    )
     args = p.parse_args()
     started = time.strftime("%Y-%m-%d %H:%M:%S")
     out = HERE / ".work" / f"all-{time.strftime('%Y%m%d-%H%M%S')}"
+    if args.from_dir:
+        out = Path(args.from_dir)
+        started = f"from {out.name}"
     out.mkdir(parents=True, exist_ok=True)
     plan = sizes(args.quick)
     wanted = [w for w in args.only.split(",") if w]
     results: dict[str, dict[str, Any] | None] = {}
     took: dict[str, float] = {}
     loads: dict[str, tuple[float, float]] = {}
-    for name in wanted:
+    for name in wanted if not args.from_dir else []:
         argv = list(plan[name])
         if args.repeat > 1 and name != "big":
             argv += ["--repeat", str(args.repeat)]
         before = os.getloadavg()[0]
         results[name], took[name] = run(name, argv, out)
         loads[name] = (before, os.getloadavg()[0])
+    if args.from_dir:
+        for name in wanted:
+            path = out / f"{name}.json"
+            results[name] = json.loads(path.read_text()) if path.exists() else None
     s = Summary()
     failed = []
     for name in wanted:
@@ -421,12 +434,13 @@ def main() -> int:
     print(
         table(["figure", "durably", "DBOS", "vs DBOS", "Temporal", "vs Temporal", "note"], s.rows)
     )
-    print(
-        f"Minutes per scenario (1-minute load average before-after, {os.cpu_count()} CPUs): "
-        + ", ".join(
-            f"{k} {v / 60:.1f} ({loads[k][0]:.1f}-{loads[k][1]:.1f})" for k, v in took.items()
+    if took:
+        print(
+            f"Minutes per scenario (1-minute load average before-after, {os.cpu_count()} CPUs): "
+            + ", ".join(
+                f"{k} {v / 60:.1f} ({loads[k][0]:.1f}-{loads[k][1]:.1f})" for k, v in took.items()
+            )
         )
-    )
     if failed:
         print("no figures from: " + ", ".join(failed))
     (out / "summary.json").write_text(
