@@ -162,55 +162,82 @@ def sub(argv: list[str], timeout: float) -> dict[str, Any]:
     return run_side(" ".join(a for a in argv[:6] if not a.startswith("/")), argv, timeout)
 
 
+def suspended(script: str, n: int, args: Any, lead: float) -> dict[str, Any]:
+    """Park N sleeping runs with ``script`` (big.py or big_dbos.py), then wake them in a fresh
+    process; the two JSON results merged."""
+    lead = args.lead or lead
+    common = ["--n", str(n), "--spread", str(args.spread), "--poll", str(args.poll)]
+    park_r = sub([script, "park", *common, "--lead", str(lead)], lead + 600)
+    if "error" in park_r:
+        return park_r
+    return {
+        **park_r,
+        **sub(
+            [script, "wake", *common, "--first-due-ms", str(park_r["first_due_ms"])],
+            lead + args.spread + 1200,
+        ),
+    }
+
+
+# (label, results key, field, digits, lower is better)
+COMPARED = (
+    ("fan: seconds", "fan", "seconds", 2, True),
+    ("fan: peak RSS MiB", "fan", "peak_rss_mb", 1, True),
+    ("suspended: RSS idle MiB", "suspended", "rss_idle_suspended_mb", 1, True),
+    ("suspended: RSS firing peak MiB", "suspended", "rss_firing_peak_mb", 1, True),
+    ("suspended: lag p50 s", "suspended", "lag_p50_s", 3, True),
+    ("suspended: lag p99 s", "suspended", "lag_p99_s", 3, True),
+    ("suspended: lag max s", "suspended", "lag_max_s", 3, True),
+    ("suspended: within 1 poll %", "suspended", "within_one_poll", 1, False),
+)
+
+
+def side_by_side(results: dict[str, Any], sizes: list[int]) -> tuple[list[str], list[list[str]]]:
+    """durably and DBOS at the same sizes: each figure and how many times durably is better."""
+    from compare import fmt
+
+    rows = []
+    for n in sizes:
+        for label, key, field, digits, lower in COMPARED:
+            d = results[key].get(n, {}).get(field)
+            b = results["dbos_" + key].get(n, {}).get(field)
+            if field == "within_one_poll":
+                d = None if d is None else 100 * d
+                b = None if b is None else 100 * b
+            better = "n/a"
+            if d is not None and b is not None and (b if lower else d):
+                better = f"{(b / d if lower else d / b):.2f}x" if (d if lower else b) else "n/a"
+            rows.append([f"{n:,}", label, fmt(d, digits), fmt(b, digits), better])
+    return ["runs", "figure", "durably", "DBOS", "durably better by"], rows
+
+
 def orchestrate(args: Any) -> int:
     from compare import NOTES, fmt, table
 
     started = time.strftime("%Y-%m-%d %H:%M:%S")
-    fan_sizes = [int(x) for x in args.fan_sizes.split(",") if x]
-    sus_sizes = [int(x) for x in args.suspended_sizes.split(",") if x]
-    results: dict[str, Any] = {"fan": {}, "suspended": {}}
+    dbos_sizes = [int(x) for x in args.dbos_sizes.split(",") if x]
+    # durably also runs at DBOS's sizes, so the side-by-side is like for like
+    fan_sizes = sorted({int(x) for x in args.fan_sizes.split(",") if x} | set(dbos_sizes))
+    sus_sizes = sorted({int(x) for x in args.suspended_sizes.split(",") if x} | set(dbos_sizes))
+    results: dict[str, Any] = {"fan": {}, "suspended": {}, "dbos_fan": {}, "dbos_suspended": {}}
+    shapes = set(args.shapes.split(","))
+    if "fan" not in shapes:
+        fan_sizes = []
+    if "suspended" not in shapes:
+        sus_sizes = []
     for n in fan_sizes:
         results["fan"][n] = sub(["scale.py", "--db", "postgres", "fanout", "--n", str(n)], 3600)
+        if n in dbos_sizes:
+            results["dbos_fan"][n] = sub(["big_dbos.py", "fan", "--n", str(n)], 3600)
     for n in sus_sizes:
-        lead = args.lead if args.lead else max(30.0, n / 1000.0 + 20.0)
-        park_r = sub(
-            [
-                "big.py",
-                "park",
-                "--n",
-                str(n),
-                "--lead",
-                str(lead),
-                "--spread",
-                str(args.spread),
-                "--poll",
-                str(args.poll),
-            ],
-            lead + 600,
-        )
-        if "error" in park_r:
-            results["suspended"][n] = park_r
-            continue
-        results["suspended"][n] = {
-            **park_r,
-            **sub(
-                [
-                    "big.py",
-                    "wake",
-                    "--n",
-                    str(n),
-                    "--first-due-ms",
-                    str(park_r["first_due_ms"]),
-                    "--spread",
-                    str(args.spread),
-                    "--poll",
-                    str(args.poll),
-                ],
-                lead + args.spread + 1200,
-            ),
-        }
+        # the lead covers parking N runs on a busy machine (100,000: ~80 s at load 10)
+        results["suspended"][n] = suspended("big.py", n, args, max(30.0, n / 500.0 + 20.0))
+        if n in dbos_sizes:  # DBOS starts ~200 workflows/s here: a longer lead to park them
+            results["dbos_suspended"][n] = suspended(
+                "big_dbos.py", n, args, max(30.0, n / 150.0 + 20.0)
+            )
     print()
-    print(f"Big shapes on PostgreSQL (durably only) — {started}")
+    print(f"Big shapes on PostgreSQL — {started}")
     rows = []
     ok = [(n, r) for n, r in results["fan"].items() if "error" not in r]
     for n, r in results["fan"].items():
@@ -268,12 +295,22 @@ def orchestrate(args: Any) -> int:
             rows,
         )
     )
+    if dbos_sizes:
+        print(
+            "\nside by side with DBOS (fan: one parent workflow gathering N child workflows; "
+            "suspended: N workflows in DBOS.sleep_async, recovered by a fresh process):"
+        )
+        print(table(*side_by_side(results, dbos_sizes)))
     loads = [x for part in results.values() for r in part.values() for x in r.get("load1", [])]
     if loads:
         print(f"1-minute load average around the runs: {min(loads):.2f}-{max(loads):.2f}")
     if NOTES:
         print("\n".join(NOTES))
-    out = HERE / ".work" / f"big-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out = (
+        Path(args.json)
+        if args.json
+        else HERE / ".work" / f"big-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    )
     out.write_text(json.dumps({"started": started, "results": results}, indent=1, default=str))
     print(f"\nraw results: {out}")
     return 0
@@ -294,7 +331,16 @@ def main() -> int:
     p.add_argument("--spread", type=float, default=60.0)
     p.add_argument("--poll", type=float, default=1.0)
     p.add_argument("--first-due-ms", type=int, default=0)
+    p.add_argument(
+        "--dbos-sizes",
+        default=None,
+        help="sizes run on DBOS too, and on durably alike (10000; quick 1000; '' for none)",
+    )
+    p.add_argument("--json", default=None, help="write the raw results here")
+    p.add_argument("--shapes", default="fan,suspended", help="which of fan,suspended to run")
     args = p.parse_args()
+    if args.dbos_sizes is None:
+        args.dbos_sizes = "1000" if args.quick else "10000"
     if args.what == "all":
         args.fan_sizes = args.fan_sizes or ("2000,10000" if args.quick else "10000,100000")
         args.suspended_sizes = args.suspended_sizes or (

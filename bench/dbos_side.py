@@ -119,7 +119,8 @@ def main() -> None:
     }
     logging.getLogger("dbos").setLevel(logging.WARNING)
     try:
-        asyncio.run(reset_target(t))
+        if not args.keep:  # --keep: dbos_grow.py's seeded database, measured as it is
+            asyncio.run(reset_target(t))
         launch(t, args.sqlite_journal)
     except Exception as exc:  # the table shows the reason instead of crashing
         emit(error_result(base, exc))

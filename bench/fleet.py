@@ -38,6 +38,14 @@ from common import make_target, pg_base_url, reset_target
 
 HERE = Path(__file__).resolve().parent
 NAME = "bench_durably_fleet"
+NAMES = {"durably": NAME, "dbos": "bench_dbos_fleet"}
+# completed / all runs, per side's own tables
+COUNTS = {
+    "durably": "SELECT count(*) FILTER (WHERE status = 'completed') AS done, count(*) AS total "
+    "FROM durably_runs",
+    "dbos": "SELECT count(*) FILTER (WHERE status = 'SUCCESS') AS done, count(*) AS total "
+    "FROM dbos.workflow_status WHERE name = 'fleet_wf'",
+}
 TICK = os.sysconf("SC_CLK_TCK")
 
 
@@ -128,7 +136,7 @@ def proc_cpu(pid: int) -> float:
     return (int(parts[11]) + int(parts[12])) / TICK
 
 
-async def pg_snapshot(url: str) -> dict[str, Any]:
+async def pg_snapshot(url: str, side: str = "durably") -> dict[str, Any]:
     import asyncpg
 
     conn = await asyncpg.connect(url)
@@ -150,10 +158,7 @@ async def pg_snapshot(url: str) -> dict[str, Any]:
             "SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS next_xid, "
             "pg_current_wal_lsn() - '0/0'::pg_lsn AS wal_bytes"
         )
-        counts = await conn.fetchrow(
-            "SELECT count(*) FILTER (WHERE status = 'completed') AS done, count(*) AS total "
-            "FROM durably_runs"
-        )
+        counts = await conn.fetchrow(COUNTS[side])
     finally:
         await conn.close()
     return {
@@ -167,13 +172,13 @@ async def pg_snapshot(url: str) -> dict[str, Any]:
     }
 
 
-def spawn(argv: list[str]) -> subprocess.Popen[str]:
+def spawn(argv: list[str], script: str = "fleet.py") -> subprocess.Popen[str]:
     env = dict(os.environ)
     # BENCH_DURABLY_SRC: measure another checkout's src/ (before/after)
     src = os.environ.get("BENCH_DURABLY_SRC") or str(HERE.parent / "src")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (src, str(HERE), env.get("PYTHONPATH")) if p)
     return subprocess.Popen(
-        [sys.executable, str(HERE / "fleet.py"), *argv],
+        [sys.executable, str(HERE / script), *argv],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=open(HERE / ".work" / "fleet-child.log", "a"),
@@ -183,41 +188,50 @@ def spawn(argv: list[str]) -> subprocess.Popen[str]:
     )
 
 
-async def measure(w: int, m: int, k: int, live: bool, timeout: float) -> dict[str, Any]:
-    t = make_target("postgres", NAME, HERE / ".work")
+async def measure(
+    w: int, m: int, k: int, live: bool, timeout: float, side: str = "durably"
+) -> dict[str, Any]:
+    t = make_target("postgres", NAMES[side], HERE / ".work")
     await reset_target(t)
     # the schema first, so the processes do not all migrate at once
-    engine = build(t.url, consumers="never")
-    async with engine:
-        pass
-    prod_argv = ["producer", "--m", str(m), "--k", str(k)]
+    script, extra = "fleet.py", []
+    if side == "dbos":
+        script, extra = "fleet_dbos.py", ["--url", t.url]
+        schema = spawn(["schema", *extra], script)
+        if schema.wait(300) != 0:
+            raise RuntimeError("DBOS schema setup failed (see .work/fleet-child.log)")
+    else:
+        engine = build(t.url, consumers="never")
+        async with engine:
+            pass
+    prod_argv = ["producer", "--m", str(m), "--k", str(k), *extra]
     produced: dict[str, Any] = {}
     prod = None
     if not live:
-        prod = spawn(prod_argv)
+        prod = spawn(prod_argv, script)
         assert prod.stdout is not None
         produced = json.loads(prod.stdout.readline() or "{}")
         prod.wait()
-    workers = [spawn(["worker"]) for _ in range(w)]
+    workers = [spawn(["worker", *extra], script) for _ in range(w)]
     for p in workers:
         assert p.stdout is not None
         if p.stdout.readline().strip() != "ready":
             raise RuntimeError("a worker failed to start (see .work/fleet-child.log)")
     load0 = os.getloadavg()[0]
     busy0, total0 = machine_cpu()
-    before = await pg_snapshot(t.url)
+    before = await pg_snapshot(t.url, side)
     t0 = time.perf_counter()
     for p in workers:
         assert p.stdin is not None
         p.stdin.write("go\n")
         p.stdin.flush()
     if live:
-        prod = spawn(prod_argv)
+        prod = spawn(prod_argv, script)
     worker_cpu0 = {p.pid: proc_cpu(p.pid) for p in workers}
     last = before
     while True:
         await asyncio.sleep(0.1)
-        last = await pg_snapshot(t.url)
+        last = await pg_snapshot(t.url, side)
         if last["done"] >= m:
             break
         if time.perf_counter() - t0 > timeout:
@@ -248,6 +262,7 @@ async def measure(w: int, m: int, k: int, live: bool, timeout: float) -> dict[st
     wal_mb = (last["wal_bytes"] - before["wal_bytes"]) / 2**20
     cores = os.cpu_count() or 1
     return {
+        "side": side,
         "workers": w,
         "runs": m,
         "k": k,
@@ -284,43 +299,26 @@ def merge(counts: list[dict[str, int]]) -> dict[str, int]:
     return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
-def orchestrate(args: Any) -> int:
+def median_run(runs: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, list[float]]:
+    """The run of median steps/s among those that succeeded, and every success's steps/s."""
+    ok = sorted((r for r in runs if "error" not in r), key=lambda r: r["steps_per_s"])
+    return (ok[len(ok) // 2] if ok else None), [r["steps_per_s"] for r in ok]
+
+
+def side_table(sizes: list[int], results: dict[int, list[dict[str, Any]]]) -> str:
+    """One side's curve: steps/s per fleet size, with where the CPU went."""
     from compare import fmt, table
 
-    sizes = [int(x) for x in args.workers.split(",")]
-    m = args.m or (1000 if args.quick else 6000)
-    results: dict[int, list[dict[str, Any]]] = {w: [] for w in sizes}
-    started = time.strftime("%Y-%m-%d %H:%M:%S")
-    for _ in range(args.repeat):
-        for w in sizes:
-            sys.stderr.write(f"  fleet of {w} ... ")
-            sys.stderr.flush()
-            try:
-                r = asyncio.run(measure(w, m, args.k, args.live, args.timeout))
-                sys.stderr.write(f"{r['steps_per_s']:,.0f} steps/s\n")
-            except Exception as exc:
-                r = {"workers": w, "error": f"{type(exc).__name__}: {exc}"}
-                sys.stderr.write(f"error: {exc}\n")
-            results[w].append(r)
-    print()
-    print(
-        f"Fleet on one PostgreSQL ({pg_base_url()}) — {started}; {m:,} runs x K={args.k}, "
-        f"{'producer live' if args.live else 'runs stored by a producer first'}, "
-        f"repeat={args.repeat}, {os.cpu_count()} CPUs"
-    )
     rows = []
     base = None
     for w in sizes:
-        ok = [r for r in results[w] if "error" not in r]
-        if not ok:
-            rows.append([str(w), "n/a: " + str(results[w][0].get("error"))[:60]] + [""] * 6)
+        med, sps = median_run(results[w])
+        if med is None:
+            rows.append([str(w), "n/a: " + str(results[w][0].get("error"))[:60]] + [""] * 8)
             continue
-        ok.sort(key=lambda r: r["steps_per_s"])
-        med = ok[len(ok) // 2]
-        sps = [r["steps_per_s"] for r in ok]
         if base is None:
             base = med["steps_per_s"]
-        rng = f" ({fmt(min(sps))}-{fmt(max(sps))})" if len(ok) > 1 else ""
+        rng = f" ({fmt(min(sps))}-{fmt(max(sps))})" if len(sps) > 1 else ""
         rows.append(
             [
                 str(w),
@@ -335,38 +333,101 @@ def orchestrate(args: Any) -> int:
                 " / ".join(str(s) for s in med["steps_by_worker"]),
             ]
         )
-    print(
-        table(
-            [
-                "processes",
-                "steps/s",
-                "vs 1",
-                "CPU s/s per engine",
-                "PG backends CPU s/s",
-                "machine CPU s/s (busy)",
-                "everything else CPU s/s",
-                "write xacts/s (steps per xact)",
-                "WAL MiB/s",
-                "steps per engine",
-            ],
-            rows,
-        )
+    return table(
+        [
+            "processes",
+            "steps/s",
+            "vs 1",
+            "CPU s/s per engine",
+            "PG backends CPU s/s",
+            "machine CPU s/s (busy)",
+            "everything else CPU s/s",
+            "write xacts/s (steps per xact)",
+            "WAL MiB/s",
+            "steps per engine",
+        ],
+        rows,
     )
+
+
+def orchestrate(args: Any) -> int:
+    from compare import fmt, table
+
+    sizes = [int(x) for x in args.workers.split(",")]
+    sides = [s for s in args.sides.split(",") if s]
+    m = args.m or (1000 if args.quick else 6000)
+    results: dict[str, dict[int, list[dict[str, Any]]]] = {
+        side: {w: [] for w in sizes} for side in sides
+    }
+    started = time.strftime("%Y-%m-%d %H:%M:%S")
+    for _ in range(args.repeat):
+        for w in sizes:
+            for side in sides:  # interleaved: durably 1, DBOS 1, durably 2, ...
+                sys.stderr.write(f"  {side} fleet of {w} ... ")
+                sys.stderr.flush()
+                try:
+                    r = asyncio.run(measure(w, m, args.k, args.live, args.timeout, side))
+                    sys.stderr.write(f"{r['steps_per_s']:,.0f} steps/s\n")
+                except Exception as exc:
+                    r = {"side": side, "workers": w, "error": f"{type(exc).__name__}: {exc}"}
+                    sys.stderr.write(f"error: {exc}\n")
+                results[side][w].append(r)
+    print()
+    print(
+        f"Fleet on one PostgreSQL ({pg_base_url()}) — {started}; {m:,} runs x K={args.k}, "
+        f"{'producer live' if args.live else 'runs stored by a producer first'}, "
+        f"repeat={args.repeat}, {os.cpu_count()} CPUs"
+    )
+    for side in sides:
+        print(f"\n{side}:" if len(sides) > 1 else "")
+        print(side_table(sizes, results[side]))
+    if "durably" in sides and "dbos" in sides:
+        rows = []
+        for w in sizes:
+            d, dsps = median_run(results["durably"][w])
+            b, bsps = median_run(results["dbos"][w])
+            d1, _ = median_run(results["durably"][sizes[0]])
+            b1, _ = median_run(results["dbos"][sizes[0]])
+
+            def cell(med: dict[str, Any] | None, sps: list[float], one: Any) -> list[str]:
+                if med is None:
+                    return ["n/a", ""]
+                rng = f" ({fmt(min(sps))}-{fmt(max(sps))})" if len(sps) > 1 else ""
+                vs = f"{med['steps_per_s'] / one['steps_per_s']:.2f}x" if one else ""
+                return [f"{fmt(med['steps_per_s'])}{rng}", vs]
+
+            ratio = f"{d['steps_per_s'] / b['steps_per_s']:.2f}x" if d and b else "n/a"
+            rows.append([str(w), *cell(d, dsps, d1), *cell(b, bsps, b1), ratio])
+        print(
+            "\nside by side (DBOS: one queue, worker_concurrency 256, polled every "
+            f"{os.environ.get('BENCH_DBOS_FLEET_POLL', '0.05')} s; see fleet_dbos.py):"
+        )
+        print(
+            table(
+                ["processes", "durably steps/s", "vs 1", "DBOS steps/s", "vs 1", "durably / DBOS"],
+                rows,
+            )
+        )
     if os.environ.get("BENCH_FLEET_SQL"):
         print("\nStatements the engines sent per 1,000 steps, by kind (median run of each size):")
         for w in sizes:
-            ok = sorted((r for r in results[w] if "error" not in r), key=lambda r: r["steps_per_s"])
-            if ok:
-                med = ok[len(ok) // 2]
+            med, _ = median_run(results.get("durably", {}).get(w, []))
+            if med:
                 per_k = {
                     k: round(1000 * n / (med["runs"] * med["k"]), 1)
                     for k, n in med["statements"].items()
                 }
                 print(f"  {w}: " + ", ".join(f"{k} {v}" for k, v in list(per_k.items())[:8]))
-    loads = [x for rs in results.values() for r in rs for x in r.get("load1", [])]
+    loads = [
+        x for per in results.values() for rs in per.values() for r in rs for x in r.get("load1", [])
+    ]
     if loads:
         print(f"1-minute load average around the runs: {min(loads):.2f}-{max(loads):.2f}")
-    out = HERE / ".work" / f"fleet-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out = (
+        Path(args.json)
+        if args.json
+        else HERE / ".work" / f"fleet-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    )
     out.write_text(
         json.dumps({"started": started, "args": vars(args), "results": results}, indent=1)
     )
@@ -386,6 +447,8 @@ def main() -> int:
     p.add_argument("--live", action="store_true")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--timeout", type=float, default=600.0)
+    p.add_argument("--sides", default="durably,dbos", help="durably, dbos or both")
+    p.add_argument("--json", default=None, help="write the raw results here")
     args = p.parse_args()
     (HERE / ".work").mkdir(exist_ok=True)
     url = make_target("postgres", NAME, HERE / ".work").url

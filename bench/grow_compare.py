@@ -38,6 +38,7 @@ from compare import NOTES, WORK, Cell, fmt_cell, note, pct, run_side, table
 from grow_cost import markdown, split_pages
 
 EMPTY, GROWN, MID = "bench_durably_empty", "bench_durably_grown", "bench_durably_grown_mid"
+DBOS_EMPTY, DBOS_GROWN = "bench_dbos_empty", "bench_dbos_grown"
 
 
 def within(worse: float | None) -> str:
@@ -62,6 +63,64 @@ def paired(empty: Cell, full: Cell, path: str) -> tuple[float | None, str]:
     )
 
 
+def dbos_version(cells: dict[str, Cell]) -> str:
+    """The DBOS version that ran (from any of its results)."""
+    for label, c in cells.items():
+        if label.startswith("dbos"):
+            for r in c.ok():
+                if r.get("version"):
+                    return str(r["version"])
+    return "?"
+
+
+def side_by_side(
+    cells: dict[str, Cell], n: int, k: int, runs: int
+) -> tuple[list[str], list[list[str]]]:
+    """Each engine's full/empty ratio, and durably against DBOS on the full database.
+
+    ``full / empty`` is each side's own cost of a full table (100% = flat); ``durably / DBOS``
+    is how many times durably is better on the seeded databases (rates: durably ÷ DBOS; times:
+    DBOS ÷ durably).
+    """
+    rows = []
+    for label, scen, path, digits, higher_better in (
+        (f"workflows/s N={n} K={k}", "throughput", "workflows_per_s", 1, True),
+        ("latency p50 ms (1 step)", "latency", "p50_ms", 2, False),
+        ("latency p99 ms (1 step)", "latency", "p99_ms", 2, False),
+    ):
+        de, dg = cells.get(f"empty {scen}"), cells.get(f"grown {scen}")
+        be, bg = cells.get(f"dbos empty {scen}"), cells.get(f"dbos grown {scen}")
+        if not (de and dg and be and bg):
+            continue
+        dgm, bgm = dg.median(path), bg.median(path)
+        better = None
+        if dgm and bgm:
+            better = dgm / bgm if higher_better else bgm / dgm
+        rows.append(
+            [
+                label,
+                fmt_cell(de, path, digits=digits),
+                fmt_cell(dg, path, digits=digits),
+                pct(dgm, de.median(path)),
+                fmt_cell(be, path, digits=digits),
+                fmt_cell(bg, path, digits=digits),
+                pct(bgm, be.median(path)),
+                f"{better:.2f}x" if better else "n/a",
+            ]
+        )
+    head = [
+        "metric",
+        "durably empty",
+        f"durably {runs:,}",
+        "durably full/empty",
+        "DBOS empty",
+        f"DBOS {runs:,}",
+        "DBOS full/empty",
+        "durably vs DBOS (full)",
+    ]
+    return head, rows
+
+
 def main() -> int:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -76,6 +135,7 @@ def main() -> int:
     p.add_argument("--reuse", action="store_true", help="do not seed again")
     p.add_argument("--no-explain", action="store_true")
     p.add_argument("--no-buffers", action="store_true")
+    p.add_argument("--no-dbos", action="store_true", help="durably only (no DBOS seeded alike)")
     p.add_argument("--timeout", type=float, default=900.0)
     p.add_argument("--json", default=None)
     args = p.parse_args()
@@ -102,6 +162,21 @@ def main() -> int:
                 ["grow.py", "--name", name, "seed", "--runs", str(count), "--k", str(args.k)],
                 3600,
             )
+        if not args.no_dbos:
+            measure(
+                f"dbos seed {runs:,}",
+                [
+                    "dbos_grow.py",
+                    "--name",
+                    DBOS_GROWN,
+                    "seed",
+                    "--runs",
+                    str(runs),
+                    "--k",
+                    str(args.k),
+                ],
+                3600,
+            )
     for _ in range(args.repeat):
         for state, name, keep in (("empty", EMPTY, []), ("grown", GROWN, ["--keep"])):
             base = ["grow_cost.py", "--name", name, *keep, "cpu"]
@@ -110,6 +185,18 @@ def main() -> int:
                 f"{state} throughput", [*base, *tp, "--timeout", str(args.timeout)], args.timeout
             )
             measure(f"{state} latency", [*base, "latency", "--count", str(lat)], args.timeout)
+            if args.no_dbos:
+                continue
+            # DBOS right after durably on the same state, so drift hits both alike
+            dbase = ["dbos_side.py", "--db", "postgres", "--name", DBOS_EMPTY]
+            if state == "grown":
+                dbase = ["dbos_side.py", "--db", "postgres", "--name", DBOS_GROWN, "--keep"]
+            measure(
+                f"dbos {state} throughput",
+                [*dbase, *tp, "--timeout", str(args.timeout)],
+                args.timeout,
+            )
+            measure(f"dbos {state} latency", [*dbase, "latency", "--count", str(lat)], args.timeout)
     buffers: dict[str, dict[str, Any]] = {}
     if not args.no_buffers:
         for label, name, keep in (
@@ -142,6 +229,15 @@ def main() -> int:
             else "seeded databases reused"
         )
     )
+    for label, c in cells.items():
+        if label.startswith("dbos seed") and c.ok():
+            sd = c.ok()[0]
+            print(
+                f"DBOS {sd.get('version')}: seeded {sd['runs']:,} workflows in {sd['seconds']} s "
+                "(rows, MiB: "
+                + ", ".join(f"{t} {n:,} {sd['mib'].get(t, '?')}" for t, n in sd["rows"].items())
+                + ")"
+            )
     print("Cells: median (min-max when repeated). 'full / empty': the cost of a full table.")
     print("\nWall clock (noisy on a shared machine):")
     rows = []
@@ -166,6 +262,9 @@ def main() -> int:
             ]
         )
     print(table(["metric", "empty", f"{runs:,} finished", "full / empty", "within 10%"], rows))
+    if not args.no_dbos:
+        print(f"\nSide by side with DBOS {dbos_version(cells)}, seeded alike ({runs:,} workflows):")
+        print(table(*side_by_side(cells, n, args.k, runs)))
 
     print("\nCPU time per run, ms (engine process; PostgreSQL backends serving it):")
     rows = []

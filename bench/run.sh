@@ -9,6 +9,7 @@
 #   bash bench/run.sh grow [--repeat 5] [--quick]        # 1,000,000 finished runs vs empty: wall, CPU, pages (grow_compare.py)
 #   bash bench/run.sh big [--quick]                      # 100,000-child fan, 100,000 suspended (big.py)
 #   bash bench/run.sh fleet [--quick]                    # 1, 2, 4 engine processes (fleet.py)
+#   bash bench/run.sh all [--quick] [--repeat R]         # every scenario, one summary table (all.py)
 #
 # It keeps its own virtualenv in bench/.venv (git-ignored) with DBOS, asyncpg and durably
 # (editable, from this checkout), reinstalling only when bench/requirements.txt or
@@ -54,5 +55,6 @@ case "${1:-}" in
     grow) shift; exec "$VENV/bin/python" "$HERE/grow_compare.py" "$@" ;;
     big) shift; exec "$VENV/bin/python" "$HERE/big.py" "$@" ;;
     fleet) shift; exec "$VENV/bin/python" "$HERE/fleet.py" "$@" ;;
+    all) shift; exec "$VENV/bin/python" "$HERE/all.py" "$@" ;;
 esac
 exec "$VENV/bin/python" "$HERE/compare.py" "$@"

@@ -16,6 +16,7 @@ starts per second (above 1x: durably is faster).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -64,6 +65,7 @@ def main() -> int:
     p.add_argument("--no-dbos", action="store_true")
     p.add_argument("--repeat", type=int, default=int(os.environ.get("BENCH_REPEAT", "1")))
     p.add_argument("--timeout", type=float, default=600.0)
+    p.add_argument("--json", default=None, help="write the raw results here")
     args = p.parse_args()
 
     n = 1000 if args.quick else args.n
@@ -114,6 +116,13 @@ def main() -> int:
         print("\nWhy a cell is n/a:")
         for i, msg in enumerate(NOTES, 1):
             print(f"[{i}] {msg}")
+    if args.json:
+        Path(args.json).write_text(
+            json.dumps(
+                {"started": started, "n": n, "cells": {c.label: c.runs for c in cells.values()}},
+                indent=1,
+            )
+        )
     return 0
 
 
