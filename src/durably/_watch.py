@@ -10,6 +10,11 @@ The store announces a settle to other processes only for runs marked watched
 reads it, and a run of its own once it is put aside (suspended or blocked:
 it may resume in any process). A run waited for only where it executes
 costs no announcement at all.
+
+A read is never newer than this process's own word on a run it drives: from
+the moment a run is woken here until its turn settles, the store still shows
+the settle before the wake, so a read of a run queued or executing here, or
+one that was woken here while the read was out, answers no waiter.
 """
 
 from __future__ import annotations
@@ -22,6 +27,11 @@ from ._aio import wait_event
 from .model import Run, RunResult, RunStatus
 
 __all__ = ["RunWatcher"]
+
+
+def _nowhere(run_id: str) -> bool:
+    return False
+
 
 _Entry = tuple[asyncio.Future[RunResult], frozenset[RunStatus]]
 _RECENT_LIMIT = 1024
@@ -62,6 +72,11 @@ class RunWatcher:
         self._recent: OrderedDict[str, RunResult] = OrderedDict()
         self._watched: set[str] = set()  # waited-for runs marked watched by this process
         self._marking: set[asyncio.Task[None]] = set()
+        self._wakes = 0  # how many times a waited run was woken here, ever
+        self._woken_at: dict[str, int] = {}  # a waited run -> ``_wakes`` at its last wake
+        self.runs_here: Callable[[str], bool] = _nowhere
+        """Whether a run is queued or executing in this process (set by the
+        router): its turn's settle is the only current word on it."""
 
     async def watch(self, run_id: str) -> Run | None:
         """Read a run this process does not execute and mark it watched, so its
@@ -109,6 +124,7 @@ class RunWatcher:
                     del self._waiting[run_id]
             if run_id not in self._waiting:
                 self._watched.discard(run_id)
+                self._woken_at.pop(run_id, None)
 
     async def wait_local(
         self, run_id: str, statuses: frozenset[RunStatus], timeout: float | None
@@ -124,6 +140,9 @@ class RunWatcher:
     def forget(self, run_id: str) -> None:
         """A turn of the run starts: what it settled before is no longer current."""
         self._recent.pop(run_id, None)
+        if run_id in self._waiting:
+            self._wakes += 1
+            self._woken_at[run_id] = self._wakes
 
     def settled(self, result: RunResult) -> None:
         """A run settled in this process: hand its outcome to its waiters."""
@@ -132,6 +151,9 @@ class RunWatcher:
             self._recent.move_to_end(result.run_id)
             if len(self._recent) > _RECENT_LIMIT:
                 self._recent.popitem(last=False)
+        self._hand_over(result)
+
+    def _hand_over(self, result: RunResult) -> None:
         unmet = False
         for future, statuses in self._waiting.get(result.run_id, ()):
             if result.status in statuses:
@@ -153,13 +175,27 @@ class RunWatcher:
         task.add_done_callback(self._marking.discard)
 
     async def _marked(self, run_id: str) -> None:
+        asked_at = self._wakes
         try:
             runs = await self._watch_runs([run_id])
         except Exception:
             self._watched.discard(run_id)  # the poll remains the net
             return
+        self._read(runs, asked_at)
+
+    def _read(self, runs: list[Run], asked_at: int) -> None:
+        """Hand runs read from the store (asked when ``_wakes`` was
+        ``asked_at``) to their waiters, unless the read may predate a wake here."""
         for run in runs:
-            self.settled(RunResult(run.run_id, run.status, run.output, run.error))
+            run_id = run.run_id
+            if self.runs_here(run_id) or self._woken_at.get(run_id, 0) > asked_at:
+                # Its turn here settles it (or the next poll reads it again):
+                # the stored row still shows the settle from before the wake.
+                continue
+            result = RunResult(run_id, run.status, run.output, run.error)
+            # Waiters only: ``_recent`` holds this process's own settles, which
+            # a read that was out while one happened must not overwrite.
+            self._hand_over(result)
 
     def changed(self, run_id: str) -> None:
         """A run changed somewhere (a notification): look at it now."""
@@ -197,6 +233,7 @@ class RunWatcher:
             self._poked.clear()
             for start in range(0, len(ids), 500):
                 chunk = ids[start : start + 500]
+                asked_at = self._wakes
                 try:
                     if net:
                         # The safety net reads every waited run each interval:
@@ -206,8 +243,7 @@ class RunWatcher:
                     runs = await self._get_runs(chunk) if chunk else []
                 except Exception:
                     continue  # the store is failing; the next round tries again
-                for run in runs:
-                    self.settled(RunResult(run.run_id, run.status, run.output, run.error))
+                self._read(runs, asked_at)
 
     async def _wanted(self, run_ids: list[str]) -> list[str]:
         """Of ``run_ids``, those whose status (read alone) a waiter wants; a run

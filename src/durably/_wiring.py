@@ -107,6 +107,7 @@ def wire(
         get_statuses=getattr(store, "get_run_statuses", None),
     )
     router = RunRouter(store, clock, watcher, settings)
+    watcher.runs_here = router.runs_here  # its turns' settles outrank reads
     updates = UpdateCalls(store, clock, router.wake)
     entities = Entities(store, updates, start)
     steps = StepDispatcher(

@@ -163,3 +163,65 @@ async def test_the_safety_net_reads_statuses_and_only_the_runs_a_waiter_wants() 
         await asyncio.gather(*waiting, return_exceptions=True)
     finally:
         await watcher.close()
+
+
+_SETTLED = frozenset({RunStatus.SUSPENDED, *_DONE})
+
+
+async def _turns(n: int = 5) -> None:
+    for _ in range(n):
+        await asyncio.sleep(0)
+
+
+async def test_a_read_of_a_run_driven_here_answers_no_waiter() -> None:
+    # Woken here, not leased yet: the stored row is the settle from before the
+    # wake, and handing it over made wait_for_run miss what the wake did.
+    store = _Watches()
+    store.runs["r"] = _run("r", RunStatus.SUSPENDED)
+    watcher = RunWatcher(store.get_runs, interval=60.0)
+    here = {"r"}
+    watcher.runs_here = here.__contains__
+    try:
+        task = asyncio.create_task(watcher.wait_local("r", _SETTLED, timeout=30.0))
+        await _turns()
+        watcher.changed("r")  # a notice: the poll reads the row
+        await _turns()
+        assert not task.done(), "a read answered for a run whose turn is due here"
+        watcher.settled(RunResult("r", RunStatus.SUSPENDED, output="after"))
+        assert (await task).output == "after"
+        here.clear()  # not driven here any more: a read is its only news
+        later = asyncio.create_task(watcher.wait_local("r", _DONE, timeout=30.0))
+        await _turns()
+        store.runs["r"] = _run("r", RunStatus.COMPLETED)
+        watcher.changed("r")
+        assert (await later).status is RunStatus.COMPLETED
+    finally:
+        await watcher.close()
+
+
+async def test_a_read_out_while_the_run_was_woken_here_answers_no_waiter() -> None:
+    store = _Watches()
+    store.runs["r"] = _run("r", RunStatus.SUSPENDED)
+    release = asyncio.Event()
+
+    async def slow_get_runs(run_ids: list[str]) -> list[Run]:
+        runs = await store.get_runs(run_ids)  # read before the wake...
+        await release.wait()  # ...answered after it
+        return runs
+
+    watcher = RunWatcher(slow_get_runs, interval=60.0)
+    try:
+        task = asyncio.create_task(watcher.wait_local("r", _SETTLED, timeout=30.0))
+        await _turns()
+        watcher.changed("r")
+        await _turns()  # the read is out
+        watcher.forget("r")  # the run is woken here (and its turn runs elsewhere)
+        release.set()
+        await _turns()
+        assert not task.done(), "a read from before the wake answered the waiter"
+        # The next read, asked after the wake, is current.
+        store.runs["r"] = _run("r", RunStatus.COMPLETED)
+        watcher.changed("r")
+        assert (await task).status is RunStatus.COMPLETED
+    finally:
+        await watcher.close()
