@@ -175,7 +175,5 @@ def test_status_match_writes_each_status_as_its_index_matches() -> None:
     assert status_match(["pending"]) == POLL_PENDING
     assert status_match(["pending", "running", "pending"]) == f"({POLL_PENDING} OR {POLL_RUNNING})"
     assert status_match([]) == "false"
-    # with a workflow filter, durably_runs_workflow_live answers a live status's literal
-    assert status_match(["pending"], of_a_workflow=True) == "status = 'pending'"
     with pytest.raises(ValueError, match="not a run status"):
         status_match(["failed' OR true --"])

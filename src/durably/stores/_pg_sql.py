@@ -88,7 +88,7 @@ _FINISHED = ("cancelled", "completed", "dead", "failed")
 _POLLED = {"pending": POLL_PENDING, "running": POLL_RUNNING, "suspended": POLL_SUSPENDED}
 
 
-def status_match(statuses: Iterable[str], *, of_a_workflow: bool = False) -> str:
+def status_match(statuses: Iterable[str]) -> str:
     """SQL keeping the runs in any of ``statuses``, each written as its partial index's predicate.
 
     Since migration 14 no index over every run leads with ``status``: a
@@ -101,17 +101,12 @@ def status_match(statuses: Iterable[str], *, of_a_workflow: bool = False) -> str
     SQL; they are :class:`~durably.model.RunStatus` values, never caller text.
     A live status's index holds the live runs alone: listing or counting
     them costs the same with 1,000,000 finished runs as with none.
-
-    ``of_a_workflow``: the statement also says ``workflow = ...``, and a
-    live status is written as a literal too, which
-    ``durably_runs_workflow_live (workflow, status)`` (live runs only)
-    answers from the index rather than by reading every live run's row.
     """
     forms = []
     for status in dict.fromkeys(statuses):
-        if status in _POLLED and not of_a_workflow:
+        if status in _POLLED:
             forms.append(_POLLED[status])
-        elif status in _POLLED or status in _FINISHED or status == "blocked":
+        elif status in _FINISHED or status == "blocked":
             forms.append(f"status = '{status}'")
         else:
             raise ValueError(f"not a run status: {status!r}")

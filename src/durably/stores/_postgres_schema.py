@@ -316,9 +316,6 @@ MIGRATIONS: list[str] = [
     #   are found through their own partial indexes (pending, due, orphans,
     #   and blocked below); list_runs/count_runs write each status in the
     #   form its index matches (stores/_pg_sql.status_match).
-    # - The dashboard's counts per status of one workflow read
-    #   durably_runs_workflow_finished or durably_runs_workflow_live, which
-    #   replace durably_runs_workflow_status (workflow, status) over every run.
     # - durably_runs_updated (status, updated_at) is gone: the retention
     #   sweep walks durably_runs_updated_at and checks the status, the
     #   stalled sweep reads the due and orphan indexes.
@@ -334,8 +331,6 @@ MIGRATIONS: list[str] = [
         WHERE status IN ('cancelled', 'completed', 'dead', 'failed');
     CREATE INDEX durably_runs_blocked ON durably_runs (priority DESC, created_at, id)
         WHERE status = 'blocked';
-    CREATE INDEX durably_runs_workflow_live ON durably_runs (workflow, status)
-        WHERE status IN ('blocked', 'pending', 'running', 'suspended');
     CREATE INDEX durably_runs_created ON durably_runs (created_at, id);
     CREATE INDEX durably_runs_namespace_created ON durably_runs (namespace, created_at, id);
     DROP INDEX IF EXISTS durably_runs_updated;

@@ -528,11 +528,9 @@ class PostgresStore:
         # whatever the table holds (a GROUP BY reads every matching row). Each
         # status in its index's form (status_match): a live one counts its
         # partial index alone, however many runs have finished.
-        of_a_workflow = query.workflow is not None
         probes = " UNION ALL ".join(
             f"SELECT '{st.value}'::text AS status, (SELECT count(*) FROM (SELECT 1 "
-            "FROM durably_runs WHERE "
-            f"{' AND '.join([status_match([st.value], of_a_workflow=of_a_workflow), *filters])} "
+            f"FROM durably_runs WHERE {' AND '.join([status_match([st.value]), *filters])} "
             "LIMIT $1) AS hits) AS n"
             for st in RunStatus
         )
