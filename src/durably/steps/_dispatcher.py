@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Protocol
 
 from .._batch import BatchCall
@@ -28,29 +28,13 @@ from ..stores.base import BeatRecord, CheckpointStore, FlowStore, Resolution, Tu
 from ..transports.base import SendWithCheckpoint, TakeResults, Transport
 from ..wire import Heartbeat, StepResult, StepTask, routing_token
 from ._flow import FlowQueue
-from ._holds import LiveHolds
+from ._holds import LiveHolds, LiveStep
 from .definition import StepDefinition
 
 __all__ = ["LiveStep", "StepDispatcher"]
 
 _log = engine_logger("durably.dispatch")
 _MAX_THROTTLE_ENTRIES = 50_000
-
-
-@dataclass(eq=False)
-class LiveStep:
-    """A dispatched step whose dispatcher awaits it in memory."""
-
-    heard_at: int | None = None
-    """When this process last heard a heartbeat for it."""
-    result: StepResult | None = None
-    changed: asyncio.Event = field(default_factory=asyncio.Event)
-    recheck: bool = False
-    """A result was heard that settled nothing in the store (settled already,
-    by another instance's receiver or an earlier copy): the store is the
-    truth, so the waiter reads the checkpoint instead of trusting it."""
-    released: bool = False
-    """A hold told to let go now (:meth:`LiveHolds.release`)."""
 
 
 class _Store(CheckpointStore, FlowStore, Protocol):

@@ -37,20 +37,20 @@ import asyncio
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
 
-if TYPE_CHECKING:
-    from ._dispatcher import LiveStep
+from ..wire import StepResult
 
-__all__ = ["LiveHolds"]
+__all__ = ["LiveHolds", "LiveStep"]
 
 _ALPHA = 0.25
 """The weight of the newest observation in a step's average latency."""
 _HEADROOM = 4.0
 """The window is this many times the average latency (a miss costs a whole
 turn, a few extra milliseconds of waiting only the slot)."""
-_FLOOR_MS = 20.0
-"""The shortest window (the loop's own jitter under load is milliseconds)."""
+_FLOOR_MS = 50.0
+"""The shortest window: a loaded machine's loop lags by tens of ms, and a
+window costs only its slot, which a waiting run takes back at once."""
 _PROBE_EVERY = 16
 """A step slower than the cap is still held once in this many calls."""
 _MAX_NAMES = 4096
@@ -59,6 +59,24 @@ _NOTICE_DELAY_S = 0.01
 """How late a wake notice for a held run is acted on (see the module docstring)."""
 _MAX_OWN = 10_000
 """Runs whose own stamps are counted (a notice that never came is forgotten)."""
+
+
+@dataclass(eq=False)
+class LiveStep:
+    """A dispatched step whose dispatcher awaits it in memory (a step with
+    ``timeout``, or a hold)."""
+
+    heard_at: int | None = None
+    """When this process last heard a heartbeat for it."""
+    result: StepResult | None = None
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    recheck: bool = False
+    """A result was heard that settled nothing in the store (settled already,
+    by another instance's receiver or an earlier copy), or another instance
+    may have settled it: the store is the truth, so the waiter reads the
+    checkpoint instead of trusting what it heard."""
+    released: bool = False
+    """A hold told to let go now (:meth:`LiveHolds.release`)."""
 
 
 class _Latency:
