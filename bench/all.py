@@ -134,6 +134,7 @@ def show(vs: list[float], digits: int = 1) -> str:
 
 
 def med(vs: list[float]) -> float | None:
+    """The median, or None without values."""
     return statistics.median(vs) if vs else None
 
 
@@ -167,6 +168,7 @@ class Summary:
         self.rows.append([*row, note])
 
     def section(self, title: str) -> None:
+        """A bold row heading the next figures."""
         self.rows.append([f"**{title}**", "", "", "", "", "", ""])
 
 
@@ -174,6 +176,7 @@ class Summary:
 
 
 def main_rows(s: Summary, data: dict[str, Any]) -> None:
+    """Throughput, one-step latency and the two-commit floor (compare.py)."""
     cells = data["cells"]
     n = (data["args"].get("sizes") or "").split(",")[-1] or "2000"
     sizes_ = [k.rsplit("=", 1)[1] for k in cells if k.startswith("durably postgres throughput")]
@@ -226,6 +229,7 @@ def main_rows(s: Summary, data: dict[str, Any]) -> None:
 
 
 def dispatch_rows(s: Summary, data: dict[str, Any]) -> None:
+    """Local steps and steps dispatched per transport, against DBOS queues."""
     cells = data["cells"]
     args = data["args"]
 
@@ -262,6 +266,7 @@ def dispatch_rows(s: Summary, data: dict[str, Any]) -> None:
 
 
 def starts_rows(s: Summary, data: dict[str, Any]) -> None:
+    """Starts per second and commits per start."""
     cells = data["cells"]
     s.section(f"{data['n']:,} starts at once (a producer, nothing executes them)")
     d, b = cells.get("starts durably postgres"), cells.get("starts DBOS postgres")
@@ -271,6 +276,7 @@ def starts_rows(s: Summary, data: dict[str, Any]) -> None:
 
 
 def grow_rows(s: Summary, data: dict[str, Any]) -> None:
+    """Both sides on their full databases, and each one's full ÷ empty."""
     cells = data["cells"]
     args = data["args"]
     runs = args.get("runs") or (100_000 if args.get("quick") else 1_000_000)
@@ -318,6 +324,7 @@ def pick(run: dict[str, Any] | None) -> Callable[[str], list[float] | None]:
 
 
 def big_rows(s: Summary, data: dict[str, Any]) -> None:
+    """The fan and the suspended runs, DBOS where it ran at the same size."""
     res = data["results"]
     s.section("big shapes")
     for n, r in sorted(res.get("fan", {}).items(), key=lambda kv: int(kv[0])):
@@ -348,6 +355,7 @@ def big_rows(s: Summary, data: dict[str, Any]) -> None:
 
 
 def fleet_rows(s: Summary, data: dict[str, Any]) -> None:
+    """Steps/s per fleet size, both sides, with each side's gain over one process."""
     res = data["results"]
     d_all, b_all = res.get("durably", {}), res.get("dbos", {})
     args = data["args"]

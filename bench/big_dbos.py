@@ -78,6 +78,7 @@ async def nap(due_ms: int) -> int:
 
 
 def launch(url: str) -> None:
+    """DBOS on ``url`` with a fixed executor id and application version."""
     config: DBOSConfig = {
         "name": "durably-bench",
         "system_database_url": url,
@@ -114,6 +115,7 @@ FAILED = (
 
 
 def run_fan(url: str, n: int, timeout: float) -> dict[str, Any]:
+    """One parent of N children: seconds until its result."""
     launch(url)
 
     async def go() -> int:
@@ -130,6 +132,7 @@ def run_fan(url: str, n: int, timeout: float) -> dict[str, Any]:
 
 
 def park(url: str, n: int, lead: float, spread: float) -> dict[str, Any]:
+    """Start N sleeping workflows; return once every one has recorded its sleep."""
     t0 = time.time()
     base_ms = int((t0 + lead) * 1000)
     launch(url)
@@ -155,6 +158,7 @@ def park(url: str, n: int, lead: float, spread: float) -> dict[str, Any]:
 def wake(
     url: str, n: int, first_due_ms: int, spread: float, poll: float, timeout: float
 ) -> dict[str, Any]:
+    """Recover the parked workflows in this fresh process; RSS and lag until all are done."""
     samples: list[tuple[float, float]] = []
     stop = threading.Event()
 

@@ -49,6 +49,7 @@ async def fleet_wf(k: int) -> int:
 
 
 def config(url: str, executor_id: str | None = None) -> DBOSConfig:
+    """The same DBOS configuration in every role (one app, one version)."""
     cfg: DBOSConfig = {
         "name": APP,
         "system_database_url": url,
@@ -99,6 +100,7 @@ async def producer(url: str, m: int, k: int) -> None:
 
 
 def worker(url: str) -> None:
+    """Ready, then on "go" launch DBOS and serve the queue until "stop"."""
     print("ready", flush=True)
     sys.stdin.readline()  # "go"
     r0 = resource.getrusage(resource.RUSAGE_SELF)
