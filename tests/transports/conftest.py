@@ -13,6 +13,7 @@ transport (``lease_ms``…); the others ignore them.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
@@ -114,8 +115,6 @@ REDIS_DEFAULTS: dict[str, Any] = {"redeliver_delay_ms": 50}
 @asynccontextmanager
 async def redis_backend(request: pytest.FixtureRequest) -> AsyncIterator[Maker]:
     """``redis://`` under a unique prefix; every transport is a separate object."""
-    import uuid
-
     import redis.asyncio as aioredis
 
     from durably.transports.redis import RedisTransport
@@ -169,3 +168,30 @@ async def db_factory(request: pytest.FixtureRequest) -> AsyncIterator[TransportF
     """Like ``transport_factory``, for the ``db`` transport only."""
     async with TRANSPORTS[request.param](request) as make:
         yield transport_factory_from(make)
+
+
+@pytest.fixture
+async def prefix() -> AsyncIterator[str]:
+    """A fresh key prefix on the test Redis; its keys are deleted afterwards."""
+    import redis.asyncio as aioredis  # the redis tests' own import: the others run without it
+
+    name = f"durably-test-{uuid.uuid4().hex[:12]}"
+    yield name
+    client = aioredis.Redis.from_url(REDIS_TEST_URL)
+    try:
+        for pattern in (f"bull:{name}-*", f"{name}-*"):
+            keys = [key async for key in client.scan_iter(match=pattern, count=1000)]
+            if keys:
+                await client.delete(*keys)
+    finally:
+        await client.aclose()
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[Any]:
+    """A client of the test Redis that decodes replies to ``str``."""
+    import redis.asyncio as aioredis
+
+    made = aioredis.Redis.from_url(REDIS_TEST_URL, decode_responses=True)
+    yield made
+    await made.aclose()

@@ -10,7 +10,6 @@ import hashlib
 import json
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -31,27 +30,6 @@ from durably.transports.redis._batched import (
 from durably.wire import Heartbeat, StepResult, StepTask
 
 from .conftest import REDIS_TEST_URL, wait_until
-
-
-@pytest.fixture
-async def prefix() -> AsyncIterator[str]:
-    name = f"durably-test-{uuid.uuid4().hex[:12]}"
-    yield name
-    client = aioredis.Redis.from_url(REDIS_TEST_URL)
-    try:
-        for pattern in (f"bull:{name}-*", f"{name}-*"):
-            keys = [key async for key in client.scan_iter(match=pattern, count=1000)]
-            if keys:
-                await client.delete(*keys)
-    finally:
-        await client.aclose()
-
-
-@pytest.fixture
-async def client() -> AsyncIterator[aioredis.Redis]:
-    made = aioredis.Redis.from_url(REDIS_TEST_URL, decode_responses=True)
-    yield made
-    await made.aclose()
 
 
 class Taker:

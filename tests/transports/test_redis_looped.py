@@ -8,8 +8,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -43,27 +41,6 @@ from durably.wire import Heartbeat, StepResult
 from .conftest import REDIS_TEST_URL, wait_until
 
 _OPTS = {"removeOnComplete": True, "removeOnFail": True}
-
-
-@pytest.fixture
-async def prefix() -> AsyncIterator[str]:
-    name = f"durably-test-{uuid.uuid4().hex[:12]}"
-    yield name
-    client = aioredis.Redis.from_url(REDIS_TEST_URL)
-    try:
-        for pattern in (f"bull:{name}-*", f"{name}-*"):
-            keys = [key async for key in client.scan_iter(match=pattern, count=1000)]
-            if keys:
-                await client.delete(*keys)
-    finally:
-        await client.aclose()
-
-
-@pytest.fixture
-async def client() -> AsyncIterator[aioredis.Redis]:
-    made = aioredis.Redis.from_url(REDIS_TEST_URL, decode_responses=True)
-    yield made
-    await made.aclose()
 
 
 def _add(queue: Any, datas: list[Any], opts: dict[str, Any] | None = None) -> list[Call]:

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import uuid
-from collections.abc import AsyncIterator
 
 import pytest
 import redis.asyncio as aioredis
@@ -61,20 +59,6 @@ async def test_redis_down_is_one_clear_error_without_credentials() -> None:
     with pytest.raises(Exception, match=r"cannot reach Redis at redis://user:\*\*\*@127") as e:
         await transport.open()
     assert "s3cret" not in str(e.value)
-
-
-@pytest.fixture
-async def prefix() -> AsyncIterator[str]:
-    name = f"durably-test-{uuid.uuid4().hex[:12]}"
-    yield name
-    client = aioredis.Redis.from_url(REDIS_TEST_URL)
-    try:
-        for pattern in (f"bull:{name}-*", f"{name}-*"):
-            keys = [key async for key in client.scan_iter(match=pattern, count=1000)]
-            if keys:
-                await client.delete(*keys)
-    finally:
-        await client.aclose()
 
 
 async def test_jobs_are_the_upstream_wire_as_bullmq_stores_it(prefix: str) -> None:
