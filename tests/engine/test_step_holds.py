@@ -97,6 +97,129 @@ async def test_a_fast_result_continues_the_same_turn(
     ]
 
 
+@pytest.mark.parametrize("transport", ["memory://", *TRANSPORTS])
+async def test_results_handed_to_a_held_turn_stamp_no_wake(
+    make_engine: EngineFactory, store_url: str, transport: str
+) -> None:
+    """A result the held turn takes itself stamps no wake: three steps then a
+    sleep park once (a stamp per step made the park take one more short turn)."""
+    transport_for(store_url, transport)
+    engine = make_engine(transport=transport, step_hold="5s")
+
+    @engine.step("inc")
+    async def inc(n: int) -> int:
+        return n + 1
+
+    @engine.workflow("then_sleep")
+    async def then_sleep(ctx: durably.WorkflowContext) -> int:
+        n = 0
+        for _ in range(3):
+            n = await ctx.step(inc, n)
+        await ctx.sleep("10ms")
+        return n
+
+    async with engine:
+        counted = asyncio.ensure_future(turns_until_done(engine, "s"))
+        await asyncio.sleep(0)
+        await engine.start("then_sleep", run_id="s")
+        result = await finish(engine, "s")
+        turns = await counted
+    assert result.status is RunStatus.COMPLETED and result.output == 3
+    lets_go = holds(engine)
+    assert lets_go.hits + lets_go.misses == 3 and lets_go.hits >= 1
+    # One turn to the sleep, one after it (and one more per missed window).
+    assert turns == 2 + lets_go.misses
+
+
+def release_holds_after_each_settle(engine: durably.Engine) -> list[int]:
+    """Make every settle that took a held turn's result let that hold go
+    between the settle's commit and its hand-over (the worst moment); returns
+    the list of releases done."""
+    store: Any = engine._steps.store
+    done: list[int] = []
+
+    async def let_go(resolutions: list[Resolution]) -> None:
+        if any(r.held_by is not None for r in resolutions):
+            done.append(holds(engine).holding)
+            holds(engine).release()
+            for _ in range(5):  # the held turn runs its loop now, before the hand-over
+                await asyncio.sleep(0)
+
+    def wrap(name: str) -> None:
+        original = getattr(store, name)
+
+        async def settle(resolutions: list[Resolution], *args: Any) -> Any:
+            got = await original(resolutions, *args)
+            await let_go(resolutions)
+            return got
+
+        setattr(store, name, settle)
+
+    wrap("resolve_checkpoints")
+    wrap("resolve_and_lease")
+    if hasattr(store, "claim_and_resolve"):
+        original = store.claim_and_resolve
+
+        async def claim_and_resolve(
+            topics: Any, limit: Any, visible_at: Any, decode: Any, *args: Any, **kw: Any
+        ) -> Any:
+            seen: list[Resolution] = []
+
+            def decoding(messages: Any) -> Any:
+                decoded, resolutions = decode(messages)
+                seen.extend(resolutions)
+                return decoded, resolutions
+
+            got = await original(topics, limit, visible_at, decoding, *args, **kw)
+            await let_go(seen)
+            return got
+
+        store.claim_and_resolve = claim_and_resolve
+    return done
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)  # memory:// answers within the send
+@pytest.mark.parametrize("waits", [True, False], ids=["waits", "lets-go-anyway"])
+async def test_a_hold_let_go_as_its_result_settles_still_takes_it(
+    make_engine: EngineFactory, store_url: str, transport: str, waits: bool
+) -> None:
+    """The hold is told to let go between the settle (no wake stamped: the
+    turn holds the lease) and the hand-over: it must not park (nothing would
+    wake it), it waits for the hand-over and continues the turn. A turn that
+    lets go anyway (as one cancelled or fenced there does) fails the
+    hand-over, and the receiver stamps the wake: the run still finishes."""
+    transport_for(store_url, transport)
+    engine = make_engine(transport=transport, step_hold="5s")
+    if not waits:
+
+        def let_go(waiter: Any) -> bool:
+            waiter.gone = True
+            return True
+
+        engine._steps.let_go = let_go  # type: ignore[method-assign]
+
+    @engine.step("inc")
+    async def inc(n: int) -> int:
+        return n + 1
+
+    @engine.workflow("then_sleep")
+    async def then_sleep(ctx: durably.WorkflowContext) -> int:
+        n = 0
+        for _ in range(2):
+            n = await ctx.step(inc, n)
+        await ctx.sleep("10ms")
+        return n
+
+    async with engine:
+        released = release_holds_after_each_settle(engine)
+        await engine.start("then_sleep", run_id="r")
+        result = await finish(engine, "r")
+    assert result.status is RunStatus.COMPLETED and result.output == 2
+    assert released and holds(engine).released == len(released)
+    # Waiting, each hold took its result (no park); letting go, none did.
+    assert holds(engine).hits == (2 if waits else 0)
+
+
 @pytest.mark.parametrize("transport", TRANSPORTS)
 async def test_without_a_hold_each_result_takes_a_turn(
     make_engine: EngineFactory, store_url: str, transport: str
@@ -397,6 +520,8 @@ async def test_a_held_turn_whose_lease_was_taken_writes_nothing_more(
         await engine.join()
     run = await engine.get_run("t")
     assert run is not None and run.status is RunStatus.RUNNING and run.locked_by == "usurper"
+    # Settled while another owner held the lease: stamped for that owner's turn.
+    assert run.wake_requested_at is not None
     history = {cp.seq: cp for cp in await engine.history("t")}
     assert history[0].status is CheckpointStatus.COMPLETED and history[0].output == 1
     assert 1 not in history and calls == Counter({"first": 1})

@@ -292,12 +292,16 @@ class StepRunner:
         steps = services.steps
         # Registered before the task can go out: an inline result cannot slip past.
         with steps.live(f"{self._env.run_id}:{seq}") as waiter:
+            # Results for it are settled with no wake stamp from now on (the
+            # hand-over delivers them; an inline one may come during the
+            # send), so it lets go only through StepDispatcher.let_go.
+            waiter.owner = turn.owner
             if steps.send_with_checkpoint is not None:
                 # Queued, not awaited (as a park does): the task goes out in the
                 # transaction that makes its checkpoint durable, so no result
                 # can come before it, and the hold overlaps the commit.
                 self._env.save_later(cp, send=[self._task(seq, call, cp)])
-            elif not await self._send(seq, call, cp):
+            elif not await self._send(seq, call, cp) and steps.let_go(waiter):
                 return None  # not out: the caller parks until it is due again
             began = loop_time_ms()
             deadline = began + window_ms
@@ -312,22 +316,31 @@ class StepRunner:
                         if fresh is not None:
                             steps.holds.heard(call.name, loop_time_ms() - began)
                             return fresh
-                    if waiter.released:
-                        return None
                     left = deadline - loop_time_ms()
-                    if left <= 0:
-                        steps.holds.missed(call.name, window_ms)
-                        # Checked and unregistered with no await in between: a
-                        # result heard from now on finds no waiter and wakes
-                        # the run (its stamp makes the park's settle see it).
-                        return None
+                    if waiter.released or left <= 0:
+                        if steps.let_go(waiter):
+                            if not waiter.released:
+                                steps.holds.missed(call.name, window_ms)
+                            # Let go and unregistered with no await in between:
+                            # a result heard from now on finds no waiter and
+                            # wakes the run (its stamp makes the park's settle
+                            # see it).
+                            return None
+                        # A result is being settled for it without a stamp:
+                        # parking now could lose it; its settle is a moment.
+                        left = float("inf")
                     # A timer that sets the event, not wait_for: no task per wait.
                     waiter.changed.clear()
-                    timer = asyncio.get_running_loop().call_later(left / 1000, waiter.changed.set)
+                    timer = (
+                        asyncio.get_running_loop().call_later(left / 1000, waiter.changed.set)
+                        if left != float("inf")
+                        else None
+                    )
                     try:
                         await waiter.changed.wait()
                     finally:
-                        timer.cancel()
+                        if timer is not None:
+                            timer.cancel()
                     turn.ensure_open()
 
     async def _recheck(self, seq: int, waiter: LiveStep) -> Checkpoint | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import replace
@@ -50,18 +51,8 @@ _TAKE_LEASE = 256
 """The batch size a taken batch's lease is asked for (the slots bound it)."""
 
 
-def _resolutions(results: list[StepResult]) -> list[Resolution]:
-    return [
-        Resolution(
-            result.run_id,
-            result.seq,
-            CheckpointStatus.COMPLETED if result.ok else CheckpointStatus.FAILED,
-            result.output if result.ok else None,
-            None if result.ok else (result.error or {"message": "step failed"}),
-            [event.to_wire() for event in result.events] or None,
-        )
-        for result in results
-    ]
+Marks = list[tuple[str, LiveStep]]
+"""The held waiters a settle marked (step id, waiter): see :meth:`StepDispatcher._resolutions`."""
 
 
 class StepDispatcher:
@@ -92,6 +83,9 @@ class StepDispatcher:
         self._intercept = intercept
         self._events = events
         self._live: dict[str, LiveStep] = {}
+        # Marking a held waiter (maybe on a store's thread, inside a settle's
+        # decode) and the waiter letting go must not interleave.
+        self._hand = threading.Lock()
         self.holds = LiveHolds(hold_ms)
         """The turns holding across a dispatched step (see :mod:`durably.steps._holds`)."""
         self._persisted: OrderedDict[str, int] = OrderedDict()
@@ -163,26 +157,91 @@ class StepDispatcher:
         try:
             yield waiter
         finally:
+            with self._hand:
+                waiter.gone = True
             if self._live.get(step_id) is waiter:
                 del self._live[step_id]
+
+    def let_go(self, waiter: LiveStep) -> bool:
+        """Whether a held ``waiter`` may stop waiting (and its turn park): not
+        while a result is being settled for it without a wake stamp, which
+        only its hand-over could then deliver."""
+        with self._hand:
+            if waiter.settling:
+                return False
+            waiter.gone = True
+            return True
+
+    def _resolutions(self, results: list[StepResult], marks: Marks) -> list[Resolution]:
+        """The settle of ``results``. One whose step a held turn here awaits
+        is marked ``held_by`` its owner (no wake stamp while that owner holds
+        the run's lease: the hand-over delivers it) and its waiter in
+        ``marks``, which cannot let go until :meth:`_unmark`. May run on a
+        store's thread."""
+        resolutions = []
+        for result in results:
+            held_by = None
+            waiter = self._live.get(result.step_id)
+            if waiter is not None and waiter.owner is not None:
+                with self._hand:
+                    if not waiter.gone:
+                        waiter.settling += 1
+                        marks.append((result.step_id, waiter))
+                        held_by = waiter.owner
+            resolutions.append(
+                Resolution(
+                    result.run_id,
+                    result.seq,
+                    CheckpointStatus.COMPLETED if result.ok else CheckpointStatus.FAILED,
+                    result.output if result.ok else None,
+                    None if result.ok else (result.error or {"message": "step failed"}),
+                    [event.to_wire() for event in result.events] or None,
+                    held_by,
+                )
+            )
+        return resolutions
+
+    def _unmark(self, marks: Marks) -> None:
+        """The settles of ``marks`` are over (handed over, or failed)."""
+        if not marks:
+            return
+        with self._hand:
+            for _, waiter in marks:
+                waiter.settling -= 1
+        for _, waiter in marks:
+            if waiter.result is None:
+                # Not handed over: the settle failed (maybe after committing)
+                # or someone settled first; the store is the truth.
+                waiter.recheck = True
+            waiter.changed.set()
 
     async def on_results(self, results: list[StepResult]) -> None:
         """Settle a batch of results and wake the runs that can move on."""
         now = self.clock.now_ms()
         lease = self.lease_turns(len(results)) if self.resume_leased is not None else None
-        answers, leased = await self._settle(_resolutions(results), now, lease)
-        await self._settled(results, answers, leased, lease)
+        marks: Marks = []
+        try:
+            answers, leased = await self._settle(self._resolutions(results, marks), now, lease)
+            await self._settled(results, answers, leased, lease, marks)
+        finally:
+            self._unmark(marks)
 
     async def settle_taken(self, take: TakeResults) -> None:
         """Settle the batch ``take`` takes off the transport in the settle's
         own transaction (``SettlingConsumer``), then wake or resume its runs."""
         # As many woken runs as there are free turn slots, whatever the batch's size.
         lease = self.lease_turns(_TAKE_LEASE) if self.resume_leased is not None else None
-        results, answers, leased = await take(
-            _resolutions, self.clock.now_ms(), lease if lease and lease.limit > 0 else None
-        )
-        if results:
-            await self._settled(results, answers, leased, lease)
+        marks: Marks = []
+        try:
+            results, answers, leased = await take(
+                lambda taken: self._resolutions(taken, marks),
+                self.clock.now_ms(),
+                lease if lease and lease.limit > 0 else None,
+            )
+            if results:
+                await self._settled(results, answers, leased, lease, marks)
+        finally:
+            self._unmark(marks)
 
     async def _settled(
         self,
@@ -190,9 +249,11 @@ class StepDispatcher:
         answers: list[int | None],
         leased: Leased,
         lease: TurnLease | None,
+        marks: Marks,
     ) -> None:
         """After a settle: resume the runs it leased, hand results to their
-        in-memory waiters, wake the runs that can move on."""
+        in-memory waiters, wake the runs that can move on (and those whose
+        held turn let go of a result settled without a stamp)."""
         if leased:
             # Settled and leased in one transaction: their turns start here
             # now, with the histories read there (no wake, no second lease).
@@ -203,10 +264,12 @@ class StepDispatcher:
                 except Exception:
                     _log.exception("could not resume run %s after a step result", run.run_id)
         to_wake: dict[str, bool] = {}  # run id -> its wake was stamped by this settle
+        held = dict(marks)
         for result, left in zip(results, answers, strict=True):
             self._persisted.pop(result.step_id, None)
             waiter = self._live.get(result.step_id)
-            if waiter is not None:
+            marked = held.get(result.step_id)
+            if waiter is not None and (marked is None or waiter is marked):
                 # Its dispatcher holds the run's turn here; it returns the
                 # value itself, a wake would only cost another turn.
                 if left is None:
@@ -215,7 +278,7 @@ class StepDispatcher:
                     waiter.recheck = True
                 elif waiter.result is None:
                     waiter.result = result
-                if left is not None and (left == 0 or not result.ok):
+                if left is not None and (left == 0 or not result.ok) and marked is None:
                     # The settle stamped the held run's wake (it could not
                     # lease it): the notice of that stamp is not news here.
                     self.holds.own_stamp(result.run_id)
@@ -225,7 +288,10 @@ class StepDispatcher:
                 # left is None: already settled, or a duplicate; resuming
                 # again is harmless and covers a settler that died before
                 # waking the run.
-                to_wake[result.run_id] = to_wake.get(result.run_id, False) or left is not None
+                # A marked one (its held turn gone, cancelled or fenced) was
+                # maybe not stamped: the wake stamps it now.
+                stamped = left is not None and marked is None
+                to_wake[result.run_id] = to_wake.get(result.run_id, False) or stamped
         for run_id, stamped in to_wake.items():
             try:
                 await self._wake(run_id, stamped)

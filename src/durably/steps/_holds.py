@@ -77,6 +77,13 @@ class LiveStep:
     checkpoint instead of trusting what it heard."""
     released: bool = False
     """A hold told to let go now (:meth:`LiveHolds.release`)."""
+    owner: str | None = None
+    """The lease owner of the held turn (set while holding): a result for it
+    is settled with no wake stamp while that owner holds the run's lease."""
+    settling: int = 0
+    """Settles of a result for it under way without a stamp: it holds on."""
+    gone: bool = False
+    """It stopped waiting: a result from now on is settled with a stamp."""
 
 
 class _Latency:

@@ -202,6 +202,11 @@ class Resolution:
     events: list[dict[str, Any]] | None = None
     """The handler's log lines and sub-process events (upstream wire shape),
     stored as the checkpoint's ``events``; ``None``: it sent none."""
+    held_by: str | None = None
+    """The lease owner whose turn awaits this result in memory (a held turn,
+    to which the receiver hands it): while that owner holds the run's lease
+    (``locked_by``, ``locked_until`` after ``now``) this entry stamps no wake,
+    since that turn takes the result itself; otherwise it stamps as usual."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -724,7 +724,13 @@ class MemoryStore(MemoryWaits):
             )
         run = self._runs.get(run_id)
         wake = left == 0 or status is CheckpointStatus.FAILED
-        if wake and run is not None and run.status not in TERMINAL_STATUSES:
+        held = (
+            run is not None
+            and resolution.held_by is not None
+            and run.locked_by == resolution.held_by
+            and (run.locked_until or 0) > now
+        )
+        if wake and run is not None and run.status not in TERMINAL_STATUSES and not held:
             run.wake_requested_at = now
         if current.queue is not None:
             slot = self._slots.get(current.queue, {}).get(current.step_id)

@@ -1508,7 +1508,15 @@ class PostgresStore:
         if wake:
             # One statement for every run to wake (its row is locked already,
             # by this transaction or the caller's), not a round trip each.
-            await conn.execute(_WAKE_RUNS, now, sorted(wake), _TERMINAL, self.channel)
+            woken = sorted(wake)
+            held: dict[str, str | None] = {}  # run id -> its held turn's owner
+            for r in entries:
+                if r.run_id in wake:
+                    held[r.run_id] = (
+                        r.held_by if held.get(r.run_id, r.held_by) == r.held_by else None
+                    )
+            owners = [held.get(run_id) for run_id in woken]
+            await conn.execute(_WAKE_RUNS, now, woken, _TERMINAL, self.channel, owners)
         holding = [row for row in rows if row["queue"] is not None]
         if holding:
             await _lock_queues(conn, {row["queue"] for row in holding})
@@ -2179,9 +2187,12 @@ _LEASE_WOKEN = (
 transaction), with their histories, as ``start_turns`` does."""
 
 _WAKE_RUNS = (
-    "UPDATE durably_runs SET wake_requested_at = $1 "
-    "WHERE id = ANY($2::text[]) AND status <> ALL($3::text[]) "
-    f"RETURNING (SELECT pg_notify($4, '{StoreNotice.WAKE}:' || {notice_argument('id')})) IS NULL"
+    "UPDATE durably_runs r SET wake_requested_at = $1 "
+    "FROM unnest($2::text[], $5::text[]) AS v(run_id, held_by) "
+    "WHERE r.id = v.run_id AND r.status <> ALL($3::text[]) "
+    # Not while the held turn that takes the result holds the lease.
+    "AND NOT coalesce(r.locked_by = v.held_by AND r.locked_until > $1, false) "
+    f"RETURNING (SELECT pg_notify($4, '{StoreNotice.WAKE}:' || {notice_argument('r.id')})) IS NULL"
 )
 """:data:`_WAKE_RUN` for many runs in one statement (one notice each)."""
 

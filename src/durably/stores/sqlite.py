@@ -1672,8 +1672,9 @@ def _migrate(conn: sqlite3.Connection) -> None:
         )
 
 
-_Resolve = tuple[CheckpointStatus, str | None, str | None, str | None, str, int]
-"""One outcome to settle: status, output, error, events (JSON), run id, seq."""
+_Resolve = tuple[CheckpointStatus, str | None, str | None, str | None, str, int, str | None]
+"""One outcome to settle: status, output, error, events (JSON), run id, seq,
+and the owner whose held turn awaits it (``Resolution.held_by``)."""
 
 
 _READ_HISTORY = f"SELECT {CP_SELECT} FROM durably_checkpoints WHERE run_id = ? ORDER BY seq"
@@ -1738,7 +1739,15 @@ _TAKE_MESSAGES = """
 def _resolve_values(resolutions: list[Resolution]) -> list[_Resolve]:
     """The parameters of :func:`_resolve_all` (JSON encoded up front)."""
     return [
-        (r.status, dump_json(r.output), dump_json(r.error), dump_json(r.events), r.run_id, r.seq)
+        (
+            r.status,
+            dump_json(r.output),
+            dump_json(r.error),
+            dump_json(r.events),
+            r.run_id,
+            r.seq,
+            r.held_by,
+        )
         for r in resolutions
     ]
 
@@ -1758,7 +1767,8 @@ def _resolve_all(
     after the batch plus the entries after it that settled a pending sibling.
     """
     settled: list[tuple[int, str, str | None, bool, CheckpointStatus, str | None, int]] = []
-    for index, (status, output, error, events, run_id, seq) in enumerate(values):
+    held: dict[str, str | None] = {}  # run id -> its held turn's owner (None: any entry unheld)
+    for index, (status, output, error, events, run_id, seq, held_by) in enumerate(values):
         row = conn.execute(
             "SELECT status, parallel_group, queue FROM durably_checkpoints "
             "WHERE run_id = ? AND seq = ?",
@@ -1772,6 +1782,7 @@ def _resolve_all(
             (status.value, output, error, events, now, run_id, seq),
         )
         settled.append((index, run_id, row[1], row[0] == "pending", status, row[2], seq))
+        held[run_id] = held_by if held.get(run_id, held_by) == held_by else None
     pending: dict[tuple[str, str], int] = {}
     for key in {(run_id, group) for _, run_id, group, *_ in settled if group is not None}:
         pending[key] = conn.execute(
@@ -1794,10 +1805,12 @@ def _resolve_all(
     # ``lease`` (resolve_and_lease) takes some of them for a turn now: no stamp.
     taken = lease(sorted(wake)) if lease is not None else set()
     for run_id in sorted(wake - taken):
+        # Not while the held turn that takes the result holds the lease.
         conn.execute(
             "UPDATE durably_runs SET wake_requested_at = ? "
-            f"WHERE id = ? AND status NOT IN ({_TERMINAL_SQL})",
-            (now, run_id),
+            f"WHERE id = ? AND status NOT IN ({_TERMINAL_SQL}) "
+            "AND coalesce(locked_by = ? AND locked_until > ?, 0) = 0",
+            (now, run_id, held.get(run_id), now),
         )
     for _, run_id, _, _, _, queue, seq in settled:
         if queue is None:

@@ -373,6 +373,47 @@ async def test_resolve_checkpoints_settles_a_batch_in_order(store: StateStore) -
     assert await store.resolve_checkpoints([], NOW + 30) == []
 
 
+async def test_a_result_for_a_held_turn_stamps_no_wake_while_its_owner_holds_the_lease(
+    store: StateStore,
+) -> None:
+    """``Resolution.held_by``: the turn holding the run takes the result
+    itself, so no wake is stamped, but only while that owner holds the
+    lease; any other entry waking the run still stamps it."""
+    for run_id in ("held", "other", "expired", "mixed", "leasing"):
+        await _leased(store, run_id)
+        cps = [_make_cp(run_id, 1), _make_cp(run_id, 2)]
+        assert await store.save_checkpoints(cps, OWNER)
+    at = NOW + 10
+    answers = await store.resolve_checkpoints(
+        [
+            Resolution("held", 1, COMPLETED, output=1, held_by=OWNER),
+            Resolution("other", 1, COMPLETED, output=1, held_by="instance-b"),
+            Resolution("mixed", 1, COMPLETED, output=1, held_by=OWNER),
+            Resolution("mixed", 2, FAILED, error=ERROR),
+        ],
+        at,
+    )
+    assert answers == [0, 0, 0, 0]
+    assert await wake_of(store, "held") is None
+    assert await wake_of(store, "other") == at
+    assert await wake_of(store, "mixed") == at
+    held = await store.get_checkpoint("held", 1)
+    assert held is not None and (held.status, held.output) == (COMPLETED, 1)
+    # A lease that ran out protects nothing: whoever leases the run next must see it.
+    late = NOW + LEASE + 1
+    assert await store.resolve_checkpoints(
+        [Resolution("expired", 1, COMPLETED, held_by=OWNER)], late
+    ) == [0]
+    assert await wake_of(store, "expired") == late
+    # resolve_and_lease cannot lease a held run, and stamps it no more.
+    lease = TurnLease(OWNER, NOW + LEASE * 2, frozenset({RunStatus.SUSPENDED}), 10)
+    answers, leased = await store.resolve_and_lease(
+        [Resolution("leasing", 2, COMPLETED, held_by=OWNER)], at, lease
+    )
+    assert answers == [0] and leased == {}
+    assert await wake_of(store, "leasing") is None
+
+
 async def test_resolve_checkpoints_wakes_each_run_that_must_move_on(store: StateStore) -> None:
     await saved(store, _make_cp("done", 1, group="g"), _make_cp("done", 2, group="g"))
     await saved(store, _make_cp("failed", 1, group="g"), _make_cp("failed", 2, group="g"))
