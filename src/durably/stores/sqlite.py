@@ -659,6 +659,7 @@ class SqliteStore:
                     dump_json(end.report.events),
                     end.report.run_id,
                     end.report.seq,
+                    end.report.held_by,
                 ),
             )
             for end in ends
