@@ -16,6 +16,13 @@ latency holds observed, times :data:`_HEADROOM`, capped by the engine's
 hold would only occupy the turn's slot), except one call in
 :data:`_PROBE_EVERY`, so a step that got faster is noticed.
 
+A result this process's receiver hands to a hold is settled with no wake
+stamp (``Resolution.held_by``: none while the holder's lease lives), since
+the held turn takes it itself; while such a settle is under way the hold
+does not let go (``StepDispatcher.let_go``: a park then would see no stamp
+and nothing would wake the run), and if the hand-over fails all the same
+(the turn cancelled or fenced) the receiver wakes the run.
+
 No result may reach the holder at all: on ``db://`` any instance's receiver
 may take it, settle the step and stamp the run's wake (it cannot lease a run
 held here). On PostgreSQL that stamp's notice reaches the holder, which then
@@ -23,7 +30,9 @@ reads the step's checkpoint instead of waiting out its window
 (:meth:`LiveHolds.wake_heard`). The stamps of this process's own receiver
 notify it too; they are counted (:meth:`LiveHolds.own_stamp`) and skipped,
 and a notice is acted on a moment late, so one that overtook the hand-over
-of its own result is not taken for another instance's.
+of its own result is not taken for another instance's (holds themselves
+are no longer stamped: these are the stamps of steps with ``timeout``,
+awaited in memory the same way).
 
 A held turn keeps its concurrency slot (``max_concurrent_runs`` still bounds
 the turns in memory), but never makes another run wait for one: no hold
