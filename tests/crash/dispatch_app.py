@@ -55,15 +55,14 @@ def _kill_after_dispatched_checkpoint() -> None:
 def _kill_while_settling() -> None:
     """SIGKILL as results become resolutions: inside the settle's transaction
     where results are taken there, after their claim committed elsewhere."""
-    resolutions = getattr(_dispatcher, "_resolutions", None)
-    if resolutions is not None:
+    resolutions = _dispatcher.StepDispatcher._resolutions
 
-        def dying(results: Any) -> Any:
-            if results:  # a poll that found nothing settles nothing
-                _die()
-            return resolutions(results)
+    def dying(self: Any, results: Any, marks: Any) -> Any:
+        if results:  # a poll that found nothing settles nothing
+            _die()
+        return resolutions(self, results, marks)
 
-        _dispatcher._resolutions = dying
+    _dispatcher.StepDispatcher._resolutions = dying  # type: ignore[method-assign]
     original = _dispatcher.StepDispatcher.on_results
 
     async def on_results(self: Any, results: Any) -> None:
