@@ -347,3 +347,22 @@ def test_engine_and_client_both_answer_every_method_the_dashboard_calls() -> Non
     assert wanted >= {"store", "get_run", "history", "cancel", "retry", "signal"}
     for backend in (durably.Engine(store="memory://"), durably.Client("memory://")):
         assert wanted <= set(dir(backend)), backend
+
+
+async def test_a_run_stream_from_a_rendered_page_misses_no_change_made_before_it_began() -> None:
+    # The page is rendered, then its stream connects: a change committed in
+    # between was in the stream's first reading, so it was never pushed and
+    # the page stayed stale until some later change.
+    store = MemoryStore()
+    backend = durably.Engine(store=store, drive=False)
+    await backend.open()
+    now = 10_000_000
+    await store.create_run(Run("r", "wf", "1", RunStatus.PENDING, created_at=now, updated_at=now))
+    # ...the page renders here; then the run changes...
+    await store.create_run(Run("r-child", "wf", "1", RunStatus.PENDING, parent_id="r"))
+    stream = PollingChanges(backend, interval=0.01).run_changes("r", resync=True)
+    try:
+        await asyncio.wait_for(anext(stream), 5)  # the page re-reads
+    finally:
+        await stream.aclose()
+        await backend.close()

@@ -151,7 +151,7 @@ class Api:
 
         async def events() -> AsyncIterator[dict[str, str]]:
             if only is not None:
-                async for _ in self.live.run_changes(only):
+                async for _ in self.live.run_changes(only, resync=bool(since_text)):
                     yield {"event": "runs", "data": json.dumps([{"run_id": only}])}
             async for batch in self.live.changes(since):
                 data = json.dumps([run_summary(r) for r in batch])

@@ -85,8 +85,9 @@ class ChangeSource(Protocol):
     def changes(self, since_ms: int) -> AsyncIterator[list[Run]]:
         """Batches of runs changed after ``since_ms``, for as long as iterated."""
 
-    def run_changes(self, run_id: str) -> AsyncIterator[None]:
-        """One item each time the run, one of its steps or children changes."""
+    def run_changes(self, run_id: str, *, resync: bool = False) -> AsyncIterator[None]:
+        """One item each time the run, one of its steps or children changes;
+        with ``resync``, also one as soon as watching has begun."""
 
 
 class PollingChanges:
@@ -97,10 +98,17 @@ class PollingChanges:
         self._store = backend.store
         self._interval = interval
 
-    async def run_changes(self, run_id: str) -> AsyncIterator[None]:
-        """One item each time what the run's page shows changes."""
+    async def run_changes(self, run_id: str, *, resync: bool = False) -> AsyncIterator[None]:
+        """One item each time what the run's page shows changes; with
+        ``resync`` (a page rendered before this stream began), one first, once
+        watching has begun."""
         async with _Nudges(self._backend) as nudges:
             last = await self._signature(run_id)
+            if resync:
+                # A change committed between the page's render and the read
+                # above is in ``last`` already and would never be pushed: the
+                # page re-reads now, and every later change differs from ``last``.
+                yield None
             while True:
                 await nudges.wait(self._interval)
                 current = await self._signature(run_id)
