@@ -173,18 +173,12 @@ async def db_factory(request: pytest.FixtureRequest) -> AsyncIterator[TransportF
 @pytest.fixture
 async def prefix() -> AsyncIterator[str]:
     """A fresh key prefix on the test Redis; its keys are deleted afterwards."""
-    import redis.asyncio as aioredis  # the redis tests' own import: the others run without it
+    # Imported here: it needs redis, which the other transports' tests run without.
+    from on_redis.redis_fixtures import delete_prefix
 
     name = f"durably-test-{uuid.uuid4().hex[:12]}"
     yield name
-    client = aioredis.Redis.from_url(REDIS_TEST_URL)
-    try:
-        for pattern in (f"bull:{name}-*", f"{name}-*"):
-            keys = [key async for key in client.scan_iter(match=pattern, count=1000)]
-            if keys:
-                await client.delete(*keys)
-    finally:
-        await client.aclose()
+    await delete_prefix(REDIS_TEST_URL, name)
 
 
 @pytest.fixture
