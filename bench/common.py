@@ -45,6 +45,29 @@ def pg_base_url() -> str:
     return os.environ.get("BENCH_PG_URL", "postgresql://postgres@127.0.0.1:5432").rstrip("/")
 
 
+def run_id_shape() -> str:
+    """The run ids a bench's engine makes and ``grow.py seed`` copies: ``time`` (the engine's
+    own, time first) or ``random`` (``BENCH_RUN_IDS=random``: 128 random bits, the shape before
+    2026-12-05), so one source tree measures both."""
+    shape = os.environ.get("BENCH_RUN_IDS", "time")
+    if shape not in ("time", "random"):
+        raise SystemExit(f"BENCH_RUN_IDS must be time or random, not {shape!r}")
+    return shape
+
+
+def use_run_id_shape() -> None:
+    """Make this process's engines start runs with ids of :func:`run_id_shape`."""
+    if run_id_shape() == "random":
+        import random
+
+        import durably._start as start
+
+        def random_run_id(now_ms: int | None = None) -> str:
+            return f"{random.getrandbits(128):032x}"
+
+        start.new_run_id = random_run_id
+
+
 def make_target(db: str, name: str, workdir: Path) -> Target:
     """A fresh target named ``name`` (file ``name.db`` or database ``name``).
 

@@ -29,6 +29,7 @@ from common import (
     side_parser,
     throughput_result,
     timed_batch,
+    use_run_id_shape,
 )
 
 
@@ -39,6 +40,7 @@ async def trivial(i: int) -> int:
 def build_engine(t: Target) -> Any:
     import durably
 
+    use_run_id_shape()
     engine = durably.Engine(store=t.url)
 
     @engine.workflow("bench", version="1")

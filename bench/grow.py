@@ -30,10 +30,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import emit, error_result, make_target, prepare_workdir, reset_target
+from common import (
+    emit,
+    error_result,
+    make_target,
+    prepare_workdir,
+    reset_target,
+    run_id_shape,
+    use_run_id_shape,
+)
 
 HERE = Path(__file__).resolve().parent
-TEMPLATE = "grow-template"
 SPREAD_MS = 2_000  # one seeded run every 2 s of history: 1,000,000 runs ≈ 23 days
 CHUNK = 100_000
 
@@ -45,6 +52,7 @@ async def trivial(i: int) -> int:
 def build_engine(url: str, **kwargs: Any) -> Any:
     import durably
 
+    use_run_id_shape()
     engine = durably.Engine(store=url, **kwargs)
 
     @engine.workflow("bench", version="1")
@@ -82,7 +90,8 @@ async def seed(url: str, runs: int, k: int) -> dict[str, Any]:
 
     engine = build_engine(url)
     async with engine:
-        run = await engine.start("bench", k, run_id=TEMPLATE)
+        run = await engine.start("bench", k)  # its id has the shape the engine makes
+        template = run.run_id
         res = await engine.wait_for_run(run.run_id, terminal=True, timeout=60)
         if str(res.status) != "completed":
             raise RuntimeError(f"template run ended {res.status}")
@@ -91,11 +100,18 @@ async def seed(url: str, runs: int, k: int) -> dict[str, Any]:
     try:
         now = int(time.time() * 1000)
         run_cols = await columns(conn, "durably_runs")
-        # every column copied from the template except these
+        created = f"$2::bigint - ($3::bigint - g.i) * {SPREAD_MS}"
+        seeded_id = (
+            f"lpad(to_hex({created}), 12, '0') || left(md5(g.i::text), 20)"
+            if run_id_shape() == "time"
+            else "md5(g.i::text)"
+        )
+        # every column copied from the template except these; the ids have the shape the
+        # measured engine makes (run_id_shape): time first from created_at, or all random
         over = {
-            "id": "'old-' || lpad(g.i::text, 7, '0')",
-            "created_at": f"$2::bigint - ($3::bigint - g.i) * {SPREAD_MS}",
-            "updated_at": f"$2::bigint - ($3::bigint - g.i) * {SPREAD_MS} + 40",
+            "id": seeded_id,
+            "created_at": created,
+            "updated_at": f"{created} + 40",
             "status": "CASE WHEN g.i % 20 = 0 THEN 'failed' ELSE t.status END",
             "output": "CASE WHEN g.i % 20 = 0 THEN NULL ELSE t.output END",
             "error": (
@@ -113,7 +129,7 @@ async def seed(url: str, runs: int, k: int) -> dict[str, Any]:
         )
         cp_cols = await columns(conn, "durably_checkpoints")
         cp_over = {
-            "run_id": "'old-' || lpad(g.i::text, 7, '0')",
+            "run_id": seeded_id,
             "started_at": f"$2::bigint - ($3::bigint - g.i) * {SPREAD_MS} + c.seq * 5",
             "finished_at": f"$2::bigint - ($3::bigint - g.i) * {SPREAD_MS} + c.seq * 5 + 1",
         }
@@ -124,13 +140,13 @@ async def seed(url: str, runs: int, k: int) -> dict[str, Any]:
             " WHERE c.run_id = $1"
         )
         per_run = await conn.fetchval(
-            "SELECT count(*) FROM durably_checkpoints WHERE run_id = $1", TEMPLATE
+            "SELECT count(*) FROM durably_checkpoints WHERE run_id = $1", template
         )
         for lo in range(1, runs + 1, CHUNK):
             hi = min(runs, lo + CHUNK - 1)
             async with conn.transaction():
-                await conn.execute(run_sql, TEMPLATE, now, runs, lo, hi)
-                await conn.execute(cp_sql, TEMPLATE, now, runs, lo, hi)
+                await conn.execute(run_sql, template, now, runs, lo, hi)
+                await conn.execute(cp_sql, template, now, runs, lo, hi)
             print(f"seeded {hi:,} runs ({time.perf_counter() - t0:.0f} s)", flush=True)
         t_load = time.perf_counter() - t0
         await conn.execute("VACUUM ANALYZE durably_runs")

@@ -17,14 +17,13 @@ and buffers in one atomic store call, both under the event name's lock.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from . import _codec as codec
 from ._names import check_name as check_key
 from ._ops.waits import check_match, check_name
-from ._start import StartRun
+from ._start import StartRun, new_run_id
 from .errors import SchemaValidationError
 
 if TYPE_CHECKING:
@@ -99,10 +98,11 @@ class EventRouter:
             if definition.takes_input:
                 definition.validate_input(payload)
         await self._open()
+        now = self._clock.now_ms()
         delivery = await self._store.publish_event(
             name,
             payload,
-            self._clock.now_ms(),
+            now,
             event_id=event_id,
             buffer=buffer,
             triggered=len(workflows),
@@ -111,7 +111,9 @@ class EventRouter:
             await self._wake(run_id)
         # Started after the delivery, also for a duplicate: a publish retried
         # after a crash in between still starts them (idempotent by run id).
-        trigger_id = event_id or uuid.uuid4().hex
+        # Without an event id, a fresh one shaped like the engine's run ids
+        # (time first): the triggered runs' ids then sort by time too.
+        trigger_id = event_id or new_run_id(now)
         for workflow in workflows:
             takes_input = self._registry.get(workflow).takes_input
             await self._start(
