@@ -57,7 +57,7 @@ from ._rows import (
     schedule_from_row,
     schedule_params,
 )
-from ._sqlite_messages import SqliteMessageQueue, insert_messages
+from ._sqlite_messages import SqliteMessageQueue, free_messages, insert_messages
 from ._sqlite_schema import MIGRATIONS
 from ._sqlite_thread import SqliteThread
 from .base import (
@@ -1026,6 +1026,7 @@ class SqliteStore:
         params = checkpoint_params(checkpoint)
         run_id = checkpoint.run_id
         queue = self.messages()
+        free = free_messages(messages)
 
         def op(conn: sqlite3.Connection) -> bool:
             if not conn.execute(_HOLDS_LEASE, (run_id, owner)).fetchone():
@@ -1037,10 +1038,37 @@ class SqliteStore:
 
         def told(done: asyncio.Future[bool]) -> None:
             if not done.cancelled() and done.exception() is None and done.result():
-                queue.announce(messages)
+                queue.announce(free)
 
         future = self._db.submit(op)
-        future.add_done_callback(told)
+        if free:
+            future.add_done_callback(told)
+        return future
+
+    def save_checkpoint_claiming(
+        self, checkpoint: Checkpoint, owner: str, messages: list[OutMessage]
+    ) -> asyncio.Future[list[int] | None]:
+        """:meth:`save_checkpoint_sending` answering the ids of the messages
+        born claimed, or ``None`` if the lease was lost (``OutboxStore``)."""
+        params = checkpoint_params(checkpoint)
+        run_id = checkpoint.run_id
+        queue = self.messages()
+        free = free_messages(messages)
+
+        def op(conn: sqlite3.Connection) -> list[int] | None:
+            if not conn.execute(_HOLDS_LEASE, (run_id, owner)).fetchone():
+                return None
+            conn.execute(_UPSERT_CHECKPOINT, params)
+            queue.ready_in(conn)
+            return insert_messages(conn, messages)
+
+        def told(done: asyncio.Future[list[int] | None]) -> None:
+            if not done.cancelled() and done.exception() is None and done.result() is not None:
+                queue.announce(free)
+
+        future = self._db.submit(op)
+        if free:
+            future.add_done_callback(told)
         return future
 
     async def save_checkpoints(self, checkpoints: list[Checkpoint], owner: str) -> bool:
