@@ -43,7 +43,6 @@ import socket
 import uuid
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Collection
-from dataclasses import replace
 from functools import partial
 from typing import cast
 
@@ -296,7 +295,8 @@ class DbTransport:
             return store.save_checkpoint_sending(checkpoint, owner, messages)
         until = wall_ms() + self.lease_ms
         for i in born:
-            messages[i] = replace(messages[i], claimed_by=self.owner, claimed_until=until)
+            m = messages[i]  # not dataclasses.replace: measurably slower per step
+            messages[i] = OutMessage(m.topic, m.body, m.priority, m.available_at, self.owner, until)
         self._reserved += len(born)
         answer: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         store.save_checkpoint_claiming(checkpoint, owner, messages).add_done_callback(
