@@ -225,3 +225,23 @@ async def test_a_read_out_while_the_run_was_woken_here_answers_no_waiter() -> No
         assert (await task).status is RunStatus.COMPLETED
     finally:
         await watcher.close()
+
+
+async def test_waits_begun_together_read_and_mark_their_runs_together() -> None:
+    """A client waiting for a batch of runs it just started: their reads (and
+    marks) go out in batches, not one statement per run."""
+    store = _Watches()
+    for n in range(50):
+        store.runs[f"r{n}"] = _run(f"r{n}", RunStatus.RUNNING)
+    watcher = RunWatcher(store.get_runs, interval=60.0, watch_runs=store.watch_runs)
+    try:
+        read = await asyncio.gather(*(watcher.watch(f"r{n}") for n in [*range(50), 7]))
+        missing = await watcher.watch("missing")
+    finally:
+        await watcher.close()
+    assert [run.run_id if run else None for run in read] == [f"r{n}" for n in [*range(50), 7]]
+    assert missing is None
+    assert len(store.marked) <= 3  # the first alone, the rest together, then "missing"
+    assert sorted({i for batch in store.marked for i in batch}) == sorted(
+        [*(f"r{n}" for n in range(50)), "missing"]
+    )
