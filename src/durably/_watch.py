@@ -240,6 +240,12 @@ class RunWatcher:
                 ids = [run_id for run_id in self._poked if run_id in self._waiting]
                 net = False
             self._poked.clear()
+            # A run queued or executing here is answered by its own settle
+            # (_read would skip its row): reading it is waste, and with a
+            # thousand runs waited for while they run here, the net's reads
+            # were ~5% of a dispatched step's CPU on PostgreSQL.
+            here = self.runs_here
+            ids = [run_id for run_id in ids if not here(run_id)]
             for start in range(0, len(ids), 500):
                 chunk = ids[start : start + 500]
                 asked_at = self._wakes

@@ -547,7 +547,13 @@ class DbTransport:
             except Exception as exc:
                 _log.warning("could not extend the leases of %d task(s): %s", len(ids), exc)
                 continue
-            lost = [i for i in ids if i not in held and i in self._running]
+            # Not those deleted by the settle of their result (their handler
+            # is finishing): nobody else can run them.
+            lost = [
+                i
+                for i in ids
+                if i not in held and i in self._running and i not in self._settled_tasks
+            ]
             if lost:
                 _log.warning(
                     "%d running task(s) lost their claim; another worker may run them too",
