@@ -1832,7 +1832,11 @@ def _resolve_all(
         if left == 0 or status is CheckpointStatus.FAILED:
             wake.add(run_id)
     # ``lease`` (resolve_and_lease) takes some of them for a turn now: no stamp.
-    taken = lease(sorted(wake)) if lease is not None else set()
+    # Not a run a turn holds (every entry ``held_by``): it is running, not
+    # leasable, and a statement per held step found so (a lapsed holder is
+    # stamped below, and whoever leases the run next sees the result).
+    holding = {run_id for run_id, owner in held.items() if owner is not None}
+    taken = lease(sorted(wake - holding)) if lease is not None else set()
     for run_id in sorted(wake - taken):
         # Not while the held turn that takes the result holds the lease.
         conn.execute(
