@@ -1797,14 +1797,18 @@ def _resolve_all(
     """
     settled: list[tuple[int, str, str | None, bool, CheckpointStatus, str | None, int]] = []
     held: dict[str, str | None] = {}  # run id -> its held turn's owner (None: any entry unheld)
+    holder: dict[str, str | None] = {}  # run id -> who holds its lease now (None: nobody)
     for index, (status, output, error, events, run_id, seq, held_by) in enumerate(values):
         row = conn.execute(
-            "SELECT status, parallel_group, queue FROM durably_checkpoints "
-            "WHERE run_id = ? AND seq = ?",
-            (run_id, seq),
+            "SELECT c.status, c.parallel_group, c.queue, "
+            "CASE WHEN r.locked_until > ? THEN r.locked_by END "
+            "FROM durably_checkpoints c LEFT JOIN durably_runs r ON r.id = c.run_id "
+            "WHERE c.run_id = ? AND c.seq = ?",
+            (now, run_id, seq),
         ).fetchone()
         if row is None or row[0] in ("completed", "failed"):
             continue  # nothing to settle (a position named twice: settled by its first)
+        holder[run_id] = row[3]
         conn.execute(
             "UPDATE durably_checkpoints SET status = ?, output = ?, error = ?, events = ?, "
             "finished_at = ? WHERE run_id = ? AND seq = ?",
@@ -1838,7 +1842,12 @@ def _resolve_all(
     holding = {run_id for run_id, owner in held.items() if owner is not None}
     taken = lease(sorted(wake - holding)) if lease is not None else set()
     for run_id in sorted(wake - taken):
-        # Not while the held turn that takes the result holds the lease.
+        # Not while the held turn that takes the result holds the lease (read
+        # above, in this transaction: SQLite has one writer), which is the
+        # usual case: no statement then.
+        owner = held.get(run_id)
+        if owner is not None and holder.get(run_id) == owner:
+            continue
         conn.execute(
             "UPDATE durably_runs SET wake_requested_at = ? "
             f"WHERE id = ? AND status NOT IN ({_TERMINAL_SQL}) "
