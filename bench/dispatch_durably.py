@@ -252,6 +252,9 @@ async def _scenario(engine: Any, args: Any, prof: Profiler) -> dict[str, Any]:
             "released": holds.released,
             "rechecks": getattr(holds, "rechecks", 0),
         }
+    born = getattr(getattr(engine, "transport", None), "born", None)
+    if born is not None:
+        result["born_claimed"] = born
     return result
 
 

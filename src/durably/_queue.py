@@ -18,6 +18,12 @@ SQLite and PostgreSQL:
   dies does none of these: its messages become visible again once the lease
   has passed, and another consumer gets them (``deliveries`` grows).
 - **Delay.** A message with ``available_at`` in the future is invisible until then.
+- **Born claimed.** A message pushed with ``claimed_by`` set (with its
+  checkpoint, :meth:`OutboxStore.save_checkpoint_claiming`) is held by that
+  owner from its insert on, as if claimed then (its first delivery): the
+  ``db`` transport hands a task its own server has a free slot for straight
+  to it. Nobody is notified of it; if its holder dies, it comes back after
+  the lease like any claimed message.
 - **Wake-ups.** Every push notifies listeners of its topics (PostgreSQL
   ``NOTIFY``; SQLite only within this process), so consumers need not wait
   for their next poll; they still poll every :attr:`MessageQueue.poll_interval`
@@ -29,6 +35,7 @@ migrations: a deployment that never uses the queue never has it.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
@@ -77,6 +84,10 @@ class OutMessage:
     priority: int = 0
     available_at: int | None = None
     """Epoch ms before which no consumer sees it; ``None``: at once."""
+    claimed_by: str | None = None
+    """Born claimed by this owner (see the module docstring); ``None``: free."""
+    claimed_until: int | None = None
+    """The born claim's lease end (epoch ms), with ``claimed_by``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +165,15 @@ class OutboxStore(Protocol):
         order with it, and in the same transaction, if and only if the
         checkpoint was written (the lease held), push ``messages`` and notify
         their topics' listeners once committed."""
+        ...
+
+    def save_checkpoint_claiming(
+        self, checkpoint: Checkpoint, owner: str, messages: list[OutMessage]
+    ) -> asyncio.Future[list[int] | None]:
+        """:meth:`save_checkpoint_sending`, answering the ids of the messages
+        pushed born claimed (those with ``claimed_by``), in the order given;
+        ``None`` if the lease was lost (nothing written). Born claimed
+        messages notify nobody."""
         ...
 
 

@@ -24,6 +24,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 
 from ._aio import wait_event
+from ._batch import BatchCall
 from .model import Run, RunResult, RunStatus
 
 __all__ = ["RunWatcher"]
@@ -63,6 +64,10 @@ class RunWatcher:
         (:class:`~durably.stores.base.RunStatusStore`)."""
         self._get_runs = get_runs
         self._watch_runs = watch_runs or get_runs
+        # Many waits begun at once (a client starting a batch of runs, then
+        # waiting for each) read and mark their runs in one statement, not
+        # one each (a round trip per run on PostgreSQL).
+        self._watch_batch: BatchCall[str, Run | None] = BatchCall(self._watch_many)
         self._get_statuses = get_statuses
         self.interval = interval
         self._waiting: dict[str, list[_Entry]] = {}
@@ -81,8 +86,11 @@ class RunWatcher:
     async def watch(self, run_id: str) -> Run | None:
         """Read a run this process does not execute and mark it watched, so its
         settles elsewhere are announced here (then :meth:`wait` on it)."""
-        found = await self._watch_runs([run_id])
-        return found[0] if found else None
+        return await self._watch_batch(run_id)
+
+    async def _watch_many(self, run_ids: list[str]) -> list[Run | None]:
+        found = {run.run_id: run for run in await self._watch_runs(run_ids)}
+        return [found.get(run_id) for run_id in run_ids]
 
     async def wait(
         self, run: Run, statuses: frozenset[RunStatus], timeout: float | None
@@ -177,7 +185,8 @@ class RunWatcher:
     async def _marked(self, run_id: str) -> None:
         asked_at = self._wakes
         try:
-            runs = await self._watch_runs([run_id])
+            run = await self._watch_batch(run_id)
+            runs = [run] if run is not None else []
         except Exception:
             self._watched.discard(run_id)  # the poll remains the net
             return
@@ -231,6 +240,12 @@ class RunWatcher:
                 ids = [run_id for run_id in self._poked if run_id in self._waiting]
                 net = False
             self._poked.clear()
+            # A run queued or executing here is answered by its own settle
+            # (_read would skip its row): reading it is waste, and with a
+            # thousand runs waited for while they run here, the net's reads
+            # were ~5% of a dispatched step's CPU on PostgreSQL.
+            here = self.runs_here
+            ids = [run_id for run_id in ids if not here(run_id)]
             for start in range(0, len(ids), 500):
                 chunk = ids[start : start + 500]
                 asked_at = self._wakes

@@ -9,7 +9,12 @@ does). ``CRASH_KILL_AT`` makes it SIGKILL itself once, at one moment:
   resolutions (after the results were claimed, before they are settled);
 - ``held``: once a turn holding across a step (``step_hold``) has heard its
   result: the receiver settled the step, the turn continued it in memory,
-  and its next write may or may not have been queued.
+  and its next write may or may not have been queued;
+- ``born``: this engine serves the step too (its handler never completes
+  here), so its tasks are born claimed (inserted held by this process, with
+  a 1 s lease); it dies once such an insert committed, before the handler
+  runs. It prints ``born`` (or ``claimed``, had a claimed task reached its
+  handler first) just before.
 
 Configured by ``CRASH_DB``, ``CRASH_INSTANCE`` and ``CRASH_LEASE`` as ``app.py``.
 """
@@ -82,6 +87,28 @@ def _kill_when_a_hold_hears() -> None:
     LiveHolds.heard = heard  # type: ignore[method-assign]
 
 
+def _kill_when_born() -> None:
+    """SIGKILL once a write carrying a born claimed task committed."""
+    from durably.transports.db import DbTransport
+
+    born = DbTransport._born
+
+    def dying(self: Any, messages: Any, generation: int, answer: Any, written: Any) -> None:
+        if not written.cancelled() and written.exception() is None and written.result():
+            print("born", flush=True)
+            _die()
+        born(self, messages, generation, answer, written)
+
+    DbTransport._born = dying  # type: ignore[method-assign]
+
+
+async def work(data: Any) -> int:
+    """The step's handler in the ``born`` engine: never completes here."""
+    print("claimed", flush=True)
+    _die()
+    raise AssertionError("unreachable")
+
+
 async def pipeline(ctx: durably.WorkflowContext, n: int) -> int:
     total = n
     for seq in range(STEPS):
@@ -90,17 +117,27 @@ async def pipeline(ctx: durably.WorkflowContext, n: int) -> int:
 
 
 async def _serve() -> None:
+    store: Any = f"sqlite:///{DB}"
+    transport: Any = "db://"
+    if KILL_AT == "born":
+        from durably.transports.db import DbTransport
+
+        store = SqliteStore(store)
+        transport = DbTransport(store, lease_ms=1000, poll_interval=0.05)
     engine = durably.Engine(
-        f"sqlite:///{DB}",
-        transport="db://",
+        store,
+        transport=transport,
         instance_id=os.environ.get("CRASH_INSTANCE") or None,
         lease=os.environ.get("CRASH_LEASE", "1s"),
         max_recovery_attempts=50,
         poll_interval=0.05,
-        serve_steps=[],
+        serve_steps=["work"] if KILL_AT == "born" else [],
         step_hold="250ms",  # at most a quarter of the 1 s lease
     )
     engine.register("pipeline", pipeline)
+    if KILL_AT == "born":
+        engine.register_step("work", work)
+        _kill_when_born()
     if KILL_AT == "checkpoint":
         _kill_after_dispatched_checkpoint()
     elif KILL_AT == "settle":

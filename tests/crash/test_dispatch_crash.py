@@ -5,7 +5,10 @@ one (another instance id, so the runs come back through lease recovery)
 takes over. The test process serves the steps and keeps a ledger. Always:
 every run completes with the right output, every step executed exactly once
 (its worker never died, so its task was never delivered twice), and no
-completed step executed again.
+completed step executed again. With ``born`` the dying engine serves the
+step too and dies holding a born claimed task whose handler never ran: that
+task is delivered twice (born, then claimed by the test after the lease)
+and still executed once.
 """
 
 from __future__ import annotations
@@ -59,7 +62,7 @@ def _completed_already(db: Path, run_id: str, seq: int) -> bool:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kill_at", ["checkpoint", "settle", "held"])
+@pytest.mark.parametrize("kill_at", ["checkpoint", "settle", "held", "born"])
 async def test_a_sigkill_loses_no_dispatched_step_and_runs_none_twice(
     tmp_path: Path, kill_at: str
 ) -> None:
@@ -93,6 +96,9 @@ async def test_a_sigkill_loses_no_dispatched_step_and_runs_none_twice(
         for i in range(RUNS):
             await client.start("pipeline", i, run_id=f"run-{i:02}")
         assert await asyncio.to_thread(first.wait, 60) == -signal.SIGKILL
+        if kill_at == "born":  # it died holding a born claimed task, not a claimed one
+            assert first.stdout is not None
+            assert b"born" in first.stdout.read().split()
         second = _spawn(db, "heir")
 
         async def all_completed() -> bool:

@@ -225,3 +225,56 @@ async def test_a_read_out_while_the_run_was_woken_here_answers_no_waiter() -> No
         assert (await task).status is RunStatus.COMPLETED
     finally:
         await watcher.close()
+
+
+async def test_waits_begun_together_read_and_mark_their_runs_together() -> None:
+    """A client waiting for a batch of runs it just started: their reads (and
+    marks) go out in batches, not one statement per run."""
+    store = _Watches()
+    for n in range(50):
+        store.runs[f"r{n}"] = _run(f"r{n}", RunStatus.RUNNING)
+    watcher = RunWatcher(store.get_runs, interval=60.0, watch_runs=store.watch_runs)
+    try:
+        read = await asyncio.gather(*(watcher.watch(f"r{n}") for n in [*range(50), 7]))
+        missing = await watcher.watch("missing")
+    finally:
+        await watcher.close()
+    assert [run.run_id if run else None for run in read] == [f"r{n}" for n in [*range(50), 7]]
+    assert missing is None
+    assert len(store.marked) <= 3  # the first alone, the rest together, then "missing"
+    assert sorted({i for batch in store.marked for i in batch}) == sorted(
+        [*(f"r{n}" for n in range(50)), "missing"]
+    )
+
+
+async def test_the_safety_net_reads_no_run_that_runs_here() -> None:
+    """Runs queued or executing in this process are answered by their own
+    settles: the interval poll reads only the others (a thousand waits for
+    runs executing here made each poll a read of a thousand statuses)."""
+    store = _Statuses()
+    ids = [f"r{i}" for i in range(20)]
+    for run_id in ids:
+        store.runs[run_id] = _run(run_id, RunStatus.RUNNING)
+    asked: list[str] = []
+    statuses = store.get_run_statuses
+
+    async def reading(run_ids: list[str]) -> dict[str, RunStatus]:
+        asked.extend(run_ids)
+        return await statuses(run_ids)
+
+    watcher = RunWatcher(
+        store.get_runs, interval=0.01, watch_runs=store.watch_runs, get_statuses=reading
+    )
+    here = set(ids[:15])
+    watcher.runs_here = here.__contains__
+    try:
+        waiting = [asyncio.create_task(watcher.wait_local(i, _DONE, timeout=30.0)) for i in ids]
+        await asyncio.wait_for(store.polled_thrice.wait(), 30)  # a hang guard
+        assert set(asked) == set(ids[15:])
+        watcher.settled(RunResult("r3", RunStatus.COMPLETED, output=3))  # its own settle
+        assert (await waiting[3]).output == 3
+        for task in waiting:
+            task.cancel()
+        await asyncio.gather(*waiting, return_exceptions=True)
+    finally:
+        await watcher.close()

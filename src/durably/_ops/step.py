@@ -329,18 +329,12 @@ class StepRunner:
                         # A result is being settled for it without a stamp:
                         # parking now could lose it; its settle is a moment.
                         left = float("inf")
-                    # A timer that sets the event, not wait_for: no task per wait.
+                    # The holds' shared alarm sets the event, not wait_for:
+                    # no task, nor timer, per wait.
                     waiter.changed.clear()
-                    timer = (
-                        asyncio.get_running_loop().call_later(left / 1000, waiter.changed.set)
-                        if left != float("inf")
-                        else None
-                    )
-                    try:
-                        await waiter.changed.wait()
-                    finally:
-                        if timer is not None:
-                            timer.cancel()
+                    if left != float("inf"):
+                        steps.holds.alarm(waiter, deadline)
+                    await waiter.changed.wait()
                     turn.ensure_open()
 
     async def _recheck(self, seq: int, waiter: LiveStep) -> Checkpoint | None:

@@ -11,10 +11,9 @@ not hear them, does not fail over a live worker.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import threading
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Protocol
 
@@ -53,6 +52,29 @@ _TAKE_LEASE = 256
 
 Marks = list[tuple[str, LiveStep]]
 """The held waiters a settle marked (step id, waiter): see :meth:`StepDispatcher._resolutions`."""
+
+
+class _Live:
+    """:meth:`StepDispatcher.live`'s context: the waiter registered while
+    inside (a class: a generator-based one per step was measurable)."""
+
+    __slots__ = ("_dispatcher", "_step_id", "_waiter")
+
+    def __init__(self, dispatcher: StepDispatcher, step_id: str) -> None:
+        self._dispatcher = dispatcher
+        self._step_id = step_id
+
+    def __enter__(self) -> LiveStep:
+        waiter = self._waiter = LiveStep()
+        self._dispatcher._live[self._step_id] = waiter
+        return waiter
+
+    def __exit__(self, *exc: object) -> None:
+        waiter, live = self._waiter, self._dispatcher._live
+        with self._dispatcher._hand:
+            waiter.gone = True
+        if live.get(self._step_id) is waiter:
+            del live[self._step_id]
 
 
 class StepDispatcher:
@@ -148,19 +170,10 @@ class StepDispatcher:
             await self.dispatch(tasks)
         return len(tasks)
 
-    @contextlib.contextmanager
-    def live(self, step_id: str) -> Iterator[LiveStep]:
+    def live(self, step_id: str) -> _Live:
         """Register an in-memory waiter for ``step_id`` (before dispatching it,
-        so an inline result cannot slip past)."""
-        waiter = LiveStep()
-        self._live[step_id] = waiter
-        try:
-            yield waiter
-        finally:
-            with self._hand:
-                waiter.gone = True
-            if self._live.get(step_id) is waiter:
-                del self._live[step_id]
+        so an inline result cannot slip past), as a context manager."""
+        return _Live(self, step_id)
 
     def let_go(self, waiter: LiveStep) -> bool:
         """Whether a held ``waiter`` may stop waiting (and its turn park): not

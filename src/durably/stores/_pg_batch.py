@@ -102,33 +102,46 @@ _BATCH = f"""
     FROM settled
 """
 
-# _BATCH that also pushes the tasks of the dispatched steps it writes (the
-# ``db`` transport's messages, OutboxStore): a task goes in only with its
-# checkpoint (joined on ``held``, so a lost lease sends nothing), in the
-# order given, and its topic is notified at commit as a push would.
 _BATCH_SENDING = (
     _BATCH.replace(
         """
     SELECT run_id AS id, seq, NULL::boolean AS notified FROM held""",
         """
     , pushed AS (
-        INSERT INTO durably_messages (topic, body, priority, available_at, created_at)
-        SELECT m.topic, m.body, m.priority, 0, $35::bigint
-        FROM unnest($30::text[], $31::integer[], $32::text[], $33::text[], $34::integer[])
-            WITH ORDINALITY AS m(run_id, seq, topic, body, priority, n)
+        INSERT INTO durably_messages (topic, body, priority, available_at, created_at,
+                                      claimed_by, claimed_until, deliveries)
+        SELECT m.topic, m.body, m.priority, 0, $35::bigint, m.claimed_by, m.claimed_until,
+            CASE WHEN m.claimed_by IS NULL THEN 0 ELSE 1 END
+        FROM unnest($30::text[], $31::integer[], $32::text[], $33::text[], $34::integer[],
+                    $36::text[], $37::bigint[])
+            WITH ORDINALITY AS m(run_id, seq, topic, body, priority, claimed_by, claimed_until, n)
         JOIN held h ON h.run_id = m.run_id AND h.seq = m.seq
         ORDER BY m.n
-        RETURNING topic
+        RETURNING id, topic, claimed_by
     )
-    SELECT run_id AS id, seq, NULL::boolean AS notified FROM held""",
+    SELECT run_id AS id, seq, NULL::boolean AS notified, NULL::bigint AS message FROM held""",
+    ).replace(
+        """IS NULL
+    FROM settled""",
+        """IS NULL, NULL
+    FROM settled""",
     )
     + f"""
     UNION ALL
     SELECT NULL, NULL,
-        pg_notify($28, '{StoreNotice.MESSAGE}:' || {notice_argument("t.topic")}) IS NULL
-    FROM (SELECT DISTINCT topic FROM pushed) AS t
+        pg_notify($28, '{StoreNotice.MESSAGE}:' || {notice_argument("t.topic")}) IS NULL, NULL
+    FROM (SELECT DISTINCT topic FROM pushed WHERE claimed_by IS NULL) AS t
+    UNION ALL
+    SELECT NULL, NULL, NULL, id FROM pushed WHERE claimed_by IS NOT NULL
 """
 )
+"""_BATCH that also pushes the tasks of the dispatched steps it writes (the
+``db`` transport's messages, OutboxStore): a task goes in only with its
+checkpoint (joined on ``held``, so a lost lease sends nothing), in the order
+given, and its topic is notified at commit as a push would. A task born
+claimed (``claimed_by``) notifies nobody; its id comes back in ``message``
+(ids follow the insert's order, ``m.n``)."""
+
 
 # The latency path: a lone run's last result and its terminal settle. Plain
 # parameters instead of one array per column, and the settle's own lease check
@@ -184,8 +197,12 @@ Acquire = Callable[[], AbstractAsyncContextManager[Any]]
 _LINGER = 6
 _RESULTS = frozenset({"completed", "running"})
 
-_Outbox = dict[tuple[str, int], list[OutMessage]]
-"""Messages to push, by the (run id, seq) of the checkpoint they go out with."""
+Born = asyncio.Future[list[int]]
+"""Answers a writer the ids of its messages pushed born claimed."""
+
+_Outbox = dict[tuple[str, int], list[tuple[OutMessage, Born | None]]]
+"""Messages to push, by the (run id, seq) of the checkpoint they go out with;
+a born claimed one with its writer's :data:`Born`."""
 
 
 class PgWriteBatcher:
@@ -216,15 +233,20 @@ class PgWriteBatcher:
         params: tuple[Any, ...],
         owner: str,
         messages: list[OutMessage] | None = None,
+        born: Born | None = None,
     ) -> asyncio.Future[bool]:
         """Queue a fenced upsert (``params`` as the store's checkpoint tuple);
-        ``messages`` go into the queue in its transaction if it is written."""
+        ``messages`` go into the queue in its transaction if it is written,
+        and ``born`` hears the ids of those born claimed, once it is (before
+        the answer)."""
         future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         key = (params[0], params[1])
         if messages:
             # Kept if a later write of the position supersedes this one: the
             # caller heard nothing yet, so both are one write to it.
-            self._outbox.setdefault(key, []).extend(messages)
+            self._outbox.setdefault(key, []).extend(
+                (m, born if m.claimed_by is not None else None) for m in messages
+            )
         # A later write of the same position within one batch supersedes the
         # earlier one (a multi-row upsert may touch each row once).
         waiting = self._checkpoints.pop(key, None)
@@ -360,13 +382,16 @@ class PgWriteBatcher:
         delivered = False
         try:
             async with self._acquire() as conn:
-                held, settled = await self._write(conn, checkpoints, settles, outbox)
+                held, settled, born = await self._write(conn, checkpoints, settles, outbox)
                 # Committed: answer now, not after the connection's release.
                 # Settles first: a settle's turn hands its run's outcome to the
                 # caller waiting on it, so it goes first in the loop's queue
                 # (ahead of the callbacks collecting the checkpoint writes).
                 for (_, settle_future), result in zip(settles, settled, strict=True):
                     _resolve(settle_future, result)
+                # Born ids before the answers: a writer reads them on its answer.
+                for writer, ids in born.items():
+                    _resolve(writer, ids)
                 for key, (_, futures) in checkpoints.items():
                     for future in futures:
                         _resolve(future, key in held)
@@ -421,7 +446,7 @@ class PgWriteBatcher:
         checkpoints: dict[tuple[str, int], tuple[tuple[Any, ...], list[asyncio.Future[bool]]]],
         settles: list[tuple[tuple[Any, ...], asyncio.Future[SettleResult]]],
         outbox: _Outbox,
-    ) -> tuple[set[tuple[str, int]], list[SettleResult]]:
+    ) -> tuple[set[tuple[str, int]], list[SettleResult], dict[Born, list[int]]]:
         cp_rows = [row for row, _ in checkpoints.values()]
         if len(cp_rows) == 1 and len(settles) == 1 and not outbox:
             row, settle = cp_rows[0], settles[0][0]
@@ -430,8 +455,8 @@ class PgWriteBatcher:
                 final = _FINAL if settle[8] else _FINAL_NO_WAITERS
                 done = await conn.fetchval(final, *row, *settle[2:7], self._channel)
                 if done is None:
-                    return set(), [SettleResult.LOST]
-                return {(row[0], row[1])}, [SettleResult.SETTLED]
+                    return set(), [SettleResult.LOST], {}
+                return {(row[0], row[1])}, [SettleResult.SETTLED], {}
         # A run settles once per turn, and a turn awaits its settle; should one
         # appear twice anyway, only its first settle goes in the statement.
         first: dict[str, tuple[Any, ...]] = {}
@@ -440,18 +465,27 @@ class PgWriteBatcher:
         settle_rows = [params[:8] for params in first.values()]
         runs = list({row[0] for row in cp_rows} | first.keys())
         args: list[Any] = [*_columns(cp_rows, 19), *_columns(settle_rows, 8), self._channel, runs]
+        sent = [(key, m, writer) for key, entries in outbox.items() for m, writer in entries]
         if outbox:
-            sent = [(key, m) for key, messages in outbox.items() for m in messages]
             args += [
-                [key[0] for key, _ in sent],
-                [key[1] for key, _ in sent],
-                [m.topic for _, m in sent],
-                [m.body for _, m in sent],
-                [int(m.priority) for _, m in sent],
+                [key[0] for key, _, _ in sent],
+                [key[1] for key, _, _ in sent],
+                [m.topic for _, m, _ in sent],
+                [m.body for _, m, _ in sent],
+                [int(m.priority) for _, m, _ in sent],
                 int(time.time() * 1000),
+                [m.claimed_by for _, m, _ in sent],
+                [m.claimed_until for _, m, _ in sent],
             ]
         rows = await conn.fetch(_BATCH_SENDING if outbox else _BATCH, *args)
         held = {(row["id"], row["seq"]) for row in rows if row["seq"] is not None}
+        born: dict[Born, list[int]] = {}
+        if any(writer is not None for _, _, writer in sent):
+            # In insert order (m.n): the born rows of the held checkpoints, in order.
+            ids = iter(sorted(row["message"] for row in rows if row["message"] is not None))
+            for key, _, writer in sent:
+                if writer is not None and key in held:
+                    born.setdefault(writer, []).append(next(ids))
         done = {row["id"] for row in rows if row["seq"] is None and row["id"] is not None}
         missed = [p for p in settle_rows if p[0] not in done]
         still_held: set[str] = set()
@@ -467,7 +501,7 @@ class PgWriteBatcher:
                 results.append(SettleResult.WAKE_REQUESTED)
             else:
                 results.append(SettleResult.LOST)
-        return held, results
+        return held, results, born
 
 
 def _columns(rows: list[tuple[Any, ...]], width: int) -> list[list[Any]]:

@@ -25,7 +25,7 @@ from .._queue import PUSH_CHUNK, Listener, Message, OutMessage, Unlisten
 if TYPE_CHECKING:
     from ._sqlite_thread import SqliteThread
 
-__all__ = ["SqliteMessageQueue", "insert_messages"]
+__all__ = ["SqliteMessageQueue", "free_messages", "insert_messages"]
 
 _T = TypeVar("_T")
 
@@ -88,7 +88,7 @@ class SqliteMessageQueue:
         if not messages:
             return
         await self._run(lambda conn: insert_messages(conn, messages))
-        self.announce(messages)
+        self.announce(free_messages(messages))
 
     async def claim(
         self, topics: list[str], owner: str, limit: int, lease_ms: int, now: int
@@ -202,10 +202,15 @@ class SqliteMessageQueue:
                     loop.call_soon_threadsafe(listener, kind, argument)
 
 
-def insert_messages(conn: sqlite3.Connection, messages: list[OutMessage]) -> None:
-    """Insert ``messages`` in order (multi-row INSERTs), in the caller's transaction."""
+def insert_messages(conn: sqlite3.Connection, messages: list[OutMessage]) -> list[int]:
+    """Insert ``messages`` (multi-row INSERTs), in the caller's transaction;
+    the ids of those born claimed (``claimed_by`` set), in order."""
     created = int(time.time() * 1000)
-    rows = [(m.topic, m.body, int(m.priority), int(m.available_at or 0), created) for m in messages]
+    rows = [
+        (m.topic, m.body, int(m.priority), int(m.available_at or 0), created)
+        for m in messages
+        if m.claimed_by is None
+    ]
     most = conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) // 5
     chunk = max(1, min(PUSH_CHUNK, most))
     for start in range(0, len(rows), chunk):
@@ -216,6 +221,40 @@ def insert_messages(conn: sqlite3.Connection, messages: list[OutMessage]) -> Non
             f"(topic, body, priority, available_at, created_at) VALUES {marks}",
             [value for row in part for value in row],
         )
+    if len(rows) == len(messages):
+        return []
+    # One row each (a step's task, usually alone): its id is the insert's rowid.
+    born: list[int] = []
+    for m in messages:
+        if m.claimed_by is not None:
+            cursor = conn.execute(_INSERT_BORN, _born_row(m, created))
+            assert cursor.lastrowid is not None
+            born.append(cursor.lastrowid)
+    return born
+
+
+_INSERT_BORN = (
+    "INSERT INTO durably_messages (topic, body, priority, available_at, created_at, "
+    "claimed_by, claimed_until, deliveries) VALUES (?,?,?,?,?,?,?,1)"
+)
+
+
+def _born_row(m: OutMessage, created: int) -> tuple[object, ...]:
+    """The values of :data:`_INSERT_BORN` for ``m``: held as claimed once."""
+    return (
+        m.topic,
+        m.body,
+        int(m.priority),
+        int(m.available_at or 0),
+        created,
+        m.claimed_by,
+        m.claimed_until,
+    )
+
+
+def free_messages(messages: list[OutMessage]) -> list[OutMessage]:
+    """Those of ``messages`` not born claimed: the ones to announce."""
+    return [m for m in messages if m.claimed_by is None]
 
 
 def _create(conn: sqlite3.Connection) -> None:

@@ -57,7 +57,7 @@ from ._rows import (
     schedule_from_row,
     schedule_params,
 )
-from ._sqlite_messages import SqliteMessageQueue, insert_messages
+from ._sqlite_messages import SqliteMessageQueue, free_messages, insert_messages
 from ._sqlite_schema import MIGRATIONS
 from ._sqlite_thread import SqliteThread
 from .base import (
@@ -1026,6 +1026,7 @@ class SqliteStore:
         params = checkpoint_params(checkpoint)
         run_id = checkpoint.run_id
         queue = self.messages()
+        free = free_messages(messages)
 
         def op(conn: sqlite3.Connection) -> bool:
             if not conn.execute(_HOLDS_LEASE, (run_id, owner)).fetchone():
@@ -1037,10 +1038,37 @@ class SqliteStore:
 
         def told(done: asyncio.Future[bool]) -> None:
             if not done.cancelled() and done.exception() is None and done.result():
-                queue.announce(messages)
+                queue.announce(free)
 
         future = self._db.submit(op)
-        future.add_done_callback(told)
+        if free:
+            future.add_done_callback(told)
+        return future
+
+    def save_checkpoint_claiming(
+        self, checkpoint: Checkpoint, owner: str, messages: list[OutMessage]
+    ) -> asyncio.Future[list[int] | None]:
+        """:meth:`save_checkpoint_sending` answering the ids of the messages
+        born claimed, or ``None`` if the lease was lost (``OutboxStore``)."""
+        params = checkpoint_params(checkpoint)
+        run_id = checkpoint.run_id
+        queue = self.messages()
+        free = free_messages(messages)
+
+        def op(conn: sqlite3.Connection) -> list[int] | None:
+            if not conn.execute(_HOLDS_LEASE, (run_id, owner)).fetchone():
+                return None
+            conn.execute(_UPSERT_CHECKPOINT, params)
+            queue.ready_in(conn)
+            return insert_messages(conn, messages)
+
+        def told(done: asyncio.Future[list[int] | None]) -> None:
+            if not done.cancelled() and done.exception() is None and done.result() is not None:
+                queue.announce(free)
+
+        future = self._db.submit(op)
+        if free:
+            future.add_done_callback(told)
         return future
 
     async def save_checkpoints(self, checkpoints: list[Checkpoint], owner: str) -> bool:
@@ -1769,14 +1797,18 @@ def _resolve_all(
     """
     settled: list[tuple[int, str, str | None, bool, CheckpointStatus, str | None, int]] = []
     held: dict[str, str | None] = {}  # run id -> its held turn's owner (None: any entry unheld)
+    holder: dict[str, str | None] = {}  # run id -> who holds its lease now (None: nobody)
     for index, (status, output, error, events, run_id, seq, held_by) in enumerate(values):
         row = conn.execute(
-            "SELECT status, parallel_group, queue FROM durably_checkpoints "
-            "WHERE run_id = ? AND seq = ?",
-            (run_id, seq),
+            "SELECT c.status, c.parallel_group, c.queue, "
+            "CASE WHEN r.locked_until > ? THEN r.locked_by END "
+            "FROM durably_checkpoints c LEFT JOIN durably_runs r ON r.id = c.run_id "
+            "WHERE c.run_id = ? AND c.seq = ?",
+            (now, run_id, seq),
         ).fetchone()
         if row is None or row[0] in ("completed", "failed"):
             continue  # nothing to settle (a position named twice: settled by its first)
+        holder[run_id] = row[3]
         conn.execute(
             "UPDATE durably_checkpoints SET status = ?, output = ?, error = ?, events = ?, "
             "finished_at = ? WHERE run_id = ? AND seq = ?",
@@ -1804,9 +1836,18 @@ def _resolve_all(
         if left == 0 or status is CheckpointStatus.FAILED:
             wake.add(run_id)
     # ``lease`` (resolve_and_lease) takes some of them for a turn now: no stamp.
-    taken = lease(sorted(wake)) if lease is not None else set()
+    # Not a run a turn holds (every entry ``held_by``): it is running, not
+    # leasable, and a statement per held step found so (a lapsed holder is
+    # stamped below, and whoever leases the run next sees the result).
+    holding = {run_id for run_id, owner in held.items() if owner is not None}
+    taken = lease(sorted(wake - holding)) if lease is not None else set()
     for run_id in sorted(wake - taken):
-        # Not while the held turn that takes the result holds the lease.
+        # Not while the held turn that takes the result holds the lease (read
+        # above, in this transaction: SQLite has one writer), which is the
+        # usual case: no statement then.
+        owner = held.get(run_id)
+        if owner is not None and holder.get(run_id) == owner:
+            continue
         conn.execute(
             "UPDATE durably_runs SET wake_requested_at = ? "
             f"WHERE id = ? AND status NOT IN ({_TERMINAL_SQL}) "

@@ -306,3 +306,126 @@ async def test_a_failed_settle_keeps_the_served_tasks(store: StateStore) -> None
             [RESULTS], 256, NOW, broken, NOW + 50, None, delete=[tasks[0].id]
         )
     assert await store.messages().depth([TOPIC]) == {TOPIC: 1}  # type: ignore[attr-defined]
+
+
+def _born(body: str, owner: str = "server", until: int = NOW + 30_000) -> OutMessage:
+    """A task pushed born claimed by ``owner`` until ``until``."""
+    return OutMessage(TOPIC, body, claimed_by=owner, claimed_until=until)
+
+
+async def test_a_task_born_claimed_is_held_by_its_owner_until_its_lease(
+    store: StateStore,
+) -> None:
+    """``save_checkpoint_claiming``: the born claimed task's id comes back;
+    nobody else claims it before its lease ends, and after it anybody does
+    (its second delivery); the free task next to it is claimable at once."""
+    outbox = _outbox(store)
+    await _ready(store)
+    await _leased(store, "r1")
+
+    ids = await outbox.save_checkpoint_claiming(
+        dispatched_cp("r1", 1), OWNER, [OutMessage(TOPIC, "free"), _born("born")]
+    )
+
+    assert ids is not None and len(ids) == 1
+    queue = store.messages()  # type: ignore[attr-defined]
+    early = await queue.claim([TOPIC], "other", 10, 30_000, NOW + 29_999)
+    assert [m.body for m in early] == ["free"]
+    late = await queue.claim([TOPIC], "other", 10, 30_000, NOW + 30_001)
+    assert [(m.id, m.body, m.deliveries) for m in late] == [(ids[0], "born", 2)]
+    assert (await store.load_checkpoints("r1"))[1].dispatched_at == NOW + 1
+
+
+async def test_a_born_claimed_task_can_be_extended_acked_and_handed_back_by_its_owner(
+    store: StateStore,
+) -> None:
+    outbox = _outbox(store)
+    await _ready(store)
+    await _leased(store, "r1")
+    queue = store.messages()  # type: ignore[attr-defined]
+
+    ids = await outbox.save_checkpoint_claiming(
+        dispatched_cp("r1", 1), OWNER, [_born("a"), _born("b")]
+    )
+
+    assert ids is not None and len(ids) == 2
+    assert await queue.extend(ids, "server", 60_000, NOW + 1) == ids
+    assert await queue.extend(ids, "other", 60_000, NOW + 1) == []
+    await queue.ack([ids[0]])
+    await queue.release([ids[1]], "server")
+    again = await queue.claim([TOPIC], "other", 10, 30_000, NOW + 2)
+    assert [(m.id, m.body) for m in again] == [(ids[1], "b")]
+
+
+async def test_a_born_claimed_task_whose_lease_is_lost_is_not_written(
+    store: StateStore,
+) -> None:
+    outbox = _outbox(store)
+    await _ready(store)
+    await _leased(store, "r1", owner="someone-else")
+
+    ids = await outbox.save_checkpoint_claiming(dispatched_cp("r1", 1), OWNER, [_born("born")])
+
+    assert ids is None
+    assert await store.load_checkpoints("r1") == {}
+    assert await store.messages().depth() == {}  # type: ignore[attr-defined]
+
+
+async def test_many_born_claimed_writes_together_each_hear_their_own_ids(
+    store: StateStore,
+) -> None:
+    """Concurrent turns' writes batched together: each writer gets the ids of
+    its own born claimed tasks (in its order), the lost one gets ``None``."""
+    outbox = _outbox(store)
+    await _ready(store)
+    runs = [f"run-{n:02}" for n in range(20)]
+    for run_id in runs:
+        await _leased(store, run_id)
+    await _leased(store, "lost", owner="someone-else")
+
+    writes = [
+        outbox.save_checkpoint_claiming(
+            dispatched_cp(run_id, 1),
+            OWNER,
+            [_born(f"{run_id}:a"), OutMessage(TOPIC, f"{run_id}:free"), _born(f"{run_id}:b")]
+            if n % 2
+            else [OutMessage(TOPIC, f"{run_id}:free")],
+        )
+        for n, run_id in enumerate(runs)
+    ]
+    writes.append(outbox.save_checkpoint_claiming(dispatched_cp("lost", 1), OWNER, [_born("x")]))
+    answers = await asyncio.gather(*writes)
+
+    assert answers[-1] is None
+    free = await store.messages().claim([TOPIC], "reader", 1_000, 60_000, NOW)  # type: ignore[attr-defined]
+    assert sorted(m.body for m in free) == sorted(f"{r}:free" for r in runs)
+    born = await store.messages().claim([TOPIC], "reader", 1_000, 30_000, NOW + 30_001)  # type: ignore[attr-defined]
+    body_of = {m.id: m.body for m in born}
+    for n, (run_id, ids) in enumerate(zip(runs, answers[:-1], strict=True)):
+        expected = [f"{run_id}:a", f"{run_id}:b"] if n % 2 else []
+        assert ids is not None and [body_of[i] for i in ids] == expected
+    assert len(body_of) == 20
+
+
+async def test_two_store_objects_writing_born_claimed_tasks_at_once_get_distinct_ids(
+    store_factory: StoreFactory,
+) -> None:
+    a, b = await store_factory(), await store_factory()
+    _outbox(a)
+    await _ready(a)
+    runs = [f"race-{n:02}" for n in range(30)]
+    for run_id in runs:
+        await _leased(a, run_id)
+
+    answers = await asyncio.gather(
+        *(
+            (a if n % 2 else b).save_checkpoint_claiming(  # type: ignore[attr-defined]
+                dispatched_cp(run_id, 1), OWNER, [_born(run_id)]
+            )
+            for n, run_id in enumerate(runs)
+        )
+    )
+
+    born = await a.messages().claim([TOPIC], "reader", 100, 30_000, NOW + 30_001)  # type: ignore[attr-defined]
+    body_of = {m.id: m.body for m in born}
+    assert [body_of[ids[0]] for ids in answers] == runs
