@@ -27,6 +27,7 @@ from durably.transports.redis._batched import (
     run_scripts,
     take_script,
 )
+from durably.transports.redis._bullmq import _BatchWorker
 from durably.wire import Heartbeat, StepResult, StepTask
 
 from .conftest import REDIS_TEST_URL, wait_until
@@ -312,3 +313,47 @@ async def test_a_task_stalled_too_often_is_answered_as_failed_not_run(
     finally:
         await server.close()
         await engine.close()
+
+
+async def _noop(*_: Any) -> None:
+    return None
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {},
+        {"stc": "2", "atm": "1", "ats": "3"},
+        {"defa": "job stalled more than allowable limit", "progress": "42"},
+        {"returnvalue": '"x"', "finishedOn": "1700000000999"},  # bullmq's own path
+        {"parentKey": "bull:p:1", "parent": '{"id":"1","queueKey":"bull:p"}'},
+    ],
+)
+async def test_a_taken_job_is_the_job_bullmq_would_build(
+    prefix: str, client: aioredis.Redis, extra: dict[str, str]
+) -> None:
+    # The worker builds a taken job from a template per name and options
+    # instead of bullmq's Job.fromJSON: every field must be what fromJSON
+    # gives, for a job of ours and for one a bullmq producer added with
+    # options we never use, each job with a data, opts and stacktrace of its own.
+    queue = Queue(f"{prefix}-q", {"connection": client})
+    ours = {"removeOnComplete": True, "removeOnFail": {"age": 86_400}, "priority": 9}
+    await run_scripts(client, [add_job_call(queue.scripts, "task", {"n": 1}, ours)])
+    theirs = {"attempts": 3, "backoff": {"type": "fixed", "delay": 10}, "lifo": True}
+    await queue.add("other", {"n": [2, None]}, theirs)
+    taken, _ = await Taker(queue, client).take(5)
+    assert len(taken) == 2
+    worker = _BatchWorker(
+        f"{prefix}-q", _noop, {"connection": REDIS_TEST_URL, "autorun": False}, _noop
+    )
+    try:
+        for raw, job_id in taken + taken:  # the second time from the template
+            raw = {**raw, **extra}
+            built, expected = worker._job(raw, job_id), Job.fromJSON(worker, raw, job_id)
+            assert type(built) is Job
+            assert vars(built) == vars(expected)
+            again = worker._job(raw, job_id)
+            assert again.opts is not built.opts and again.stacktrace is not built.stacktrace
+            assert again.data is not built.data
+    finally:
+        await worker.close()

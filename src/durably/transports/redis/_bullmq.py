@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import json
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
@@ -24,6 +25,7 @@ from bullmq import Job as _BullJob
 from bullmq import Queue as _BullQueue
 from bullmq import Worker as _BullWorker
 from bullmq.custom_errors import UnrecoverableError, WaitingChildrenError
+from bullmq.job import optsFromJSON
 from bullmq.timer import Timer
 
 from ..._logs import engine_logger
@@ -84,6 +86,14 @@ _BatchProcessor = Callable[[list[Any]], Awaitable[list[bool]]]
 """Processes a fetch's jobs at once: for each, whether to complete it (False:
 it was handed back already, and is neither completed nor failed)."""
 _GiveBack = Callable[[str, _Job, str], Awaitable[None]]
+
+_PLAIN_FIELDS = frozenset(
+    ("name", "data", "opts", "timestamp", "delay", "priority", "processedOn", "ats", "atm",
+     "attemptsMade", "stc", "defa", "progress")
+)  # fmt: skip
+"""The fields of a job hash :meth:`_BatchWorker._job` builds the job from itself."""
+_TEMPLATES = 256
+"""Job templates kept per worker (one per job name and options seen)."""
 
 _TAKE_MAX = 100
 """Jobs taken in one script call at most (Redis runs nothing else meanwhile)."""
@@ -198,6 +208,7 @@ class _BatchWorker(_BullWorker):  # type: ignore[misc]  # bullmq is untyped
         self._take = take_script(Script.of(self.scripts.commands["moveToActive"]))
         self._finishing: Collector[tuple[Any, Any, str], None] = Collector(self._finish_many)
         self._batches = 0
+        self._templates: dict[tuple[Any, str], dict[str, Any]] = {}
 
     async def run(self) -> None:
         if self.running:
@@ -344,7 +355,7 @@ class _BatchWorker(_BullWorker):  # type: ignore[misc]  # bullmq is untyped
         self.blockUntil = delay_until if self.drained else 0
         jobs = []
         for i, (raw, job_id) in enumerate(taken, start=1):
-            job = _BullJob.fromJSON(self, raw, job_id)
+            job = self._job(raw, job_id)
             job.token = f"{token}:{i}"
             jobs.append(job)
         if self.closing:
@@ -353,6 +364,45 @@ class _BatchWorker(_BullWorker):  # type: ignore[misc]  # bullmq is untyped
                 await self._give_back(self.name, job, job.token)
             return []
         return jobs
+
+    def _job(self, raw: dict[str, str], job_id: str) -> Any:
+        """``Job.fromJSON(self, raw, job_id)``, the same job, built from a
+        copy of a template per job name and options (bullmq builds and parses
+        those per job: a step's most expensive client-side line after the
+        round trips). A hash with any field a plain job taken from its queue
+        does not have (a parent, a return value, a repeat key…) goes through
+        bullmq's own ``fromJSON``."""
+        if not raw.keys() <= _PLAIN_FIELDS:
+            return _BullJob.fromJSON(self, raw, job_id)
+        shape = (raw.get("name"), raw.get("opts", "{}"))
+        template = self._templates.get(shape)
+        if template is None:
+            built = _BullJob(self, shape[0], None, optsFromJSON(json.loads(shape[1])))
+            if built.parent is not None:  # a parent's options: kept per job by bullmq
+                return _BullJob.fromJSON(self, raw, job_id)
+            if len(self._templates) >= _TEMPLATES:
+                self._templates.clear()
+            template = self._templates[shape] = vars(built)
+        job = _BullJob.__new__(_BullJob)
+        fields = vars(job)
+        fields.update(template)
+        fields["opts"] = dict(template["opts"])
+        fields["stacktrace"] = []
+        fields["data"] = json.loads(raw.get("data", "{}"))
+        fields["id"] = job_id
+        fields["progress"] = json.loads(raw["progress"]) if "progress" in raw else 0
+        fields["delay"] = int(raw.get("delay", "0"))
+        fields["priority"] = int(raw.get("priority", "0"))
+        fields["timestamp"] = int(raw.get("timestamp", "0"))
+        if raw.get("processedOn"):
+            fields["processedOn"] = int(raw["processedOn"])
+        if raw.get("ats"):
+            fields["attemptsStarted"] = int(raw["ats"])
+        fields["attemptsMade"] = int(raw.get("attemptsMade") or raw.get("atm") or "0")
+        fields["stalledCounter"] = int(raw.get("stc") or "0")
+        if raw.get("defa"):
+            fields["deferredFailure"] = raw["defa"]
+        return job
 
     async def processJob(self, job: Any, token: str) -> None:
         """bullmq's ``processJob``, with the completion batched."""
