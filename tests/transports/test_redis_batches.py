@@ -55,6 +55,9 @@ class Taker:
         {"removeOnComplete": True, "removeOnFail": {"age": 86_400}, "priority": 1_048_571},
         {"removeOnComplete": True, "removeOnFail": True},
         {"removeOnComplete": True, "removeOnFail": True, "priority": 7, "lifo": False},
+        # a run queue's start: its own job id
+        {"removeOnComplete": True, "removeOnFail": True, "priority": 5, "jobId": "start-ab12"},
+        {"removeOnComplete": True, "removeOnFail": True, "jobId": "start-cd34"},
     ],
 )
 async def test_an_added_job_is_what_bullmq_would_add_byte_for_byte(

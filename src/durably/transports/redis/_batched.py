@@ -245,13 +245,14 @@ def added_job(
     """The script call adding a job, as bullmq's ``Queue.add`` would make it
     (a prioritized or a standard job, the same KEYS and ARGV byte for byte),
     without building a bullmq ``Job``; options are packed once per shape."""
-    if any(opts.get(k) for k in ("delay", "jobId", "parent", "deduplication", "backoff")):
+    if any(opts.get(k) for k in ("delay", "parent", "deduplication", "backoff")):
         raise ValueError("such jobs are added through bullmq")
     script = "addPrioritizedJob" if opts.get("priority") else "addStandardJob"
     keys = scripts.keys
     now = round(time.time() * 1000) if timestamp is None else timestamp
+    custom_id = opts.get("jobId") or ""  # the script keeps the first job of an id
     packed = msgpack.packb(
-        [keys[""], "", name, now, None, None, None, None, None], use_bin_type=True
+        [keys[""], custom_id, name, now, None, None, None, None, None], use_bin_type=True
     )
     return AddedJob(
         Script.of(scripts.commands[script]),

@@ -227,7 +227,14 @@ class RedisTransport:
     def run_queue(self) -> RedisRuns:
         """The fleet's run queue, on BullMQ (see :mod:`durably._run_queue`).
         Available once :meth:`open` ran."""
-        return RedisRuns(self.names, self._connect_url, self._redis(), self._queue, self._give_back)
+        return RedisRuns(
+            self.names,
+            self._connect_url,
+            self._redis(),
+            self._queue,
+            self._give_back,
+            self._adding.add,
+        )
 
     # -- pub/sub -----------------------------------------------------------------------
 
