@@ -426,8 +426,19 @@ class RedisTransport:
             ) from exc
 
     async def send_result(self, result: StepResult) -> None:
-        """Add the result to the results queue."""
+        """Settle the result here if this instance consumes results, else (or
+        if that settle failed) add it to the results queue.
+
+        A result settled here is one this instance would have been free to
+        take off the queue itself (results go to whichever instance takes them
+        first): it skips the queue's add, take and finish. The task it answers
+        is completed only after this returns, so a crash before the settle
+        leaves the task job held and BullMQ's stalled check delivers it again,
+        as after a crash before the result job was added."""
         self._redis()
+        here = self._on_results is not None and not self._closing
+        if here and await self._settle_here([result]):
+            return
         job = {"name": "result", "data": result.to_wire(), "opts": dict(_OTHER_JOB_OPTS)}
         try:
             await self._adding.add([(self.names.results, job)])
@@ -700,16 +711,20 @@ class RedisTransport:
                 _log.error("dropping a malformed result (job %s): %s", job.id, exc)
         if not results:
             return [True] * len(jobs)
-        done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._batch.append((results, done))
-        if self._flush is None or self._flush.done():
-            self._flush = asyncio.create_task(self._flush_soon())
-        if await done:
+        if await self._settle_here(results):
             return [True] * len(jobs)
         for job in parsed:
             await self._give_back(queue, job, job.token, self.redeliver_delay_ms)
         again = {id(job) for job in parsed}
         return [id(job) not in again for job in jobs]
+
+    async def _settle_here(self, results: list[StepResult]) -> bool:
+        """Settle ``results`` with the others taken meanwhile; whether they were."""
+        done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._batch.append((results, done))
+        if self._flush is None or self._flush.done():
+            self._flush = asyncio.create_task(self._flush_soon())
+        return await done
 
     async def _flush_soon(self) -> None:
         while self._batch:
