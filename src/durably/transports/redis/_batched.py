@@ -48,14 +48,15 @@ for i = 1, tonumber(ARGV[4]) do
   local got = bullmq_move_to_active(KEYS, take_argv)
   taken[#taken + 1] = got
   if type(got[1]) ~= 'table' then
-    -- Ran dry: with nothing left waiting, consume the wake-up marker (as the
-    -- BZPOPMIN a BullMQ worker blocks on next would), so this worker blocks
-    -- at once instead of popping the marker its own take put back.
-    if redis.call('LLEN', KEYS[1]) == 0 and redis.call('ZCARD', KEYS[3]) == 0 then
-      redis.call('ZREM', KEYS[11], '0')
-    end
     break
   end
+end
+-- Nothing left waiting: consume the wake-up marker (as the BZPOPMIN a
+-- BullMQ worker blocks on next would), so this worker blocks at once instead
+-- of popping the marker its own take put back, and no other worker wakes for
+-- a job taken here (an add and a take in one transaction: see _add_jobs).
+if redis.call('LLEN', KEYS[1]) == 0 and redis.call('ZCARD', KEYS[3]) == 0 then
+  redis.call('ZREM', KEYS[11], '0')
 end
 return taken
 """
@@ -94,10 +95,10 @@ def take_script(move_to_active: Script) -> Script:
     """BullMQ's ``moveToActive`` (same KEYS, ARGV 1-3) run up to ``ARGV[4]``
     times in one call; returns the list of its replies, ending at the first
     that holds no job. The token in the opts (ARGV[3]) gets ``:1``, ``:2``…
-    appended, one per job taken. A call that runs dry with no job left
-    waiting removes the queue's base marker (``0``; a delayed job's marker
-    ``1`` stays): the caller blocks on the marker next, and would otherwise
-    pop the one its own take put back and take nothing."""
+    appended, one per job taken. A call that leaves no job waiting removes
+    the queue's base marker (``0``; a delayed job's marker ``1`` stays): the
+    caller blocks on the marker next, and would otherwise pop the one its
+    own take put back (or an add just before it) and take nothing."""
     return _wrapped("bullmq_move_to_active", move_to_active, _TAKE_TAIL)
 
 

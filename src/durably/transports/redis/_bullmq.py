@@ -126,6 +126,12 @@ class _Consumer:
         self._give_back = give_back
         self._loop = asyncio.create_task(self._run(queue), name=f"durably-{queue}")
 
+    def reserve(self, wanted: int) -> Reserved | None:
+        """Room for up to ``wanted`` jobs taken by a call of the caller's (see
+        :meth:`_BatchWorker.reserve`); None: no room, or closing."""
+        worker: _BatchWorker = self.worker  # type: ignore[assignment]
+        return worker.reserve(wanted)
+
     async def _run(self, queue: str) -> None:
         try:
             await self.worker.run()
@@ -177,6 +183,31 @@ def _worker_error(queue: str) -> Callable[..., None]:
     return report
 
 
+class Reserved:
+    """Room a worker keeps for the jobs a caller's take call takes
+    (:meth:`_BatchWorker.reserve`): send :attr:`call` (after the adds, in the
+    same transaction), then hand its reply to :meth:`taken`, or call
+    :meth:`cancel` if it did not run."""
+
+    def __init__(self, worker: _BatchWorker, call: Call, token: str, room: int) -> None:
+        self.call = call
+        """The take script call (BullMQ's ``moveToActive``, up to ``room`` times)."""
+        self._worker = worker
+        self._token = token
+        self._room = room
+
+    def taken(self, reply: Any) -> int:
+        """Start the jobs the call took (or hand them back if the worker is
+        closing); give the rest of the room back. How many it took."""
+        room, self._room = self._room, 0
+        return self._worker.taken(reply, self._token, room)
+
+    def cancel(self) -> None:
+        """The call did not run: give the room back."""
+        room, self._room = self._room, 0
+        self._worker.release(room)
+
+
 class _BatchWorker(_BullWorker):  # type: ignore[misc]  # bullmq is untyped
     """bullmq's worker, taking and finishing jobs many at a time.
 
@@ -208,6 +239,9 @@ class _BatchWorker(_BullWorker):  # type: ignore[misc]  # bullmq is untyped
         self._take = take_script(Script.of(self.scripts.commands["moveToActive"]))
         self._finishing: Collector[tuple[Any, Any, str], None] = Collector(self._finish_many)
         self._batches = 0
+        self._fetching = 0
+        self.handed = 0
+        """Jobs taken by callers' take calls (:meth:`reserve`), for tests."""
         self._templates: dict[tuple[Any, str], dict[str, Any]] = {}
 
     async def run(self) -> None:
@@ -265,8 +299,41 @@ class _BatchWorker(_BullWorker):  # type: ignore[misc]  # bullmq is untyped
         self._room.set()
         await super().close(force)
 
-    def _start(self, job: Any) -> None:
-        self._busy += 1
+    def reserve(self, wanted: int) -> Reserved | None:
+        """Keep room for up to ``wanted`` jobs for a take call the caller
+        sends itself (in the transaction adding them: the jobs it adds and
+        this worker would take next are taken in the same round trip, each
+        locked by a token of this worker's, as its own fetch would). None:
+        no room (counting a fetch of its own under way), or closing."""
+        if self.closing or not self.running:
+            return None
+        room = min(wanted, self.opts["concurrency"] - self._busy - self._fetching, _TAKE_MAX)
+        if room <= 0:
+            return None
+        self._busy += room
+        self._batches += 1
+        token = f"{self.id}:{self._batches}"
+        keys, args = move_to_active_args(self.keys, token, self.opts["lockDuration"], room)
+        return Reserved(self, Call(self._take, keys, args), token, room)
+
+    def release(self, room: int) -> None:
+        """Give back room kept by :meth:`reserve`."""
+        self._busy -= room
+        self._room.set()
+
+    def taken(self, reply: Any, token: str, room: int) -> int:
+        """Start the jobs a reserved take call took; release the rest of its room."""
+        jobs = [] if isinstance(reply, BaseException) else self._jobs(parse_taken(reply)[0], token)
+        self.release(room - len(jobs))
+        self.handed += len(jobs)
+        for job in jobs:
+            # Started even if closing: its processor hands it back at once.
+            self._start(job, reserved=True)
+        return len(jobs)
+
+    def _start(self, job: Any, reserved: bool = False) -> None:
+        if not reserved:
+            self._busy += 1
         task = asyncio.ensure_future(self.processJob(job, job.token))
         self.processing.add(task)
         task.add_done_callback(self._ended)
@@ -345,24 +412,38 @@ class _BatchWorker(_BullWorker):  # type: ignore[misc]  # bullmq is untyped
                 self.waiting = None
             if self.blockUntil > 0 and self.blockUntil > int(time.time() * 1000):
                 return []  # the next job is a delayed one: wait until it is due
+            # Callers' take calls may have used the room meanwhile (reserve).
+            room = min(room, self.opts["concurrency"] - self._busy)
+            if room <= 0:
+                self.drained = False  # the marker is consumed: take at once next time
+                return []
         token = f"{self.id}:{batch}"
         keys, args = move_to_active_args(self.keys, token, self.opts["lockDuration"], room)
-        (reply,) = await run_scripts(self.client, [Call(self._take, keys, args)])
+        self._fetching = room
+        try:
+            (reply,) = await run_scripts(self.client, [Call(self._take, keys, args)])
+        finally:
+            self._fetching = 0
         if isinstance(reply, BaseException):
             raise reply
         taken, delay_until = parse_taken(reply)
-        self.drained = len(taken) < room
+        jobs = self._jobs(taken, token)
+        self.drained = len(jobs) < room
         self.blockUntil = delay_until if self.drained else 0
-        jobs = []
-        for i, (raw, job_id) in enumerate(taken, start=1):
-            job = self._job(raw, job_id)
-            job.token = f"{token}:{i}"
-            jobs.append(job)
         if self.closing:
             # Taken while closing: nobody here will process them.
             for job in jobs:
                 await self._give_back(self.name, job, job.token)
             return []
+        return jobs
+
+    def _jobs(self, taken: list[tuple[dict[str, str], str]], token: str) -> list[Any]:
+        """The jobs a take call took (:func:`parse_taken`), each with its lock token."""
+        jobs = []
+        for i, (raw, job_id) in enumerate(taken, start=1):
+            job = self._job(raw, job_id)
+            job.token = f"{token}:{i}"
+            jobs.append(job)
         return jobs
 
     def _job(self, raw: dict[str, str], job_id: str) -> Any:

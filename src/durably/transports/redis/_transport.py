@@ -452,12 +452,14 @@ class RedisTransport:
         transaction, one looped add script call per queue and job shape;
         each batch fails alone if a job of it is refused."""
         groups: dict[tuple[str, tuple[str, ...], bytes], list[tuple[int, AddedJob]]] = {}
+        added_to: dict[str, int] = {}
         for owner, batch in enumerate(batches):
             for name, job in batch:
                 scripts = self._queue(name).backend.scripts
                 added = added_job(scripts, job["name"], job["data"], job["opts"])
                 key = (added.script.sha, added.keys, added.packed)
                 groups.setdefault(key, []).append((owner, added))
+                added_to[name] = added_to.get(name, 0) + 1
         calls, members = [], []
         for group in groups.values():
             for start in range(0, len(group), CALL_MAX):
@@ -467,9 +469,29 @@ class RedisTransport:
                 script = add_script(first.script)
                 calls.append(add_call(script, first.keys, first.packed, first.timestamp, jobs))
                 members.append([owner for owner, _ in part])
-        replies = await run_scripts(self._redis(), calls, transaction=True)
+        # Tasks for a group this instance serves, with room: its worker takes
+        # them (or whatever it would take next) in the same transaction, each
+        # locked by its own token, instead of waking on the queue's marker and
+        # fetching them in a round trip of its own. Other consumers see what
+        # a fetch of that worker's right after the add would leave them.
+        serving = {consumer.queue: consumer for consumer in self._workers}
+        takes = []
+        for name, count in added_to.items():
+            consumer = serving.get(name)
+            reserved = consumer.reserve(count) if consumer is not None else None
+            if reserved is not None:
+                takes.append(reserved)
+                calls.append(reserved.call)
+        try:
+            replies = await run_scripts(self._redis(), calls, transaction=True)
+        except BaseException:
+            for reserved in takes:
+                reserved.cancel()
+            raise
+        for reserved, reply in zip(takes, replies[len(members) :], strict=True):
+            reserved.taken(reply)
         outcomes: list[BaseException | None] = [None] * len(batches)
-        for owners, reply in zip(members, replies, strict=True):
+        for owners, reply in zip(members, replies[: len(members)], strict=True):
             each = reply if isinstance(reply, list) else [reply] * len(owners)
             for owner, one in zip(owners, each, strict=True):
                 try:
