@@ -97,6 +97,10 @@ class RedisRuns:
         """Jobs taken and not yet finished or handed back."""
         return len(self._held)
 
+    def consumer(self, queue: str) -> _Consumer | None:
+        """The consumer taking ``queue``'s runs here, if any."""
+        return self._consumers.get(queue)
+
     @property
     def consuming(self) -> bool:
         """Whether this instance takes runs."""

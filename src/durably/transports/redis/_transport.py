@@ -128,6 +128,7 @@ class RedisTransport:
         """Subscriptions replaced by the watchdog (for tests and metrics)."""
         self.malformed: dict[str, int] = {}
         """Malformed messages dropped, per channel."""
+        self._run_queues: list[RedisRuns] = []
         # tasks and results added, batched while the previous batch is written
         self._adding: Collector[list[tuple[str, dict[str, Any]]], None] = Collector(self._add_jobs)
 
@@ -227,7 +228,7 @@ class RedisTransport:
     def run_queue(self) -> RedisRuns:
         """The fleet's run queue, on BullMQ (see :mod:`durably._run_queue`).
         Available once :meth:`open` ran."""
-        return RedisRuns(
+        runs = RedisRuns(
             self.names,
             self._connect_url,
             self._redis(),
@@ -235,6 +236,8 @@ class RedisTransport:
             self._give_back,
             self._adding.add,
         )
+        self._run_queues.append(runs)
+        return runs
 
     # -- pub/sub -----------------------------------------------------------------------
 
@@ -469,15 +472,15 @@ class RedisTransport:
                 script = add_script(first.script)
                 calls.append(add_call(script, first.keys, first.packed, first.timestamp, jobs))
                 members.append([owner for owner, _ in part])
-        # Tasks for a group this instance serves, with room: its worker takes
-        # them (or whatever it would take next) in the same transaction, each
-        # locked by its own token, instead of waking on the queue's marker and
-        # fetching them in a round trip of its own. Other consumers see what
-        # a fetch of that worker's right after the add would leave them.
-        serving = {consumer.queue: consumer for consumer in self._workers}
+        # Jobs for a queue this instance consumes (a group it serves, a pool
+        # whose runs it takes), with room: its worker takes them (or whatever
+        # it would take next) in the same transaction, each locked by a token
+        # of its own, instead of waking on the queue's marker and fetching
+        # them in a round trip of its own. Other consumers see what a fetch
+        # of that worker's right after the add would leave them.
         takes = []
         for name, count in added_to.items():
-            consumer = serving.get(name)
+            consumer = self._consumer_of(name)
             reserved = consumer.reserve(count) if consumer is not None else None
             if reserved is not None:
                 takes.append(reserved)
@@ -499,6 +502,17 @@ class RedisTransport:
                 except Exception as exc:
                     outcomes[owner] = outcomes[owner] or exc
         return outcomes
+
+    def _consumer_of(self, queue: str) -> _Consumer | None:
+        """This instance's consumer of ``queue`` (step tasks or runs), if any."""
+        for consumer in self._workers:
+            if consumer.queue == queue:
+                return consumer
+        for runs in self._run_queues:
+            found = runs.consumer(queue)
+            if found is not None:
+                return found
+        return None
 
     async def send_heartbeat(self, beat: Heartbeat) -> None:
         """Publish the beat, and keep it as the step's latest for late listeners."""
