@@ -26,7 +26,7 @@ import json
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
 import hiredis
 import msgpack  # type: ignore[import-untyped]  # bullmq's own dependency
@@ -225,8 +225,7 @@ _ADD_KEYS = {
 }  # fmt: skip
 
 
-@dataclass(frozen=True, slots=True)
-class AddedJob:
+class AddedJob(NamedTuple):
     """What bullmq's ``Queue.add`` would send for one job, taken apart: the
     script (``addPrioritizedJob`` or ``addStandardJob``) and its KEYS, then
     its ARGV: the packed arguments (name, timestamp…), the data JSON, the
@@ -250,19 +249,32 @@ def added_job(
         raise ValueError("such jobs are added through bullmq")
     script = "addPrioritizedJob" if opts.get("priority") else "addStandardJob"
     keys = scripts.keys
+    prefix = keys[""]
+    shape = _ADD_SHAPES.get((prefix, script))
+    if shape is None:
+        if len(_ADD_SHAPES) >= 1024:
+            _ADD_SHAPES.clear()
+        shape = _ADD_SHAPES[prefix, script] = (
+            Script.of(scripts.commands[script]),
+            tuple(keys[k] for k in _ADD_KEYS[script]),
+        )
     now = round(time.time() * 1000) if timestamp is None else timestamp
     custom_id = opts.get("jobId") or ""  # the script keeps the first job of an id
-    packed = msgpack.packb(
-        [keys[""], custom_id, name, now, None, None, None, None, None], use_bin_type=True
-    )
-    return AddedJob(
-        Script.of(scripts.commands[script]),
-        tuple(keys[k] for k in _ADD_KEYS[script]),
-        packed,
-        compact_json(data),
-        _packed_opts(opts),
-        now,
-    )
+    args = (prefix, custom_id, name, now)
+    packed = _PACKED_ARGS.get(args)
+    if packed is None:
+        if len(_PACKED_ARGS) >= 256:
+            _PACKED_ARGS.clear()
+        packed = _PACKED_ARGS[args] = msgpack.packb(
+            [prefix, custom_id, name, now, None, None, None, None, None], use_bin_type=True
+        )
+    return AddedJob(shape[0], shape[1], packed, compact_json(data), _packed_opts(opts), now)
+
+
+_ADD_SHAPES: dict[tuple[str, str], tuple[Script, tuple[str, ...]]] = {}
+"""An add script and its KEYS, per queue (key prefix) and script name."""
+_PACKED_ARGS: dict[tuple[str, str, str, int], bytes] = {}
+"""Packed add arguments (the jobs of a burst share a millisecond)."""
 
 
 def add_job_call(
