@@ -529,7 +529,8 @@ class _BatchWorker(_BullWorker):  # type: ignore[misc]  # bullmq is untyped
                     job.attempts,
                     job.attemptsMade,
                 )
-                jobs.append((job.id, compact_json(result), packed))
+                value = "null" if result is None else compact_json(result)
+                jobs.append((job.id, value, packed))
             calls.append(finish_call(script, self.keys, jobs, now))
         replies = await run_scripts(self.client, calls)
         outcomes: list[BaseException | None] = []
