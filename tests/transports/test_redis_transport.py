@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
@@ -249,5 +250,48 @@ async def test_a_result_that_could_not_be_settled_here_goes_on_the_queue(prefix:
         # refused here, so queued: taken off the queue and settled again
         await wait_until(lambda: len(calls) == 2, what="the queued result settled")
         assert calls == [["r1:1"], ["r1:1"]]
+    finally:
+        await transport.close()
+
+
+async def test_results_and_turns_consumers_share_one_heartbeat_subscription(
+    prefix: str,
+) -> None:
+    # Both hear the heartbeat channel: one subscription, one reader, each
+    # handler told (two readers of one subscription fight over its socket,
+    # and each fight replaced the subscription, losing beats meanwhile).
+    transport = RedisTransport(REDIS_TEST_URL, prefix=prefix)
+    step_beats: list[Heartbeat] = []
+    run_beats: list[Any] = []
+
+    async def on_results(batch: list[StepResult]) -> None:
+        return None
+
+    async def on_beat(beat: Heartbeat) -> None:
+        step_beats.append(beat)
+
+    async def on_run_beat(body: Any) -> None:
+        if "stepId" not in body:
+            run_beats.append(body)
+
+    async def ignore(body: Any) -> None:
+        return None
+
+    try:
+        await transport.open()
+        await transport.consume_results(on_results, on_beat)
+        await transport.consume_turns(ignore, ignore, on_run_beat)
+        await asyncio.sleep(1.5)  # both readers waited (get_message's 1 s) at least once
+        client = aioredis.Redis.from_url(REDIS_TEST_URL)
+        try:
+            run_beat = {"runId": "wrun-1", "seq": 0, "group": "py-workflows"}
+            await client.publish(f"{prefix}-heartbeat", json.dumps(run_beat))
+        finally:
+            await client.aclose()
+        await transport.send_heartbeat(Heartbeat("r1", 2, "g", at=1_700_000_000_000))
+        await wait_until(lambda: step_beats and run_beats, what="both beats")
+        assert [b.step_id for b in step_beats] == ["r1:2"]
+        assert [b["runId"] for b in run_beats] == ["wrun-1"]
+        assert transport.resubscriptions == 0
     finally:
         await transport.close()

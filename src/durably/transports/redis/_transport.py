@@ -124,6 +124,7 @@ class RedisTransport:
         self._event_listeners: list[Callable[[str, str], None]] = []
         self._readers: list[asyncio.Task[None]] = []
         self._pubsubs: dict[str, PubSub] = {}
+        self._listeners: dict[str, list[Callable[[Any], Awaitable[None]]]] = {}
         self.resubscriptions = 0
         """Subscriptions replaced by the watchdog (for tests and metrics)."""
         self.malformed: dict[str, int] = {}
@@ -206,6 +207,7 @@ class RedisTransport:
             with contextlib.suppress(Exception):
                 await pubsub.aclose()  # type: ignore[no-untyped-call,unused-ignore]  # untyped in older redis-py
         self._pubsubs.clear()
+        self._listeners.clear()
         await self._adding.drain()
         client, self._client = self._client, None
         self._queues.clear()
@@ -243,12 +245,32 @@ class RedisTransport:
 
     async def _subscribe(self, channel: str, on_message: Callable[[Any], Awaitable[None]]) -> None:
         """Hear ``channel`` from now on (the subscription is live on the server
-        when this returns), through a reader that keeps it alive."""
+        when this returns), through a reader that keeps it alive. One
+        subscription and one reader per channel, telling every handler: two
+        readers of one subscription would fight over its socket, each message
+        reaching only one of them."""
+        handlers = self._listeners.get(channel)
+        if handlers is not None:
+            handlers.append(on_message)
+            return
         pubsub = await self._open_subscription(channel)
         self._pubsubs[channel] = pubsub
+        self._listeners[channel] = [on_message]
         self._readers.append(
-            asyncio.create_task(self._read(channel, on_message), name=f"durably-{channel}")
+            asyncio.create_task(self._read(channel, self._tell(channel)), name=f"durably-{channel}")
         )
+
+    def _tell(self, channel: str) -> Callable[[Any], Awaitable[None]]:
+        handlers = self._listeners[channel]
+
+        async def tell(body: Any) -> None:
+            for handler in list(handlers):
+                try:
+                    await handler(body)
+                except Exception:
+                    _log.exception("a message on %s could not be handled", channel)
+
+        return tell
 
     async def _open_subscription(self, channel: str) -> PubSub:
         pubsub = self._redis().pubsub()
