@@ -503,3 +503,38 @@ async def test_tasks_taken_as_added_by_an_instance_that_dies_come_back_as_stalle
     finally:
         for transport in (server, engine, dying):
             await transport.close()
+
+
+async def test_jobs_taken_with_their_add_that_cannot_be_started_come_back_after_their_lock(
+    prefix: str, client: aioredis.Redis
+) -> None:
+    # The take ran but its reply could not be read into jobs: the dispatch
+    # still succeeds (the task is added), the worker gets its room back, and
+    # the job, locked by nobody alive, comes back through the stalled check.
+    transport = RedisTransport(REDIS_TEST_URL, prefix=prefix, lock_ms=400)
+    got: list[StepTask] = []
+
+    async def handle(task: StepTask) -> None:
+        got.append(task)
+
+    try:
+        await transport.open()
+        await transport.serve(["g"], handle, concurrency=4)
+        [worker] = await _serving(transport)
+        build = worker._job
+        broken = [True]
+
+        def once(raw: dict[str, str], job_id: str) -> Any:
+            if broken:
+                broken.clear()
+                raise RuntimeError("unreadable (test)")
+            return build(raw, job_id)
+
+        worker._job = once
+        await transport.dispatch([StepTask("r1", 1, "g", "g")])
+        assert not broken and worker.handed == 0
+        assert worker._busy == 0
+        await wait_until(lambda: len(got) == 1, timeout=10, what="the task, after its lock")
+        assert got[0].step_id == "r1:1"
+    finally:
+        await transport.close()

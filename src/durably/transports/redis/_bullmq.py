@@ -323,7 +323,13 @@ class _BatchWorker(_BullWorker):  # type: ignore[misc]  # bullmq is untyped
 
     def taken(self, reply: Any, token: str, room: int) -> int:
         """Start the jobs a reserved take call took; release the rest of its room."""
-        jobs = [] if isinstance(reply, BaseException) else self._jobs(parse_taken(reply)[0], token)
+        try:
+            jobs = (
+                [] if isinstance(reply, BaseException) else self._jobs(parse_taken(reply)[0], token)
+            )
+        except BaseException:
+            self.release(room)  # what it took stays locked until BullMQ's stalled check
+            raise
         self.release(room - len(jobs))
         self.handed += len(jobs)
         for job in jobs:

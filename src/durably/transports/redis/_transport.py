@@ -514,7 +514,12 @@ class RedisTransport:
                 reserved.cancel()
             raise
         for reserved, reply in zip(takes, replies[len(members) :], strict=True):
-            reserved.taken(reply)
+            try:
+                reserved.taken(reply)
+            except Exception:
+                # Added all the same: what the take locked comes back through
+                # BullMQ's stalled check once its lock runs out.
+                _log.exception("could not start the jobs taken with their add")
         outcomes: list[BaseException | None] = [None] * len(batches)
         for owners, reply in zip(members, replies[: len(members)], strict=True):
             each = reply if isinstance(reply, list) else [reply] * len(owners)
