@@ -5,8 +5,10 @@ The worker is bullmq's, with its fetch loop and its job completion replaced
 (:class:`_BatchWorker`): it takes as many jobs as it has room for in one
 script call and finishes the jobs done meanwhile in one call, with BullMQ's
 own scripts (see :mod:`._batched` and :mod:`._looped`); a consumer may
-process a fetch's jobs together (``batch``). Locks, their renewal, the
-stalled-job check, failures and hand-backs are bullmq's unchanged.
+process a fetch's jobs together (``batch``), and a caller adding jobs to its
+queue may have it take them in the same transaction (:meth:`_Consumer.reserve`).
+Locks, their renewal, the stalled-job check, failures and hand-backs are
+bullmq's unchanged.
 """
 
 from __future__ import annotations
@@ -197,8 +199,8 @@ class Reserved:
         self._room = room
 
     def taken(self, reply: Any) -> int:
-        """Start the jobs the call took (or hand them back if the worker is
-        closing); give the rest of the room back. How many it took."""
+        """Start the jobs the call took (a closing worker's processor hands
+        them back at once); give the rest of the room back. How many it took."""
         room, self._room = self._room, 0
         return self._worker.taken(reply, self._token, room)
 
@@ -455,8 +457,8 @@ class _BatchWorker(_BullWorker):  # type: ignore[misc]  # bullmq is untyped
     def _job(self, raw: dict[str, str], job_id: str) -> Any:
         """``Job.fromJSON(self, raw, job_id)``, the same job, built from a
         copy of a template per job name and options (bullmq builds and parses
-        those per job: a step's most expensive client-side line after the
-        round trips). A hash with any field a plain job taken from its queue
+        those per job, which a profile of the step path showed). A hash with
+        any field a plain job taken from its queue
         does not have (a parent, a return value, a repeat key…) goes through
         bullmq's own ``fromJSON``."""
         if not raw.keys() <= _PLAIN_FIELDS:
