@@ -27,6 +27,7 @@ from durably.transports.redis._batched import (
     run_scripts,
     take_script,
 )
+from durably.transports.redis._bullmq import _BatchWorker
 from durably.wire import Heartbeat, StepResult, StepTask
 
 from .conftest import REDIS_TEST_URL, wait_until
@@ -54,6 +55,9 @@ class Taker:
         {"removeOnComplete": True, "removeOnFail": {"age": 86_400}, "priority": 1_048_571},
         {"removeOnComplete": True, "removeOnFail": True},
         {"removeOnComplete": True, "removeOnFail": True, "priority": 7, "lifo": False},
+        # a run queue's start: its own job id
+        {"removeOnComplete": True, "removeOnFail": True, "priority": 5, "jobId": "start-ab12"},
+        {"removeOnComplete": True, "removeOnFail": True, "jobId": "start-cd34"},
     ],
 )
 async def test_an_added_job_is_what_bullmq_would_add_byte_for_byte(
@@ -312,3 +316,225 @@ async def test_a_task_stalled_too_often_is_answered_as_failed_not_run(
     finally:
         await server.close()
         await engine.close()
+
+
+async def _noop(*_: Any) -> None:
+    return None
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {},
+        {"stc": "2", "atm": "1", "ats": "3"},
+        {"defa": "job stalled more than allowable limit", "progress": "42"},
+        {"returnvalue": '"x"', "finishedOn": "1700000000999"},  # bullmq's own path
+        {"parentKey": "bull:p:1", "parent": '{"id":"1","queueKey":"bull:p"}'},
+    ],
+)
+async def test_a_taken_job_is_the_job_bullmq_would_build(
+    prefix: str, client: aioredis.Redis, extra: dict[str, str]
+) -> None:
+    # The worker builds a taken job from a template per name and options
+    # instead of bullmq's Job.fromJSON: every field must be what fromJSON
+    # gives, for a job of ours and for one a bullmq producer added with
+    # options we never use, each job with a data, opts and stacktrace of its own.
+    queue = Queue(f"{prefix}-q", {"connection": client})
+    ours = {"removeOnComplete": True, "removeOnFail": {"age": 86_400}, "priority": 9}
+    await run_scripts(client, [add_job_call(queue.scripts, "task", {"n": 1}, ours)])
+    theirs = {"attempts": 3, "backoff": {"type": "fixed", "delay": 10}, "lifo": True}
+    await queue.add("other", {"n": [2, None]}, theirs)
+    taken, _ = await Taker(queue, client).take(5)
+    assert len(taken) == 2
+    worker = _BatchWorker(
+        f"{prefix}-q", _noop, {"connection": REDIS_TEST_URL, "autorun": False}, _noop
+    )
+    try:
+        for raw, job_id in taken + taken:  # the second time from the template
+            raw = {**raw, **extra}
+            built, expected = worker._job(raw, job_id), Job.fromJSON(worker, raw, job_id)
+            assert type(built) is Job
+            assert vars(built) == vars(expected)
+            again = worker._job(raw, job_id)
+            assert again.opts is not built.opts and again.stacktrace is not built.stacktrace
+            assert again.data is not built.data
+    finally:
+        await worker.close()
+
+
+# -- tasks taken in the transaction adding them ----------------------------------------------
+
+
+async def _serving(transport: RedisTransport) -> list[Any]:
+    """The BullMQ workers of a serving transport, once they run."""
+    consumers = list(transport._workers)
+    await wait_until(lambda: all(c.worker.running for c in consumers), what="workers running")
+    return [c.worker for c in consumers]
+
+
+async def test_tasks_for_a_group_served_here_are_taken_as_they_are_added(
+    prefix: str, client: aioredis.Redis
+) -> None:
+    # The worker takes them in the add's own transaction: each locked by a
+    # token of its own, the queue's marker consumed (no worker wakes for
+    # them), and the worker's own fetches take none.
+    transport = RedisTransport(REDIS_TEST_URL, prefix=prefix)
+    release = asyncio.Event()
+    started: list[str] = []
+
+    async def handle(task: StepTask) -> None:
+        started.append(task.step_id)
+        await release.wait()
+
+    try:
+        await transport.open()
+        await transport.serve(["g"], handle, concurrency=8)
+        [worker] = await _serving(transport)
+        fetched: list[int] = []
+        own_fetch = worker._next_jobs
+
+        async def counted(batch: int, room: int) -> list[Any]:
+            jobs: list[Any] = await own_fetch(batch, room)
+            fetched.append(len(jobs))
+            return jobs
+
+        worker._next_jobs = counted
+        await transport.dispatch([StepTask(f"r{i}", 1, "g", "g") for i in range(5)])
+        assert worker.handed == 5
+        await wait_until(lambda: len(started) == 5, what="five handlers")
+        queue = Queue(f"{prefix}-tasks-g", {"connection": client})
+        active = await client.lrange(queue.keys["active"], 0, -1)
+        locks = [await client.get(f"{queue.keys['']}{job_id}:lock") for job_id in active]
+        assert len(active) == 5 and all(lock.startswith(f"{worker.id}:") for lock in locks)
+        assert len(set(locks)) == 5
+        assert await client.zscore(queue.keys["marker"], "0") is None
+        assert sum(fetched) == 0
+    finally:
+        release.set()
+        await transport.close()
+
+
+async def test_a_second_consumer_of_the_queue_gets_what_the_taker_has_no_room_for(
+    prefix: str, client: aioredis.Redis
+) -> None:
+    engine = RedisTransport(REDIS_TEST_URL, prefix=prefix)  # serves g too, room for 2
+    other = RedisTransport(REDIS_TEST_URL, prefix=prefix)
+    release = asyncio.Event()
+    handled: dict[str, Counter[str]] = {"engine": Counter(), "other": Counter()}
+    got: list[StepResult] = []
+
+    def handler(name: str, transport: RedisTransport) -> Any:
+        async def handle(task: StepTask) -> None:
+            handled[name][task.step_id] += 1
+            await release.wait()
+            await transport.send_result(StepResult(task.run_id, task.seq, ok=True, output=None))
+
+        return handle
+
+    try:
+        for transport in (engine, other):
+            await transport.open()
+        await _results_consumer(engine, got)
+        await engine.serve(["g"], handler("engine", engine), concurrency=2)
+        await other.serve(["g"], handler("other", other), concurrency=20)
+        [worker] = await _serving(engine)
+        await _serving(other)
+        await engine.dispatch([StepTask(f"r{i}", 1, "g", "g") for i in range(10)])
+        assert worker.handed == 2
+        count = lambda: sum(map(len, handled.values()))  # noqa: E731
+        await wait_until(lambda: count() == 10, what="ten handlers")
+        assert len(handled["engine"]) == 2 and len(handled["other"]) == 8
+        release.set()
+        await wait_until(lambda: len(got) == 10, what="ten results")
+        assert sorted(r.step_id for r in got) == sorted(f"r{i}:1" for i in range(10))
+        assert all(set(c.values()) <= {1} for c in handled.values())
+    finally:
+        release.set()
+        await other.close()
+        await engine.close()
+
+
+async def test_tasks_taken_as_added_by_an_instance_that_dies_come_back_as_stalled(
+    prefix: str, client: aioredis.Redis
+) -> None:
+    # The instance dies right after the transaction that added and took its
+    # tasks: they are active, locked by its tokens, never renewed. BullMQ's
+    # stalled check (here another instance's) moves them back to wait, with a
+    # "stalled" event each, and they run once elsewhere.
+    dying = RedisTransport(REDIS_TEST_URL, prefix=prefix, lock_ms=400)
+    engine = RedisTransport(REDIS_TEST_URL, prefix=prefix, lock_ms=400)
+    server = RedisTransport(REDIS_TEST_URL, prefix=prefix, lock_ms=400)
+    handled: Counter[str] = Counter()
+    got: list[StepResult] = []
+
+    async def never(task: StepTask) -> None:
+        raise AssertionError("the dead instance runs nothing")
+
+    async def handle(task: StepTask) -> None:
+        handled[task.step_id] += 1
+        await server.send_result(StepResult(task.run_id, task.seq, ok=True, output=None))
+
+    try:
+        await dying.open()
+        await dying.serve(["g"], never, concurrency=8)
+        [worker] = await _serving(dying)
+        dropped: list[int] = []
+        worker.taken = lambda reply, token, room: dropped.append(len(reply))
+        await dying.dispatch([StepTask(f"r{i}", 1, "g", "g") for i in range(3)])
+        assert dropped == [3]
+        queue = Queue(f"{prefix}-tasks-g", {"connection": client})
+        held = await client.lrange(queue.keys["active"], 0, -1)
+        assert len(held) == 3
+        await dying.close()  # holds them still: nothing hands them back
+        assert sorted(await client.lrange(queue.keys["active"], 0, -1)) == sorted(held)
+        for transport in (engine, server):
+            await transport.open()
+        await _results_consumer(engine, got)
+        await server.serve(["g"], handle, concurrency=8)
+        await wait_until(lambda: len(got) == 3, timeout=20, what="three results")
+        assert sorted(handled) == [f"r{i}:1" for i in range(3)]
+        assert set(handled.values()) == {1}
+        stalled = [
+            e[1]["jobId"]
+            for e in await client.xrange(queue.keys["events"])
+            if e[1]["event"] == "stalled"
+        ]
+        assert sorted(stalled) == sorted(held)
+    finally:
+        for transport in (server, engine, dying):
+            await transport.close()
+
+
+async def test_jobs_taken_with_their_add_that_cannot_be_started_come_back_after_their_lock(
+    prefix: str, client: aioredis.Redis
+) -> None:
+    # The take ran but its reply could not be read into jobs: the dispatch
+    # still succeeds (the task is added), the worker gets its room back, and
+    # the job, locked by nobody alive, comes back through the stalled check.
+    transport = RedisTransport(REDIS_TEST_URL, prefix=prefix, lock_ms=400)
+    got: list[StepTask] = []
+
+    async def handle(task: StepTask) -> None:
+        got.append(task)
+
+    try:
+        await transport.open()
+        await transport.serve(["g"], handle, concurrency=4)
+        [worker] = await _serving(transport)
+        build = worker._job
+        broken = [True]
+
+        def once(raw: dict[str, str], job_id: str) -> Any:
+            if broken:
+                broken.clear()
+                raise RuntimeError("unreadable (test)")
+            return build(raw, job_id)
+
+        worker._job = once
+        await transport.dispatch([StepTask("r1", 1, "g", "g")])
+        assert not broken and worker.handed == 0
+        assert worker._busy == 0
+        await wait_until(lambda: len(got) == 1, timeout=10, what="the task, after its lock")
+        assert got[0].step_id == "r1:1"
+    finally:
+        await transport.close()

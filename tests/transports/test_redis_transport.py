@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
@@ -187,3 +188,110 @@ async def test_a_task_job_failing_in_bullmq_is_answered_as_a_retryable_failure(
 def test_a_password_in_the_query_is_not_shown_either() -> None:
     shown = redact_url("redis://h:6379/0?password=s3cret&prefix=p")
     assert shown == "redis://h:6379/0?password=***&prefix=p"
+
+
+async def test_a_result_this_instance_consumes_is_settled_here_before_its_task_completes(
+    prefix: str,
+) -> None:
+    # The server's result goes straight to this instance's results consumer:
+    # no job on the results queue; the task job is still held (active,
+    # locked) while the settle runs, and completed after it.
+    transport = RedisTransport(REDIS_TEST_URL, prefix=prefix)
+    await transport.open()
+    client = aioredis.Redis.from_url(REDIS_TEST_URL, decode_responses=True)
+    tasks = f"bull:{prefix}-tasks-g"
+    held_while_settling: list[int] = []
+    got: list[StepResult] = []
+
+    async def on_results(batch: list[StepResult]) -> None:
+        held_while_settling.append(await client.llen(f"{tasks}:active"))
+        got.extend(batch)
+
+    async def on_beat(beat: Heartbeat) -> None:
+        return None
+
+    async def serve(task: StepTask) -> None:
+        await transport.send_result(StepResult(task.run_id, task.seq, ok=True, output=task.seq))
+
+    try:
+        await transport.consume_results(on_results, on_beat)
+        await transport.serve(["g"], serve, concurrency=4)
+        await transport.dispatch([StepTask("r1", i, "g", "g") for i in range(1, 4)])
+        await wait_until(lambda: len(got) == 3, what="three results")
+        assert sorted(r.output for r in got) == [1, 2, 3]
+        assert all(n >= 1 for n in held_while_settling)
+        for _ in range(200):
+            if await client.llen(f"{tasks}:active") == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert await client.llen(f"{tasks}:active") == 0
+        assert await client.get(f"bull:{prefix}-results:id") is None  # never queued
+    finally:
+        await client.aclose()
+        await transport.close()
+
+
+async def test_a_result_that_could_not_be_settled_here_goes_on_the_queue(prefix: str) -> None:
+    transport = RedisTransport(REDIS_TEST_URL, prefix=prefix, redeliver_delay_ms=50)
+    await transport.open()
+    calls: list[list[str]] = []
+
+    async def on_results(batch: list[StepResult]) -> None:
+        calls.append([r.step_id for r in batch])
+        if len(calls) == 1:
+            raise RuntimeError("store down (test)")
+
+    async def on_beat(beat: Heartbeat) -> None:
+        return None
+
+    try:
+        await transport.consume_results(on_results, on_beat)
+        await transport.send_result(StepResult("r1", 1, ok=True, output=None))
+        # refused here, so queued: taken off the queue and settled again
+        await wait_until(lambda: len(calls) == 2, what="the queued result settled")
+        assert calls == [["r1:1"], ["r1:1"]]
+    finally:
+        await transport.close()
+
+
+async def test_results_and_turns_consumers_share_one_heartbeat_subscription(
+    prefix: str,
+) -> None:
+    # Both hear the heartbeat channel: one subscription, one reader, each
+    # handler told (two readers of one subscription fight over its socket,
+    # and each fight replaced the subscription, losing beats meanwhile).
+    transport = RedisTransport(REDIS_TEST_URL, prefix=prefix)
+    step_beats: list[Heartbeat] = []
+    run_beats: list[Any] = []
+
+    async def on_results(batch: list[StepResult]) -> None:
+        return None
+
+    async def on_beat(beat: Heartbeat) -> None:
+        step_beats.append(beat)
+
+    async def on_run_beat(body: Any) -> None:
+        if "stepId" not in body:
+            run_beats.append(body)
+
+    async def ignore(body: Any) -> None:
+        return None
+
+    try:
+        await transport.open()
+        await transport.consume_results(on_results, on_beat)
+        await transport.consume_turns(ignore, ignore, on_run_beat)
+        await asyncio.sleep(1.5)  # both readers waited (get_message's 1 s) at least once
+        client = aioredis.Redis.from_url(REDIS_TEST_URL)
+        try:
+            run_beat = {"runId": "wrun-1", "seq": 0, "group": "py-workflows"}
+            await client.publish(f"{prefix}-heartbeat", json.dumps(run_beat))
+        finally:
+            await client.aclose()
+        await transport.send_heartbeat(Heartbeat("r1", 2, "g", at=1_700_000_000_000))
+        await wait_until(lambda: step_beats and run_beats, what="both beats")
+        assert [b.step_id for b in step_beats] == ["r1:2"]
+        assert [b["runId"] for b in run_beats] == ["wrun-1"]
+        assert transport.resubscriptions == 0
+    finally:
+        await transport.close()

@@ -25,6 +25,13 @@ the TypeScript runtimes) speak, so any of them can serve a ``ctx.step``:
   tasks and results go out in one ``MULTI`` (one call per queue). Results
   are settled a fetch at a time. Locks, their renewal and the stalled-job
   check are bullmq's worker's.
+- Within one instance: tasks for a group it serves, with room, are taken by
+  its worker in the ``MULTI`` that adds them (BullMQ's ``moveToActive``, a
+  lock token of that worker's each: other consumers see what a fetch right
+  after the add would leave, and a crash leaves them to the stalled-job
+  check); a result its server produces while it consumes results is settled
+  here instead of going on ``{P}-results`` (queued after all if that settle
+  fails), before the task job completes.
 - Heartbeats are published on ``{P}-heartbeat``: every instance hears every
   beat (the engine throttles what it persists). A durably worker also keeps
   its step's latest beat in ``{P}-step-beat:{stepId}`` for 30 s, so an engine

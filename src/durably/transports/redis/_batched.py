@@ -26,12 +26,13 @@ import json
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
+import hiredis
 import msgpack  # type: ignore[import-untyped]  # bullmq's own dependency
 import redis.asyncio as aioredis
 from bullmq.job import optsEncodeMap
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, ResponseError
 
 _T = TypeVar("_T")
 _R = TypeVar("_R")
@@ -47,14 +48,15 @@ for i = 1, tonumber(ARGV[4]) do
   local got = bullmq_move_to_active(KEYS, take_argv)
   taken[#taken + 1] = got
   if type(got[1]) ~= 'table' then
-    -- Ran dry: with nothing left waiting, consume the wake-up marker (as the
-    -- BZPOPMIN a BullMQ worker blocks on next would), so this worker blocks
-    -- at once instead of popping the marker its own take put back.
-    if redis.call('LLEN', KEYS[1]) == 0 and redis.call('ZCARD', KEYS[3]) == 0 then
-      redis.call('ZREM', KEYS[11], '0')
-    end
     break
   end
+end
+-- Nothing left waiting: consume the wake-up marker (as the BZPOPMIN a
+-- BullMQ worker blocks on next would), so this worker blocks at once instead
+-- of popping the marker its own take put back, and no other worker wakes for
+-- a job taken here (an add and a take in one transaction: see _add_jobs).
+if redis.call('LLEN', KEYS[1]) == 0 and redis.call('ZCARD', KEYS[3]) == 0 then
+  redis.call('ZREM', KEYS[11], '0')
 end
 return taken
 """
@@ -93,10 +95,10 @@ def take_script(move_to_active: Script) -> Script:
     """BullMQ's ``moveToActive`` (same KEYS, ARGV 1-3) run up to ``ARGV[4]``
     times in one call; returns the list of its replies, ending at the first
     that holds no job. The token in the opts (ARGV[3]) gets ``:1``, ``:2``…
-    appended, one per job taken. A call that runs dry with no job left
-    waiting removes the queue's base marker (``0``; a delayed job's marker
-    ``1`` stays): the caller blocks on the marker next, and would otherwise
-    pop the one its own take put back and take nothing."""
+    appended, one per job taken. A call that leaves no job waiting removes
+    the queue's base marker (``0``; a delayed job's marker ``1`` stays): the
+    caller blocks on the marker next, and would otherwise pop the one its
+    own take put back (or an add just before it) and take nothing."""
     return _wrapped("bullmq_move_to_active", move_to_active, _TAKE_TAIL)
 
 
@@ -126,11 +128,68 @@ async def run_scripts(
     return replies
 
 
+_MULTI = hiredis.pack_command(("MULTI",))
+_EXEC = hiredis.pack_command(("EXEC",))
+
+
 async def _pipeline(client: aioredis.Redis, calls: Sequence[Call], transaction: bool) -> list[Any]:
-    async with client.pipeline(transaction=transaction) as pipe:
-        for call in calls:
-            pipe.evalsha(call.script.sha, len(call.keys), *call.keys, *call.args)
-        return list(await pipe.execute(raise_on_error=False))
+    """The calls as one write (in ``MULTI``/``EXEC`` if ``transaction``), their
+    replies in order, an error reply as its exception.
+
+    What redis-py's ``Pipeline`` does for these calls, without its per-argument
+    encoding in Python (hiredis packs each call whole) and its per-command
+    reply callbacks: on the step path that was most of a batch's client CPU.
+    A dropped connection is retried whole by the client's retry policy, as
+    the ``Pipeline`` does."""
+    packed = [
+        hiredis.pack_command(("EVALSHA", c.script.sha, len(c.keys), *c.keys, *c.args))
+        for c in calls
+    ]
+    data = b"".join([_MULTI, *packed, _EXEC] if transaction else packed)
+    pool = client.connection_pool
+    conn: Any = await pool.get_connection()  # type: ignore[no-untyped-call,unused-ignore]  # untyped in some redis-py
+    try:
+        replies: list[Any] = await conn.retry.call_with_retry(
+            lambda: _exchange(conn, data, len(calls), transaction),
+            lambda _error: conn.disconnect(),
+        )
+        return replies
+    finally:
+        await pool.release(conn)
+
+
+async def _exchange(conn: Any, data: bytes, count: int, transaction: bool) -> list[Any]:
+    await conn.send_packed_command(data)
+    replies: list[Any] = []
+    try:
+        if not transaction:
+            for _ in range(count):
+                try:
+                    replies.append(await conn.read_response())
+                except ResponseError as exc:
+                    replies.append(exc)
+            return replies
+        # MULTI's OK and each call's QUEUED (or its refusal), then EXEC's array
+        # (a call that failed when run is an error in it, not raised).
+        refused: BaseException | None = None
+        for _ in range(count + 1):
+            try:
+                await conn.read_response()
+            except ResponseError as exc:
+                refused = refused or exc
+        try:
+            done = await conn.read_response()
+        except ResponseError:
+            if refused is not None:
+                raise refused from None
+            raise
+        if not isinstance(done, list) or len(done) != count:
+            raise ResponseError(f"EXEC answered {done!r} for {count} calls")
+        return done
+    except BaseException:
+        # replies of the rest may still be on the socket: never hand it on
+        await conn.disconnect(nowait=True)
+        raise
 
 
 def move_to_active_args(
@@ -166,8 +225,7 @@ _ADD_KEYS = {
 }  # fmt: skip
 
 
-@dataclass(frozen=True, slots=True)
-class AddedJob:
+class AddedJob(NamedTuple):
     """What bullmq's ``Queue.add`` would send for one job, taken apart: the
     script (``addPrioritizedJob`` or ``addStandardJob``) and its KEYS, then
     its ARGV: the packed arguments (name, timestamp…), the data JSON, the
@@ -187,22 +245,36 @@ def added_job(
     """The script call adding a job, as bullmq's ``Queue.add`` would make it
     (a prioritized or a standard job, the same KEYS and ARGV byte for byte),
     without building a bullmq ``Job``; options are packed once per shape."""
-    if any(opts.get(k) for k in ("delay", "jobId", "parent", "deduplication", "backoff")):
+    if any(opts.get(k) for k in ("delay", "parent", "deduplication", "backoff")):
         raise ValueError("such jobs are added through bullmq")
     script = "addPrioritizedJob" if opts.get("priority") else "addStandardJob"
     keys = scripts.keys
+    prefix = keys[""]
+    shape = _ADD_SHAPES.get((prefix, script))
+    if shape is None:
+        if len(_ADD_SHAPES) >= 1024:
+            _ADD_SHAPES.clear()
+        shape = _ADD_SHAPES[prefix, script] = (
+            Script.of(scripts.commands[script]),
+            tuple(keys[k] for k in _ADD_KEYS[script]),
+        )
     now = round(time.time() * 1000) if timestamp is None else timestamp
-    packed = msgpack.packb(
-        [keys[""], "", name, now, None, None, None, None, None], use_bin_type=True
-    )
-    return AddedJob(
-        Script.of(scripts.commands[script]),
-        tuple(keys[k] for k in _ADD_KEYS[script]),
-        packed,
-        compact_json(data),
-        _packed_opts(opts),
-        now,
-    )
+    custom_id = opts.get("jobId") or ""  # the script keeps the first job of an id
+    args = (prefix, custom_id, name, now)
+    packed = _PACKED_ARGS.get(args)
+    if packed is None:
+        if len(_PACKED_ARGS) >= 256:
+            _PACKED_ARGS.clear()
+        packed = _PACKED_ARGS[args] = msgpack.packb(
+            [prefix, custom_id, name, now, None, None, None, None, None], use_bin_type=True
+        )
+    return AddedJob(shape[0], shape[1], packed, compact_json(data), _packed_opts(opts), now)
+
+
+_ADD_SHAPES: dict[tuple[str, str], tuple[Script, tuple[str, ...]]] = {}
+"""An add script and its KEYS, per queue (key prefix) and script name."""
+_PACKED_ARGS: dict[tuple[str, str, str, int], bytes] = {}
+"""Packed add arguments (the jobs of a burst share a millisecond)."""
 
 
 def add_job_call(
@@ -253,9 +325,13 @@ def parse_taken(reply: Any) -> tuple[list[tuple[dict[str, str], str]], int]:
     return jobs, delay_until
 
 
+_COMPACT = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
+
+
 def compact_json(value: Any) -> str:
     """JSON as bullmq writes it (compact, no NaN)."""
-    return json.dumps(value, separators=(",", ":"), allow_nan=False)
+    # One encoder for every call: json.dumps with options builds one per call.
+    return _COMPACT(value)
 
 
 class Collector(Generic[_T, _R]):

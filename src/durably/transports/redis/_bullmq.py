@@ -5,8 +5,10 @@ The worker is bullmq's, with its fetch loop and its job completion replaced
 (:class:`_BatchWorker`): it takes as many jobs as it has room for in one
 script call and finishes the jobs done meanwhile in one call, with BullMQ's
 own scripts (see :mod:`._batched` and :mod:`._looped`); a consumer may
-process a fetch's jobs together (``batch``). Locks, their renewal, the
-stalled-job check, failures and hand-backs are bullmq's unchanged.
+process a fetch's jobs together (``batch``), and a caller adding jobs to its
+queue may have it take them in the same transaction (:meth:`_Consumer.reserve`).
+Locks, their renewal, the stalled-job check, failures and hand-backs are
+bullmq's unchanged.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import json
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
@@ -24,6 +27,7 @@ from bullmq import Job as _BullJob
 from bullmq import Queue as _BullQueue
 from bullmq import Worker as _BullWorker
 from bullmq.custom_errors import UnrecoverableError, WaitingChildrenError
+from bullmq.job import optsFromJSON
 from bullmq.timer import Timer
 
 from ..._logs import engine_logger
@@ -85,6 +89,14 @@ _BatchProcessor = Callable[[list[Any]], Awaitable[list[bool]]]
 it was handed back already, and is neither completed nor failed)."""
 _GiveBack = Callable[[str, _Job, str], Awaitable[None]]
 
+_PLAIN_FIELDS = frozenset(
+    ("name", "data", "opts", "timestamp", "delay", "priority", "processedOn", "ats", "atm",
+     "attemptsMade", "stc", "defa", "progress")
+)  # fmt: skip
+"""The fields of a job hash :meth:`_BatchWorker._job` builds the job from itself."""
+_TEMPLATES = 256
+"""Job templates kept per worker (one per job name and options seen)."""
+
 _TAKE_MAX = 100
 """Jobs taken in one script call at most (Redis runs nothing else meanwhile)."""
 
@@ -115,6 +127,12 @@ class _Consumer:
         self.worker.on("error", _worker_error(queue))
         self._give_back = give_back
         self._loop = asyncio.create_task(self._run(queue), name=f"durably-{queue}")
+
+    def reserve(self, wanted: int) -> Reserved | None:
+        """Room for up to ``wanted`` jobs taken by a call of the caller's (see
+        :meth:`_BatchWorker.reserve`); None: no room, or closing."""
+        worker: _BatchWorker = self.worker  # type: ignore[assignment]
+        return worker.reserve(wanted)
 
     async def _run(self, queue: str) -> None:
         try:
@@ -167,6 +185,31 @@ def _worker_error(queue: str) -> Callable[..., None]:
     return report
 
 
+class Reserved:
+    """Room a worker keeps for the jobs a caller's take call takes
+    (:meth:`_BatchWorker.reserve`): send :attr:`call` (after the adds, in the
+    same transaction), then hand its reply to :meth:`taken`, or call
+    :meth:`cancel` if it did not run."""
+
+    def __init__(self, worker: _BatchWorker, call: Call, token: str, room: int) -> None:
+        self.call = call
+        """The take script call (BullMQ's ``moveToActive``, up to ``room`` times)."""
+        self._worker = worker
+        self._token = token
+        self._room = room
+
+    def taken(self, reply: Any) -> int:
+        """Start the jobs the call took (a closing worker's processor hands
+        them back at once); give the rest of the room back. How many it took."""
+        room, self._room = self._room, 0
+        return self._worker.taken(reply, self._token, room)
+
+    def cancel(self) -> None:
+        """The call did not run: give the room back."""
+        room, self._room = self._room, 0
+        self._worker.release(room)
+
+
 class _BatchWorker(_BullWorker):  # type: ignore[misc]  # bullmq is untyped
     """bullmq's worker, taking and finishing jobs many at a time.
 
@@ -198,6 +241,10 @@ class _BatchWorker(_BullWorker):  # type: ignore[misc]  # bullmq is untyped
         self._take = take_script(Script.of(self.scripts.commands["moveToActive"]))
         self._finishing: Collector[tuple[Any, Any, str], None] = Collector(self._finish_many)
         self._batches = 0
+        self._fetching = 0
+        self.handed = 0
+        """Jobs taken by callers' take calls (:meth:`reserve`), for tests."""
+        self._templates: dict[tuple[Any, str], dict[str, Any]] = {}
 
     async def run(self) -> None:
         if self.running:
@@ -254,8 +301,47 @@ class _BatchWorker(_BullWorker):  # type: ignore[misc]  # bullmq is untyped
         self._room.set()
         await super().close(force)
 
-    def _start(self, job: Any) -> None:
-        self._busy += 1
+    def reserve(self, wanted: int) -> Reserved | None:
+        """Keep room for up to ``wanted`` jobs for a take call the caller
+        sends itself (in the transaction adding them: the jobs it adds and
+        this worker would take next are taken in the same round trip, each
+        locked by a token of this worker's, as its own fetch would). None:
+        no room (counting a fetch of its own under way), or closing."""
+        if self.closing or not self.running:
+            return None
+        room = min(wanted, self.opts["concurrency"] - self._busy - self._fetching, _TAKE_MAX)
+        if room <= 0:
+            return None
+        self._busy += room
+        self._batches += 1
+        token = f"{self.id}:{self._batches}"
+        keys, args = move_to_active_args(self.keys, token, self.opts["lockDuration"], room)
+        return Reserved(self, Call(self._take, keys, args), token, room)
+
+    def release(self, room: int) -> None:
+        """Give back room kept by :meth:`reserve`."""
+        self._busy -= room
+        self._room.set()
+
+    def taken(self, reply: Any, token: str, room: int) -> int:
+        """Start the jobs a reserved take call took; release the rest of its room."""
+        try:
+            jobs = (
+                [] if isinstance(reply, BaseException) else self._jobs(parse_taken(reply)[0], token)
+            )
+        except BaseException:
+            self.release(room)  # what it took stays locked until BullMQ's stalled check
+            raise
+        self.release(room - len(jobs))
+        self.handed += len(jobs)
+        for job in jobs:
+            # Started even if closing: its processor hands it back at once.
+            self._start(job, reserved=True)
+        return len(jobs)
+
+    def _start(self, job: Any, reserved: bool = False) -> None:
+        if not reserved:
+            self._busy += 1
         task = asyncio.ensure_future(self.processJob(job, job.token))
         self.processing.add(task)
         task.add_done_callback(self._ended)
@@ -334,25 +420,78 @@ class _BatchWorker(_BullWorker):  # type: ignore[misc]  # bullmq is untyped
                 self.waiting = None
             if self.blockUntil > 0 and self.blockUntil > int(time.time() * 1000):
                 return []  # the next job is a delayed one: wait until it is due
+            # Callers' take calls may have used the room meanwhile (reserve).
+            room = min(room, self.opts["concurrency"] - self._busy)
+            if room <= 0:
+                self.drained = False  # the marker is consumed: take at once next time
+                return []
         token = f"{self.id}:{batch}"
         keys, args = move_to_active_args(self.keys, token, self.opts["lockDuration"], room)
-        (reply,) = await run_scripts(self.client, [Call(self._take, keys, args)])
+        self._fetching = room
+        try:
+            (reply,) = await run_scripts(self.client, [Call(self._take, keys, args)])
+        finally:
+            self._fetching = 0
         if isinstance(reply, BaseException):
             raise reply
         taken, delay_until = parse_taken(reply)
-        self.drained = len(taken) < room
+        jobs = self._jobs(taken, token)
+        self.drained = len(jobs) < room
         self.blockUntil = delay_until if self.drained else 0
-        jobs = []
-        for i, (raw, job_id) in enumerate(taken, start=1):
-            job = _BullJob.fromJSON(self, raw, job_id)
-            job.token = f"{token}:{i}"
-            jobs.append(job)
         if self.closing:
             # Taken while closing: nobody here will process them.
             for job in jobs:
                 await self._give_back(self.name, job, job.token)
             return []
         return jobs
+
+    def _jobs(self, taken: list[tuple[dict[str, str], str]], token: str) -> list[Any]:
+        """The jobs a take call took (:func:`parse_taken`), each with its lock token."""
+        jobs = []
+        for i, (raw, job_id) in enumerate(taken, start=1):
+            job = self._job(raw, job_id)
+            job.token = f"{token}:{i}"
+            jobs.append(job)
+        return jobs
+
+    def _job(self, raw: dict[str, str], job_id: str) -> Any:
+        """``Job.fromJSON(self, raw, job_id)``, the same job, built from a
+        copy of a template per job name and options (bullmq builds and parses
+        those per job, which a profile of the step path showed). A hash with
+        any field a plain job taken from its queue
+        does not have (a parent, a return value, a repeat key…) goes through
+        bullmq's own ``fromJSON``."""
+        if not raw.keys() <= _PLAIN_FIELDS:
+            return _BullJob.fromJSON(self, raw, job_id)
+        shape = (raw.get("name"), raw.get("opts", "{}"))
+        template = self._templates.get(shape)
+        if template is None:
+            built = _BullJob(self, shape[0], None, optsFromJSON(json.loads(shape[1])))
+            if built.parent is not None:  # a parent's options: kept per job by bullmq
+                return _BullJob.fromJSON(self, raw, job_id)
+            if len(self._templates) >= _TEMPLATES:
+                self._templates.clear()
+            template = self._templates[shape] = vars(built)
+        job = _BullJob.__new__(_BullJob)
+        fields = vars(job)
+        fields.update(template)
+        fields["opts"] = dict(template["opts"])
+        fields["stacktrace"] = []
+        fields["data"] = json.loads(raw.get("data", "{}"))
+        fields["id"] = job_id
+        fields["progress"] = json.loads(raw["progress"]) if "progress" in raw else 0
+        fields["delay"] = int(raw.get("delay", "0"))
+        fields["priority"] = int(raw.get("priority", "0"))
+        fields["timestamp"] = int(raw.get("timestamp", "0"))
+        if raw.get("processedOn"):
+            fields["processedOn"] = int(raw["processedOn"])
+        if raw.get("ats"):
+            fields["attemptsStarted"] = int(raw["ats"])
+        fields["attemptsMade"] = int(raw.get("attemptsMade") or raw.get("atm") or "0")
+        fields["stalledCounter"] = int(raw.get("stc") or "0")
+        if raw.get("defa"):
+            fields["deferredFailure"] = raw["defa"]
+        return job
 
     async def processJob(self, job: Any, token: str) -> None:
         """bullmq's ``processJob``, with the completion batched."""
@@ -398,7 +537,8 @@ class _BatchWorker(_BullWorker):  # type: ignore[misc]  # bullmq is untyped
                     job.attempts,
                     job.attemptsMade,
                 )
-                jobs.append((job.id, compact_json(result), packed))
+                value = "null" if result is None else compact_json(result)
+                jobs.append((job.id, value, packed))
             calls.append(finish_call(script, self.keys, jobs, now))
         replies = await run_scripts(self.client, calls)
         outcomes: list[BaseException | None] = []

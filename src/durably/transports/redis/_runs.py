@@ -35,7 +35,7 @@ __all__ = ["RedisRuns", "start_job_id"]
 _log = logging.getLogger("durably.runqueue")
 
 _ADD_CHUNK = 500
-"""Jobs per ``addBulk`` call."""
+"""Jobs per transaction."""
 _RETRY_DELAY_MS = 1000
 _JOB_OPTS: dict[str, Any] = {"removeOnComplete": True, "removeOnFail": True}
 _COUNTED = ("wait", "active", "delayed", "prioritized", "paused")
@@ -49,6 +49,10 @@ class GiveBack(Protocol):
     """Moves a held job back to its queue, visible again after ``delay_ms``."""
 
     def __call__(self, queue: str, job: _Job, token: str, delay_ms: int = 0) -> Awaitable[None]: ...
+
+
+AddJobs = Callable[[list[tuple[str, dict[str, Any]]]], Awaitable[None]]
+"""Adds jobs (queue name, ``{"name", "data", "opts"}``) in one transaction."""
 
 
 def start_job_id(run_id: str, state: str) -> str:
@@ -70,12 +74,14 @@ class RedisRuns:
         client: aioredis.Redis,
         queue: Callable[[str], _Queue],
         give_back: GiveBack,
+        add_jobs: AddJobs,
     ) -> None:
         self._names = names
         self._connect_url = connect_url
         self._client = client
         self._queue = queue
         self._give_back = give_back
+        self._add_jobs = add_jobs
         self._deliver: Deliver | None = None
         self._pools: list[str] | None = None
         self._consumers: dict[str, _Consumer] = {}
@@ -91,6 +97,10 @@ class RedisRuns:
         """Jobs taken and not yet finished or handed back."""
         return len(self._held)
 
+    def consumer(self, queue: str) -> _Consumer | None:
+        """The consumer taking ``queue``'s runs here, if any."""
+        return self._consumers.get(queue)
+
     @property
     def consuming(self) -> bool:
         """Whether this instance takes runs."""
@@ -99,7 +109,8 @@ class RedisRuns:
     # -- producing -----------------------------------------------------------------------
 
     async def push(self, runs: list[QueuedRun]) -> None:
-        """Add one job per run, ``addBulk`` by 500 per queue."""
+        """Add one job per run, by 500 per queue and transaction (BullMQ's add
+        scripts, as ``addBulk`` would run them, without its ``SCRIPT EXISTS``)."""
         by_queue: dict[str, list[dict[str, Any]]] = {}
         for run in runs:
             opts = {**_JOB_OPTS, "priority": bullmq_priority(run.priority)}
@@ -110,9 +121,8 @@ class RedisRuns:
         await asyncio.gather(*(self._add(name, jobs) for name, jobs in by_queue.items()))
 
     async def _add(self, name: str, jobs: list[dict[str, Any]]) -> None:
-        queue = self._queue(name)
         for start in range(0, len(jobs), _ADD_CHUNK):
-            await queue.addBulk(jobs[start : start + _ADD_CHUNK])
+            await self._add_jobs([(name, job) for job in jobs[start : start + _ADD_CHUNK]])
 
     # -- consuming -----------------------------------------------------------------------
 

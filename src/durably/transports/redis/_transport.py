@@ -124,10 +124,12 @@ class RedisTransport:
         self._event_listeners: list[Callable[[str, str], None]] = []
         self._readers: list[asyncio.Task[None]] = []
         self._pubsubs: dict[str, PubSub] = {}
+        self._listeners: dict[str, list[Callable[[Any], Awaitable[None]]]] = {}
         self.resubscriptions = 0
         """Subscriptions replaced by the watchdog (for tests and metrics)."""
         self.malformed: dict[str, int] = {}
         """Malformed messages dropped, per channel."""
+        self._run_queues: list[RedisRuns] = []
         # tasks and results added, batched while the previous batch is written
         self._adding: Collector[list[tuple[str, dict[str, Any]]], None] = Collector(self._add_jobs)
 
@@ -205,6 +207,7 @@ class RedisTransport:
             with contextlib.suppress(Exception):
                 await pubsub.aclose()  # type: ignore[no-untyped-call,unused-ignore]  # untyped in older redis-py
         self._pubsubs.clear()
+        self._listeners.clear()
         await self._adding.drain()
         client, self._client = self._client, None
         self._queues.clear()
@@ -227,18 +230,47 @@ class RedisTransport:
     def run_queue(self) -> RedisRuns:
         """The fleet's run queue, on BullMQ (see :mod:`durably._run_queue`).
         Available once :meth:`open` ran."""
-        return RedisRuns(self.names, self._connect_url, self._redis(), self._queue, self._give_back)
+        runs = RedisRuns(
+            self.names,
+            self._connect_url,
+            self._redis(),
+            self._queue,
+            self._give_back,
+            self._adding.add,
+        )
+        self._run_queues.append(runs)
+        return runs
 
     # -- pub/sub -----------------------------------------------------------------------
 
     async def _subscribe(self, channel: str, on_message: Callable[[Any], Awaitable[None]]) -> None:
         """Hear ``channel`` from now on (the subscription is live on the server
-        when this returns), through a reader that keeps it alive."""
+        when this returns), through a reader that keeps it alive. One
+        subscription and one reader per channel, telling every handler: two
+        readers of one subscription would fight over its socket, each message
+        reaching only one of them."""
+        handlers = self._listeners.get(channel)
+        if handlers is not None:
+            handlers.append(on_message)
+            return
         pubsub = await self._open_subscription(channel)
         self._pubsubs[channel] = pubsub
+        self._listeners[channel] = [on_message]
         self._readers.append(
-            asyncio.create_task(self._read(channel, on_message), name=f"durably-{channel}")
+            asyncio.create_task(self._read(channel, self._tell(channel)), name=f"durably-{channel}")
         )
+
+    def _tell(self, channel: str) -> Callable[[Any], Awaitable[None]]:
+        handlers = self._listeners[channel]
+
+        async def tell(body: Any) -> None:
+            for handler in list(handlers):
+                try:
+                    await handler(body)
+                except Exception:
+                    _log.exception("a message on %s could not be handled", channel)
+
+        return tell
 
     async def _open_subscription(self, channel: str) -> PubSub:
         pubsub = self._redis().pubsub()
@@ -419,8 +451,19 @@ class RedisTransport:
             ) from exc
 
     async def send_result(self, result: StepResult) -> None:
-        """Add the result to the results queue."""
+        """Settle the result here if this instance consumes results, else (or
+        if that settle failed) add it to the results queue.
+
+        A result settled here is one this instance would have been free to
+        take off the queue itself (results go to whichever instance takes them
+        first): it skips the queue's add, take and finish. The task it answers
+        is completed only after this returns, so a crash before the settle
+        leaves the task job held and BullMQ's stalled check delivers it again,
+        as after a crash before the result job was added."""
         self._redis()
+        here = self._on_results is not None and not self._closing
+        if here and await self._settle_here([result]):
+            return
         job = {"name": "result", "data": result.to_wire(), "opts": dict(_OTHER_JOB_OPTS)}
         try:
             await self._adding.add([(self.names.results, job)])
@@ -434,12 +477,14 @@ class RedisTransport:
         transaction, one looped add script call per queue and job shape;
         each batch fails alone if a job of it is refused."""
         groups: dict[tuple[str, tuple[str, ...], bytes], list[tuple[int, AddedJob]]] = {}
+        added_to: dict[str, int] = {}
         for owner, batch in enumerate(batches):
             for name, job in batch:
                 scripts = self._queue(name).backend.scripts
                 added = added_job(scripts, job["name"], job["data"], job["opts"])
                 key = (added.script.sha, added.keys, added.packed)
                 groups.setdefault(key, []).append((owner, added))
+                added_to[name] = added_to.get(name, 0) + 1
         calls, members = [], []
         for group in groups.values():
             for start in range(0, len(group), CALL_MAX):
@@ -449,9 +494,34 @@ class RedisTransport:
                 script = add_script(first.script)
                 calls.append(add_call(script, first.keys, first.packed, first.timestamp, jobs))
                 members.append([owner for owner, _ in part])
-        replies = await run_scripts(self._redis(), calls, transaction=True)
+        # Jobs for a queue this instance consumes (a group it serves, a pool
+        # whose runs it takes), with room: its worker takes them (or whatever
+        # it would take next) in the same transaction, each locked by a token
+        # of its own, instead of waking on the queue's marker and fetching
+        # them in a round trip of its own. Other consumers see what a fetch
+        # of that worker's right after the add would leave them.
+        takes = []
+        for name, count in added_to.items():
+            consumer = self._consumer_of(name)
+            reserved = consumer.reserve(count) if consumer is not None else None
+            if reserved is not None:
+                takes.append(reserved)
+                calls.append(reserved.call)
+        try:
+            replies = await run_scripts(self._redis(), calls, transaction=True)
+        except BaseException:
+            for reserved in takes:
+                reserved.cancel()
+            raise
+        for reserved, reply in zip(takes, replies[len(members) :], strict=True):
+            try:
+                reserved.taken(reply)
+            except Exception:
+                # Added all the same: what the take locked comes back through
+                # BullMQ's stalled check once its lock runs out.
+                _log.exception("could not start the jobs taken with their add")
         outcomes: list[BaseException | None] = [None] * len(batches)
-        for owners, reply in zip(members, replies, strict=True):
+        for owners, reply in zip(members, replies[: len(members)], strict=True):
             each = reply if isinstance(reply, list) else [reply] * len(owners)
             for owner, one in zip(owners, each, strict=True):
                 try:
@@ -459,6 +529,17 @@ class RedisTransport:
                 except Exception as exc:
                     outcomes[owner] = outcomes[owner] or exc
         return outcomes
+
+    def _consumer_of(self, queue: str) -> _Consumer | None:
+        """This instance's consumer of ``queue`` (step tasks or runs), if any."""
+        for consumer in self._workers:
+            if consumer.queue == queue:
+                return consumer
+        for runs in self._run_queues:
+            found = runs.consumer(queue)
+            if found is not None:
+                return found
+        return None
 
     async def send_heartbeat(self, beat: Heartbeat) -> None:
         """Publish the beat, and keep it as the step's latest for late listeners."""
@@ -693,16 +774,20 @@ class RedisTransport:
                 _log.error("dropping a malformed result (job %s): %s", job.id, exc)
         if not results:
             return [True] * len(jobs)
-        done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._batch.append((results, done))
-        if self._flush is None or self._flush.done():
-            self._flush = asyncio.create_task(self._flush_soon())
-        if await done:
+        if await self._settle_here(results):
             return [True] * len(jobs)
         for job in parsed:
             await self._give_back(queue, job, job.token, self.redeliver_delay_ms)
         again = {id(job) for job in parsed}
         return [id(job) not in again for job in jobs]
+
+    async def _settle_here(self, results: list[StepResult]) -> bool:
+        """Settle ``results`` with the others taken meanwhile; whether they were."""
+        done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._batch.append((results, done))
+        if self._flush is None or self._flush.done():
+            self._flush = asyncio.create_task(self._flush_soon())
+        return await done
 
     async def _flush_soon(self) -> None:
         while self._batch:
