@@ -337,18 +337,22 @@ async def test_a_result_that_settles_nothing_yields_to_the_stored_one(rig: RigFa
     assert holds(engine).hits == 1
 
 
-async def test_a_step_settled_by_another_instance_alone_parks_then_resumes(
+async def test_a_step_settled_by_another_instance_alone_reaches_the_run(
     rig: RigFactory, store_url: str
 ) -> None:
     """No result reaches this process (another instance took it, settled
-    the step and stamped a wake): the hold runs out, the run's park sees
-    the stamp, and the next turn reads the settled step."""
-    if store_url.startswith("postgres"):
-        pytest.skip("PostgreSQL's wake notice ends the hold: the test below")
-    made = rig(step_hold="50ms")  # its gate stays shut: this process never answers
+    the step and stamped a wake). On PostgreSQL the wake's notice reaches the
+    holder, which reads the settled step and continues the same turn long
+    before its window (here 7.5 s, a quarter of the lease) would run out.
+    Elsewhere nothing tells this process: the hold runs out, the run's park
+    sees the stamp, and the next turn reads the settled step."""
+    notified = store_url.startswith("postgres")
+    # its gate stays shut: this process never answers
+    made = rig(step_hold="10s" if notified else "50ms")
     engine = made.engine
 
     async with engine:
+        assert engine.listening is notified
         await engine.start("one", 1, run_id="other")
         await eventually(lambda: holds(engine).holding == 1, what="the turn to hold")
         now = engine.clock.now_ms()
@@ -359,7 +363,11 @@ async def test_a_step_settled_by_another_instance_alone_parks_then_resumes(
         result = await finish(engine, "other")
         made.gate.set()
     assert result.output == "from B" and made.calls == Counter({("slow", 1): 1})
-    assert holds(engine).hits == 0 and holds(engine).misses == 1
+    if notified:
+        assert holds(engine).hits == 1 and holds(engine).misses == 0
+        assert holds(engine).rechecks >= 1
+    else:
+        assert holds(engine).hits == 0 and holds(engine).misses == 1
 
 
 async def test_a_run_waiting_for_a_slot_releases_a_hold(rig: RigFactory) -> None:
@@ -502,33 +510,6 @@ async def test_a_timeout_steps_waiter_also_yields_to_the_stored_result(rig: RigF
         made.gate.set()
         result = await finish(engine, "truth")
     assert result.output == "stored elsewhere"
-
-
-async def test_on_postgres_another_instances_settle_ends_the_hold_at_once(
-    rig: RigFactory, store_url: str
-) -> None:
-    """The wake stamped by another instance's settle notifies the holder,
-    which reads the settled step and continues the same turn, long before
-    its window (here 7.5 s, a quarter of the lease) would run out."""
-    if not store_url.startswith("postgres"):
-        pytest.skip("only PostgreSQL notifies other processes of a wake")
-    made = rig(step_hold="10s")  # its gate stays shut: this process never answers
-    engine = made.engine
-
-    async with engine:
-        assert engine.listening
-        await engine.start("one", 1, run_id="other")
-        await eventually(lambda: holds(engine).holding == 1, what="the turn to hold")
-        now = engine.clock.now_ms()
-        await engine.store.resolve_checkpoints(
-            [Resolution("other", 0, CheckpointStatus.COMPLETED, "from B")], now
-        )
-        await engine.store.request_wake("other", now)
-        result = await finish(engine, "other")
-        made.gate.set()
-    assert result.output == "from B"
-    assert holds(engine).hits == 1 and holds(engine).misses == 0
-    assert holds(engine).rechecks >= 1
 
 
 async def test_two_instances_holding_and_settling_each_others_results(
