@@ -187,3 +187,34 @@ async def test_a_timer_due_while_its_previous_turn_finishes_still_wakes_the_run(
 
         assert await handle.result(timeout=GENEROUS) == 2
     assert held["done"]
+
+
+async def test_a_due_run_whose_claim_took_nothing_is_claimed_again(
+    make_engine: EngineFactory,
+) -> None:
+    """The tick lists the run as due, but its claim takes nothing and changes
+    nothing: on PostgreSQL the row was being written at that moment (the
+    claim skips locked rows), and nobody else claimed it. The run is still
+    due and free, so the loop must ask again soon: the next timer it plans
+    for counts only timers later than the tick, and the poll is an hour away.
+    Seen under load as test_many_timers_in_a_row_each_wake_the_run[postgresql]
+    timing out, with the run suspended, due and unleased."""
+    engine = make_engine(poll_interval=NEVER)
+    register(engine)
+    store: Any = engine.store
+    claim = store.claim_due_batch
+    skipped: list[list[str]] = []
+
+    async def first_takes_nothing(run_ids: list[str], now: int, next_wake_at: int) -> list[str]:
+        if not skipped:
+            skipped.append(list(run_ids))
+            return []  # as FOR UPDATE SKIP LOCKED does with a row being written
+        claimed: list[str] = await claim(run_ids, now, next_wake_at)
+        return claimed
+
+    store.claim_due_batch = first_takes_nothing
+    async with engine:
+        handle = await engine.start("nap")
+
+        assert await handle.result(timeout=GENEROUS) == "rested"
+    assert skipped == [[handle.run_id]]
