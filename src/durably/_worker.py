@@ -262,6 +262,8 @@ class Worker:
     async def resume_due_timers(self) -> int:
         """Claim and wake suspended runs whose timer is due; return how many."""
         await self._open()
+        # Planned again below, from this pass alone (a failing store plans nothing).
+        again, self._reclaim_wait = self._reclaim_wait, None
         now = self._clock.now_ms()
         options = self._options()
         ids = await self._store.list_due(
@@ -292,7 +294,7 @@ class Worker:
                     self._pass_over("timer", run_id, row_exc)
         if claimed and due is not None:
             self._timers_fired(due, claimed, now)
-        await self._left_free([run_id for run_id in ids if run_id not in claimed], now)
+        await self._left_free([run_id for run_id in ids if run_id not in claimed], now, again)
         for run_id in ids:
             if run_id in claimed:
                 # A wake: the claim moved the run's wake time to the claim's
@@ -301,7 +303,7 @@ class Worker:
                 self._router.route(run_id, wake=True)
         return len(claimed)
 
-    async def _left_free(self, unclaimed: list[str], now: int) -> None:
+    async def _left_free(self, unclaimed: list[str], now: int, again: float | None) -> None:
         """Plan another look soon if a listed run is still due and free.
 
         A claim takes nothing from a run another instance claimed or holds
@@ -309,9 +311,9 @@ class Worker:
         net for those. But PostgreSQL's claim also skips a row that is being
         written at that moment (a settle, a watch), and that run stays due and
         free: the next timer the loop plans counts only timers later than its
-        tick, so without another look it would sleep until the poll."""
+        tick, so without another look it would sleep until the poll. ``again``:
+        the wait planned after the previous pass, if it left such a run too."""
         if not unclaimed:
-            self._reclaim_wait = None
             return
         free = [
             run
@@ -323,13 +325,10 @@ class Worker:
             )
             and (run.locked_by is None or run.locked_until is None or run.locked_until < now)
         ]
-        if not free:
-            self._reclaim_wait = None
-        elif self._reclaim_wait is None:
-            self._reclaim_wait = _MIN_WAIT
-        else:
-            # The row stays busy (a long transaction holds it): look less often.
-            self._reclaim_wait = min(2 * self._reclaim_wait, self._options().poll_interval)
+        if free:
+            # The row staying busy (a long transaction holds it): look less often.
+            wait = _MIN_WAIT if again is None else 2 * again
+            self._reclaim_wait = min(wait, self._options().poll_interval)
 
     def _timers_fired(self, due: list[Run], claimed: set[str], now: int) -> None:
         for run in due:
