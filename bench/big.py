@@ -23,22 +23,23 @@ import argparse
 import asyncio
 import json
 import os
-import resource
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from common import emit, error_result, make_target, percentile, prepare_workdir, reset_target
+from common import (
+    RssSampler,
+    emit,
+    error_result,
+    make_target,
+    prepare_workdir,
+    reset_target,
+    rss_mb,
+    wake_result,
+)
 
 HERE = Path(__file__).resolve().parent
-
-
-def rss_mb() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return round(int(line.split()[1]) / 1024.0, 1)
-    return float("nan")
 
 
 async def stamp() -> int:
@@ -95,17 +96,10 @@ async def wake(
 ) -> dict[str, Any]:
     import asyncpg
 
-    samples: list[tuple[float, float]] = []
-    stop = asyncio.Event()
-
-    async def sampler() -> None:
-        while not stop.is_set():
-            samples.append((time.time(), rss_mb()))
-            await asyncio.sleep(0.25)
-
     rss_before_engine = rss_mb()
     engine = build(url, poll)
-    task = asyncio.create_task(sampler())
+    sampler = RssSampler()
+    sampler.start()
     t_open = time.time()
     cpu0 = time.process_time()
     async with engine:
@@ -120,8 +114,7 @@ async def wake(
         t_done = time.time()
         # the engine's CPU: on a busy machine, lag with little CPU used is waiting for a core
         cpu_s = time.process_time() - cpu0
-    stop.set()
-    await task
+    sampler.stop()
     conn = await asyncpg.connect(url)
     try:
         rows = await conn.fetch(
@@ -132,29 +125,20 @@ async def wake(
     finally:
         await conn.close()
     lags = [(r["woke"] - r["due"]) / 1000.0 for r in rows]
-    first_due = first_due_ms / 1000.0
-    idle = [m for t, m in samples if t < first_due]
-    firing = [m for t, m in samples if t >= first_due]
     return {
-        "n": n,
-        "poll_interval_s": poll,
-        "rss_before_engine_mb": rss_before_engine,
-        "rss_idle_suspended_mb": max(idle) if idle else None,
-        "idle_seconds": round(first_due - t_open, 1),
-        "rss_firing_peak_mb": max(firing) if firing else None,
-        "rss_end_mb": samples[-1][1] if samples else None,
-        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0, 1),
-        "spread_s": spread,
-        "done_after_last_due_s": round(t_done - (first_due + spread), 2),
+        **wake_result(
+            n,
+            lags,
+            sampler,
+            poll=poll,
+            spread=spread,
+            first_due_ms=first_due_ms,
+            rss_before=rss_before_engine,
+            t_open=t_open,
+            t_done=t_done,
+        ),
         "engine_cpu_s": round(cpu_s, 2),
         "engine_cpu_per_s": round(cpu_s / max(t_done - t_open, 1e-9), 3),
-        "lag_p50_s": round(percentile(lags, 50), 3),
-        "lag_p90_s": round(percentile(lags, 90), 3),
-        "lag_p99_s": round(percentile(lags, 99), 3),
-        "lag_max_s": round(max(lags), 3),
-        "lag_min_s": round(min(lags), 3),
-        "within_one_poll": round(sum(1 for x in lags if x <= poll) / len(lags), 4),
-        "measured": len(lags),
     }
 
 

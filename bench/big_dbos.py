@@ -26,25 +26,24 @@ import argparse
 import asyncio
 import logging
 import os
-import resource
 import sys
-import threading
 import time
 from importlib.metadata import version
-from pathlib import Path
 from typing import Any
 
-from common import emit, error_result, make_target, percentile, prepare_workdir, reset_target
+from common import (
+    RssSampler,
+    emit,
+    error_result,
+    make_target,
+    prepare_workdir,
+    reset_target,
+    rss_mb,
+    wake_result,
+)
 from dbos import DBOS, DBOSConfig
 
 LAGS: list[float] = []
-
-
-def rss_mb() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return round(int(line.split()[1]) / 1024.0, 1)
-    return float("nan")
 
 
 @DBOS.workflow(name="leaf")
@@ -159,17 +158,9 @@ def wake(
     url: str, n: int, first_due_ms: int, spread: float, poll: float, timeout: float
 ) -> dict[str, Any]:
     """Recover the parked workflows in this fresh process; RSS and lag until all are done."""
-    samples: list[tuple[float, float]] = []
-    stop = threading.Event()
-
-    def sampler() -> None:
-        while not stop.is_set():
-            samples.append((time.time(), rss_mb()))
-            time.sleep(0.25)
-
     rss_before = rss_mb()
-    th = threading.Thread(target=sampler, daemon=True)
-    th.start()
+    sampler = RssSampler()
+    sampler.start()
     t_open = time.time()
     launch(url)  # recovers the parked workflows
 
@@ -185,31 +176,18 @@ def wake(
 
     asyncio.run(until_done())
     t_done = time.time()
-    stop.set()
-    th.join()
-    lags = list(LAGS)
-    first_due = first_due_ms / 1000.0
-    idle = [m for t, m in samples if t < first_due]
-    firing = [m for t, m in samples if t >= first_due]
-    return {
-        "n": n,
-        "poll_interval_s": poll,
-        "rss_before_engine_mb": rss_before,
-        "rss_idle_suspended_mb": max(idle) if idle else None,
-        "idle_seconds": round(first_due - t_open, 1),
-        "rss_firing_peak_mb": max(firing) if firing else None,
-        "rss_end_mb": samples[-1][1] if samples else None,
-        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0, 1),
-        "spread_s": spread,
-        "done_after_last_due_s": round(t_done - (first_due + spread), 2),
-        "lag_p50_s": round(percentile(lags, 50), 3),
-        "lag_p90_s": round(percentile(lags, 90), 3),
-        "lag_p99_s": round(percentile(lags, 99), 3),
-        "lag_max_s": round(max(lags), 3),
-        "lag_min_s": round(min(lags), 3),
-        "within_one_poll": round(sum(1 for x in lags if x <= poll) / len(lags), 4),
-        "measured": len(lags),
-    }
+    sampler.stop()
+    return wake_result(
+        n,
+        list(LAGS),
+        sampler,
+        poll=poll,
+        spread=spread,
+        first_due_ms=first_due_ms,
+        rss_before=rss_before,
+        t_open=t_open,
+        t_done=t_done,
+    )
 
 
 def main() -> int:

@@ -19,6 +19,7 @@ import os
 import resource
 import statistics
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Awaitable, Callable, Sequence
@@ -113,6 +114,78 @@ async def reset_target(t: Target) -> None:
 def peak_rss_mb() -> float:
     """Peak resident set size of this process so far, in MiB (Linux reports KiB)."""
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0, 1)
+
+
+def rss_mb() -> float:
+    """Resident set size of this process now, in MiB (``nan`` where /proc has none)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return round(int(line.split()[1]) / 1024.0, 1)
+    return float("nan")
+
+
+class RssSampler:
+    """``(wall clock, RSS MiB)`` every ``every`` seconds between :meth:`start` and
+    :meth:`stop`, on a thread of its own: the event loop being sampled (or DBOS's
+    own threads) may be too busy to take samples on time."""
+
+    def __init__(self, every: float = 0.25) -> None:
+        self.every = every
+        self.samples: list[tuple[float, float]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        while not self._stop.is_set():
+            self.samples.append((time.time(), rss_mb()))
+            self._stop.wait(self.every)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def wake_result(
+    n: int,
+    lags: Sequence[float],
+    sampler: RssSampler,
+    *,
+    poll: float,
+    spread: float,
+    first_due_ms: int,
+    rss_before: float,
+    t_open: float,
+    t_done: float,
+) -> dict[str, Any]:
+    """What ``big.py``'s and ``big_dbos.py``'s wake processes report alike: RSS idle
+    (samples before the first due time), while firing and at the end, and each
+    run's lag (seconds from its due time to its step) as percentiles and as the
+    share within one ``poll``."""
+    first_due = first_due_ms / 1000.0
+    idle = [m for t, m in sampler.samples if t < first_due]
+    firing = [m for t, m in sampler.samples if t >= first_due]
+    return {
+        "n": n,
+        "poll_interval_s": poll,
+        "rss_before_engine_mb": rss_before,
+        "rss_idle_suspended_mb": max(idle) if idle else None,
+        "idle_seconds": round(first_due - t_open, 1),
+        "rss_firing_peak_mb": max(firing) if firing else None,
+        "rss_end_mb": sampler.samples[-1][1] if sampler.samples else None,
+        "peak_rss_mb": peak_rss_mb(),
+        "spread_s": spread,
+        "done_after_last_due_s": round(t_done - (first_due + spread), 2),
+        "lag_p50_s": round(percentile(lags, 50), 3),
+        "lag_p90_s": round(percentile(lags, 90), 3),
+        "lag_p99_s": round(percentile(lags, 99), 3),
+        "lag_max_s": round(max(lags), 3),
+        "lag_min_s": round(min(lags), 3),
+        "within_one_poll": round(sum(1 for x in lags if x <= poll) / len(lags), 4),
+        "measured": len(lags),
+    }
 
 
 def percentile(values: Sequence[float], q: float) -> float:

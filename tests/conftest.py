@@ -82,3 +82,16 @@ async def postgres_url() -> AsyncIterator[str]:
 def isolated_postgres() -> Callable[[], AbstractAsyncContextManager[str]]:
     """``async with isolated_postgres() as url:`` — a URL in a fresh schema, dropped after."""
     return isolated_postgres_url
+
+
+@pytest.fixture
+async def postgres_store(postgres_url: str) -> AsyncIterator[Any]:
+    """An open ``PostgresStore`` in a fresh schema, closed after the test."""
+    from durably.stores.postgres import PostgresStore
+
+    store = PostgresStore(postgres_url)
+    await store.open()
+    try:
+        yield store
+    finally:
+        await store.close()

@@ -11,7 +11,6 @@ batch does with that row: ``start_turns`` waits for it alone and re-checks it
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
@@ -20,21 +19,11 @@ import pytest
 from durably.model import Checkpoint, CheckpointStatus, Run, RunStatus
 from durably.stores.base import RunChanges, SettleResult
 from durably.stores.postgres import PostgresStore
+from stores._locks import until_blocked
 
 NOW = 1_700_000_000_000
 LEASE = 30_000
 WAKEABLE = frozenset({RunStatus.PENDING, RunStatus.SUSPENDED})
-
-
-@pytest.fixture
-async def store(postgres_url: str) -> AsyncIterator[PostgresStore]:
-    """An open store in a fresh schema."""
-    store = PostgresStore(postgres_url)
-    await store.open()
-    try:
-        yield store
-    finally:
-        await store.close()
 
 
 async def _holding(store: PostgresStore, run_id: str) -> Any:
@@ -45,23 +34,6 @@ async def _holding(store: PostgresStore, run_id: str) -> Any:
     await tx.start()
     await conn.execute("SELECT 1 FROM durably_runs WHERE id = $1 FOR UPDATE", run_id)
     return conn, tx
-
-
-async def _until_blocked(store: PostgresStore, holder: Any) -> None:
-    """Wait (bounded, as a hang guard) until a backend waits for ``holder``'s lock."""
-    conn = await asyncpg.connect(store.url.partition("?")[0])
-    try:
-        for _ in range(1000):
-            waiting = await conn.fetchval(
-                "SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))",
-                holder.get_server_pid(),
-            )
-            if waiting:
-                return
-            await asyncio.sleep(0.01)
-        raise AssertionError("start_turns never waited for the locked row")
-    finally:
-        await conn.close()
 
 
 def _run(run_id: str, status: RunStatus = RunStatus.PENDING, **fields: Any) -> Run:
@@ -76,16 +48,20 @@ def _run(run_id: str, status: RunStatus = RunStatus.PENDING, **fields: Any) -> R
     )
 
 
-async def test_start_turns_waits_for_a_locked_row_and_rechecks_it(store: PostgresStore) -> None:
+async def test_start_turns_waits_for_a_locked_row_and_rechecks_it(
+    postgres_store: PostgresStore,
+) -> None:
     for run_id in ("free", "contended", "taken"):
-        await store.create_run(_run(run_id))
-    conns = [await _holding(store, "contended"), await _holding(store, "taken")]
+        await postgres_store.create_run(_run(run_id))
+    conns = [await _holding(postgres_store, "contended"), await _holding(postgres_store, "taken")]
     try:
         batch = asyncio.ensure_future(
-            store.start_turns(["free", "contended", "taken"], "me", NOW, NOW + LEASE, WAKEABLE)
+            postgres_store.start_turns(
+                ["free", "contended", "taken"], "me", NOW, NOW + LEASE, WAKEABLE
+            )
         )
-        await _until_blocked(store, conns[0][0])
-        await _until_blocked(store, conns[1][0])
+        await until_blocked(postgres_store, conns[0][0])
+        await until_blocked(postgres_store, conns[1][0])
         assert not batch.done()
         # one holder lets go unchanged; the other leased its run meanwhile
         await conns[1][0].execute(
@@ -101,31 +77,37 @@ async def test_start_turns_waits_for_a_locked_row_and_rechecks_it(store: Postgre
             await conn.close()
 
     assert sorted(turns) == ["contended", "free"]
-    taken = await store.get_run("taken")
+    taken = await postgres_store.get_run("taken")
     assert taken is not None and taken.locked_by == "other"
 
 
 async def test_claims_and_recoveries_pass_over_a_locked_row_for_the_next_pass(
-    store: PostgresStore,
+    postgres_store: PostgresStore,
 ) -> None:
-    await store.create_run(_run("due-1", RunStatus.SUSPENDED, wake_at=NOW - 1))
-    await store.create_run(_run("due-2", RunStatus.SUSPENDED, wake_at=NOW - 1))
+    await postgres_store.create_run(_run("due-1", RunStatus.SUSPENDED, wake_at=NOW - 1))
+    await postgres_store.create_run(_run("due-2", RunStatus.SUSPENDED, wake_at=NOW - 1))
     for run_id in ("orphan-1", "orphan-2"):
-        await store.create_run(_run(run_id, RunStatus.RUNNING, locked_by="x", locked_until=NOW - 1))
-    conns = [await _holding(store, "due-2"), await _holding(store, "orphan-2")]
+        await postgres_store.create_run(
+            _run(run_id, RunStatus.RUNNING, locked_by="x", locked_until=NOW - 1)
+        )
+    conns = [await _holding(postgres_store, "due-2"), await _holding(postgres_store, "orphan-2")]
     try:
-        assert await store.claim_due_batch(["due-1", "due-2"], NOW, NOW + LEASE) == ["due-1"]
-        recovered = await store.recover_orphans(["orphan-1", "orphan-2"], NOW, 3)
+        assert await postgres_store.claim_due_batch(["due-1", "due-2"], NOW, NOW + LEASE) == [
+            "due-1"
+        ]
+        recovered = await postgres_store.recover_orphans(["orphan-1", "orphan-2"], NOW, 3)
         assert recovered == {"orphan-1": RunStatus.PENDING}
     finally:
         for conn, tx in conns:
             await tx.rollback()
             await conn.close()
 
-    assert await store.list_due(NOW, 10) == ["due-2"]
-    assert await store.claim_due_batch(["due-1", "due-2"], NOW, NOW + LEASE) == ["due-2"]
-    assert await store.list_orphans(NOW, 10) == ["orphan-2"]
-    assert await store.recover_orphans(["orphan-2"], NOW, 3) == {"orphan-2": RunStatus.PENDING}
+    assert await postgres_store.list_due(NOW, 10) == ["due-2"]
+    assert await postgres_store.claim_due_batch(["due-1", "due-2"], NOW, NOW + LEASE) == ["due-2"]
+    assert await postgres_store.list_orphans(NOW, 10) == ["orphan-2"]
+    assert await postgres_store.recover_orphans(["orphan-2"], NOW, 3) == {
+        "orphan-2": RunStatus.PENDING
+    }
 
 
 # -- a run's last result and its terminal settle, committed together ----------------------
@@ -145,55 +127,71 @@ def _result(run_id: str, seq: int) -> Checkpoint:
     )
 
 
-async def test_a_last_result_and_its_settle_in_one_batch_both_land(store: PostgresStore) -> None:
-    await _leased_run(store, "r")
+async def test_a_last_result_and_its_settle_in_one_batch_both_land(
+    postgres_store: PostgresStore,
+) -> None:
+    await _leased_run(postgres_store, "r")
     waiting = Checkpoint("r", 0, "signal:t", "signal", CheckpointStatus.PENDING)
-    assert await store.wait_signal(waiting, "t", OWNER, NOW) is not None
+    assert await postgres_store.wait_signal(waiting, "t", OWNER, NOW) is not None
     # Queued together, as a turn's last step result and its outcome are.
-    saved = store.save_checkpoint(_result("r", 1), OWNER)
-    settled = store.settle_run("r", OWNER, RunStatus.COMPLETED, RunChanges(output=7), NOW + 1)
+    saved = postgres_store.save_checkpoint(_result("r", 1), OWNER)
+    settled = postgres_store.settle_run(
+        "r", OWNER, RunStatus.COMPLETED, RunChanges(output=7), NOW + 1
+    )
     assert await saved is True
     assert await settled is SettleResult.SETTLED
-    run = await store.get_run("r")
+    run = await postgres_store.get_run("r")
     assert run is not None and run.status is RunStatus.COMPLETED and run.output == 7
     assert run.locked_by is None and run.locked_until is None and run.updated_at == NOW + 1
-    history = await store.load_checkpoints("r")
+    history = await postgres_store.load_checkpoints("r")
     assert history[1].status is CheckpointStatus.COMPLETED and history[1].output == {"v": 1}
-    assert await store.send_signal("t", "late", NOW + 2) is None  # the waiter went with the run
+    assert (
+        await postgres_store.send_signal("t", "late", NOW + 2) is None
+    )  # the waiter went with the run
 
 
-async def test_a_last_result_and_its_settle_are_fenced_together(store: PostgresStore) -> None:
-    await _leased_run(store, "r")
-    taken = await store.update_run_if(
+async def test_a_last_result_and_its_settle_are_fenced_together(
+    postgres_store: PostgresStore,
+) -> None:
+    await _leased_run(postgres_store, "r")
+    taken = await postgres_store.update_run_if(
         "r", frozenset({RunStatus.RUNNING}), {"locked_by": "engine-b"}, NOW
     )
     assert taken
-    saved = store.save_checkpoint(_result("r", 0), OWNER)
-    settled = store.settle_run("r", OWNER, RunStatus.COMPLETED, RunChanges(output=7), NOW + 1)
+    saved = postgres_store.save_checkpoint(_result("r", 0), OWNER)
+    settled = postgres_store.settle_run(
+        "r", OWNER, RunStatus.COMPLETED, RunChanges(output=7), NOW + 1
+    )
     assert await saved is False
     assert await settled is SettleResult.LOST
-    run = await store.get_run("r")
+    run = await postgres_store.get_run("r")
     assert run is not None and run.status is RunStatus.RUNNING and run.locked_by == "engine-b"
-    assert await store.load_checkpoints("r") == {}
+    assert await postgres_store.load_checkpoints("r") == {}
 
 
 # -- a row the database refuses fails its own write, never its batch ----------------------
 
 
-async def test_a_row_the_database_refuses_fails_only_its_own_write(store: PostgresStore) -> None:
+async def test_a_row_the_database_refuses_fails_only_its_own_write(
+    postgres_store: PostgresStore,
+) -> None:
     runs = [f"r{i}" for i in range(20)]
     for run_id in runs:
-        await _leased_run(store, run_id)
+        await _leased_run(postgres_store, run_id)
     # The engine refuses such names before they reach a store; the batch must
     # still keep what slips through (or a future bug) to its own row.
     refused = {
         ("r0", 2): Checkpoint("r0", 2, "nul\x00name", "local", CheckpointStatus.COMPLETED),
         ("r1", 2): Checkpoint("r1", 2, "caf\udce9", "local", CheckpointStatus.COMPLETED),
     }
-    saves = {(run_id, 1): store.save_checkpoint(_result(run_id, 1), OWNER) for run_id in runs}
-    bad = {key: store.save_checkpoint(cp, OWNER) for key, cp in refused.items()}
+    saves = {
+        (run_id, 1): postgres_store.save_checkpoint(_result(run_id, 1), OWNER) for run_id in runs
+    }
+    bad = {key: postgres_store.save_checkpoint(cp, OWNER) for key, cp in refused.items()}
     settles = {
-        run_id: store.settle_run(run_id, OWNER, RunStatus.COMPLETED, RunChanges(output=n), NOW + 1)
+        run_id: postgres_store.settle_run(
+            run_id, OWNER, RunStatus.COMPLETED, RunChanges(output=n), NOW + 1
+        )
         for n, run_id in enumerate(runs)
         if n >= 2
     }
@@ -203,9 +201,9 @@ async def test_a_row_the_database_refuses_fails_only_its_own_write(store: Postgr
             await future
     assert [await future for future in settles.values()] == [SettleResult.SETTLED] * 18
     for n, run_id in enumerate(runs):
-        history = await store.load_checkpoints(run_id)
+        history = await postgres_store.load_checkpoints(run_id)
         assert sorted(history) == [1]
-        run = await store.get_run(run_id)
+        run = await postgres_store.get_run(run_id)
         assert run is not None
         assert run.status is (RunStatus.COMPLETED if n >= 2 else RunStatus.RUNNING)
 
@@ -213,21 +211,23 @@ async def test_a_row_the_database_refuses_fails_only_its_own_write(store: Postgr
 # -- NOTIFY payloads stay under PostgreSQL's 8,000-byte limit whatever the id --------------
 
 
-async def test_notices_stay_bounded_whatever_the_run_id(store: PostgresStore) -> None:
+async def test_notices_stay_bounded_whatever_the_run_id(postgres_store: PostgresStore) -> None:
     # Stored before ids were bounded at the API (or written around it).
     long_ids = [f"{n}" + "L" * 8192 for n in range(3)]
     for run_id in long_ids:
-        await _leased_run(store, run_id)
+        await _leased_run(postgres_store, run_id)
     batched = [
-        store.settle_run(run_id, OWNER, RunStatus.COMPLETED, RunChanges(output=1), NOW + 1)
+        postgres_store.settle_run(run_id, OWNER, RunStatus.COMPLETED, RunChanges(output=1), NOW + 1)
         for run_id in long_ids[:2]
     ]
     assert [await settled for settled in batched] == [SettleResult.SETTLED] * 2
-    ended = await store.update_run_if(
+    ended = await postgres_store.update_run_if(
         long_ids[2], frozenset({RunStatus.RUNNING}), {"status": RunStatus.CANCELLED}, NOW + 2
     )
     assert ended
     dying = Run("D" * 8192, "w", "1", RunStatus.RUNNING, input=1, locked_by="gone")
     dying.locked_until, dying.created_at, dying.updated_at = NOW - 1, NOW - 2, NOW - 2
-    await store.create_run(dying)
-    assert await store.recover_orphans([dying.run_id], NOW, 0) == {dying.run_id: RunStatus.DEAD}
+    await postgres_store.create_run(dying)
+    assert await postgres_store.recover_orphans([dying.run_id], NOW, 0) == {
+        dying.run_id: RunStatus.DEAD
+    }

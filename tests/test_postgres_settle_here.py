@@ -10,7 +10,6 @@ the batch task, takes the batch task's path; one batch is in flight at a time.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -22,17 +21,6 @@ from durably.stores.postgres import PostgresStore
 NOW = 1_700_000_000_000
 LEASE = 30_000
 OWNER = "engine-a"
-
-
-@pytest.fixture
-async def store(postgres_url: str) -> AsyncIterator[PostgresStore]:
-    """An open store in a fresh schema."""
-    store = PostgresStore(postgres_url)
-    await store.open()
-    try:
-        yield store
-    finally:
-        await store.close()
 
 
 async def _leased_run(store: PostgresStore, run_id: str) -> None:
@@ -68,91 +56,103 @@ async def _assert_completed(store: PostgresStore, run_id: str) -> None:
 
 
 async def test_a_settle_after_its_runs_results_writes_the_batch_in_its_own_task(
-    store: PostgresStore,
+    postgres_store: PostgresStore,
 ) -> None:
-    await _leased_run(store, "r")
-    writers = _writers(store)
-    saved = store.save_checkpoint(_result("r", 1), OWNER)
+    await _leased_run(postgres_store, "r")
+    writers = _writers(postgres_store)
+    saved = postgres_store.save_checkpoint(_result("r", 1), OWNER)
     await asyncio.sleep(0)  # the batch task lingers over the result
     assert (
-        await store.settle_run("r", OWNER, RunStatus.COMPLETED, RunChanges(output=7), NOW + 1)
+        await postgres_store.settle_run(
+            "r", OWNER, RunStatus.COMPLETED, RunChanges(output=7), NOW + 1
+        )
         is SettleResult.SETTLED
     )
     assert saved.done() and await saved is True
     assert writers == [asyncio.current_task()]  # one statement, from the settling task
-    await _assert_completed(store, "r")
+    await _assert_completed(postgres_store, "r")
 
 
-async def test_a_settle_written_here_is_fenced_with_its_result(store: PostgresStore) -> None:
-    await _leased_run(store, "r")
-    assert await store.update_run_if(
+async def test_a_settle_written_here_is_fenced_with_its_result(
+    postgres_store: PostgresStore,
+) -> None:
+    await _leased_run(postgres_store, "r")
+    assert await postgres_store.update_run_if(
         "r", frozenset({RunStatus.RUNNING}), {"locked_by": "engine-b"}, NOW
     )
-    saved = store.save_checkpoint(_result("r", 1), OWNER)
+    saved = postgres_store.save_checkpoint(_result("r", 1), OWNER)
     await asyncio.sleep(0)
     assert (
-        await store.settle_run("r", OWNER, RunStatus.COMPLETED, RunChanges(output=7), NOW + 1)
+        await postgres_store.settle_run(
+            "r", OWNER, RunStatus.COMPLETED, RunChanges(output=7), NOW + 1
+        )
         is SettleResult.LOST
     )
     assert await saved is False
-    assert await store.load_checkpoints("r") == {}
+    assert await postgres_store.load_checkpoints("r") == {}
 
 
 async def test_another_runs_queued_result_leaves_the_batch_to_the_batch_task(
-    store: PostgresStore,
+    postgres_store: PostgresStore,
 ) -> None:
     for run_id in ("r", "other"):
-        await _leased_run(store, run_id)
-    writers = _writers(store)
-    saves = [store.save_checkpoint(_result(run_id, 1), OWNER) for run_id in ("r", "other")]
+        await _leased_run(postgres_store, run_id)
+    writers = _writers(postgres_store)
+    saves = [postgres_store.save_checkpoint(_result(run_id, 1), OWNER) for run_id in ("r", "other")]
     await asyncio.sleep(0)
     assert (
-        await store.settle_run("r", OWNER, RunStatus.COMPLETED, RunChanges(output=7), NOW + 1)
+        await postgres_store.settle_run(
+            "r", OWNER, RunStatus.COMPLETED, RunChanges(output=7), NOW + 1
+        )
         is SettleResult.SETTLED
     )
     assert [await s for s in saves] == [True, True]
     assert writers and asyncio.current_task() not in writers
-    await _assert_completed(store, "r")
+    await _assert_completed(postgres_store, "r")
 
 
-async def test_a_settle_the_batch_task_took_first_is_answered_by_it(store: PostgresStore) -> None:
+async def test_a_settle_the_batch_task_took_first_is_answered_by_it(
+    postgres_store: PostgresStore,
+) -> None:
     """Started later (a task of its own), the settle finds the batch task wrote it."""
-    await _leased_run(store, "r")
-    writers = _writers(store)
-    saved = store.save_checkpoint(_result("r", 1), OWNER)
+    await _leased_run(postgres_store, "r")
+    writers = _writers(postgres_store)
+    saved = postgres_store.save_checkpoint(_result("r", 1), OWNER)
     await asyncio.sleep(0)
     settling = asyncio.ensure_future(
-        store.settle_run("r", OWNER, RunStatus.COMPLETED, RunChanges(output=7), NOW + 1)
+        postgres_store.settle_run("r", OWNER, RunStatus.COMPLETED, RunChanges(output=7), NOW + 1)
     )
     assert await settling is SettleResult.SETTLED
     assert await saved is True
     assert len(writers) == 1 and writers[0] is not settling
-    await _assert_completed(store, "r")
+    await _assert_completed(postgres_store, "r")
 
 
 async def test_writes_queued_meanwhile_wait_for_the_batch_written_here(
-    store: PostgresStore,
+    postgres_store: PostgresStore,
 ) -> None:
     """One batch at a time: the batch task writes the next only after this one."""
     for run_id in ("r", "later"):
-        await _leased_run(store, run_id)
-    writers = _writers(store)
+        await _leased_run(postgres_store, run_id)
+    writers = _writers(postgres_store)
     in_flight: list[bool] = []
 
     async def later_run() -> list[Any]:
-        batcher: Any = store._writes()
+        batcher: Any = postgres_store._writes()
         in_flight.append(batcher._inline is not None)
-        saved = store.save_checkpoint(_result("later", 1), OWNER)
-        settled = store.settle_run(
+        saved = postgres_store.save_checkpoint(_result("later", 1), OWNER)
+        settled = postgres_store.settle_run(
             "later", OWNER, RunStatus.COMPLETED, RunChanges(output=7), NOW + 1
         )
         return [await saved, await settled]
 
-    saved = store.save_checkpoint(_result("r", 1), OWNER)
+    saved = postgres_store.save_checkpoint(_result("r", 1), OWNER)
     await asyncio.sleep(0)
     later = asyncio.ensure_future(later_run())  # runs while the statement below is out
     assert (
-        await store.settle_run("r", OWNER, RunStatus.COMPLETED, RunChanges(output=7), NOW + 1)
+        await postgres_store.settle_run(
+            "r", OWNER, RunStatus.COMPLETED, RunChanges(output=7), NOW + 1
+        )
         is SettleResult.SETTLED
     )
     assert await saved is True
@@ -160,19 +160,19 @@ async def test_writes_queued_meanwhile_wait_for_the_batch_written_here(
     assert in_flight == [True]
     assert writers[0] is asyncio.current_task() and writers[1] is not writers[0]
     for run_id in ("r", "later"):
-        await _assert_completed(store, run_id)
+        await _assert_completed(postgres_store, run_id)
 
 
 async def test_a_settling_task_cancelled_mid_statement_strands_no_other_write(
-    store: PostgresStore,
+    postgres_store: PostgresStore,
 ) -> None:
     for run_id in ("r", "next"):
-        await _leased_run(store, run_id)
-    saved = store.save_checkpoint(_result("r", 1), OWNER)
+        await _leased_run(postgres_store, run_id)
+    saved = postgres_store.save_checkpoint(_result("r", 1), OWNER)
     await asyncio.sleep(0)
 
     async def settle() -> Any:
-        return await store.settle_run(
+        return await postgres_store.settle_run(
             "r", OWNER, RunStatus.COMPLETED, RunChanges(output=7), NOW + 1
         )
 
@@ -185,9 +185,12 @@ async def test_a_settling_task_cancelled_mid_statement_strands_no_other_write(
     with pytest.raises(asyncio.CancelledError):
         await saved
     # The batcher is not left waiting for the cancelled batch.
-    nxt = store.save_checkpoint(_result("next", 1), OWNER)
+    nxt = postgres_store.save_checkpoint(_result("next", 1), OWNER)
     assert await asyncio.wait_for(nxt, 30) is True
     assert await asyncio.wait_for(
-        store.settle_run("next", OWNER, RunStatus.COMPLETED, RunChanges(output=7), NOW + 1), 30
+        postgres_store.settle_run(
+            "next", OWNER, RunStatus.COMPLETED, RunChanges(output=7), NOW + 1
+        ),
+        30,
     ) in (SettleResult.SETTLED,)
-    await _assert_completed(store, "next")
+    await _assert_completed(postgres_store, "next")

@@ -120,6 +120,9 @@ class Worker:
         """When (event-loop time) the loop ticks next; ``inf`` while it ticks."""
         self.ticks = 0
         """Ticks the loop started (a count tests read: no busy loop)."""
+        self._reclaim_wait: float | None = None
+        """Set when a claim left a due run free (its row was being written):
+        how soon to look again, doubling while that repeats."""
 
     # -- the phases -----------------------------------------------------------------------
 
@@ -259,6 +262,8 @@ class Worker:
     async def resume_due_timers(self) -> int:
         """Claim and wake suspended runs whose timer is due; return how many."""
         await self._open()
+        # Planned again below, from this pass alone (a failing store plans nothing).
+        again, self._reclaim_wait = self._reclaim_wait, None
         now = self._clock.now_ms()
         options = self._options()
         ids = await self._store.list_due(
@@ -289,6 +294,7 @@ class Worker:
                     self._pass_over("timer", run_id, row_exc)
         if claimed and due is not None:
             self._timers_fired(due, claimed, now)
+        await self._left_free([run_id for run_id in ids if run_id not in claimed], now, again)
         for run_id in ids:
             if run_id in claimed:
                 # A wake: the claim moved the run's wake time to the claim's
@@ -296,6 +302,33 @@ class Worker:
                 # (settled, not yet returned) would leave the run asleep until then.
                 self._router.route(run_id, wake=True)
         return len(claimed)
+
+    async def _left_free(self, unclaimed: list[str], now: int, again: float | None) -> None:
+        """Plan another look soon if a listed run is still due and free.
+
+        A claim takes nothing from a run another instance claimed or holds
+        (its wake moved past ``now``, or its lease runs on): the poll is the
+        net for those. But PostgreSQL's claim also skips a row that is being
+        written at that moment (a settle, a watch), and that run stays due and
+        free: the next timer the loop plans counts only timers later than its
+        tick, so without another look it would sleep until the poll. ``again``:
+        the wait planned after the previous pass, if it left such a run too."""
+        if not unclaimed:
+            return
+        free = [
+            run
+            for run in await self._store.get_runs(unclaimed)
+            if run.status is RunStatus.SUSPENDED
+            and (
+                run.wake_requested_at is not None
+                or (run.wake_at is not None and run.wake_at <= now)
+            )
+            and (run.locked_by is None or run.locked_until is None or run.locked_until < now)
+        ]
+        if free:
+            # The row staying busy (a long transaction holds it): look less often.
+            wait = _MIN_WAIT if again is None else 2 * again
+            self._reclaim_wait = min(wait, self._options().poll_interval)
 
     def _timers_fired(self, due: list[Run], claimed: set[str], now: int) -> None:
         for run in due:
@@ -586,6 +619,8 @@ class Worker:
                 # ms cost a claim each, not every sweep each.
                 await self._timer_tick()
             due_in = await self._next_timer(started)
+            if self._reclaim_wait is not None:
+                due_in = min(self._reclaim_wait, math.inf if due_in is None else due_in)
             planned = poll_at if due_in is None else min(poll_at, loop.time() + due_in)
             self._tick_at = min(self._tick_at, planned)
             # Wait for the planned tick; a hint moving it earlier sets the

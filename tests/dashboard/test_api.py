@@ -19,7 +19,7 @@ from durably.model import Run, RunStatus
 from durably.stores.memory import MemoryStore
 from durably.testing import eventually
 
-from .conftest import finished, make_engine, settled
+from .conftest import Serve, finished, make_engine, settled
 
 
 @pytest.fixture(params=["memory", "sqlite", "postgresql"])
@@ -366,3 +366,29 @@ async def test_a_run_stream_from_a_rendered_page_misses_no_change_made_before_it
     finally:
         await stream.aclose()
         await backend.close()
+
+
+@pytest.mark.parametrize("api_engine", ["memory"], indirect=True)
+async def test_a_run_stream_opened_with_since_sends_one_event_at_once(
+    api_engine: durably.Engine, serve: Serve
+) -> None:
+    """As the OpenAPI document says of ``/api/stream?run=ID&since=MS``, through
+    a real server: one event comes at once though the run no longer changes
+    (the page re-reads what changed before the stream's first reading)."""
+    await api_engine.start("echo", 1, run_id="r")
+    await finished(api_engine, "r")
+    base = await serve(durably.dashboard.app(api_engine))
+    async with httpx.AsyncClient(base_url=base, timeout=30) as http:
+        document = (await http.get("/api/openapi.json")).json()
+        stream = document["paths"]["/api/stream"]["get"]
+        assert "one such event at once" in stream["description"]
+        async with http.stream("GET", "/api/stream", params={"run": "r", "since": "1"}) as response:
+            assert response.status_code == 200
+            lines = response.aiter_lines()
+            event: list[str] = []
+            while not (event and event[-1] == ""):
+                event.append(await asyncio.wait_for(anext(lines), 20))
+    assert [line for line in event if line.startswith(("event:", "data:"))] == [
+        "event: runs",
+        'data: [{"run_id": "r"}]',
+    ]

@@ -532,17 +532,25 @@ async def test_cancelling_a_run_reaches_its_running_handler(make_engine: EngineF
 
 
 async def test_a_queue_caps_concurrent_steps(make_engine: EngineFactory) -> None:
+    """Two slots: never three steps at once, and two do run side by side. The
+    first step holds its slot until a second one runs beside it: a sleep alone
+    left them apart on a loaded machine (each ask is a turn; under load the
+    next one came back after the step before it had ended: ``peak`` was 1)."""
     engine = make_engine(transport="local://")
     engine.register_queue("api", concurrency=2, retry=0.05)
     running = 0
     peak = 0
+    two_at_once = asyncio.Event()
 
     @engine.step("call-api", queue="api")
     async def call_api(data: int) -> int:
         nonlocal running, peak
         running += 1
         peak = max(peak, running)
-        await asyncio.sleep(0.05)
+        if running == 2:
+            two_at_once.set()
+        await two_at_once.wait()
+        await asyncio.sleep(0.05)  # room for a third, were the cap not kept
         running -= 1
         return data
 

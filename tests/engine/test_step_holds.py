@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -58,25 +60,87 @@ async def turns_until_done(engine: durably.Engine, run_id: str) -> int:
     raise AssertionError("the subscription ended first")
 
 
+@dataclass
+class Rig:
+    """An engine with this file's steps and workflows, and what they record."""
+
+    engine: durably.Engine
+    gate: asyncio.Event = field(default_factory=asyncio.Event)
+    """What ``slow`` waits for before it answers."""
+    calls: Counter[tuple[str, Any]] = field(default_factory=Counter)
+    """Each step's calls by ``(step, input)``."""
+    continued: list[str] = field(default_factory=list)
+    """The runs whose workflow went on past its step, in order."""
+
+
+RigFactory = Callable[..., Rig]
+
+
+@pytest.fixture
+def rig(make_engine: EngineFactory, store_url: str) -> RigFactory:
+    """``rig(transport="local://", answer=..., timeout=None, **engine options)``:
+    an engine on the test's store (skipped where the transport needs a SQL
+    store) serving
+
+    - ``inc`` (``n -> n + 1``), and the workflows ``chain(k)`` (``k`` incs)
+      and ``then_sleep(k)`` (``k`` incs, then a 10 ms sleep);
+    - ``slow``, which waits for the rig's ``gate`` and returns ``answer(x)``,
+      and the workflow ``one(x)``, which returns its output (awaited with
+      ``timeout`` when given) and notes its run in ``continued``.
+    """
+
+    def make(
+        *,
+        transport: str = "local://",
+        answer: Callable[[Any], Any] = lambda x: x,
+        timeout: str | None = None,
+        **options: Any,
+    ) -> Rig:
+        transport_for(store_url, transport)
+        made = Rig(make_engine(transport=transport, **options))
+        engine = made.engine
+
+        @engine.step("inc")
+        async def inc(n: int) -> int:
+            made.calls["inc", n] += 1
+            return n + 1
+
+        @engine.step("slow")
+        async def slow(x: Any) -> Any:
+            made.calls["slow", x] += 1
+            await made.gate.wait()
+            return answer(x)
+
+        @engine.workflow("chain")
+        async def chain(ctx: durably.WorkflowContext, k: int) -> int:
+            n = 0
+            for _ in range(k):
+                n = await ctx.step(inc, n)
+            return n
+
+        @engine.workflow("then_sleep")
+        async def then_sleep(ctx: durably.WorkflowContext, k: int) -> int:
+            n = 0
+            for _ in range(k):
+                n = await ctx.step(inc, n)
+            await ctx.sleep("10ms")
+            return n
+
+        @engine.workflow("one")
+        async def one(ctx: durably.WorkflowContext, x: Any) -> Any:
+            out = await ctx.step(slow, x, timeout=timeout)
+            made.continued.append(ctx.run_id)
+            return out
+
+        return made
+
+    return make
+
+
 @pytest.mark.parametrize("transport", ["memory://", *TRANSPORTS])
-async def test_a_fast_result_continues_the_same_turn(
-    make_engine: EngineFactory, store_url: str, transport: str
-) -> None:
-    transport_for(store_url, transport)
-    engine = make_engine(transport=transport, step_hold="5s")
-    calls: Counter[int] = Counter()
-
-    @engine.step("inc")
-    async def inc(n: int) -> int:
-        calls[n] += 1
-        return n + 1
-
-    @engine.workflow("chain")
-    async def chain(ctx: durably.WorkflowContext, k: int) -> int:
-        n = 0
-        for _ in range(k):
-            n = await ctx.step(inc, n)
-        return n
+async def test_a_fast_result_continues_the_same_turn(rig: RigFactory, transport: str) -> None:
+    made = rig(transport=transport, step_hold="5s")
+    engine = made.engine
 
     async with engine:
         counted = asyncio.ensure_future(turns_until_done(engine, "c"))
@@ -85,7 +149,7 @@ async def test_a_fast_result_continues_the_same_turn(
         result = await finish(engine, "c")
         turns = await counted
     assert result.status is RunStatus.COMPLETED and result.output == 4
-    assert calls == Counter({0: 1, 1: 1, 2: 1, 3: 1})
+    assert made.calls == Counter({("inc", n): 1 for n in range(4)})
     # Four results, one turn: no park, wake or lease per step. A result
     # slower than its window (a loaded machine) costs exactly one turn more.
     lets_go = holds(engine)
@@ -98,30 +162,15 @@ async def test_a_fast_result_continues_the_same_turn(
 
 
 @pytest.mark.parametrize("transport", ["memory://", *TRANSPORTS])
-async def test_results_handed_to_a_held_turn_stamp_no_wake(
-    make_engine: EngineFactory, store_url: str, transport: str
-) -> None:
+async def test_results_handed_to_a_held_turn_stamp_no_wake(rig: RigFactory, transport: str) -> None:
     """A result the held turn takes itself stamps no wake: three steps then a
     sleep park once (a stamp per step made the park take one more short turn)."""
-    transport_for(store_url, transport)
-    engine = make_engine(transport=transport, step_hold="5s")
-
-    @engine.step("inc")
-    async def inc(n: int) -> int:
-        return n + 1
-
-    @engine.workflow("then_sleep")
-    async def then_sleep(ctx: durably.WorkflowContext) -> int:
-        n = 0
-        for _ in range(3):
-            n = await ctx.step(inc, n)
-        await ctx.sleep("10ms")
-        return n
+    engine = rig(transport=transport, step_hold="5s").engine
 
     async with engine:
         counted = asyncio.ensure_future(turns_until_done(engine, "s"))
         await asyncio.sleep(0)
-        await engine.start("then_sleep", run_id="s")
+        await engine.start("then_sleep", 3, run_id="s")
         result = await finish(engine, "s")
         turns = await counted
     assert result.status is RunStatus.COMPLETED and result.output == 3
@@ -181,15 +230,14 @@ def release_holds_after_each_settle(engine: durably.Engine) -> list[int]:
 @pytest.mark.parametrize("transport", TRANSPORTS)  # memory:// answers within the send
 @pytest.mark.parametrize("waits", [True, False], ids=["waits", "lets-go-anyway"])
 async def test_a_hold_let_go_as_its_result_settles_still_takes_it(
-    make_engine: EngineFactory, store_url: str, transport: str, waits: bool
+    rig: RigFactory, transport: str, waits: bool
 ) -> None:
     """The hold is told to let go between the settle (no wake stamped: the
     turn holds the lease) and the hand-over: it must not park (nothing would
     wake it), it waits for the hand-over and continues the turn. A turn that
     lets go anyway (as one cancelled or fenced there does) fails the
     hand-over, and the receiver stamps the wake: the run still finishes."""
-    transport_for(store_url, transport)
-    engine = make_engine(transport=transport, step_hold="5s")
+    engine = rig(transport=transport, step_hold="5s").engine
     if not waits:
 
         def let_go(waiter: Any) -> bool:
@@ -198,21 +246,9 @@ async def test_a_hold_let_go_as_its_result_settles_still_takes_it(
 
         engine._steps.let_go = let_go  # type: ignore[method-assign]
 
-    @engine.step("inc")
-    async def inc(n: int) -> int:
-        return n + 1
-
-    @engine.workflow("then_sleep")
-    async def then_sleep(ctx: durably.WorkflowContext) -> int:
-        n = 0
-        for _ in range(2):
-            n = await ctx.step(inc, n)
-        await ctx.sleep("10ms")
-        return n
-
     async with engine:
         released = release_holds_after_each_settle(engine)
-        await engine.start("then_sleep", run_id="r")
+        await engine.start("then_sleep", 2, run_id="r")
         result = await finish(engine, "r")
     assert result.status is RunStatus.COMPLETED and result.output == 2
     assert released and holds(engine).released == len(released)
@@ -221,22 +257,8 @@ async def test_a_hold_let_go_as_its_result_settles_still_takes_it(
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
-async def test_without_a_hold_each_result_takes_a_turn(
-    make_engine: EngineFactory, store_url: str, transport: str
-) -> None:
-    transport_for(store_url, transport)
-    engine = make_engine(transport=transport, step_hold=0)
-
-    @engine.step("inc")
-    async def inc(n: int) -> int:
-        return n + 1
-
-    @engine.workflow("chain")
-    async def chain(ctx: durably.WorkflowContext, k: int) -> int:
-        n = 0
-        for _ in range(k):
-            n = await ctx.step(inc, n)
-        return n
+async def test_without_a_hold_each_result_takes_a_turn(rig: RigFactory, transport: str) -> None:
+    engine = rig(transport=transport, step_hold=0).engine
 
     async with engine:
         counted = asyncio.ensure_future(turns_until_done(engine, "c"))
@@ -250,91 +272,58 @@ async def test_without_a_hold_each_result_takes_a_turn(
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
 async def test_a_result_right_after_the_hold_let_go_wakes_the_parked_run(
-    make_engine: EngineFactory, store_url: str, transport: str
+    rig: RigFactory, transport: str
 ) -> None:
     """The worker answers the moment the hold gives up (before the turn's
     park is settled): the result is never lost, the step runs once."""
-    transport_for(store_url, transport)
-    engine = make_engine(transport=transport, step_hold="50ms")
-    gate = asyncio.Event()
-    calls = 0
+    made = rig(transport=transport, step_hold="50ms", answer=lambda x: x * 10)
+    engine = made.engine
     lets_go = holds(engine)
     missed = lets_go.missed
 
     def open_gate(name: str, window_ms: float) -> None:
         missed(name, window_ms)
-        gate.set()  # synchronously, as the hold unregisters and parks
+        made.gate.set()  # synchronously, as the hold unregisters and parks
 
     lets_go.missed = open_gate
 
-    @engine.step("slow")
-    async def slow(x: int) -> int:
-        nonlocal calls
-        calls += 1
-        await gate.wait()
-        return x * 10
-
-    @engine.workflow("one")
-    async def one(ctx: durably.WorkflowContext) -> int:
-        return int(await ctx.step(slow, 4)) + 1
-
     async with engine:
-        await engine.start("one", run_id="late")
+        await engine.start("one", 4, run_id="late")
         result = await finish(engine, "late")
-    assert result.status is RunStatus.COMPLETED and result.output == 41
-    assert calls == 1 and lets_go.misses == 1 and lets_go.hits == 0
+    assert result.status is RunStatus.COMPLETED and result.output == 40
+    assert made.calls == Counter({("slow", 4): 1})
+    assert lets_go.misses == 1 and lets_go.hits == 0
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
 async def test_a_result_long_after_the_hold_let_go_wakes_the_parked_run(
-    make_engine: EngineFactory, store_url: str, transport: str
+    rig: RigFactory, transport: str
 ) -> None:
-    transport_for(store_url, transport)
-    engine = make_engine(transport=transport, step_hold="20ms")
-    gate = asyncio.Event()
-
-    @engine.step("slow")
-    async def slow(x: int) -> int:
-        await gate.wait()
-        return x
-
-    @engine.workflow("one")
-    async def one(ctx: durably.WorkflowContext) -> int:
-        return int(await ctx.step(slow, 7))
+    made = rig(transport=transport, step_hold="20ms")
+    engine = made.engine
 
     async with engine:
-        await engine.start("one", run_id="parked")
+        await engine.start("one", 7, run_id="parked")
 
         async def suspended() -> bool:
             run = await engine.get_run("parked")
             return run is not None and run.status is RunStatus.SUSPENDED
 
         await eventually(suspended, what="the run to park after its hold")
-        gate.set()
+        made.gate.set()
         result = await finish(engine, "parked")
     assert result.output == 7 and holds(engine).misses == 1
 
 
-async def test_a_result_that_settles_nothing_yields_to_the_stored_one(
-    make_engine: EngineFactory, store_url: str
-) -> None:
+async def test_a_result_that_settles_nothing_yields_to_the_stored_one(rig: RigFactory) -> None:
     """Another instance's receiver settled the step first (with another
     output): the result heard here settles nothing, and the held turn
     continues with what the store holds, not with what it heard."""
-    engine = make_engine(transport="local://", step_hold="10s")
-    gate = asyncio.Event()
-
-    @engine.step("answer")
-    async def answer(x: int) -> str:
-        await gate.wait()
-        return "heard here"
-
-    @engine.workflow("one")
-    async def one(ctx: durably.WorkflowContext) -> str:
-        return str(await ctx.step(answer, 1))
+    made = rig(step_hold="10s", answer=lambda x: "heard here")
+    engine = made.engine
 
     async with engine:
-        await engine.start("one", run_id="truth")
+        await engine.start("one", 1, run_id="truth")
         await eventually(lambda: holds(engine).holding == 1, what="the turn to hold")
         # What another instance's receiver does: settle the pending step.
         answers = await engine.store.resolve_checkpoints(
@@ -342,37 +331,29 @@ async def test_a_result_that_settles_nothing_yields_to_the_stored_one(
             engine.clock.now_ms(),
         )
         assert answers == [0]
-        gate.set()
+        made.gate.set()
         result = await finish(engine, "truth")
     assert result.output == "stored elsewhere"
     assert holds(engine).hits == 1
 
 
-async def test_a_step_settled_by_another_instance_alone_parks_then_resumes(
-    make_engine: EngineFactory, store_url: str
+async def test_a_step_settled_by_another_instance_alone_reaches_the_run(
+    rig: RigFactory, store_url: str
 ) -> None:
     """No result reaches this process (another instance took it, settled
-    the step and stamped a wake): the hold runs out, the run's park sees
-    the stamp, and the next turn reads the settled step."""
-    if store_url.startswith("postgres"):
-        pytest.skip("PostgreSQL's wake notice ends the hold: the test below")
-    engine = make_engine(transport="local://", step_hold="50ms")
-    never = asyncio.Event()
-    calls = 0
-
-    @engine.step("elsewhere")
-    async def elsewhere(x: int) -> str:
-        nonlocal calls
-        calls += 1
-        await never.wait()  # this process never answers
-        return "never"
-
-    @engine.workflow("one")
-    async def one(ctx: durably.WorkflowContext) -> str:
-        return str(await ctx.step(elsewhere, 1))
+    the step and stamped a wake). On PostgreSQL the wake's notice reaches the
+    holder, which reads the settled step and continues the same turn long
+    before its window (here 7.5 s, a quarter of the lease) would run out.
+    Elsewhere nothing tells this process: the hold runs out, the run's park
+    sees the stamp, and the next turn reads the settled step."""
+    notified = store_url.startswith("postgres")
+    # its gate stays shut: this process never answers
+    made = rig(step_hold="10s" if notified else "50ms")
+    engine = made.engine
 
     async with engine:
-        await engine.start("one", run_id="other")
+        assert engine.listening is notified
+        await engine.start("one", 1, run_id="other")
         await eventually(lambda: holds(engine).holding == 1, what="the turn to hold")
         now = engine.clock.now_ms()
         await engine.store.resolve_checkpoints(
@@ -380,44 +361,34 @@ async def test_a_step_settled_by_another_instance_alone_parks_then_resumes(
         )
         await engine.store.request_wake("other", now)
         result = await finish(engine, "other")
-        never.set()
-    assert result.output == "from B" and calls == 1
-    assert holds(engine).hits == 0 and holds(engine).misses == 1
+        made.gate.set()
+    assert result.output == "from B" and made.calls == Counter({("slow", 1): 1})
+    if notified:
+        assert holds(engine).hits == 1 and holds(engine).misses == 0
+        assert holds(engine).rechecks >= 1
+    else:
+        assert holds(engine).hits == 0 and holds(engine).misses == 1
 
 
-async def test_a_run_waiting_for_a_slot_releases_a_hold(
-    make_engine: EngineFactory, store_url: str
-) -> None:
+async def test_a_run_waiting_for_a_slot_releases_a_hold(rig: RigFactory) -> None:
     """One slot: a held turn lets go as soon as another run needs the slot,
     whose workflow then completes while the step is still out."""
-    engine = make_engine(transport="local://", step_hold="10s", max_concurrent_runs=1)
-    gate = asyncio.Event()
-    order: list[str] = []
-
-    @engine.step("slow")
-    async def slow(x: int) -> int:
-        await gate.wait()
-        return x
-
-    @engine.workflow("holder")
-    async def holder(ctx: durably.WorkflowContext) -> int:
-        out = int(await ctx.step(slow, 3))
-        order.append("holder")
-        return out
+    made = rig(step_hold="10s", max_concurrent_runs=1)
+    engine = made.engine
 
     @engine.workflow("quick")
     async def quick(ctx: durably.WorkflowContext) -> str:
-        order.append("quick")
+        made.continued.append(ctx.run_id)
         return "done"
 
     async with engine:
-        await engine.start("holder", run_id="h")
+        await engine.start("one", 3, run_id="h")
         await eventually(lambda: holds(engine).holding == 1, what="the turn to hold")
         await engine.start("quick", run_id="q")
         assert (await finish(engine, "q")).output == "done"
-        gate.set()
+        made.gate.set()
         assert (await finish(engine, "h")).output == 3
-    assert order == ["quick", "holder"]
+    assert made.continued == ["q", "h"]
     assert holds(engine).released == 1 and holds(engine).hits == 0
 
 
@@ -452,58 +423,32 @@ async def test_a_drain_releases_holds_and_another_engine_finishes_the_run(
     assert result.output == 2 and calls == 1
 
 
-async def test_a_cancel_stops_a_held_turn(make_engine: EngineFactory, store_url: str) -> None:
-    engine = make_engine(transport="local://", step_hold="10s")
-    gate = asyncio.Event()
-    after: list[str] = []
-
-    @engine.step("slow")
-    async def slow(x: int) -> int:
-        await gate.wait()
-        return x
-
-    @engine.workflow("one")
-    async def one(ctx: durably.WorkflowContext) -> int:
-        out = int(await ctx.step(slow, 1))
-        after.append("continued")
-        return out
+async def test_a_cancel_stops_a_held_turn(rig: RigFactory) -> None:
+    made = rig(step_hold="10s")
+    engine = made.engine
 
     async with engine:
-        await engine.start("one", run_id="x")
+        await engine.start("one", 1, run_id="x")
         await eventually(lambda: holds(engine).holding == 1, what="the turn to hold")
         await engine.cancel("x")
         result = await finish(engine, "x")
-        gate.set()
+        made.gate.set()
         await engine.join()
-    assert result.status is RunStatus.CANCELLED and after == []
+    assert result.status is RunStatus.CANCELLED and made.continued == []
     assert holds(engine).holding == 0
 
 
-async def test_a_held_turn_whose_lease_was_taken_writes_nothing_more(
-    make_engine: EngineFactory, store_url: str
-) -> None:
+async def test_a_held_turn_whose_lease_was_taken_writes_nothing_more(rig: RigFactory) -> None:
     """The lease is taken over while the turn holds (a long pause here):
     the result still settles the step in the store (the truth for whoever
     holds the run now), but the held turn's next write is fenced."""
-    engine = make_engine(transport="local://", step_hold="10s")
-    gate = asyncio.Event()
-    calls: Counter[str] = Counter()
-
-    @engine.step("first")
-    async def first(x: int) -> int:
-        calls["first"] += 1
-        await gate.wait()
-        return x
-
-    @engine.step("second")
-    async def second(x: int) -> int:
-        calls["second"] += 1
-        return x
+    made = rig(step_hold="10s")
+    engine = made.engine
 
     @engine.workflow("two")
     async def two(ctx: durably.WorkflowContext) -> int:
-        a = int(await ctx.step(first, 1))
-        return a + int(await ctx.step(second, 2))
+        a = int(await ctx.step("slow", 1))
+        return a + int(await ctx.step("inc", 2))
 
     async with engine:
         await engine.start("two", run_id="t")
@@ -515,7 +460,7 @@ async def test_a_held_turn_whose_lease_was_taken_writes_nothing_more(
             {"locked_by": "usurper", "locked_until": now + 600_000},
             now,
         )
-        gate.set()
+        made.gate.set()
         await eventually(lambda: holds(engine).hits == 1, what="the held turn to hear it")
         await engine.join()
     run = await engine.get_run("t")
@@ -524,53 +469,33 @@ async def test_a_held_turn_whose_lease_was_taken_writes_nothing_more(
     assert run.wake_requested_at is not None
     history = {cp.seq: cp for cp in await engine.history("t")}
     assert history[0].status is CheckpointStatus.COMPLETED and history[0].output == 1
-    assert 1 not in history and calls == Counter({"first": 1})
+    assert 1 not in history and made.calls == Counter({("slow", 1): 1})
 
 
-async def test_many_runs_hold_at_once(make_engine: EngineFactory, store_url: str) -> None:
-    engine = make_engine(transport="local://", step_hold="10s")
-    gate = asyncio.Event()
-
-    @engine.step("slow")
-    async def slow(x: int) -> int:
-        await gate.wait()
-        return x
-
-    @engine.workflow("one")
-    async def one(ctx: durably.WorkflowContext, x: int) -> int:
-        return int(await ctx.step(slow, x)) * 2
+async def test_many_runs_hold_at_once(rig: RigFactory) -> None:
+    made = rig(step_hold="10s", answer=lambda x: 2 * x)
+    engine = made.engine
 
     async with engine:
         ids = [(await engine.start("one", i, run_id=f"m{i}")).run_id for i in range(40)]
         await eventually(lambda: holds(engine).holding == 40, what="every turn to hold")
-        gate.set()
+        made.gate.set()
         results = [await finish(engine, run_id) for run_id in ids]
     assert [r.output for r in results] == [2 * i for i in range(40)]
     lets_go = holds(engine)
     assert lets_go.hits + lets_go.misses == 40 and lets_go.hits >= 1 and lets_go.holding == 0
 
 
-async def test_a_timeout_steps_waiter_also_yields_to_the_stored_result(
-    make_engine: EngineFactory, store_url: str
-) -> None:
+async def test_a_timeout_steps_waiter_also_yields_to_the_stored_result(rig: RigFactory) -> None:
     """The same for a step with ``timeout`` (awaited in memory before holds
     existed): a result that settled nothing is not what the run continues
     with. Failed before the waiter re-read the store: the run returned the
     output it heard, not the one stored."""
-    engine = make_engine(transport="local://", step_hold=0)
-    gate = asyncio.Event()
-
-    @engine.step("answer")
-    async def answer(x: int) -> str:
-        await gate.wait()
-        return "heard here"
-
-    @engine.workflow("one")
-    async def one(ctx: durably.WorkflowContext) -> str:
-        return str(await ctx.step(answer, 1, timeout="30s"))
+    made = rig(step_hold=0, answer=lambda x: "heard here", timeout="30s")
+    engine = made.engine
 
     async with engine:
-        await engine.start("one", run_id="truth")
+        await engine.start("one", 1, run_id="truth")
 
         async def out() -> bool:
             history = await engine.history("truth")
@@ -582,45 +507,9 @@ async def test_a_timeout_steps_waiter_also_yields_to_the_stored_result(
             engine.clock.now_ms(),
         )
         assert answers == [0]
-        gate.set()
+        made.gate.set()
         result = await finish(engine, "truth")
     assert result.output == "stored elsewhere"
-
-
-async def test_on_postgres_another_instances_settle_ends_the_hold_at_once(
-    make_engine: EngineFactory, store_url: str
-) -> None:
-    """The wake stamped by another instance's settle notifies the holder,
-    which reads the settled step and continues the same turn, long before
-    its window (here 7.5 s, a quarter of the lease) would run out."""
-    if not store_url.startswith("postgres"):
-        pytest.skip("only PostgreSQL notifies other processes of a wake")
-    engine = make_engine(transport="local://", step_hold="10s")
-    never = asyncio.Event()
-
-    @engine.step("elsewhere")
-    async def elsewhere(x: int) -> str:
-        await never.wait()  # this process never answers
-        return "never"
-
-    @engine.workflow("one")
-    async def one(ctx: durably.WorkflowContext) -> str:
-        return str(await ctx.step(elsewhere, 1))
-
-    async with engine:
-        assert engine.listening
-        await engine.start("one", run_id="other")
-        await eventually(lambda: holds(engine).holding == 1, what="the turn to hold")
-        now = engine.clock.now_ms()
-        await engine.store.resolve_checkpoints(
-            [Resolution("other", 0, CheckpointStatus.COMPLETED, "from B")], now
-        )
-        await engine.store.request_wake("other", now)
-        result = await finish(engine, "other")
-        never.set()
-    assert result.output == "from B"
-    assert holds(engine).hits == 1 and holds(engine).misses == 0
-    assert holds(engine).rechecks >= 1
 
 
 async def test_two_instances_holding_and_settling_each_others_results(

@@ -187,3 +187,73 @@ async def test_a_timer_due_while_its_previous_turn_finishes_still_wakes_the_run(
 
         assert await handle.result(timeout=GENEROUS) == 2
     assert held["done"]
+
+
+async def test_a_due_run_whose_claim_took_nothing_is_claimed_again(
+    make_engine: EngineFactory,
+) -> None:
+    """The tick lists the run as due, but its claim takes nothing and changes
+    nothing: on PostgreSQL the row was being written at that moment (the
+    claim skips locked rows), and nobody else claimed it. The run is still
+    due and free, so the loop must ask again soon: the next timer it plans
+    for counts only timers later than the tick, and the poll is an hour away.
+    Seen under load as test_many_timers_in_a_row_each_wake_the_run[postgresql]
+    timing out, with the run suspended, due and unleased."""
+    engine = make_engine(poll_interval=NEVER)
+    register(engine)
+    store: Any = engine.store
+    claim = store.claim_due_batch
+    skipped: list[list[str]] = []
+
+    async def first_takes_nothing(run_ids: list[str], now: int, next_wake_at: int) -> list[str]:
+        if not skipped:
+            skipped.append(list(run_ids))
+            return []  # as FOR UPDATE SKIP LOCKED does with a row being written
+        claimed: list[str] = await claim(run_ids, now, next_wake_at)
+        return claimed
+
+    store.claim_due_batch = first_takes_nothing
+    async with engine:
+        handle = await engine.start("nap")
+
+        assert await handle.result(timeout=GENEROUS) == "rested"
+    assert skipped == [[handle.run_id]]
+
+
+async def test_a_run_left_free_then_taken_elsewhere_does_not_make_the_loop_spin(
+    make_engine: EngineFactory,
+) -> None:
+    """The claim takes nothing and the run still looks free (the loop plans
+    another look soon), then another instance takes it: the polls list it no
+    more. The look-again must end there, not repeat every few ms: over a
+    0.2 s wait the loop ticks at most a couple of times."""
+    engine = make_engine(poll_interval=NEVER)
+    register(engine)
+    store: Any = engine.store
+    list_due, claim = store.list_due, store.claim_due_batch
+    taken_elsewhere: list[str] = []
+
+    async def listed(now: int, limit: int, **options: Any) -> list[str]:
+        due: list[str] = await list_due(now, limit, **options)
+        return [run_id for run_id in due if run_id not in taken_elsewhere]
+
+    async def takes_nothing(run_ids: list[str], now: int, next_wake_at: int) -> list[str]:
+        if not taken_elsewhere:
+            taken_elsewhere.extend(run_ids)  # from the next poll on
+            return []
+        claimed: list[str] = await claim(run_ids, now, next_wake_at)
+        return claimed
+
+    store.list_due, store.claim_due_batch = listed, takes_nothing
+    worker = engine._worker
+    async with engine:
+        await engine.start("nap")
+        for _ in range(400):  # bounded: 20 s
+            if taken_elsewhere:
+                break
+            await asyncio.sleep(0.05)
+        assert taken_elsewhere
+        before = worker.ticks
+        await asyncio.sleep(0.2)
+
+        assert worker.ticks - before <= 3

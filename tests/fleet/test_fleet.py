@@ -25,11 +25,11 @@ from typing import Any
 
 import asyncpg
 import pytest
-import redis.asyncio as aioredis
 
 import durably
 from durably import RunStatus
 from durably.testing import eventually
+from on_redis.redis_fixtures import delete_prefix
 
 from .app import (
     SIGNAL_ADD,
@@ -319,14 +319,7 @@ async def fleet_transport(request: pytest.FixtureRequest) -> AsyncIterator[str]:
         return
     prefix = f"durably-chaos-{uuid.uuid4().hex[:10]}"
     yield f"{REDIS_URL}?prefix={prefix}"
-    client = aioredis.Redis.from_url(REDIS_URL)
-    try:
-        for pattern in (f"bull:{prefix}-*", f"{prefix}-*"):
-            keys = [key async for key in client.scan_iter(match=pattern, count=1000)]
-            if keys:
-                await client.delete(*keys)
-    finally:
-        await client.aclose()
+    await delete_prefix(REDIS_URL, prefix)
 
 
 @pytest.mark.slow

@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import IO
 
 import pytest
-import redis.asyncio as aioredis
+
+from on_redis.redis_fixtures import delete_prefix
 
 ROOT = Path(__file__).resolve().parents[2]
 VENV = ROOT / ".interop-venv"
@@ -106,14 +107,7 @@ async def prefix() -> AsyncIterator[str]:
     """A key prefix of the test's own (Redis is shared); its keys are deleted after."""
     name = f"durably-interop-{uuid.uuid4().hex[:10]}"
     yield name
-    client = aioredis.Redis.from_url(REDIS_URL)
-    try:
-        for pattern in (f"bull:{name}-*", f"{name}-*"):
-            keys = [key async for key in client.scan_iter(match=pattern, count=1000)]
-            if keys:
-                await client.delete(*keys)
-    finally:
-        await client.aclose()
+    await delete_prefix(REDIS_URL, name)
 
 
 @asynccontextmanager

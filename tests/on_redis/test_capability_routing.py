@@ -19,6 +19,8 @@ from durably import RunStatus
 from durably._remote.handshake import descriptor_hash
 from durably.testing import eventually
 
+from .redis_fixtures import delete_prefix
+
 REDIS_URL = "redis://127.0.0.1:6379/0"
 
 pytestmark = [pytest.mark.timeout(60)]
@@ -28,13 +30,7 @@ pytestmark = [pytest.mark.timeout(60)]
 async def prefix() -> AsyncIterator[str]:
     name = f"durably-caps-{uuid.uuid4().hex[:10]}"
     yield name
-    client = aioredis.Redis.from_url(REDIS_URL)
-    try:
-        keys = [k async for k in client.scan_iter(match=f"*{name}-*", count=1000)]
-        if keys:
-            await client.delete(*keys)
-    finally:
-        await client.aclose()
+    await delete_prefix(REDIS_URL, name)
 
 
 async def announce(

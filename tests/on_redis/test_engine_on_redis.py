@@ -16,11 +16,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import redis.asyncio as aioredis
 
 import durably
 from durably import RunStatus
 from durably.wire import StepResult
+
+from .redis_fixtures import delete_prefix
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 
@@ -32,14 +33,7 @@ async def redis_target() -> AsyncIterator[str]:
     """A ``redis://`` URL with a prefix of the test's own; its keys are deleted after."""
     prefix = f"durably-engine-{uuid.uuid4().hex[:10]}"
     yield f"{REDIS_URL}?prefix={prefix}"
-    client = aioredis.Redis.from_url(REDIS_URL)
-    try:
-        for pattern in (f"bull:{prefix}-*", f"{prefix}-*"):
-            keys = [key async for key in client.scan_iter(match=pattern, count=1000)]
-            if keys:
-                await client.delete(*keys)
-    finally:
-        await client.aclose()
+    await delete_prefix(REDIS_URL, prefix)
 
 
 def build(store: str, transport: str, **options: Any) -> durably.Engine:

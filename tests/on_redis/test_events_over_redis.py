@@ -11,10 +11,11 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-import redis.asyncio as aioredis
 
 import durably
 from durably import EventKind, LifecycleEvent
+
+from .redis_fixtures import delete_prefix
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -48,14 +49,7 @@ _OTHER = textwrap.dedent(
 async def transport() -> AsyncIterator[str]:
     prefix = f"durably-events-{uuid.uuid4().hex[:10]}"
     yield f"{REDIS_URL}?prefix={prefix}"
-    client = aioredis.Redis.from_url(REDIS_URL)
-    try:
-        for pattern in (f"bull:{prefix}-*", f"{prefix}-*"):
-            keys = [key async for key in client.scan_iter(match=pattern, count=1000)]
-            if keys:
-                await client.delete(*keys)
-    finally:
-        await client.aclose()
+    await delete_prefix(REDIS_URL, prefix)
 
 
 async def test_a_subscriber_hears_a_run_executing_in_another_process_on_sqlite(

@@ -29,6 +29,8 @@ from durably.testing import eventually
 from durably.transports import TransportError
 from durably.wire import StepResult
 
+from .redis_fixtures import delete_prefix
+
 REDIS_URL = "redis://127.0.0.1:6379/0"
 
 pytestmark = [pytest.mark.timeout(120)]
@@ -86,10 +88,7 @@ class Fleet:
 
     async def close(self) -> None:
         await self.decisions.close()
-        for pattern in (f"bull:{self.prefix}-*", f"{self.prefix}-*"):
-            keys = [key async for key in self.redis.scan_iter(match=pattern, count=1000)]
-            if keys:
-                await self.redis.delete(*keys)
+        await delete_prefix(REDIS_URL, self.prefix)
         await self.redis.aclose()
 
 

@@ -8,6 +8,7 @@ a NOTICE; :func:`capture_plans` collects them. Counted, never timed.
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import asyncpg
@@ -28,7 +29,16 @@ AUTO_EXPLAIN = {
 }
 """Server settings for a store whose every statement's plan is reported."""
 
+GENERIC = {**AUTO_EXPLAIN, "plan_cache_mode": "force_generic_plan"}
+""":data:`AUTO_EXPLAIN` under the generic plan, the one a long-lived engine's
+pool keeps after five runs of a prepared statement: taken from the first."""
+
 SCANS = frozenset({"Seq Scan", "Index Scan", "Index Only Scan", "Bitmap Heap Scan"})
+SCANS_AND_BITMAPS = SCANS | {"Bitmap Index Scan"}
+"""With a bitmap scan's index half: where a filtered call's rows are looked at."""
+
+Call = tuple[str, Callable[[], Awaitable[object]], int]
+"""``(name, call, rows of durably_runs the call has to look at)``."""
 
 
 def finished_runs(count: int) -> str:
@@ -84,3 +94,25 @@ async def seed_unseen(postgres_url: str, seed: str, unseen: str) -> None:
     finally:
         await conn.close()
         await store.close()
+
+
+async def calls_astray(
+    plans: list[dict[str, Any]], calls: list[Call]
+) -> tuple[list[str], dict[str, object]]:
+    """Make each call in turn, ``plans`` being :func:`capture_plans`' list:
+    one line for each call that looked at more rows of ``durably_runs`` than
+    it has to (plus two), with its scans; and every call's answer by name."""
+    looked: dict[str, list[tuple[str, int]]] = {}
+    answers: dict[str, object] = {}
+    for name, call, _ in calls:
+        plans.clear()
+        answers[name] = await call()
+        explained = [p for p in plans if "durably_runs" in p["Query Text"]]
+        assert explained, f"{name}: no plan explained"
+        looked[name] = [scan for p in explained for scan in examined(p["Plan"], SCANS_AND_BITMAPS)]
+    astray = [
+        f"{name}: {looked[name]}"
+        for name, _, needed in calls
+        if sum(rows for _, rows in looked[name]) > needed + 2
+    ]
+    return astray, answers

@@ -19,8 +19,6 @@ of ``durably_runs`` than the live runs it is about (or its cap) plus a few.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-
 import asyncpg
 import pytest
 
@@ -28,7 +26,7 @@ from durably.model import RunStatus
 from durably.stores import RunQuery
 from durably.stores.postgres import PostgresStore
 
-from ._explained import AUTO_EXPLAIN, SCANS, capture_plans, examined, seed_unseen
+from ._explained import GENERIC, Call, calls_astray, capture_plans, seed_unseen
 
 FINISHED = 100_000
 EACH = 100
@@ -55,9 +53,6 @@ LIVE_SQL = f"""
     FROM unnest(ARRAY[{", ".join(f"'{s.value}'" for s in LIVE)}]) WITH ORDINALITY AS s(status, k),
         generate_series(s.k * 1000, s.k * 1000 + {EACH} - 1) AS i
 """
-
-SETTINGS = {**AUTO_EXPLAIN, "plan_cache_mode": "force_generic_plan"}
-SCANS_HERE = SCANS | {"Bitmap Index Scan"}
 CAP = 500
 
 
@@ -67,11 +62,10 @@ async def test_live_runs_are_listed_and_counted_without_reading_finished_ones(
     plans = capture_plans(monkeypatch)
     await seed_unseen(postgres_url, SEED, LIVE_SQL)
 
-    store = PostgresStore(postgres_url, server_settings=SETTINGS)
+    store = PostgresStore(postgres_url, server_settings=GENERIC)
     await store.open()
     live3 = (RunStatus.PENDING, RunStatus.RUNNING, RunStatus.SUSPENDED)
-    # (name, call, rows the call has to look at)
-    calls: list[tuple[str, Callable[[], Awaitable[object]], int]] = [
+    calls: list[Call] = [
         *(
             (
                 f"list_runs status={st.value}",
@@ -107,23 +101,10 @@ async def test_live_runs_are_listed_and_counted_without_reading_finished_ones(
             10 + 4 * EACH,
         ),
     ]
-    looked: dict[str, list[tuple[str, int]]] = {}
-    answers: dict[str, object] = {}
     try:
-        for name, call, _ in calls:
-            plans.clear()
-            answers[name] = await call()
-            explained = [p for p in plans if "durably_runs" in p["Query Text"]]
-            assert explained, f"{name}: no plan explained"
-            looked[name] = [scan for p in explained for scan in examined(p["Plan"], SCANS_HERE)]
+        astray, answers = await calls_astray(plans, calls)
     finally:
         await store.close()
-
-    astray = [
-        f"{name}: {looked[name]}"
-        for name, _, needed in calls
-        if sum(rows for _, rows in looked[name]) > needed + 2
-    ]
     assert not astray, "\n".join(astray)
     counts = answers["count_runs"]
     assert counts == {
@@ -133,23 +114,22 @@ async def test_live_runs_are_listed_and_counted_without_reading_finished_ones(
     }, counts
 
 
-async def test_every_index_over_every_run_is_one_a_live_run_needs(postgres_url: str) -> None:
+async def test_every_index_over_every_run_is_one_a_live_run_needs(
+    postgres_store: PostgresStore,
+) -> None:
     """Every version of a run enters each index without a predicate (a status
     change is never a HOT update); since migration 14 those are the key, the id
     prefix, the listing orders and the change feed, and none leads with status.
     The status-led indexes hold finished runs only."""
-    store = PostgresStore(postgres_url)
-    await store.open()
-    conn = await asyncpg.connect(postgres_url.split("?")[0])
+    conn = await asyncpg.connect(postgres_store.url.split("?")[0])
     try:
         rows = await conn.fetch(
             "SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = $1 "
             "AND tablename = 'durably_runs'",
-            store.schema,
+            postgres_store.schema,
         )
     finally:
         await conn.close()
-        await store.close()
     full = {r["indexname"] for r in rows if " WHERE " not in r["indexdef"]}
     assert full == {
         "durably_runs_pkey",

@@ -19,13 +19,11 @@ generic plan, and must look at no more rows of ``durably_runs`` than its page
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-
 import pytest
 
 from durably.stores.postgres import PostgresStore
 
-from ._explained import AUTO_EXPLAIN, SCANS, capture_plans, examined, finished_runs, seed_unseen
+from ._explained import GENERIC, Call, calls_astray, capture_plans, finished_runs, seed_unseen
 
 FINISHED = 100_000
 ASLEEP = 20_000
@@ -43,12 +41,6 @@ ASLEEP_SQL = f"""
     FROM generate_series(1, {ASLEEP}) AS i
 """
 
-# The pool's statements are prepared; after five runs PostgreSQL may keep a
-# generic plan, the one a long-lived engine polls with: take it from the first.
-SETTINGS = {**AUTO_EXPLAIN, "plan_cache_mode": "force_generic_plan"}
-# A bitmap scan's index half counts too: that is where a poll's rows are looked at.
-SCANS_HERE = SCANS | {"Bitmap Index Scan"}
-
 
 async def test_polls_walk_their_index_under_stale_statistics(
     postgres_url: str, monkeypatch: pytest.MonkeyPatch
@@ -57,12 +49,11 @@ async def test_polls_walk_their_index_under_stale_statistics(
     # after ANALYZE: the statistics know of no sleeper
     await seed_unseen(postgres_url, SEED, ASLEEP_SQL)
 
-    store = PostgresStore(postgres_url, server_settings=SETTINGS)
+    store = PostgresStore(postgres_url, server_settings=GENERIC)
     await store.open()
     due = NOW - ASLEEP // 2  # run 0's time: nothing is due yet at this instant
     mine, theirs = frozenset({("order", "1")}), frozenset({("other", "1")})
-    # (name, call, rows the poll has to look at)
-    polls: list[tuple[str, Callable[[], Awaitable[object]], int]] = [
+    polls: list[Call] = [
         ("list_due, a page of due runs", lambda: store.list_due(NOW, PAGE), 2 * PAGE),
         ("list_due, none due yet", lambda: store.list_due(due, PAGE), 0),
         ("next_wake_at", lambda: store.next_wake_at(NOW), 1),
@@ -73,20 +64,8 @@ async def test_polls_walk_their_index_under_stale_statistics(
         ("list_unclaimed", lambda: store.list_unclaimed(due, PAGE, workflows=theirs), 0),
         ("list_finished_before", lambda: store.list_finished_before(10, PAGE), 10),
     ]
-    looked: dict[str, list[tuple[str, int]]] = {}
     try:
-        for name, call, _ in polls:
-            plans.clear()
-            await call()
-            explained = [p for p in plans if "durably_runs" in p["Query Text"]]
-            assert explained, f"{name}: no plan explained"
-            looked[name] = [scan for p in explained for scan in examined(p["Plan"], SCANS_HERE)]
+        astray, _ = await calls_astray(plans, polls)
     finally:
         await store.close()
-
-    astray = [
-        f"{name}: {looked[name]}"
-        for name, _, needed in polls
-        if sum(rows for _, rows in looked[name]) > needed + 2
-    ]
     assert not astray, "\n".join(astray)

@@ -8,10 +8,8 @@ transaction, 204 statements per 1,000 steps instead of 1.3."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import asyncpg
-import pytest
 
 from durably.model import Run, RunStatus
 from durably.stores.postgres import PostgresStore
@@ -20,17 +18,6 @@ from durably.testing import eventually
 NOW = 1_700_000_000_000
 LEASE = NOW + 30_000
 STARTABLE = frozenset({RunStatus.PENDING})
-
-
-@pytest.fixture
-async def store(postgres_url: str) -> AsyncIterator[PostgresStore]:
-    """An open store in a fresh schema."""
-    store = PostgresStore(postgres_url)
-    await store.open()
-    try:
-        yield store
-    finally:
-        await store.close()
 
 
 def _run(run_id: str) -> Run:
@@ -57,13 +44,19 @@ def _alone(store: PostgresStore) -> list[str]:
     return ids
 
 
-async def test_runs_leased_elsewhere_are_not_retried_one_by_one(store: PostgresStore) -> None:
-    await store.create_runs([_run(f"r{i}") for i in range(20)])
-    taken = await store.start_turns([f"r{i}" for i in range(10)], "other", NOW, LEASE, STARTABLE)
+async def test_runs_leased_elsewhere_are_not_retried_one_by_one(
+    postgres_store: PostgresStore,
+) -> None:
+    await postgres_store.create_runs([_run(f"r{i}") for i in range(20)])
+    taken = await postgres_store.start_turns(
+        [f"r{i}" for i in range(10)], "other", NOW, LEASE, STARTABLE
+    )
     assert sorted(taken) == sorted(f"r{i}" for i in range(10))
 
-    alone = _alone(store)
-    mine = await store.start_turns([f"r{i}" for i in range(20)], "me", NOW, LEASE, STARTABLE)
+    alone = _alone(postgres_store)
+    mine = await postgres_store.start_turns(
+        [f"r{i}" for i in range(20)], "me", NOW, LEASE, STARTABLE
+    )
 
     assert sorted(mine) == sorted(f"r{i}" for i in range(10, 20))
     assert alone == []  # the ten leased by "other" cost no statement each
@@ -72,18 +65,18 @@ async def test_runs_leased_elsewhere_are_not_retried_one_by_one(store: PostgresS
 
 
 async def test_a_row_held_by_another_transaction_is_waited_for(
-    store: PostgresStore, postgres_url: str
+    postgres_store: PostgresStore, postgres_url: str
 ) -> None:
-    await store.create_runs([_run("held"), _run("free")])
-    alone = _alone(store)
+    await postgres_store.create_runs([_run("held"), _run("free")])
+    alone = _alone(postgres_store)
     conn = await asyncpg.connect(postgres_url.split("?")[0])
     try:
-        await conn.execute(f'SET search_path TO "{store.schema}"')
+        await conn.execute(f'SET search_path TO "{postgres_store.schema}"')
         tx = conn.transaction()
         await tx.start()
         await conn.execute("SELECT 1 FROM durably_runs WHERE id = 'held' FOR UPDATE")
         starting = asyncio.create_task(
-            store.start_turns(["held", "free"], "me", NOW, LEASE, STARTABLE)
+            postgres_store.start_turns(["held", "free"], "me", NOW, LEASE, STARTABLE)
         )
 
         holder = await conn.fetchval("SELECT pg_backend_pid()")

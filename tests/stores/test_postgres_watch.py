@@ -21,23 +21,14 @@ from durably.model import Checkpoint, CheckpointStatus, Run, RunStatus
 from durably.stores.base import RunChanges, SettleResult
 from durably.stores.postgres import PostgresStore
 
+from ._locks import until_blocked
+
 NOW = 1_700_000_000_000
 LEASE = 30_000
 OWNER = "owner-1"
 PENDING = frozenset({RunStatus.PENDING, RunStatus.SUSPENDED})
 
 pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture
-async def store(postgres_url: str) -> AsyncIterator[PostgresStore]:
-    """An open store in a fresh schema."""
-    store = PostgresStore(postgres_url)
-    await store.open()
-    try:
-        yield store
-    finally:
-        await store.close()
 
 
 class Notices:
@@ -58,11 +49,11 @@ class Notices:
 
 
 @pytest.fixture
-async def notices(store: PostgresStore) -> AsyncIterator[Notices]:
+async def notices(postgres_store: PostgresStore) -> AsyncIterator[Notices]:
     """Listening on the store's channel from a connection of its own."""
-    conn = await asyncpg.connect(store.url.partition("?")[0])
+    conn = await asyncpg.connect(postgres_store.url.partition("?")[0])
     heard = Notices()
-    await conn.add_listener(store.channel, heard)
+    await conn.add_listener(postgres_store.channel, heard)
     try:
         yield heard
     finally:
@@ -90,26 +81,26 @@ async def _last_step_and_settle(store: PostgresStore, run_id: str) -> SettleResu
 
 
 async def test_only_a_watched_run_announces_its_settle(
-    store: PostgresStore, notices: Notices
+    postgres_store: PostgresStore, notices: Notices
 ) -> None:
     for run_id in ("quiet", "watched", "marker"):
-        await _leased(store, run_id)
-    [seen] = await store.watch_runs(["watched"])
+        await _leased(postgres_store, run_id)
+    [seen] = await postgres_store.watch_runs(["watched"])
     assert seen.status is RunStatus.RUNNING
 
     # A batch of one, its result and terminal settle in one statement.
-    assert await _last_step_and_settle(store, "quiet") is SettleResult.SETTLED
-    assert await _last_step_and_settle(store, "watched") is SettleResult.SETTLED
+    assert await _last_step_and_settle(postgres_store, "quiet") is SettleResult.SETTLED
+    assert await _last_step_and_settle(postgres_store, "watched") is SettleResult.SETTLED
     assert await notices.next_settled() == "watched"  # and not "quiet" before it
 
     # A batch of many: settles queued together, one of them watched.
     runs = [f"many{i}" for i in range(6)]
     for run_id in runs:
-        await _leased(store, run_id)
-    await store.watch_runs(["many3"])
+        await _leased(postgres_store, run_id)
+    await postgres_store.watch_runs(["many3"])
     results = await asyncio.gather(
         *(
-            store.settle_run(run_id, OWNER, RunStatus.COMPLETED, RunChanges(output=1), NOW)
+            postgres_store.settle_run(run_id, OWNER, RunStatus.COMPLETED, RunChanges(output=1), NOW)
             for run_id in runs
         )
     )
@@ -117,8 +108,8 @@ async def test_only_a_watched_run_announces_its_settle(
     assert await notices.next_settled() == "many3"
 
     # A suspend is a settle too (a waiter may wait for it).
-    await store.watch_runs(["marker"])
-    suspended = await store.settle_run(
+    await postgres_store.watch_runs(["marker"])
+    suspended = await postgres_store.settle_run(
         "marker", OWNER, RunStatus.SUSPENDED, RunChanges(wake_at=NOW + 10), NOW
     )
     assert suspended is SettleResult.SETTLED
@@ -126,23 +117,24 @@ async def test_only_a_watched_run_announces_its_settle(
     assert notices.heard.empty()
 
 
-async def test_a_terminal_run_is_read_but_not_marked(store: PostgresStore) -> None:
-    await _leased(store, "done")
-    assert await _last_step_and_settle(store, "done") is SettleResult.SETTLED
-    [run] = await store.watch_runs(["done"])
+async def test_a_terminal_run_is_read_but_not_marked(postgres_store: PostgresStore) -> None:
+    await _leased(postgres_store, "done")
+    assert await _last_step_and_settle(postgres_store, "done") is SettleResult.SETTLED
+    [run] = await postgres_store.watch_runs(["done"])
     assert run.status is RunStatus.COMPLETED
-    async with store._db.connection() as conn:
+    async with postgres_store._db.connection() as conn:
         assert await conn.fetchval("SELECT watched FROM durably_runs WHERE id = 'done'") is False
 
 
 async def test_a_watch_waiting_behind_a_settle_reads_the_settled_run(
-    store: PostgresStore,
+    postgres_store: PostgresStore,
 ) -> None:
     """The settle commits while the watch waits for the row: the watch
     returns the run as settled (its snapshot had it running and unwatched)."""
-    await _leased(store, "r")
+    await _leased(postgres_store, "r")
     conn = await asyncpg.connect(
-        store.url.partition("?")[0], server_settings={"search_path": str(store.schema)}
+        postgres_store.url.partition("?")[0],
+        server_settings={"search_path": str(postgres_store.schema)},
     )
     try:
         tx = conn.transaction()
@@ -151,8 +143,8 @@ async def test_a_watch_waiting_behind_a_settle_reads_the_settled_run(
             "UPDATE durably_runs SET status = 'completed', output = '7', locked_by = NULL "
             "WHERE id = 'r'"
         )
-        watch = asyncio.create_task(store.watch_runs(["r"]))
-        await _until_blocked(store, conn)
+        watch = asyncio.create_task(postgres_store.watch_runs(["r"]))
+        await until_blocked(postgres_store, conn)
         await tx.commit()
         [run] = await asyncio.wait_for(watch, 30)
     finally:
@@ -161,42 +153,26 @@ async def test_a_watch_waiting_behind_a_settle_reads_the_settled_run(
 
 
 async def test_a_settle_waiting_behind_a_watch_announces(
-    store: PostgresStore, notices: Notices
+    postgres_store: PostgresStore, notices: Notices
 ) -> None:
     """The watch holds the row first: the settle waits, then sees it watched."""
-    await _leased(store, "r")
+    await _leased(postgres_store, "r")
     conn = await asyncpg.connect(
-        store.url.partition("?")[0], server_settings={"search_path": str(store.schema)}
+        postgres_store.url.partition("?")[0],
+        server_settings={"search_path": str(postgres_store.schema)},
     )
     try:
         tx = conn.transaction()
         await tx.start()
         # What watch_runs writes, held open so the settle has to wait for it.
         await conn.execute("UPDATE durably_runs SET watched = true WHERE id = 'r'")
-        settle = asyncio.create_task(_last_step_and_settle(store, "r"))
-        await _until_blocked(store, conn)
+        settle = asyncio.create_task(_last_step_and_settle(postgres_store, "r"))
+        await until_blocked(postgres_store, conn)
         await tx.commit()
         assert await asyncio.wait_for(settle, 30) is SettleResult.SETTLED
     finally:
         await conn.close()
     assert await notices.next_settled() == "r"
-
-
-async def _until_blocked(store: PostgresStore, holder: Any) -> None:
-    """Wait (bounded, as a hang guard) until a backend waits for ``holder``'s lock."""
-    conn = await asyncpg.connect(store.url.partition("?")[0])
-    try:
-        for _ in range(3000):
-            waiting = await conn.fetchval(
-                "SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))",
-                holder.get_server_pid(),
-            )
-            if waiting:
-                return
-            await asyncio.sleep(0.01)
-        raise AssertionError("nothing ever waited for the lock")
-    finally:
-        await conn.close()
 
 
 async def test_the_engine_does_not_hear_its_own_settles_echoed(postgres_url: str) -> None:

@@ -115,9 +115,8 @@ REDIS_DEFAULTS: dict[str, Any] = {"redeliver_delay_ms": 50}
 @asynccontextmanager
 async def redis_backend(request: pytest.FixtureRequest) -> AsyncIterator[Maker]:
     """``redis://`` under a unique prefix; every transport is a separate object."""
-    import redis.asyncio as aioredis
-
     from durably.transports.redis import RedisTransport
+    from on_redis.redis_fixtures import delete_prefix
 
     prefix = f"durably-test-{uuid.uuid4().hex[:12]}"
     made: list[RedisTransport] = []
@@ -133,15 +132,7 @@ async def redis_backend(request: pytest.FixtureRequest) -> AsyncIterator[Maker]:
     finally:
         for transport in reversed(made):
             await transport.close()
-        client = aioredis.Redis.from_url(REDIS_TEST_URL)
-        try:
-            # BullMQ keys are bull:<queue>:…; the transport's own are <prefix>-…
-            for pattern in (f"bull:{prefix}-*", f"{prefix}-*"):
-                keys = [key async for key in client.scan_iter(match=pattern, count=1000)]
-                if keys:
-                    await client.delete(*keys)
-        finally:
-            await client.aclose()
+        await delete_prefix(REDIS_TEST_URL, prefix)
 
 
 TRANSPORTS: dict[str, Backend] = {

@@ -143,7 +143,9 @@ class Api:
 
     async def stream(self, request: Request) -> Response:
         """``GET /api/stream``: server-sent ``runs`` events, one per batch of
-        changed runs (``?run=ID`` narrows to that run and its children)."""
+        changed runs (``?run=ID`` narrows to that run and its children; with
+        ``since`` too, the run's stream sends one event at once, after its
+        first reading: the page was rendered before it began)."""
         await self.state.store()
         only = request.query_params.get("run")
         since_text = request.query_params.get("since", "")

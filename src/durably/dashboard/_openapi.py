@@ -204,9 +204,21 @@ OPENAPI: dict[str, Any] = {
         "/api/stream": {
             "get": {
                 "summary": "Server-sent `runs` events as runs change",
+                "description": (
+                    "Without `run`: one event per batch of changed runs, each run's summary. "
+                    'With `run`: an event `[{"run_id": ID}]` each time that run, one of its '
+                    "steps or its children changes (re-read it); opened with `since` as well "
+                    "(a page rendered before the stream began), one such event at once, after "
+                    "the stream's first reading of the run, so that nothing changed between "
+                    "the render and that reading is missed."
+                ),
                 "parameters": [
                     _param("run", "Only this run: its row, its steps and its children."),
-                    _param("since", "Changes after this time (epoch ms; default: now)."),
+                    _param(
+                        "since",
+                        "Changes after this time (epoch ms; default: now). With `run`, its "
+                        "presence alone asks for one event at once (see above).",
+                    ),
                 ],
                 "responses": {"200": {"description": "text/event-stream"}},
             }
