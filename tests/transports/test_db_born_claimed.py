@@ -12,7 +12,9 @@ from typing import Any
 
 import pytest
 
+from durably import _codec as codec
 from durably._notices import StoreNotice
+from durably._queue import OutMessage
 from durably.testing.conformance import TransportFactory, wait_until
 from durably.testing.conformance.stores.steps import OWNER, _leased, dispatched_cp
 from durably.testing.conformance.transports.contract import Handler, task
@@ -255,3 +257,47 @@ async def test_a_burst_never_runs_more_than_the_slots(
     assert sorted(t.run_id for t in handler.seen) == [f"r{n:02}" for n in range(12)]
     assert handler.most <= concurrency
     assert 1 <= server.born <= 12
+
+
+async def test_tasks_a_poll_finds_are_not_overtaken_by_new_ones(
+    db_factory: TransportFactory,
+) -> None:
+    """Tasks pushed where this server hears no notice (another process on
+    SQLite, a lost notice on PostgreSQL) are found by its poll: a poll that
+    fills every free slot leaves the rest queued, so a slot freed afterwards
+    belongs to them, not to a task sent here meanwhile."""
+    server = _db(await db_factory())
+    server._poll_interval = 3600.0  # the test ticks the poll itself
+    held: dict[str, asyncio.Event] = {}
+
+    async def handler(t: StepTask) -> None:
+        seen.append(t.run_id)
+        await held.setdefault(t.run_id, asyncio.Event()).wait()
+
+    seen: list[str] = []
+    await server.serve(["g"], handler, concurrency=2)
+    await _drained(server)
+    unlisten = server._unlisten
+    assert unlisten is not None
+    unlisten()  # from now on it hears no push: only its poll finds them
+    server._unlisten = None
+
+    await server._q().push(
+        [
+            OutMessage(task_topic("g"), codec.dumps(task(run).to_wire()))
+            for run in ("q1", "q2", "q3")
+        ]
+    )
+    server._task_wake.set()  # a poll tick
+    await wait_until(lambda: seen == ["q1", "q2"], what="the poll to fill both slots")
+    held["q1"].set()
+    # Its freed slot is the queue's: claimed for q3 at once, or about to be.
+    await wait_until(lambda: len(server._running) == 1 or "q3" in seen, what="q1 to finish")
+
+    assert await _send(server, "new")
+    assert server.born == 0  # q3 was queued first: "new" waits its turn
+    await wait_until(lambda: seen == ["q1", "q2", "q3"], what="the queue's next task")
+    for run in ("q2", "q3"):
+        held[run].set()
+    held.setdefault("new", asyncio.Event()).set()
+    await wait_until(lambda: seen[-1:] == ["new"], what="the new task after them")

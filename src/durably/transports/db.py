@@ -460,7 +460,11 @@ class DbTransport:
                 except Exception as exc:
                     _log.warning("could not claim tasks: %s", exc)
                 else:
-                    if len(claimed) < free and heard == self._heard_tasks:
+                    if len(claimed) >= free:
+                        # Filled every slot: more may wait (pushed where no
+                        # notice reached us), and they go before new sends.
+                        self._backlog = True
+                    elif heard == self._heard_tasks:
                         self._backlog = False  # drained, and no push heard since
                 finally:
                     self._claiming = 0
