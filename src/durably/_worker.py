@@ -315,16 +315,15 @@ class Worker:
         the wait planned after the previous pass, if it left such a run too."""
         if not unclaimed:
             return
-        free = [
-            run
-            for run in await self._store.get_runs(unclaimed)
-            if run.status is RunStatus.SUSPENDED
+        free = any(
+            run.status is RunStatus.SUSPENDED
             and (
                 run.wake_requested_at is not None
                 or (run.wake_at is not None and run.wake_at <= now)
             )
             and (run.locked_by is None or run.locked_until is None or run.locked_until < now)
-        ]
+            for run in await self._store.get_runs(unclaimed)
+        )
         if free:
             # The row staying busy (a long transaction holds it): look less often.
             wait = _MIN_WAIT if again is None else 2 * again
