@@ -48,6 +48,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from .._aio import EarliestTimer
 from ..wire import StepResult
 
 __all__ = ["LiveHolds", "LiveStep"]
@@ -120,8 +121,7 @@ class LiveHolds:
         self._ids = 0
         self._alarms: list[tuple[float, int, LiveStep]] = []
         self._alarm_seq = 0
-        self._timer: asyncio.TimerHandle | None = None
-        self._timer_at = 0.0
+        self._timer = EarliestTimer(self._ring)
         self.hits = 0
         """Holds that heard their result (a turn saved each)."""
         self.misses = 0
@@ -187,14 +187,9 @@ class LiveHolds:
         (its hold over, or woken already) only wakes its waiter to look."""
         self._alarm_seq += 1
         heapq.heappush(self._alarms, (at_ms, self._alarm_seq, waiter))
-        if self._timer is None or at_ms < self._timer_at:
-            if self._timer is not None:
-                self._timer.cancel()
-            self._timer_at = at_ms
-            self._timer = asyncio.get_running_loop().call_at(at_ms / 1000, self._ring)
+        self._timer.arm(at_ms / 1000)
 
     def _ring(self) -> None:
-        self._timer = None
         alarms = self._alarms
         now = loop_time_ms()
         while alarms and alarms[0][0] <= now:
@@ -202,8 +197,7 @@ class LiveHolds:
             if not waiter.gone:
                 waiter.changed.set()
         if alarms:
-            self._timer_at = alarms[0][0]
-            self._timer = asyncio.get_running_loop().call_at(self._timer_at / 1000, self._ring)
+            self._timer.arm(alarms[0][0] / 1000)
 
     def own_stamp(self, run_id: str) -> None:
         """This process's receiver stamped ``run_id``'s wake while handing a

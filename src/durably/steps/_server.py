@@ -15,7 +15,7 @@ import time
 from collections.abc import Awaitable, Callable, Collection, Iterable
 from typing import Any
 
-from .._aio import wait_event
+from .._aio import EarliestTimer, wait_event
 from .._intercept import Interceptors, StepInfo
 from .._lifecycle_events import EventHub, EventKind
 from .._logs import RUN_CONTEXT, LogContext, engine_logger
@@ -98,8 +98,7 @@ class StepServer:
         self._events = events
         self._by_token: dict[str, StepDefinition] = {}
         self._running: dict[str, _Served] = {}
-        self._sweep: asyncio.TimerHandle | None = None
-        self._sweep_at = 0.0
+        self._sweep = EarliestTimer(self._sweep_now)
         self._watch: asyncio.Task[None] | None = None
         self._idle = asyncio.Event()
         self._idle.set()
@@ -152,7 +151,7 @@ class StepServer:
         # No timer of its own: most handlers end before their pickup beat is
         # due, and a timer per step (two, with the ticker) was ~6% of a
         # dispatched step's CPU; one sweep timer serves every running handler.
-        self._arm(loop, loop.time() + _PICKUP_BEAT_DELAY_S)
+        self._sweep.arm(loop.time() + _PICKUP_BEAT_DELAY_S)
         try:
             result = await self._execute(definition, task, log, started)
         finally:
@@ -248,25 +247,13 @@ class StepServer:
             value = await value
         return value
 
-    def _arm(self, loop: asyncio.AbstractEventLoop, at: float) -> None:
-        """Sweep the running handlers at loop time ``at``, unless a sweep is
-        due by then already."""
-        if self._sweep is not None:
-            if self._sweep_at <= at:
-                return
-            self._sweep.cancel()
-        self._sweep_at = at
-        self._sweep = loop.call_at(at, self._sweep_now)
-
     def _sweep_now(self) -> None:
         """Send the pickup beat of each handler that has run
         ``_PICKUP_BEAT_DELAY_S``, and beat every ``BEAT_INTERVAL_S`` for one
         that has not beaten itself for an interval (a long handler that never
         calls ``log.heartbeat()`` would look dead to a dispatcher with a
         timeout); come back when the next of these is due."""
-        self._sweep = None
-        loop = asyncio.get_running_loop()
-        now = loop.time()
+        now = asyncio.get_running_loop().time()
         due = float("inf")
         for served in self._running.values():
             if served.next_at > now:
@@ -283,7 +270,7 @@ class StepServer:
                 served.next_at = now + BEAT_INTERVAL_S
             due = min(due, served.next_at)
         if due != float("inf"):
-            self._arm(loop, due)
+            self._sweep.arm(due)
 
     def _send_beat(self, beat: Heartbeat) -> None:
         sending = asyncio.ensure_future(self._send_beat_now(beat))

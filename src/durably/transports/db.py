@@ -42,9 +42,9 @@ import os
 import socket
 import uuid
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Collection, Coroutine
 from functools import partial
-from typing import cast
+from typing import Any, cast
 
 from .. import _codec as codec
 from .._aio import wait_event
@@ -344,9 +344,7 @@ class DbTransport:
             return
         handler = self._on_task
         if not self._serving or generation != self._generation or handler is None:
-            giving = asyncio.ensure_future(self._hand_back(ids))
-            self._acking.add(giving)
-            giving.add_done_callback(self._acking.discard)
+            self._in_background(self._hand_back(ids))
             return
         self.born += len(ids)
         for message, message_id in zip(messages, ids, strict=True):
@@ -767,9 +765,13 @@ class DbTransport:
         if done:
             # Not awaited: the next claim cannot take these (they are ours
             # for a lease), so it need not wait for their delete's round trip.
-            acking = asyncio.create_task(self._ack_results(done))
-            self._acking.add(acking)
-            acking.add_done_callback(self._acking.discard)
+            self._in_background(self._ack_results(done))
+
+    def _in_background(self, write: Coroutine[Any, Any, None]) -> None:
+        """Run a queue write nobody awaits; :meth:`close` waits for it."""
+        task = asyncio.create_task(write)
+        self._acking.add(task)
+        task.add_done_callback(self._acking.discard)
 
     async def _ack_results(self, ids: list[int]) -> None:
         try:

@@ -54,6 +54,20 @@ async def _ready(store: Any) -> None:
     await store.messages().depth([])
 
 
+async def _two_stores_with_leased_runs(
+    store_factory: StoreFactory, count: int
+) -> tuple[Any, Any, list[str]]:
+    """Two store objects on one database (skipped without a queue) and
+    ``count`` runs leased by :data:`OWNER`, for the racing writers' tests."""
+    a, b = await store_factory(), await store_factory()
+    _outbox(a)
+    await _ready(a)
+    runs = [f"race-{n:02}" for n in range(count)]
+    for run_id in runs:
+        await _leased(a, run_id)
+    return a, b, runs
+
+
 async def _bodies(store: Any, topic: str) -> list[str]:
     """The bodies queued in ``topic``, in claim order (claimed for good)."""
     claimed = await store.messages().claim([topic], "reader", 10_000, 60_000, NOW * 2)
@@ -136,16 +150,11 @@ async def test_many_checkpoints_sent_together_write_each_with_its_tasks(
 async def test_two_store_objects_sending_at_once_lose_nothing(
     store_factory: StoreFactory,
 ) -> None:
-    a, b = await store_factory(), await store_factory()
-    _outbox(a)
-    await _ready(a)
-    runs = [f"race-{n:02}" for n in range(30)]
-    for run_id in runs:
-        await _leased(a, run_id)
+    a, b, runs = await _two_stores_with_leased_runs(store_factory, 30)
 
     held = await asyncio.gather(
         *(
-            (a if n % 2 else b).save_checkpoint_sending(  # type: ignore[attr-defined]
+            (a if n % 2 else b).save_checkpoint_sending(
                 dispatched_cp(run_id, 1), OWNER, [OutMessage(TOPIC, run_id)]
             )
             for n, run_id in enumerate(runs)
@@ -410,22 +419,17 @@ async def test_many_born_claimed_writes_together_each_hear_their_own_ids(
 async def test_two_store_objects_writing_born_claimed_tasks_at_once_get_distinct_ids(
     store_factory: StoreFactory,
 ) -> None:
-    a, b = await store_factory(), await store_factory()
-    _outbox(a)
-    await _ready(a)
-    runs = [f"race-{n:02}" for n in range(30)]
-    for run_id in runs:
-        await _leased(a, run_id)
+    a, b, runs = await _two_stores_with_leased_runs(store_factory, 30)
 
     answers = await asyncio.gather(
         *(
-            (a if n % 2 else b).save_checkpoint_claiming(  # type: ignore[attr-defined]
+            (a if n % 2 else b).save_checkpoint_claiming(
                 dispatched_cp(run_id, 1), OWNER, [_born(run_id)]
             )
             for n, run_id in enumerate(runs)
         )
     )
 
-    born = await a.messages().claim([TOPIC], "reader", 100, 30_000, NOW + 30_001)  # type: ignore[attr-defined]
+    born = await a.messages().claim([TOPIC], "reader", 100, 30_000, NOW + 30_001)
     body_of = {m.id: m.body for m in born}
     assert [body_of[ids[0]] for ids in answers] == runs
