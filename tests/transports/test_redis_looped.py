@@ -6,8 +6,10 @@ script call), racing callers and a connection dropped mid-batch."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import time
+import weakref
 from typing import Any
 
 import pytest
@@ -17,6 +19,7 @@ from redis.asyncio.connection import Connection
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
+from durably._queue import Delivered
 from durably.transports.redis import RedisTransport
 from durably.transports.redis._batched import (
     Call,
@@ -526,3 +529,28 @@ async def _consume(
             into.extend(batch)
 
     await transport.consume_results(on_results, _no_beat)
+
+
+async def test_a_stopped_run_queue_is_not_kept_by_the_transport(prefix: str) -> None:
+    # An engine takes a new run queue from its transport at each start: a
+    # transport that kept every one it handed out grew (with their
+    # consumers' state) for as long as a process restarted engines on it.
+    # Failed first: the transport held each run queue in a list forever.
+    async def deliver(_body: str) -> Delivered:
+        return Delivered.DONE
+
+    transport = RedisTransport(REDIS_TEST_URL, prefix=prefix)
+    await transport.open()
+    try:
+        kept = []
+        for _ in range(3):
+            runs = transport.run_queue()
+            await runs.start(["default"], deliver, owner="o", lease_ms=30_000, capacity=4)
+            await runs.stop_claiming()
+            await runs.hand_back()
+            kept.append(weakref.ref(runs))
+            del runs
+        gc.collect()
+        assert [ref() for ref in kept] == [None, None, None]
+    finally:
+        await transport.close()

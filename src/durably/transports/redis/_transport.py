@@ -10,6 +10,7 @@ import os
 import socket
 import time
 import uuid
+import weakref
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Collection
 from typing import Any, NoReturn
@@ -129,7 +130,9 @@ class RedisTransport:
         """Subscriptions replaced by the watchdog (for tests and metrics)."""
         self.malformed: dict[str, int] = {}
         """Malformed messages dropped, per channel."""
-        self._run_queues: list[RedisRuns] = []
+        # Weakly: an engine takes a new run queue at each start and drops
+        # the old one; a list kept them all for the process's lifetime.
+        self._run_queues: weakref.WeakSet[RedisRuns] = weakref.WeakSet()
         # tasks and results added, batched while the previous batch is written
         self._adding: Collector[list[tuple[str, dict[str, Any]]], None] = Collector(self._add_jobs)
 
@@ -238,7 +241,7 @@ class RedisTransport:
             self._give_back,
             self._adding.add,
         )
-        self._run_queues.append(runs)
+        self._run_queues.add(runs)
         return runs
 
     # -- pub/sub -----------------------------------------------------------------------
