@@ -93,8 +93,13 @@ def _flat(replies: list[Any]) -> list[Any]:
 # -- what each job's call is -------------------------------------------------------------
 
 
+# Tokens of each msgpack string size (fixstr, str8: a worker's uuid-based
+# ones) and each keep-jobs shape: the opts are packed once per shape and the
+# token spliced in, and must still be bullmq's bytes.
+@pytest.mark.parametrize("token", ["tok:1", f"{'a' * 36}:12:3", "t" * 300])
+@pytest.mark.parametrize("remove", [True, False, 7, {"age": 60, "count": 5}])
 async def test_a_finished_jobs_keys_and_args_are_bullmqs_own(
-    prefix: str, client: aioredis.Redis
+    prefix: str, client: aioredis.Redis, token: str, remove: Any
 ) -> None:
     # What the loop hands BullMQ's moveToFinished for job i is what bullmq's
     # own worker would send for it (timestamp aside: one per call here).
@@ -103,8 +108,8 @@ async def test_a_finished_jobs_keys_and_args_are_bullmqs_own(
     try:
         job = Job(worker, "task", {"n": 1}, {**_OPTS, "attempts": 3})
         job.id, job.attemptsMade = "17", 1
-        keys, args = worker.scripts.moveToCompletedArgs(job, {"r": [1]}, True, "tok:1", False)
-        packed = finished_opts("tok:1", True, worker.opts, job.opts, job.attempts, 1)
+        keys, args = worker.scripts.moveToCompletedArgs(job, {"r": [1]}, remove, token, False)
+        packed = finished_opts(token, remove, worker.opts, job.opts, job.attempts, 1)
         call = finish_call(
             finish_script(Script.of(worker.scripts.commands["moveToFinished"])),
             worker.keys,

@@ -124,6 +124,43 @@ def finished_opts(
     attempts_made: int,
 ) -> bytes:
     """``moveToFinished``'s packed opts (its ARGV 8), as bullmq packs them."""
+    metrics = queue_opts.get("metrics")
+    shape = (
+        repr(remove),
+        repr(queue_opts.get("limiter")),
+        queue_opts.get("lockDuration"),
+        attempts,
+        attempts_made,
+        metrics.get("maxDataPoints", "") if metrics is not None else "",
+        job_opts.get("failParentOnFailure", False),
+        job_opts.get("continueParentOnFailure", False),
+        job_opts.get("ignoreDependencyOnFailure", False),
+        job_opts.get("removeDependencyOnFailure", False),
+    )
+    parts = _FINISHED_PARTS.get(shape)
+    if parts is None:
+        parts = _finished_parts(remove, queue_opts, job_opts, attempts, attempts_made)
+        if len(_FINISHED_PARTS) >= 256:
+            _FINISHED_PARTS.clear()
+        _FINISHED_PARTS[shape] = parts
+    # A msgpack map is its header then its pairs in order: the token's pair
+    # comes first, so only the token is packed per job (the bytes are bullmq's).
+    token_packed: bytes = msgpack.packb(token, use_bin_type=True)
+    return parts[0] + token_packed + parts[1]
+
+
+_FINISHED_PARTS: dict[tuple[Any, ...], tuple[bytes, bytes]] = {}
+"""Packed ``moveToFinished`` opts before and after the token, per shape
+(the jobs a worker finishes share one)."""
+
+
+def _finished_parts(
+    remove: bool | int | dict[str, Any] | None,
+    queue_opts: dict[str, Any],
+    job_opts: dict[str, Any],
+    attempts: int,
+    attempts_made: int,
+) -> tuple[bytes, bytes]:
     keep: dict[str, Any]
     if isinstance(remove, bool) or remove is None:
         keep = {"count": 0} if remove else {"count": -1}
@@ -132,9 +169,9 @@ def finished_opts(
     else:
         keep = remove
     metrics = queue_opts.get("metrics")
-    packed: bytes = msgpack.packb(
+    whole: bytes = msgpack.packb(
         {
-            "token": token,
+            "token": "",
             "keepJobs": keep,
             "limiter": queue_opts.get("limiter"),
             "lockDuration": queue_opts.get("lockDuration"),
@@ -148,7 +185,10 @@ def finished_opts(
         },
         use_bin_type=True,
     )
-    return packed
+    # the map's header and the key "token", the empty token (one byte), the rest
+    head = len(msgpack.packb("token", use_bin_type=True)) + 1
+    assert whole[head : head + 1] == msgpack.packb("", use_bin_type=True)
+    return whole[:head], whole[head + 1 :]
 
 
 def add_call(script: Script, keys: Sequence[str], packed: bytes, timestamp: int,
