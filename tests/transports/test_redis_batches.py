@@ -366,9 +366,14 @@ async def test_a_taken_job_is_the_job_bullmq_would_build(
 
 
 async def _serving(transport: RedisTransport) -> list[Any]:
-    """The BullMQ workers of a serving transport, once they run."""
+    """The BullMQ workers of a serving transport, once each waits for jobs
+    on the dry queue: a worker whose first fetch is still out has no room to
+    lend an add's take (the tests counting those took none, now and then)."""
     consumers = list(transport._workers)
-    await wait_until(lambda: all(c.worker.running for c in consumers), what="workers running")
+    await wait_until(
+        lambda: all(c.worker.running and c.worker.waiting is not None for c in consumers),
+        what="workers waiting for jobs",
+    )
     return [c.worker for c in consumers]
 
 
