@@ -23,6 +23,7 @@ from durably._queue import Delivered
 from durably.transports.redis import RedisTransport
 from durably.transports.redis._batched import (
     Call,
+    Lane,
     Script,
     added_job,
     compact_json,
@@ -344,6 +345,55 @@ async def test_an_add_transaction_cut_mid_way_adds_nothing(
     assert await client.llen(queue.keys["wait"]) == 2 * CALL_MAX
     stored = await client.hget(f"{queue.keys['']}{ids[-1]}", "data")
     assert json.loads(stored or "null") == {"n": 2 * CALL_MAX - 1}
+
+
+# -- a kept connection (Lane) -----------------------------------------------------------------
+
+
+async def test_a_lane_survives_its_connection_killed_between_batches(
+    prefix: str, client: aioredis.Redis
+) -> None:
+    # The lane keeps its connection across batches (no pool health check
+    # before each): one the server dropped meanwhile is found dead by the
+    # next batch, which reconnects and runs once, whole.
+    queue = Queue(f"{prefix}-q", {"connection": client})
+    mine = aioredis.Redis.from_url(REDIS_TEST_URL, decode_responses=True)
+    lane = Lane()
+    try:
+        await run_scripts(mine, _add(queue, [0]), transaction=True, lane=lane)
+        conn = await lane.take(mine)
+        assert conn is not None
+        await conn.send_command("CLIENT", "ID")
+        conn_id = await conn.read_response()
+        await lane.put_back(mine, conn)
+        assert await client.client_kill_filter(_id=conn_id) == 1
+        await run_scripts(mine, _add(queue, [1, 2]), transaction=True, lane=lane)
+        assert await client.llen(queue.keys["wait"]) == 3
+        assert await lane.take(mine) is conn  # still the kept one, reconnected
+        await lane.put_back(mine, conn)
+    finally:
+        await lane.close()
+        await mine.aclose()
+
+
+async def test_batches_racing_on_one_lane_each_run_once(
+    prefix: str, client: aioredis.Redis
+) -> None:
+    # A call made while the kept connection is out (a direct finish beside
+    # the collector's) takes a pooled one; one made after close() too.
+    queue = Queue(f"{prefix}-q", {"connection": client})
+    lane = Lane()
+    try:
+        replies = await asyncio.gather(
+            *(run_scripts(client, _add(queue, [n]), transaction=True, lane=lane) for n in range(5))
+        )
+        assert len({reply[0][0] for reply in replies}) == 5
+        await lane.close()
+        await run_scripts(client, _add(queue, [5]), transaction=True, lane=lane)
+        assert await lane.take(client) is None  # closed for this client
+        assert await client.llen(queue.keys["wait"]) == 6
+    finally:
+        await lane.close()
 
 
 # -- the run queues' discovery ------------------------------------------------------------

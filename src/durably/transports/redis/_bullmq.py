@@ -34,6 +34,7 @@ from ..._logs import engine_logger
 from ._batched import (
     Call,
     Collector,
+    Lane,
     Script,
     compact_json,
     move_to_active_args,
@@ -245,6 +246,9 @@ class _BatchWorker(_BullWorker):  # type: ignore[misc]  # bullmq is untyped
         self.handed = 0
         """Jobs taken by callers' take calls (:meth:`reserve`), for tests."""
         self._templates: dict[tuple[Any, str], dict[str, Any]] = {}
+        # the fetch loop's and the finishing writer's connections (each sends a batch at a time)
+        self._fetch_lane = Lane()
+        self._finish_lane = Lane()
 
     async def run(self) -> None:
         if self.running:
@@ -299,6 +303,9 @@ class _BatchWorker(_BullWorker):  # type: ignore[misc]  # bullmq is untyped
     async def close(self, force: bool = False) -> None:
         self.closing = True
         self._room.set()
+        # Back to the pool first, so closing the client closes them too.
+        await self._fetch_lane.close()
+        await self._finish_lane.close()
         await super().close(force)
 
     def reserve(self, wanted: int) -> Reserved | None:
@@ -429,7 +436,9 @@ class _BatchWorker(_BullWorker):  # type: ignore[misc]  # bullmq is untyped
         keys, args = move_to_active_args(self.keys, token, self.opts["lockDuration"], room)
         self._fetching = room
         try:
-            (reply,) = await run_scripts(self.client, [Call(self._take, keys, args)])
+            (reply,) = await run_scripts(
+                self.client, [Call(self._take, keys, args)], lane=self._fetch_lane
+            )
         finally:
             self._fetching = 0
         if isinstance(reply, BaseException):
@@ -540,7 +549,7 @@ class _BatchWorker(_BullWorker):  # type: ignore[misc]  # bullmq is untyped
                 value = "null" if result is None else compact_json(result)
                 jobs.append((job.id, value, packed))
             calls.append(finish_call(script, self.keys, jobs, now))
-        replies = await run_scripts(self.client, calls)
+        replies = await run_scripts(self.client, calls, lane=self._finish_lane)
         outcomes: list[BaseException | None] = []
         for start, reply in zip(range(0, len(done), CALL_MAX), replies, strict=True):
             part = done[start : start + CALL_MAX]

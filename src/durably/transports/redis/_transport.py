@@ -31,7 +31,7 @@ from ..base import (
     TurnHandler,
 )
 from . import _turns
-from ._batched import AddedJob, Collector, added_job, check_added, run_scripts
+from ._batched import AddedJob, Collector, Lane, added_job, check_added, run_scripts
 from ._bullmq import _Consumer, _delayed, _Job, _new_queue, _Processor, _Queue
 from ._looped import CALL_MAX, add_call, add_script
 from ._names import RedisNames, bullmq_priority, split_url
@@ -135,6 +135,7 @@ class RedisTransport:
         self._run_queues: weakref.WeakSet[RedisRuns] = weakref.WeakSet()
         # tasks and results added, batched while the previous batch is written
         self._adding: Collector[list[tuple[str, dict[str, Any]]], None] = Collector(self._add_jobs)
+        self._adding_lane = Lane()
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> RedisTransport:
@@ -212,6 +213,7 @@ class RedisTransport:
         self._pubsubs.clear()
         self._listeners.clear()
         await self._adding.drain()
+        await self._adding_lane.close()
         client, self._client = self._client, None
         self._queues.clear()
         if client is not None:
@@ -511,7 +513,9 @@ class RedisTransport:
                 takes.append(reserved)
                 calls.append(reserved.call)
         try:
-            replies = await run_scripts(self._redis(), calls, transaction=True)
+            replies = await run_scripts(
+                self._redis(), calls, transaction=True, lane=self._adding_lane
+            )
         except BaseException:
             for reserved in takes:
                 reserved.cancel()
