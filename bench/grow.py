@@ -14,7 +14,7 @@ database.
 ``explain`` starts an engine on that database with every asyncpg statement recorded, drives the
 paths whose queries run per turn or per poll (starts, claims, checkpoints, settles, a timer's
 wake and replay, the orphan and due sweeps, the retention, deadline and stalled sweeps, the
-default ``list_runs`` page), then prints ``EXPLAIN (ANALYZE, BUFFERS)`` of each distinct SQL
+default ``list_runs`` page and one of a workflow and of a parent), then prints ``EXPLAIN (ANALYZE, BUFFERS)`` of each distinct SQL
 text under the generic plan the store's pool uses (``plan_cache_mode = force_generic_plan``),
 inside a transaction that is rolled back. It writes the plans to ``--out`` (markdown) and one
 JSON line: each query with whether its plan reads a durably table sequentially.
@@ -213,6 +213,8 @@ KINDS = [
         "checkpoint read for replay (load_checkpoints)",
         "FROM durably_checkpoints WHERE run_id = $1 ORDER BY seq",
     ),
+    ("list_runs of a workflow", "WHERE workflow = $1 ORDER BY created_at DESC"),
+    ("list_runs of a parent", "WHERE parent_id = $1 ORDER BY created_at DESC"),
     ("list_runs default page", "ORDER BY created_at DESC, id DESC"),
     ("retention sweep (list_finished_before)", "ORDER BY updated_at, id"),
     ("deadline sweep (list_expired)", "deadline_at <= $1"),
@@ -294,6 +296,8 @@ async def call_sweeps(store: Any, now: int) -> None:
     await store.claim_due_batch(["old-0500000"], now, now + 30_000)
     await store.load_checkpoints("old-0500000")
     await store.list_runs(RunQuery())
+    await store.list_runs(RunQuery(workflow="one_step"))
+    await store.list_runs(RunQuery(parent_id="old-0500000"))
     await store.list_finished_before(now - 7 * 86_400_000, 100)
     await store.list_expired(now, 100)
     await store.list_stalled(now - 60_000, 100)
