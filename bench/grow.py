@@ -14,7 +14,8 @@ database.
 ``explain`` starts an engine on that database with every asyncpg statement recorded, drives the
 paths whose queries run per turn or per poll (starts, claims, checkpoints, settles, a timer's
 wake and replay, the orphan and due sweeps, the retention, deadline and stalled sweeps, the
-default ``list_runs`` page and one of a workflow and of a parent), then prints ``EXPLAIN (ANALYZE, BUFFERS)`` of each distinct SQL
+default ``list_runs`` page and one of a workflow and of a parent), then prints
+``EXPLAIN (ANALYZE, BUFFERS)`` of each distinct SQL
 text under the generic plan the store's pool uses (``plan_cache_mode = force_generic_plan``),
 inside a transaction that is rolled back. It writes the plans to ``--out`` (markdown) and one
 JSON line: each query with whether its plan reads a durably table sequentially.

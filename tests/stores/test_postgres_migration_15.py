@@ -25,6 +25,8 @@ from durably.stores import RunQuery
 from durably.stores._postgres_schema import MIGRATIONS
 from durably.stores.postgres import PostgresStore
 
+from ._old_schema import read_upgraded, seeded_at
+
 RUNS = 3_000
 
 # Run i: one of 3 workflows, every 4th a child of one of 5 parents, created in
@@ -117,21 +119,7 @@ async def at_14(
     """A store URL whose schema is at version 14 with RUNS runs, and schema
     14's answers to its listing statements."""
     async with isolated_postgres() as url:
-        schema = PostgresStore(url).schema
-        conn = await asyncpg.connect(url.split("?")[0])
-        try:
-            await conn.execute(f'CREATE SCHEMA "{schema}"')
-            await conn.execute(f'SET search_path TO "{schema}"')
-            await conn.execute("CREATE TABLE durably_meta (key TEXT PRIMARY KEY, value TEXT)")
-            for script in MIGRATIONS[:14]:
-                await conn.execute(script)
-            await conn.execute("INSERT INTO durably_meta VALUES ('schema_version', '14')")
-            await conn.execute(SEED)
-            await conn.execute("ANALYZE durably_runs")
-            answers = await _old_answers(conn)
-        finally:
-            await conn.close()
-        yield url, answers
+        yield url, await seeded_at(url, 14, SEED, _old_answers)
 
 
 async def test_an_upgraded_database_lists_by_workflow_and_parent_as_before(
@@ -157,21 +145,13 @@ async def test_an_upgraded_database_lists_by_workflow_and_parent_as_before(
     finally:
         await store.close()
 
-    conn = await asyncpg.connect(url.split("?")[0])
-    try:
-        await conn.execute(f'SET search_path TO "{store.schema}"')
-        assert await conn.fetchval(
-            "SELECT value FROM durably_meta WHERE key = 'schema_version'"
-        ) == str(len(MIGRATIONS))
-        names = {
-            r["indexname"]
-            for r in await conn.fetch(
-                "SELECT indexname FROM pg_indexes WHERE schemaname = $1", store.schema
-            )
-        }
-        assert {"durably_runs_workflow_created", "durably_runs_parent_created"} <= names
-        assert not {"durably_runs_workflow", "durably_runs_parent"} & names
-        # The previous version's statements, still running beside this one, answer the same.
-        assert await _old_answers(conn) == before
-    finally:
-        await conn.close()
+    async def index_names(conn: Any) -> set[str]:
+        sql = "SELECT indexname FROM pg_indexes WHERE schemaname = current_schema()"
+        rows = await conn.fetch(sql)
+        return {r["indexname"] for r in rows}
+
+    names = await read_upgraded(url, index_names)
+    assert {"durably_runs_workflow_created", "durably_runs_parent_created"} <= names
+    assert not {"durably_runs_workflow", "durably_runs_parent"} & names
+    # The previous version's statements, still running beside this one, answer the same.
+    assert await read_upgraded(url, _old_answers) == before
