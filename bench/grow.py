@@ -14,7 +14,8 @@ database.
 ``explain`` starts an engine on that database with every asyncpg statement recorded, drives the
 paths whose queries run per turn or per poll (starts, claims, checkpoints, settles, a timer's
 wake and replay, the orphan and due sweeps, the retention, deadline and stalled sweeps, the
-default ``list_runs`` page), then prints ``EXPLAIN (ANALYZE, BUFFERS)`` of each distinct SQL
+default ``list_runs`` page and one of a workflow and of a parent), then prints
+``EXPLAIN (ANALYZE, BUFFERS)`` of each distinct SQL
 text under the generic plan the store's pool uses (``plan_cache_mode = force_generic_plan``),
 inside a transaction that is rolled back. It writes the plans to ``--out`` (markdown) and one
 JSON line: each query with whether its plan reads a durably table sequentially.
@@ -85,7 +86,10 @@ async def columns(conn: Any, table: str) -> list[str]:
     return [r["column_name"] for r in rows]
 
 
-async def seed(url: str, runs: int, k: int) -> dict[str, Any]:
+async def seed(url: str, runs: int, k: int, last_workflow: str | None = None) -> dict[str, Any]:
+    """Fill the database with ``runs`` finished copies of one real run (and its checkpoints);
+    with ``last_workflow``, every other copy under that workflow name instead, so that the
+    workflows measured afterwards do not sort last in the listing by workflow."""
     import asyncpg
 
     engine = build_engine(url)
@@ -121,6 +125,8 @@ async def seed(url: str, runs: int, k: int) -> dict[str, Any]:
             "locked_by": "NULL",
             "locked_until": "NULL",
         }
+        if last_workflow:
+            over["workflow"] = "CASE WHEN g.i % 2 = 0 THEN t.workflow ELSE $6::text END"
         run_sql = (
             f"INSERT INTO durably_runs ({', '.join(run_cols)}) SELECT "
             + ", ".join(over.get(c, f"t.{c}") for c in run_cols)
@@ -145,7 +151,15 @@ async def seed(url: str, runs: int, k: int) -> dict[str, Any]:
         for lo in range(1, runs + 1, CHUNK):
             hi = min(runs, lo + CHUNK - 1)
             async with conn.transaction():
-                await conn.execute(run_sql, template, now, runs, lo, hi)
+                await conn.execute(
+                    run_sql,
+                    template,
+                    now,
+                    runs,
+                    lo,
+                    hi,
+                    *([last_workflow] if last_workflow else []),
+                )
                 await conn.execute(cp_sql, template, now, runs, lo, hi)
             print(f"seeded {hi:,} runs ({time.perf_counter() - t0:.0f} s)", flush=True)
         t_load = time.perf_counter() - t0
@@ -200,6 +214,8 @@ KINDS = [
         "checkpoint read for replay (load_checkpoints)",
         "FROM durably_checkpoints WHERE run_id = $1 ORDER BY seq",
     ),
+    ("list_runs of a workflow", "WHERE workflow = $1 ORDER BY created_at DESC"),
+    ("list_runs of a parent", "WHERE parent_id = $1 ORDER BY created_at DESC"),
     ("list_runs default page", "ORDER BY created_at DESC, id DESC"),
     ("retention sweep (list_finished_before)", "ORDER BY updated_at, id"),
     ("deadline sweep (list_expired)", "deadline_at <= $1"),
@@ -281,6 +297,8 @@ async def call_sweeps(store: Any, now: int) -> None:
     await store.claim_due_batch(["old-0500000"], now, now + 30_000)
     await store.load_checkpoints("old-0500000")
     await store.list_runs(RunQuery())
+    await store.list_runs(RunQuery(workflow="one_step"))
+    await store.list_runs(RunQuery(parent_id="old-0500000"))
     await store.list_finished_before(now - 7 * 86_400_000, 100)
     await store.list_expired(now, 100)
     await store.list_stalled(now - 60_000, 100)
@@ -407,6 +425,9 @@ def main() -> None:
     sp = sub.add_parser("seed")
     sp.add_argument("--runs", type=int, default=1_000_000)
     sp.add_argument("--k", type=int, default=5)
+    sp.add_argument(
+        "--last-workflow", default=None, help="half the seeded runs under this workflow name"
+    )
     ep = sub.add_parser("explain")
     ep.add_argument("--k", type=int, default=5)
     ep.add_argument("--out", default=str(HERE / "grow-explain.md"))
@@ -419,7 +440,7 @@ def main() -> None:
 
             async def go() -> dict[str, Any]:
                 await reset_target(t)
-                return await seed(t.url, args.runs, args.k)
+                return await seed(t.url, args.runs, args.k, args.last_workflow)
 
             emit({**base, **asyncio.run(go())})
         else:

@@ -136,6 +136,11 @@ def main() -> int:
     p.add_argument("--no-explain", action="store_true")
     p.add_argument("--no-buffers", action="store_true")
     p.add_argument("--no-dbos", action="store_true", help="durably only (no DBOS seeded alike)")
+    p.add_argument(
+        "--last-workflow",
+        default=None,
+        help="seed half the runs under this name (zz_bench: the measured workflows sort mid-range)",
+    )
     p.add_argument("--timeout", type=float, default=900.0)
     p.add_argument("--json", default=None)
     args = p.parse_args()
@@ -159,7 +164,17 @@ def main() -> int:
         for name, count in seeded:
             measure(
                 f"grow seed {count:,}",
-                ["grow.py", "--name", name, "seed", "--runs", str(count), "--k", str(args.k)],
+                [
+                    "grow.py",
+                    "--name",
+                    name,
+                    "seed",
+                    "--runs",
+                    str(count),
+                    "--k",
+                    str(args.k),
+                    *(["--last-workflow", args.last_workflow] if args.last_workflow else []),
+                ],
                 3600,
             )
         if not args.no_dbos:

@@ -136,7 +136,7 @@ async def test_every_index_over_every_run_is_one_a_live_run_needs(
         "durably_runs_id_prefix",
         "durably_runs_created",
         "durably_runs_namespace_created",
-        "durably_runs_workflow",
+        "durably_runs_workflow_created",
         "durably_runs_updated_at",
     }, sorted(full)
     finished = "WHERE (status = ANY (ARRAY['cancelled'::text, 'completed'::text, 'dead'::text"

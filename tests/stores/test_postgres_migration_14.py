@@ -15,13 +15,14 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
-import asyncpg
 import pytest
 
 from durably.model import RunStatus
 from durably.stores import RunQuery
 from durably.stores._postgres_schema import MIGRATIONS
 from durably.stores.postgres import PostgresStore
+
+from ._old_schema import read_upgraded, seeded_at
 
 RUNS = 3_000
 STATUSES = [s.value for s in RunStatus]
@@ -75,21 +76,7 @@ async def at_13(
     """A store URL whose schema is at version 13 with RUNS runs, and schema
     13's answers to its statements."""
     async with isolated_postgres() as url:
-        schema = PostgresStore(url).schema
-        conn = await asyncpg.connect(url.split("?")[0])
-        try:
-            await conn.execute(f'CREATE SCHEMA "{schema}"')
-            await conn.execute(f'SET search_path TO "{schema}"')
-            await conn.execute("CREATE TABLE durably_meta (key TEXT PRIMARY KEY, value TEXT)")
-            for script in MIGRATIONS[:13]:
-                await conn.execute(script)
-            await conn.execute("INSERT INTO durably_meta VALUES ('schema_version', '13')")
-            await conn.execute(SEED)
-            await conn.execute("ANALYZE durably_runs")
-            answers = await _old_answers(conn)
-        finally:
-            await conn.close()
-        yield url, answers
+        yield url, await seeded_at(url, 13, SEED, _old_answers)
 
 
 async def test_an_upgraded_database_answers_as_before(at_13: tuple[str, dict[str, Any]]) -> None:
@@ -125,12 +112,4 @@ async def test_an_upgraded_database_answers_as_before(at_13: tuple[str, dict[str
         await store.close()
 
     # The previous version's statements, still running beside this one, answer the same.
-    conn = await asyncpg.connect(url.split("?")[0])
-    try:
-        await conn.execute(f'SET search_path TO "{store.schema}"')
-        assert await conn.fetchval(
-            "SELECT value FROM durably_meta WHERE key = 'schema_version'"
-        ) == str(len(MIGRATIONS))
-        assert await _old_answers(conn) == before
-    finally:
-        await conn.close()
+    assert await read_upgraded(url, _old_answers) == before

@@ -17,6 +17,8 @@ from durably.stores.base import Resolution
 from durably.testing.conformance.stores._helpers import OWNER, leased, signal_cp
 from durably.testing.conformance.stores.steps import EVENTS, NOW, ask
 
+from ._old_schema import create_at
+
 COMPLETED = CheckpointStatus.COMPLETED
 
 
@@ -77,21 +79,13 @@ async def test_postgres_upgrades_checkpoints_written_by_older_schemas(
 ) -> None:
     import asyncpg
 
-    from durably.stores._postgres_schema import MIGRATIONS
     from durably.stores.postgres import PostgresStore
 
     async with isolated_postgres() as url:
         store = PostgresStore(url)
         conn = await asyncpg.connect(url.split("?")[0])
         try:
-            await conn.execute(f'CREATE SCHEMA "{store.schema}"')
-            await conn.execute(f'SET search_path TO "{store.schema}"')
-            await conn.execute("CREATE TABLE durably_meta (key TEXT PRIMARY KEY, value TEXT)")
-            for script in MIGRATIONS[:version]:
-                await conn.execute(script)
-            await conn.execute(
-                "INSERT INTO durably_meta VALUES ('schema_version', $1)", str(version)
-            )
+            await create_at(conn, store.schema, version)
             await conn.execute(_old_checkpoint_sql())
         finally:
             await conn.close()
@@ -151,19 +145,13 @@ async def test_postgres_upgrade_keeps_live_signal_waits(
 ) -> None:
     import asyncpg
 
-    from durably.stores._postgres_schema import MIGRATIONS
     from durably.stores.postgres import PostgresStore
 
     async with isolated_postgres() as url:
         store = PostgresStore(url)
         conn = await asyncpg.connect(url.split("?")[0])
         try:
-            await conn.execute(f'CREATE SCHEMA "{store.schema}"')
-            await conn.execute(f'SET search_path TO "{store.schema}"')
-            await conn.execute("CREATE TABLE durably_meta (key TEXT PRIMARY KEY, value TEXT)")
-            for script in MIGRATIONS[:5]:
-                await conn.execute(script)
-            await conn.execute("INSERT INTO durably_meta VALUES ('schema_version', '5')")
+            await create_at(conn, store.schema, 5)
             for statement in _OLD_WAIT_SQL:
                 await conn.execute(statement)
         finally:

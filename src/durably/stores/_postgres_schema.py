@@ -339,4 +339,21 @@ MIGRATIONS: list[str] = [
     DROP INDEX IF EXISTS durably_runs_listing;
     DROP INDEX IF EXISTS durably_runs_namespace;
     """,
+    # 15: the workflow and parent listings ascend too (bench/RESULTS.md,
+    # "Listings by workflow and parent ascend", issue 18). With created_at
+    # DESC a new run's entry went to the left end of its range, so every
+    # insert descended the tree and each full leaf split 50/50 (PostgreSQL's
+    # split after a new tuple is for keys no wider than two bigints).
+    # Ascending, a run in the range that sorts last (the newest parent's
+    # children, ids being time-ordered; the last workflow name) enters the
+    # rightmost leaf without a descent, and that leaf splits leaving the
+    # left page full. A backward scan serves created_at DESC, id DESC and
+    # the cursor unchanged. Built before the drops, as in 14.
+    """
+    CREATE INDEX durably_runs_workflow_created ON durably_runs (workflow, created_at, id);
+    CREATE INDEX durably_runs_parent_created ON durably_runs (parent_id, created_at, id)
+        WHERE parent_id IS NOT NULL;
+    DROP INDEX IF EXISTS durably_runs_workflow;
+    DROP INDEX IF EXISTS durably_runs_parent;
+    """,
 ]
