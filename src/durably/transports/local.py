@@ -146,7 +146,9 @@ class LocalTransport:
             await self._result_ready.wait()
             self._result_ready.clear()
             beats, self._beats = self._beats, []
-            finished = {result.step_id for result in self._results}
+            # Only when there are beats to sift: most batches bring none, and
+            # a step id built per result for nothing was a cost per step.
+            finished = {result.step_id for result in self._results} if beats else set()
             for beat in beats:
                 if beat.step_id in finished:
                     continue  # its result is here already: the beat says nothing new
