@@ -100,8 +100,9 @@ class StepServer:
         self._running: dict[str, _Served] = {}
         self._sweep = EarliestTimer(self._sweep_now)
         self._watch: asyncio.Task[None] | None = None
-        self._idle = asyncio.Event()
-        self._idle.set()
+        # Made by the first stop that finds handlers running, set when the
+        # last ends: an event set and cleared per served step was a cost of each.
+        self._idle: asyncio.Event | None = None
         self._beats: set[asyncio.Future[None]] = set()
         transport.on_cancel(self._cancel)
 
@@ -118,7 +119,11 @@ class StepServer:
         """Stop taking tasks and give running handlers up to ``timeout`` seconds."""
         if self._by_token:
             await self._transport.stop_serving()
-        await wait_event(self._idle, timeout)
+        if self._running:
+            if self._idle is None:
+                self._idle = asyncio.Event()
+            self._idle.clear()
+            await wait_event(self._idle, timeout)
         watch, self._watch = self._watch, None
         if watch is not None:
             watch.cancel()
@@ -149,17 +154,17 @@ class StepServer:
         log._beat = beat
         started = wall_ms()
         step_id = task.step_id
-        self._running[step_id] = _Served(task, log, started, loop.time())
-        self._idle.clear()
+        began = loop.time()
+        self._running[step_id] = _Served(task, log, started, began)
         # No timer of its own: most handlers end before their pickup beat is
         # due, and a timer per step (two, with the ticker) was ~6% of a
         # dispatched step's CPU; one sweep timer serves every running handler.
-        self._sweep.arm(loop.time() + _PICKUP_BEAT_DELAY_S)
+        self._sweep.arm(began + _PICKUP_BEAT_DELAY_S)
         try:
             return await self._execute(definition, task, log, started)
         finally:
             self._running.pop(step_id, None)
-            if not self._running:
+            if not self._running and self._idle is not None:
                 self._idle.set()
 
     async def _execute(
