@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
 
 from durably.transports import LocalTransport
 from durably.wire import StepTask
@@ -25,6 +26,28 @@ async def test_a_task_whose_handler_raises_is_delivered_again() -> None:
         await transport.dispatch([StepTask(run_id="r", seq=3, name="g", group="g")])
         await again.wait()
         assert seen == [3, 3]
+    finally:
+        await transport.close()
+
+
+async def test_a_handler_raising_before_it_awaits_is_delivered_again() -> None:
+    transport = LocalTransport()
+    await transport.open()
+    seen: list[int] = []
+    again = asyncio.Event()
+
+    def on_task(task: StepTask) -> Awaitable[None]:
+        seen.append(task.seq)
+        if len(seen) == 1:
+            raise RuntimeError("raised before returning an awaitable")
+        again.set()
+        return asyncio.sleep(0)
+
+    try:
+        await transport.serve(["g"], on_task, concurrency=1)
+        await transport.dispatch([StepTask(run_id="r", seq=4, name="g", group="g")])
+        await again.wait()
+        assert seen == [4, 4]
     finally:
         await transport.close()
 

@@ -102,7 +102,15 @@ class LocalTransport:
                     break
                 # The handler's own coroutine is the task (no wrapper: a frame
                 # per served step); a failure is seen in its done callback.
-                runner = asyncio.ensure_future(handler(task))
+                runner: asyncio.Future[None]
+                try:
+                    runner = asyncio.ensure_future(handler(task))
+                except Exception as exc:
+                    # A handler that raises before returning an awaitable fails
+                    # like one whose await raised: delivered again from the
+                    # done callback, on a later loop iteration (not a spin here).
+                    runner = asyncio.get_running_loop().create_future()
+                    runner.set_exception(exc)
                 self._running[runner] = task
                 runner.add_done_callback(self._handler_done)
 
