@@ -151,3 +151,28 @@ async def test_a_handler_that_beats_itself_gets_no_extra_beat(
     await enough.wait()
     await running
     assert len(wire.beats) == 1  # the pickup beat only
+
+
+async def test_stop_waits_for_a_running_handler_and_not_when_idle() -> None:
+    wire = _Wire()
+    release = asyncio.Event()
+    entered = asyncio.Event()
+
+    async def slow(x: int) -> int:
+        entered.set()
+        await release.wait()
+        return x
+
+    server = _server_for(wire, slow)
+    await server.stop(timeout=600)  # nothing running: returns at once
+    running = asyncio.ensure_future(server.handle(_task(7)))
+    await entered.wait()
+    stopping = asyncio.ensure_future(server.stop(timeout=600))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert not stopping.done()  # the handler still runs
+    release.set()
+    await stopping
+    assert running.done()
+    assert [r.output for r in wire.results] == [7]
+    await server.stop(timeout=600)  # idle again: at once

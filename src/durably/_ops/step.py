@@ -49,7 +49,7 @@ _SEND_RETRY_MS = 1000
 _BLOCKED_POLL_MS = 5_000
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class StepCall:
     """One ``ctx.step`` call's resolved options."""
 
@@ -303,20 +303,21 @@ class StepRunner:
                 self._env.save_later(cp, send=[self._task(seq, call, cp)])
             elif not await self._send(seq, call, cp) and steps.let_go(waiter):
                 return None  # not out: the caller parks until it is due again
-            began = loop_time_ms()
+            began = now = loop_time_ms()
             deadline = began + window_ms
             with turn.in_flight(), steps.holds.hold(waiter, self._env.run_id):
                 while True:
                     if waiter.result is not None:
-                        steps.holds.heard(call.name, loop_time_ms() - began)
+                        steps.holds.heard(call.name, now - began)
                         turn.wrote(seq)  # the receiver settled it in the store
                         return self._settled(seq, call, cp, waiter)
                     if waiter.recheck:
                         fresh = await self._recheck(seq, waiter)
+                        now = loop_time_ms()
                         if fresh is not None:
-                            steps.holds.heard(call.name, loop_time_ms() - began)
+                            steps.holds.heard(call.name, now - began)
                             return fresh
-                    left = deadline - loop_time_ms()
+                    left = deadline - now
                     if waiter.released or left <= 0:
                         if steps.let_go(waiter):
                             if not waiter.released:
@@ -336,6 +337,9 @@ class StepRunner:
                         steps.holds.alarm(waiter, deadline)
                     await waiter.changed.wait()
                     turn.ensure_open()
+                    # One clock read per wake (and after each await): the
+                    # checks above use it.
+                    now = loop_time_ms()
 
     async def _recheck(self, seq: int, waiter: LiveStep) -> Checkpoint | None:
         """The step's checkpoint as the store holds it, if settled there (a

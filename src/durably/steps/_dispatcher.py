@@ -279,9 +279,10 @@ class StepDispatcher:
         to_wake: dict[str, bool] = {}  # run id -> its wake was stamped by this settle
         held = dict(marks)
         for result, left in zip(results, answers, strict=True):
-            self._persisted.pop(result.step_id, None)
-            waiter = self._live.get(result.step_id)
-            marked = held.get(result.step_id)
+            step_id = result.step_id
+            self._persisted.pop(step_id, None)
+            waiter = self._live.get(step_id)
+            marked = held.get(step_id)
             if waiter is not None and (marked is None or waiter is marked):
                 # Its dispatcher holds the run's turn here; it returns the
                 # value itself, a wake would only cost another turn.

@@ -107,6 +107,13 @@ class StepDefinition:
     """Capabilities a worker must advertise to be sent this step (the upstream
     handshake); a run whose step no live capable worker serves is ``blocked``."""
 
+    is_async: bool = field(init=False, compare=False, repr=False)
+    """Whether the handler is a coroutine function (run on the loop, not in
+    a step thread): asked per served step, so known from the start."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "is_async", inspect.iscoroutinefunction(self.fn))
+
     def parse_input(self, data: Any) -> Any:
         """``data`` as the handler's input model (``SchemaValidationError`` if invalid)."""
         if self.input_model is None:

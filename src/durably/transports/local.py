@@ -39,7 +39,7 @@ class LocalTransport:
         self._groups: frozenset[str] = frozenset()
         self._on_task: TaskHandler | None = None
         self._concurrency = 1
-        self._running: set[asyncio.Task[None]] = set()
+        self._running: dict[asyncio.Future[None], StepTask] = {}
         self._task_ready = asyncio.Event()
         self._pump: asyncio.Task[None] | None = None
         self._results: list[StepResult] = []
@@ -64,6 +64,9 @@ class LocalTransport:
 
     async def dispatch(self, tasks: list[StepTask]) -> None:
         """Enqueue the tasks; a serving consumer picks them up."""
+        self._enqueue(tasks)
+
+    def _enqueue(self, tasks: list[StepTask]) -> None:
         for task in tasks:
             queue = self._queues.setdefault(task.group, [])
             heapq.heappush(queue, (-(task.priority or 0), next(self._order), task))
@@ -93,11 +96,22 @@ class LocalTransport:
             await self._task_ready.wait()
             self._task_ready.clear()
             while len(self._running) < self._concurrency:
-                task = self._next_task()
-                if task is None:
+                handler = self._on_task
+                task = self._next_task() if handler is not None else None
+                if handler is None or task is None:
                     break
-                runner = asyncio.create_task(self._handle(task))
-                self._running.add(runner)
+                # The handler's own coroutine is the task (no wrapper: a frame
+                # per served step); a failure is seen in its done callback.
+                runner: asyncio.Future[None]
+                try:
+                    runner = asyncio.ensure_future(handler(task))
+                except Exception as exc:
+                    # A handler that raises before returning an awaitable fails
+                    # like one whose await raised: delivered again from the
+                    # done callback, on a later loop iteration (not a spin here).
+                    runner = asyncio.get_running_loop().create_future()
+                    runner.set_exception(exc)
+                self._running[runner] = task
                 runner.add_done_callback(self._handler_done)
 
     def _next_task(self) -> StepTask | None:
@@ -112,22 +126,16 @@ class LocalTransport:
         heapq.heappop(self._queues[best_group])
         return best[2]
 
-    def _handler_done(self, runner: asyncio.Task[None]) -> None:
-        self._running.discard(runner)
-        self._task_ready.set()
-
-    async def _handle(self, task: StepTask) -> None:
-        handler = self._on_task
-        if handler is None:
-            await self.dispatch([task])
-            return
-        try:
-            await handler(task)
-        except Exception:
-            _log.exception(
-                "task %s failed in its handler wrapper; delivering it again", task.step_id
+    def _handler_done(self, runner: asyncio.Future[None]) -> None:
+        task = self._running.pop(runner)
+        if not runner.cancelled() and (failure := runner.exception()) is not None:
+            _log.error(
+                "task %s failed in its handler wrapper; delivering it again",
+                task.step_id,
+                exc_info=failure,
             )
-            await self.dispatch([task])
+            self._enqueue([task])
+        self._task_ready.set()
 
     async def consume_results(
         self, on_results: ResultHandler, on_heartbeat: HeartbeatHandler
@@ -146,7 +154,9 @@ class LocalTransport:
             await self._result_ready.wait()
             self._result_ready.clear()
             beats, self._beats = self._beats, []
-            finished = {result.step_id for result in self._results}
+            # Only when there are beats to sift: most batches bring none, and
+            # a step id built per result for nothing was a cost per step.
+            finished = {result.step_id for result in self._results} if beats else set()
             for beat in beats:
                 if beat.step_id in finished:
                     continue  # its result is here already: the beat says nothing new

@@ -1,0 +1,80 @@
+"""``local://``: what its in-memory queues promise beyond the transport contract."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable
+
+from durably.transports import LocalTransport
+from durably.wire import StepTask
+
+
+async def test_a_task_whose_handler_raises_is_delivered_again() -> None:
+    transport = LocalTransport()
+    await transport.open()
+    seen: list[int] = []
+    again = asyncio.Event()
+
+    async def on_task(task: StepTask) -> None:
+        seen.append(task.seq)
+        if len(seen) == 1:
+            raise RuntimeError("the handler wrapper broke")
+        again.set()
+
+    try:
+        await transport.serve(["g"], on_task, concurrency=1)
+        await transport.dispatch([StepTask(run_id="r", seq=3, name="g", group="g")])
+        await again.wait()
+        assert seen == [3, 3]
+    finally:
+        await transport.close()
+
+
+async def test_a_handler_raising_before_it_awaits_is_delivered_again() -> None:
+    transport = LocalTransport()
+    await transport.open()
+    seen: list[int] = []
+    again = asyncio.Event()
+
+    def on_task(task: StepTask) -> Awaitable[None]:
+        seen.append(task.seq)
+        if len(seen) == 1:
+            raise RuntimeError("raised before returning an awaitable")
+        again.set()
+        return asyncio.sleep(0)
+
+    try:
+        await transport.serve(["g"], on_task, concurrency=1)
+        await transport.dispatch([StepTask(run_id="r", seq=4, name="g", group="g")])
+        await again.wait()
+        assert seen == [4, 4]
+    finally:
+        await transport.close()
+
+
+async def test_handlers_run_at_most_concurrency_at_once_and_all_run() -> None:
+    transport = LocalTransport()
+    await transport.open()
+    running, peak, done = 0, 0, 0
+    finished = asyncio.Event()
+
+    async def on_task(task: StepTask) -> None:
+        nonlocal running, peak, done
+        running += 1
+        peak = max(peak, running)
+        await asyncio.sleep(0)
+        running -= 1
+        done += 1
+        if done == 20:
+            finished.set()
+
+    try:
+        await transport.serve(["g"], on_task, concurrency=3)
+        await transport.dispatch(
+            [StepTask(run_id="r", seq=seq, name="g", group="g") for seq in range(20)]
+        )
+        await finished.wait()
+        assert peak == 3
+        assert running == 0
+    finally:
+        await transport.close()
