@@ -46,6 +46,7 @@ from ._match import match_index, project
 from ._pg_batch import PgWriteBatcher, settle_params
 from ._pg_connection import PgConnection
 from ._pg_messages import PgMessageQueue
+from ._pg_settle import LOCK_AND_SETTLE, SETTLE_LOCKED, outcomes_json
 from ._pg_sql import CP_PARAMS as _CP_PARAMS
 from ._pg_sql import CP_UPSERT_TAIL as _CP_UPSERT_TAIL
 from ._pg_sql import (
@@ -1446,31 +1447,8 @@ class PostgresStore:
             firsts.setdefault((r.run_id, r.seq), index)
         entries = [resolutions[i] for i in firsts.values()]
         waiter_runs: list[str] = []
-        if not locked:
-            # Serialise siblings settling at once: under READ COMMITTED each
-            # would otherwise count the other as pending and none would wake
-            # the parent. Locked in id order, so batches never deadlock.
-            await conn.execute(
-                "SELECT 1 FROM durably_runs WHERE id = ANY($1::text[]) ORDER BY id FOR UPDATE",
-                sorted({r.run_id for r in entries}),
-            )
         rows = await conn.fetch(
-            "UPDATE durably_checkpoints c SET status = v.status, output = v.output, "
-            "error = v.error, events = v.events, finished_at = $7 "
-            "FROM unnest($1::text[], $2::integer[], $3::text[], $4::text[], $5::text[], "
-            "$6::text[]) AS v(run_id, seq, status, output, error, events), "
-            "durably_checkpoints old "
-            "WHERE c.run_id = v.run_id AND c.seq = v.seq "
-            "AND old.run_id = c.run_id AND old.seq = c.seq "
-            "AND c.status NOT IN ('completed', 'failed') "
-            "RETURNING c.run_id, c.seq, c.parallel_group, c.queue, old.status AS was",
-            [r.run_id for r in entries],
-            [r.seq for r in entries],
-            [r.status.value for r in entries],
-            [dump_json(r.output) for r in entries],
-            [dump_json(r.error) for r in entries],
-            [dump_json(r.events) for r in entries],
-            now,
+            SETTLE_LOCKED if locked else LOCK_AND_SETTLE, outcomes_json(entries), now
         )
         settled = {(row["run_id"], row["seq"]): row for row in rows}
         grouped = list(
