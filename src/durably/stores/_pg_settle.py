@@ -15,10 +15,15 @@ from collections.abc import Sequence
 from ._rows import dump_json
 from .base import Resolution
 
+# Rows through ``unnest(ARRAY(...))``, not straight from json_array_elements:
+# the planner guesses 100 rows for that function, and at that guess it hashes
+# the batch against a sequential scan of the checkpoints (measured 7.8 ms on a
+# 13,600-row table against 0.6 ms) where a non-constant array's guess keeps
+# the index probes the per-column arrays got.
 _OUTCOMES = (
     "SELECT e->>0 AS run_id, (e->>1)::integer AS seq, e->>2 AS status, "
     "e->>3 AS output, e->>4 AS error, e->>5 AS events "
-    "FROM json_array_elements($1::json) AS e"
+    "FROM unnest(ARRAY(SELECT json_array_elements($1::json))) AS e"
 )
 
 _SETTLE = (
@@ -43,7 +48,7 @@ LOCK_AND_SETTLE = (
     # filter the executor evaluates before it touches any checkpoint, so no
     # checkpoint row is written (and locked) before every run row is held.
     "WITH locked AS (SELECT id FROM durably_runs "
-    "WHERE id IN (SELECT e->>0 FROM json_array_elements($1::json) AS e) "
+    "WHERE id = ANY(ARRAY(SELECT e->>0 FROM json_array_elements($1::json) AS e)) "
     "ORDER BY id FOR UPDATE) " + _SETTLE.format(gate="(SELECT count(*) FROM locked) >= 0 AND ")
 )
 """:data:`SETTLE_LOCKED` that first locks the outcomes' runs itself."""
