@@ -52,9 +52,7 @@ def _decode(messages: list[Message]) -> tuple[None, list[Resolution]]:
     out = []
     for m in messages:
         run_id, seq = m.body.rsplit(":", 1)
-        out.append(
-            Resolution(run_id, int(seq), CheckpointStatus.COMPLETED, output={"n": m.body})
-        )
+        out.append(Resolution(run_id, int(seq), CheckpointStatus.COMPLETED, output={"n": m.body}))
     return None, out
 
 
@@ -72,7 +70,8 @@ async def main(args: argparse.Namespace) -> None:
         for b in range(args.warmup + args.batches):
             runs = [f"r{b}-{i}" for i in range(args.batch)]
             for run_id in runs:
-                await parked(store, _make_cp(run_id, 0, output=0), dispatched_cp(run_id, 1, queue=None))
+                step = dispatched_cp(run_id, 1, queue=None)
+                await parked(store, _make_cp(run_id, 0, output=0), step)
             await store.messages().push([OutMessage("results", f"{r}:1") for r in runs])
             _trips[0] = 0
             c0, w0 = time.process_time(), time.perf_counter()
@@ -87,8 +86,8 @@ async def main(args: argparse.Namespace) -> None:
                 trips += _trips[0]
         n = args.batches
         print(
-            f"batch of {args.batch}: client CPU {cpu * 1e6 / n:.0f} us, wall {wall * 1e6 / n:.0f} us,"
-            f" round trips {trips / n:.1f} per claim_and_resolve"
+            f"batch of {args.batch}: client CPU {cpu * 1e6 / n:.0f} us,"
+            f" wall {wall * 1e6 / n:.0f} us, round trips {trips / n:.1f} per claim_and_resolve"
         )
     finally:
         await store.close()
