@@ -62,7 +62,7 @@ async def main(args: argparse.Namespace) -> None:
     target = make_target("postgres", "bench_settle", prepare_workdir(".work"))
     await reset_target(target)
     store = PostgresStore(target.url)
-    await store.open()  # type: ignore[attr-defined]
+    await store.open()
     try:
         await store.messages().depth([])
         cpu = wall = 0.0
