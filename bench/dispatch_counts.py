@@ -7,6 +7,7 @@ sent, each ``BEGIN``/``COMMIT`` one; a pipelined ``executemany`` one) and where 
     python dispatch_counts.py --db postgres --sites           # which code sent each write
     python dispatch_counts.py --db sqlite --cprofile out.prof  # CPU-time cProfile of the window
     python dispatch_counts.py --db postgres --transport db --sites  # asyncpg round trips
+    python dispatch_counts.py --db postgres --transport db --k 1 --n 100 --one-at-a-time
     PYTHONPATH=/tmp/before/src python dispatch_counts.py ...   # another tree (before/after)
 
 One process drives N workflows of K sequential ``ctx.step`` and serves them (as
@@ -130,7 +131,11 @@ async def main(args: argparse.Namespace) -> None:
             t0 = os.times()
             if profile:
                 profile.enable()
-            await timed_batch(args.n, start, wait, 600)
+            if args.one_at_a_time:
+                for i in range(args.n):
+                    await wait(await start(i))
+            else:
+                await timed_batch(args.n, start, wait, 600)
             if profile:
                 profile.disable()
             t1 = os.times()
@@ -168,6 +173,11 @@ if __name__ == "__main__":
     p.add_argument("--n", type=int, default=600)
     p.add_argument("--k", type=int, default=5)
     p.add_argument("--transport", choices=["redis", "db", "local", "inline"], default="redis")
+    p.add_argument(
+        "--one-at-a-time",
+        action="store_true",
+        help="each workflow started once the one before ended (the latency scenario's path)",
+    )
     p.add_argument("--sites", action="store_true", help="say which code sent each write")
     p.add_argument("--cprofile", default=None, help="write a CPU-time cProfile here")
     parsed = p.parse_args()
