@@ -1,9 +1,13 @@
-"""Counts per dispatched step over ``redis://``: CPU (user/sys), the client's writes (round
-trips) and bytes, where each write came from, and Redis's ``INFO commandstats`` deltas.
+"""Counts per dispatched step over ``redis://`` (or ``--transport db|local|inline``): CPU
+(user/sys), the client's writes (round trips) and bytes, where each write came from, and
+Redis's ``INFO commandstats`` deltas; on PostgreSQL also asyncpg's round trips (statements
+sent, each ``BEGIN``/``COMMIT`` one; a pipelined ``executemany`` one) and where they came from.
 
     python dispatch_counts.py --db sqlite --n 600 --k 5
     python dispatch_counts.py --db postgres --sites           # which code sent each write
     python dispatch_counts.py --db sqlite --cprofile out.prof  # CPU-time cProfile of the window
+    python dispatch_counts.py --db postgres --transport db --sites  # asyncpg round trips
+    python dispatch_counts.py --db postgres --transport db --k 1 --n 100 --one-at-a-time
     PYTHONPATH=/tmp/before/src python dispatch_counts.py ...   # another tree (before/after)
 
 One process drives N workflows of K sequential ``ctx.step`` and serves them (as
@@ -52,6 +56,45 @@ def _count_writes() -> None:
     AbstractConnection.send_packed_command = counted  # type: ignore[method-assign]
 
 
+_pg_trips = [0]
+_pg_sites: dict[str, int] = {}
+
+
+def _site() -> str:
+    for frame in reversed(traceback.extract_stack(limit=40)):
+        if "durably/" in frame.filename and "/asyncpg/" not in frame.filename:
+            return f"{frame.filename.rsplit('/', 1)[-1]}:{frame.name}"
+    return "?"
+
+
+def _count_pg_trips() -> None:
+    """Wrap asyncpg's two ways to the server: a simple query (``execute`` with no
+    arguments: ``BEGIN``, ``COMMIT``) and an extended one (``_do_execute``: every
+    statement with arguments, and one pipelined ``executemany``). Statement
+    preparations on a cache miss are not counted (none after the warm-up)."""
+    from asyncpg.connection import Connection
+
+    execute, do_execute = Connection.execute, Connection._do_execute
+
+    def count() -> None:
+        _pg_trips[0] += 1
+        if _count_sites:
+            site = _site()
+            _pg_sites[site] = _pg_sites.get(site, 0) + 1
+
+    async def counted_execute(self: Any, query: str, *args: Any, **kw: Any) -> Any:
+        if not args:
+            count()
+        return await execute(self, query, *args, **kw)
+
+    async def counted_do_execute(self: Any, *args: Any, **kw: Any) -> Any:
+        count()
+        return await do_execute(self, *args, **kw)
+
+    Connection.execute = counted_execute  # type: ignore[method-assign]
+    Connection._do_execute = counted_do_execute  # type: ignore[method-assign]
+
+
 def _commandstats() -> dict[str, tuple[int, int]]:
     import redis
 
@@ -66,7 +109,7 @@ def _commandstats() -> dict[str, tuple[int, int]]:
 async def main(args: argparse.Namespace) -> None:
     target = make_target(args.db, "bench_counts", prepare_workdir(".work"))
     await reset_target(target)
-    engine = dd.build_engine(target, "redis")
+    engine = dd.build_engine(target, args.transport)
     k = args.k
     try:
         async with engine:
@@ -81,17 +124,23 @@ async def main(args: argparse.Namespace) -> None:
 
             await timed_batch(20, start, wait, 600)
             before = _commandstats()
-            _writes[0] = _writes[1] = 0
+            _writes[0] = _writes[1] = _pg_trips[0] = 0
             _sites.clear()
+            _pg_sites.clear()
             profile = cProfile.Profile(time.process_time) if args.cprofile else None
             t0 = os.times()
             if profile:
                 profile.enable()
-            await timed_batch(args.n, start, wait, 600)
+            if args.one_at_a_time:
+                for i in range(args.n):
+                    await wait(await start(i))
+            else:
+                await timed_batch(args.n, start, wait, 600)
             if profile:
                 profile.disable()
             t1 = os.times()
             writes, sent = _writes
+            trips = _pg_trips[0]
             after = _commandstats()
     finally:
         await dd.forget_redis_prefix()
@@ -102,6 +151,10 @@ async def main(args: argparse.Namespace) -> None:
     print(f"bytes sent/step {sent / steps:.0f}")
     for site, n in sorted(_sites.items(), key=lambda kv: -kv[1]):
         print(f"  {n / steps:.3f}/step from {site}")
+    if args.db == "postgres":
+        print(f"PostgreSQL round trips/step {trips / steps:.3f}")
+        for site, n in sorted(_pg_sites.items(), key=lambda kv: -kv[1]):
+            print(f"  {n / steps:.3f}/step from {site}")
     print("Redis commandstats per step (all clients; commands inside scripts included):")
     for name in sorted(after):
         calls = after[name][0] - before.get(name, (0, 0))[0]
@@ -119,9 +172,17 @@ if __name__ == "__main__":
     p.add_argument("--db", choices=["sqlite", "postgres"], required=True)
     p.add_argument("--n", type=int, default=600)
     p.add_argument("--k", type=int, default=5)
+    p.add_argument("--transport", choices=["redis", "db", "local", "inline"], default="redis")
+    p.add_argument(
+        "--one-at-a-time",
+        action="store_true",
+        help="each workflow started once the one before ended (the latency scenario's path)",
+    )
     p.add_argument("--sites", action="store_true", help="say which code sent each write")
     p.add_argument("--cprofile", default=None, help="write a CPU-time cProfile here")
     parsed = p.parse_args()
     _count_sites = parsed.sites
     _count_writes()
+    if parsed.db == "postgres":
+        _count_pg_trips()
     asyncio.run(main(parsed))

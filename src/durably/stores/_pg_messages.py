@@ -118,18 +118,26 @@ class PgMessageQueue:
         created = int(time.time() * 1000)
         topics = list(dict.fromkeys(m.topic for m in messages))
         chunks = [messages[i : i + PUSH_CHUNK] for i in range(0, len(messages), PUSH_CHUNK)]
+
+        def params(number: int, chunk: list[OutMessage]) -> tuple[Any, ...]:
+            return (
+                [m.topic for m in chunk],
+                [m.body for m in chunk],
+                [int(m.priority) for m in chunk],
+                [int(m.available_at or 0) for m in chunk],
+                [created] * len(chunk),
+                self._channel,
+                topics if number == len(chunks) else [],
+            )
+
+        if len(chunks) == 1:
+            # One statement is its own transaction: no BEGIN and COMMIT
+            # round trips around it.
+            await pool.execute(_PUSH, *params(1, chunks[0]))
+            return
         async with pool.acquire() as conn, conn.transaction():
             for number, chunk in enumerate(chunks, start=1):
-                await conn.execute(
-                    _PUSH,
-                    [m.topic for m in chunk],
-                    [m.body for m in chunk],
-                    [int(m.priority) for m in chunk],
-                    [int(m.available_at or 0) for m in chunk],
-                    [created] * len(chunk),
-                    self._channel,
-                    topics if number == len(chunks) else [],
-                )
+                await conn.execute(_PUSH, *params(number, chunk))
 
     async def claim(
         self, topics: list[str], owner: str, limit: int, lease_ms: int, now: int

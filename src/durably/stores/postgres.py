@@ -46,6 +46,7 @@ from ._match import match_index, project
 from ._pg_batch import PgWriteBatcher, settle_params
 from ._pg_connection import PgConnection
 from ._pg_messages import PgMessageQueue
+from ._pg_settle import LOCK_AND_SETTLE, SETTLE_LOCKED, outcomes_json
 from ._pg_sql import CP_PARAMS as _CP_PARAMS
 from ._pg_sql import CP_UPSERT_TAIL as _CP_UPSERT_TAIL
 from ._pg_sql import (
@@ -1446,31 +1447,8 @@ class PostgresStore:
             firsts.setdefault((r.run_id, r.seq), index)
         entries = [resolutions[i] for i in firsts.values()]
         waiter_runs: list[str] = []
-        if not locked:
-            # Serialise siblings settling at once: under READ COMMITTED each
-            # would otherwise count the other as pending and none would wake
-            # the parent. Locked in id order, so batches never deadlock.
-            await conn.execute(
-                "SELECT 1 FROM durably_runs WHERE id = ANY($1::text[]) ORDER BY id FOR UPDATE",
-                sorted({r.run_id for r in entries}),
-            )
         rows = await conn.fetch(
-            "UPDATE durably_checkpoints c SET status = v.status, output = v.output, "
-            "error = v.error, events = v.events, finished_at = $7 "
-            "FROM unnest($1::text[], $2::integer[], $3::text[], $4::text[], $5::text[], "
-            "$6::text[]) AS v(run_id, seq, status, output, error, events), "
-            "durably_checkpoints old "
-            "WHERE c.run_id = v.run_id AND c.seq = v.seq "
-            "AND old.run_id = c.run_id AND old.seq = c.seq "
-            "AND c.status NOT IN ('completed', 'failed') "
-            "RETURNING c.run_id, c.seq, c.parallel_group, c.queue, old.status AS was",
-            [r.run_id for r in entries],
-            [r.seq for r in entries],
-            [r.status.value for r in entries],
-            [dump_json(r.output) for r in entries],
-            [dump_json(r.error) for r in entries],
-            [dump_json(r.events) for r in entries],
-            now,
+            SETTLE_LOCKED if locked else LOCK_AND_SETTLE, outcomes_json(entries), now
         )
         settled = {(row["run_id"], row["seq"]): row for row in rows}
         grouped = list(
@@ -1510,38 +1488,35 @@ class PostgresStore:
             answers[index] = left
             if left == 0 or r.status is CheckpointStatus.FAILED:
                 wake.add(r.run_id)
-        if wake and lease is not None:
+        if wake and lease is not None and lease[0].limit > 0:
+            # The rows are locked by this transaction already: no SKIP
+            # LOCKED, every run start_turns would take is taken.
             terms, leased = lease
-            if terms.limit > 0:
-                # The rows are locked by this transaction already: no SKIP
-                # LOCKED, every run start_turns would take is taken.
-                woken = sorted(wake)[: terms.limit]
-                since, froms = _positions(terms.read_from, woken)
-                taken = await conn.fetch(
-                    _LEASE_WOKEN,
-                    terms.owner,
-                    terms.lease_until,
-                    now,
-                    woken,
-                    [status.value for status in terms.statuses],
-                    _keys(terms.workflows),
-                    froms,
-                )
-                for row in taken:
-                    history = _history(row["id"], row["history"], since(row["id"]))
-                    leased[row["id"]] = (run_from_row(row), history)
-                wake -= set(leased)
-        if wake:
+            woken = sorted(wake)
+            offered = woken[: terms.limit]
+            since, froms = _positions(terms.read_from, offered)
+            taken = await conn.fetch(
+                _LEASE_AND_WAKE,
+                terms.owner,
+                terms.lease_until,
+                now,
+                offered,
+                [status.value for status in terms.statuses],
+                _keys(terms.workflows),
+                froms,
+                woken,
+                _held_owners(entries, woken),
+                _TERMINAL,
+                self.channel,
+            )
+            for row in taken:
+                history = _history(row["id"], row["history"], since(row["id"]))
+                leased[row["id"]] = (run_from_row(row), history)
+        elif wake:
             # One statement for every run to wake (its row is locked already,
             # by this transaction or the caller's), not a round trip each.
             woken = sorted(wake)
-            held: dict[str, str | None] = {}  # run id -> its held turn's owner
-            for r in entries:
-                if r.run_id in wake:
-                    held[r.run_id] = (
-                        r.held_by if held.get(r.run_id, r.held_by) == r.held_by else None
-                    )
-            owners = [held.get(run_id) for run_id in woken]
+            owners = _held_owners(entries, woken)
             await conn.execute(_WAKE_RUNS, now, woken, _TERMINAL, self.channel, owners)
         holding = [row for row in rows if row["queue"] is not None]
         if holding:
@@ -2134,6 +2109,18 @@ def _history(run_id: str, text: str, since: int = 0) -> dict[int, Checkpoint]:
     return read_tail(since, ((item[0], checkpoint_from_row((run_id, *item))) for item in items))
 
 
+def _held_owners(entries: list[Resolution], run_ids: list[str]) -> list[str | None]:
+    """Per run of ``run_ids``, the owner of the held turn its entries name
+    (``Resolution.held_by``), ``None`` if they name none or differ: parallel
+    to ``run_ids``, the ``held_by`` array of :data:`_WAKE_RUNS`."""
+    wanted = set(run_ids)
+    held: dict[str, str | None] = {}
+    for r in entries:
+        if r.run_id in wanted:
+            held[r.run_id] = r.held_by if held.get(r.run_id, r.held_by) == r.held_by else None
+    return [held.get(run_id) for run_id in run_ids]
+
+
 def _positions(
     read_from: ReadFrom | None, run_ids: list[str]
 ) -> tuple[Callable[[str], int], list[int] | None]:
@@ -2200,17 +2187,31 @@ _TAKE_MESSAGES = """
         id = ANY($4::bigint[]) AS deleted
 """
 
-_LEASE_WOKEN = (
+_LEASE_AND_WAKE = (
     "WITH r AS (UPDATE durably_runs SET status = 'running', locked_by = $1, "
     "locked_until = $2, wake_requested_at = NULL, wake_at = NULL, updated_at = $3 "
     "WHERE id = ANY($4::text[]) AND status = ANY($5::text[]) "
     "AND (locked_by IS NULL OR locked_until IS NULL OR locked_until < $3) "
     f"AND ($6::text[] IS NULL OR {_KEY} = ANY($6::text[])) "
-    f"RETURNING {_SELECT_RUN}) "
-    f"SELECT r.*, {_HISTORY} AS history FROM r"
+    f"RETURNING {_SELECT_RUN}), "
+    # The runs to wake that the lease did not take: the statement's snapshot
+    # shows every row as it was before ``r``, so a row ``r`` leased is left out
+    # here, not written twice; any other row is as the lease left it.
+    "w AS (UPDATE durably_runs x SET wake_requested_at = $3 "
+    "FROM unnest($8::text[], $9::text[]) AS v(run_id, held_by) "
+    "WHERE x.id = v.run_id AND x.id NOT IN (SELECT id FROM r) "
+    "AND x.status <> ALL($10::text[]) "
+    "AND NOT coalesce(x.locked_by = v.held_by AND x.locked_until > $3, false) "
+    f"RETURNING (SELECT pg_notify($11, '{StoreNotice.WAKE}:' || {notice_argument('x.id')})) "
+    "IS NULL) "
+    # The one-time filter runs ``w`` (and with it ``r``) before the rows are read.
+    f"SELECT r.*, {_HISTORY} AS history FROM r WHERE (SELECT count(*) FROM w) >= 0"
 )
 """Lease the runs a resolution woke (their rows locked by the resolving
-transaction), with their histories, as ``start_turns`` does."""
+transaction), with their histories, as ``start_turns`` does, and stamp the
+wake of those it did not lease as :data:`_WAKE_RUNS` does, in one round
+trip: $8 every run to wake (the first ones, $4, offered to the lease), $9
+their held turns' owners, $10 the terminal statuses, $11 the channel."""
 
 _WAKE_RUNS = (
     "UPDATE durably_runs r SET wake_requested_at = $1 "

@@ -21,6 +21,7 @@ from durably.stores.base import Resolution
 
 from .steps import (
     COMPLETED,
+    FAILED,
     NOW,
     OWNER,
     _leased,
@@ -299,6 +300,89 @@ async def test_served_tasks_are_deleted_with_the_results_they_settle(
     assert (await store.load_checkpoints("served"))[1].output == "here"
     assert await _bodies(store, TOPIC) == ["other-task"]
     assert await store.messages().depth([RESULTS]) == {}  # type: ignore[attr-defined]
+
+
+# Text a batch must carry through unchanged, whatever form the store sends it in.
+ODD = 'q"uote \\back\\slash\nnew line \u00e9\u20ac\U0001f389 \\u0000 [1,{"a":null}]'
+
+
+async def test_a_batch_settles_odd_values_exactly_and_each_position_once(
+    store: StateStore,
+) -> None:
+    """One batch: values with quotes, backslashes, escapes and non-ASCII land
+    as given; a position named twice is settled by its first entry; a result
+    for a run another instance cancelled meanwhile settles its checkpoint but
+    neither wakes nor leases the run; a failure settles with its error and
+    events."""
+    settling = _settling(store)
+    await _ready(store)
+    await _results(store, "odd", "twice", "cancelled", "failing")
+    cancelled = await store.update_run_if(
+        "cancelled",
+        frozenset({RunStatus.SUSPENDED}),
+        {"status": RunStatus.CANCELLED},
+        NOW + 2,
+    )
+    assert cancelled
+    events = [{"kind": "log", "text": ODD}]
+
+    def decode(messages: list[Message]) -> tuple[list[Message], list[Resolution]]:
+        out: list[Resolution] = []
+        for m in sorted(messages, key=lambda m: m.body):
+            run_id = m.body.rsplit(":", 1)[0]
+            if run_id == "failing":
+                error = {"message": ODD, "code": "E", "type": "ValueError"}
+                out.append(Resolution(run_id, 1, FAILED, error=error, events=events))
+            elif run_id == "twice":
+                out.append(Resolution(run_id, 1, COMPLETED, output={"first": ODD}))
+                out.append(Resolution(run_id, 1, COMPLETED, output="second"))
+            else:
+                out.append(Resolution(run_id, 1, COMPLETED, output=[ODD, "\x00"]))
+        return messages, out
+
+    got = await settling.claim_and_resolve([RESULTS], 256, NOW, decode, NOW + 50, lease_to())
+
+    # sorted bodies: cancelled, failing, odd, twice (twice), the second a no-op
+    assert got.answers == [0, 0, 0, 0, None]
+    assert set(got.leased) == {"failing", "odd", "twice"}
+    assert got.leased["odd"][1][1].output == [ODD, "\x00"]
+    assert got.leased["twice"][1][1].output == {"first": ODD}
+    failed = got.leased["failing"][1][1]
+    assert (failed.status, failed.error, failed.events) == (
+        FAILED,
+        {"message": ODD, "code": "E", "type": "ValueError"},
+        events,
+    )
+    run = await store.get_run("cancelled")
+    assert run is not None
+    assert (run.status, run.locked_by, run.wake_requested_at) == (RunStatus.CANCELLED, None, None)
+    cp = (await store.load_checkpoints("cancelled"))[1]
+    assert (cp.status, cp.output, cp.finished_at) == (COMPLETED, [ODD, "\x00"], NOW + 50)
+
+
+async def test_tasks_with_odd_bodies_go_out_as_given(store: StateStore) -> None:
+    """Task bodies and priorities pass through a batched send unchanged, a
+    born claimed one beside free ones."""
+    outbox = _outbox(store)
+    await _ready(store)
+    runs = ["t1", "t2"]
+    for run_id in runs:
+        await _leased(store, run_id)
+
+    sent = await asyncio.gather(
+        outbox.save_checkpoint_sending(
+            dispatched_cp("t1", 1),
+            OWNER,
+            [OutMessage(TOPIC, ODD, priority=-3), OutMessage(TOPIC, ODD + "é", priority=7)],
+        ),
+        outbox.save_checkpoint_claiming(dispatched_cp("t2", 1), OWNER, [_born(ODD + "!")]),
+    )
+
+    assert sent[0] is True and sent[1] is not None and len(sent[1]) == 1
+    claimed = await store.messages().claim([TOPIC], "reader", 10, 60_000, NOW)  # type: ignore[attr-defined]
+    assert [(m.body, m.priority) for m in claimed] == [(ODD + "é", 7), (ODD, -3)]
+    late = await store.messages().claim([TOPIC], "reader", 10, 60_000, NOW + 30_001)  # type: ignore[attr-defined]
+    assert [(m.id, m.body) for m in late] == [(sent[1][0], ODD + "!")]
 
 
 async def test_a_failed_settle_keeps_the_served_tasks(store: StateStore) -> None:

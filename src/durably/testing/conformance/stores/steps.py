@@ -532,6 +532,9 @@ async def test_resolve_and_lease_leases_only_what_start_turns_would(
     # in id order are considered and taken
     assert sorted(leased) == ["a-0", "a-1", "a-2"]
     assert [leased[r][1][1].output for r in ("a-0", "a-1", "a-2")] == [0, 1, 2]
+    for run_id in ("a-0", "a-1", "a-2"):  # leased, so not stamped too
+        run = await store.get_run(run_id)
+        assert run is not None and (run.locked_by, run.wake_requested_at) == ("settler", None)
     for run_id in ("a-3", "busy", "other-wf"):  # stamped, not leased
         assert await wake_of(store, run_id) == NOW + 50
     a3 = await store.get_run("a-3")

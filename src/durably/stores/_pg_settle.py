@@ -1,0 +1,75 @@
+"""The statement that settles a batch of step outcomes on PostgreSQL.
+
+One round trip locks the outcomes' runs (in id order) and writes the
+outcomes onto their checkpoints. The batch goes to the server as one JSON
+parameter (a row per outcome) rather than six asyncpg arrays: asyncpg checks
+every array element against abstract base classes while encoding, which cost
+more client CPU per outcome than one ``json.dumps`` of the batch.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+from ._rows import dump_json
+from .base import Resolution
+
+# Rows through ``unnest(ARRAY(...))``, not straight from json_array_elements:
+# the planner guesses 100 rows for that function, and at that guess it hashes
+# the batch against a sequential scan of the checkpoints (measured 7.8 ms on a
+# 13,600-row table against 0.6 ms) where a non-constant array's guess keeps
+# the index probes the per-column arrays got.
+_OUTCOMES = (
+    "SELECT e->>0 AS run_id, (e->>1)::integer AS seq, e->>2 AS status, "
+    "e->>3 AS output, e->>4 AS error, e->>5 AS events "
+    "FROM unnest(ARRAY(SELECT json_array_elements($1::json))) AS e"
+)
+
+_SETTLE = (
+    "UPDATE durably_checkpoints c SET status = v.status, output = v.output, "
+    "error = v.error, events = v.events, finished_at = $2 "
+    f"FROM ({_OUTCOMES}) AS v, durably_checkpoints old "
+    "WHERE {gate}c.run_id = v.run_id AND c.seq = v.seq "
+    "AND old.run_id = c.run_id AND old.seq = c.seq "
+    "AND c.status NOT IN ('completed', 'failed') "
+    "RETURNING c.run_id, c.seq, c.parallel_group, c.queue, old.status AS was"
+)
+
+SETTLE_LOCKED = _SETTLE.format(gate="")
+"""Settle the outcomes ``$1`` (:func:`outcomes_json`) at ``$2``, their runs'
+rows held by the caller already; one row per checkpoint settled (an outcome
+for a checkpoint settled already, or none, has no row)."""
+
+LOCK_AND_SETTLE = (
+    # Serialise siblings settling at once: under READ COMMITTED each would
+    # otherwise count the other as pending and none would wake the parent.
+    # Locked in id order, so batches never deadlock. The lock is a one-time
+    # filter the executor evaluates before it touches any checkpoint, so no
+    # checkpoint row is written (and locked) before every run row is held.
+    "WITH locked AS (SELECT id FROM durably_runs "
+    "WHERE id = ANY(ARRAY(SELECT e->>0 FROM json_array_elements($1::json) AS e)) "
+    "ORDER BY id FOR UPDATE) " + _SETTLE.format(gate="(SELECT count(*) FROM locked) >= 0 AND ")
+)
+""":data:`SETTLE_LOCKED` that first locks the outcomes' runs itself."""
+
+
+def outcomes_json(entries: Sequence[Resolution]) -> str:
+    """The ``$1`` of :data:`SETTLE_LOCKED` / :data:`LOCK_AND_SETTLE`: a JSON
+    array of ``[run_id, seq, status, output, error, events]`` rows, the last
+    three the columns' JSON text (``null``: SQL ``NULL``)."""
+    return json.dumps(
+        [
+            (
+                r.run_id,
+                r.seq,
+                r.status.value,
+                dump_json(r.output),
+                dump_json(r.error),
+                dump_json(r.events),
+            )
+            for r in entries
+        ],
+        ensure_ascii=False,
+        separators=(",", ":"),
+    )
