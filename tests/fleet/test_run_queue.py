@@ -695,3 +695,25 @@ async def test_a_queued_run_an_instance_lacks_is_left_for_one_that_has_it(
     assert done_by == {new.instance_id: len(ids)}
     assert all(run is not None and run.recovery_attempts == 0 for run in runs)
     assert producer_ran == []
+
+
+# -- an ack claims again only if runs may be waiting ---------------------------------------
+
+
+async def test_runs_one_at_a_time_cost_one_claim_each(postgres_url: str) -> None:
+    """A finished run frees a slot, but a claim then is worth a round trip only
+    if the last claim filled the slots (or found none free): after a claim that
+    came back short, a new message announces itself (the push's notice)."""
+    done_by: Counter[str] = Counter()
+    engine = make_engine(postgres_url, poll_interval=30.0)  # no poll: notices and acks only
+    register_short(engine, done_by)
+    async with engine:
+        spy = spy_on(engine)
+        for i in range(20):
+            run = await engine.start("short", i, run_id=f"one{i}")
+            await wait_all(engine, [run.run_id])
+        await eventually(lambda: queue_of(engine).held == 0, what="every run acked", timeout=WAIT)
+        await asyncio.sleep(0.2)  # an ack's claim, if any, lands in the count
+    empty = [taken for _, taken in spy.claims if taken == 0]
+    assert sum(taken for _, taken in spy.claims) == 20
+    assert len(empty) <= 2, f"{len(empty)} claims took nothing for 20 runs: {spy.claims}"

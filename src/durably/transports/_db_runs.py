@@ -54,6 +54,7 @@ class MessageRuns:
         self._unlisten: Unlisten | None = None
         self._acks: list[int] = []
         self._acking: asyncio.Task[None] | None = None
+        self._saturated = False
 
     @property
     def held(self) -> int:
@@ -160,6 +161,7 @@ class MessageRuns:
                 claimed = await self._claim(room)
             for message in claimed:
                 self._held[message.id] = asyncio.create_task(self._handle(message))
+            self._saturated = room <= 0 or len(claimed) == room
             if claimed and len(claimed) == room:
                 await asyncio.sleep(0)
                 continue
@@ -208,7 +210,12 @@ class MessageRuns:
             except Exception:
                 # Redelivered after the lease; the store check makes that harmless.
                 _log.warning("could not ack %d run message(s)", len(ids), exc_info=True)
-        self._nudge.set()  # slots are free: claim more
+        # Slots are free, but claiming is worth a round trip only if runs may
+        # be waiting: the last claim filled every slot, or no slot was free.
+        # After a claim that came back short, a new message's notice (or the
+        # poll, where notices do not cross processes) is what claims it.
+        if self._saturated:
+            self._nudge.set()
 
     async def _keep_leases(self) -> None:
         while True:
