@@ -442,20 +442,32 @@ async def test_a_kept_body_that_moved_on_its_own_is_replayed(make_engine: Engine
     engine = make_engine(sticky_runs=1000, drive=False)
     starts: list[str] = []
     stuck = asyncio.Event()
+    timeouts: list[asyncio.Timeout] = []
+    moved = asyncio.Event()
 
     @engine.workflow("impatient")
     async def impatient(ctx: durably.WorkflowContext) -> str:
         starts.append(ctx.run_id)
+        if len(starts) > 1:
+            # A replay waits as a park should: a timer of its own could fire
+            # inside a slow turn (a loaded PostgreSQL) and strand that turn.
+            return str(await ctx.wait_for_signal("i:go"))
         try:
-            return str(await asyncio.wait_for(ctx.wait_for_signal("i:go"), timeout=0.05))
+            # The kept body's own asyncio timeout, fired by the test once the
+            # turn has ended (not a wall-clock guess that the turn is over).
+            async with asyncio.timeout(None) as timeout:
+                timeouts.append(timeout)
+                return str(await ctx.wait_for_signal("i:go"))
         except TimeoutError:
+            moved.set()
             await stuck.wait()  # not a ctx call: nothing tells the turn
             return "timed out"
 
     await engine.start("impatient", run_id="i")
     assert await engine.run_one("i")
     assert len(_sticky(engine)) == 1
-    await asyncio.sleep(0.2)  # the kept body's own timeout fires
+    timeouts[0].reschedule(asyncio.get_running_loop().time())  # the kept body's own timeout fires
+    await asyncio.wait_for(moved.wait(), timeout=30)
     # A turn with the same history (a reconcile wake): resuming would wait
     # forever on a body that no longer stands at a park.
     assert await asyncio.wait_for(engine.run_one("i"), timeout=30)
