@@ -27,7 +27,10 @@ def _app(url: str, clock: VirtualClock | None = None) -> durably.Engine:
 
 
 def _invoke(*args: str) -> Any:
-    return CliRunner().invoke(schedules, list(args), catch_exceptions=False)
+    # The table is checked as piped output renders it (wide): a COLUMNS the
+    # caller's environment sets (pytest-xdist sets 80) would fold its cells.
+    runner = CliRunner(env={"COLUMNS": None})
+    return runner.invoke(schedules, list(args), catch_exceptions=False)
 
 
 def test_list_pause_resume_trigger_remove(tmp_path: Path) -> None:
