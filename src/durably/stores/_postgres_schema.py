@@ -356,4 +356,25 @@ MIGRATIONS: list[str] = [
     DROP INDEX IF EXISTS durably_runs_workflow;
     DROP INDEX IF EXISTS durably_runs_parent;
     """,
+    # 16: vacuum the runs as often at 1,000,000 finished runs as at a few
+    # thousand, and always their indexes too (bench/RESULTS.md, "Vacuum
+    # the runs by their churn", issue 18). A run's status changes are never
+    # HOT updates, so every version enters the live-status partial indexes
+    # (pending, due, orphans, blocked) at their right end and leaves a dead
+    # entry behind; only VACUUM's index pass frees a leaf page of them, and
+    # until then every poll from the left end reads it. By default
+    # autovacuum waits for dead rows worth 20% of the table (200,000 at 1M:
+    # tens of thousands of dead entries per poll) and then skips the index
+    # pass when under 2% of the heap pages hold dead rows, as the live runs
+    # of a large table do. A scale of 2% keeps the wait proportionate (each
+    # vacuum's index pass reads every index, whose size is the table's);
+    # vacuum_index_cleanup = on makes each vacuum free those pages.
+    # ShareUpdateExclusiveLock: reads and writes go on; waits for a running
+    # VACUUM.
+    """
+    ALTER TABLE durably_runs SET (
+        autovacuum_vacuum_scale_factor = 0.02,
+        vacuum_index_cleanup = on
+    );
+    """,
 ]
