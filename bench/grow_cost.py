@@ -369,30 +369,35 @@ class Backends:
         return total, len(pids)
 
 
-async def db_blocks(url: str) -> int:
-    """Shared buffers hit + read so far by every backend of the database that has reported
-    (a backend reports on exit, and otherwise at most once a second and up to 10 s late:
-    PostgreSQL 15's PGSTAT_MIN_INTERVAL and PGSTAT_IDLE_INTERVAL)."""
+async def db_blocks(url: str) -> tuple[int, dict[str, int]]:
+    """Shared buffers hit + read so far by every backend of the database that has reported (a
+    backend reports on exit, and otherwise at most once a second and up to 10 s late:
+    PostgreSQL 15's PGSTAT_MIN_INTERVAL and PGSTAT_IDLE_INTERVAL), in all and per durably
+    table and index."""
     import asyncpg
 
     conn = await asyncpg.connect(url)
     try:
-        return int(
-            await conn.fetchval(
-                "SELECT blks_hit + blks_read FROM pg_stat_database"
-                " WHERE datname = current_database()"
-            )
+        per = await statio(conn)
+        total = await conn.fetchval(
+            "SELECT blks_hit + blks_read FROM pg_stat_database WHERE datname = current_database()"
         )
+        return int(total), per
     finally:
         await conn.close()
 
 
-async def closed_blocks(url: str, before: int, runs: int) -> dict[str, float]:
+async def closed_blocks(url: str, before: tuple[int, dict[str, int]], runs: int) -> dict[str, Any]:
     """Shared buffers hit + read per run since ``before``, once the engine's connections have
     closed (so every one of its backends has reported): the engine's start, warm-up, idle polls
-    and stop included, and anything else using the database meanwhile (autovacuum)."""
+    and stop included, and anything else using the database meanwhile (autovacuum); in all and
+    per durably table and index."""
     await asyncio.sleep(0.5)  # the closed connections' backends exit and report
-    return {"db_pages_per_run": round((await db_blocks(url) - before) / runs, 2)}
+    total, per = await db_blocks(url)
+    return {
+        "db_pages_per_run": round((total - before[0]) / runs, 2),
+        "relation_pages_per_run": {k: round(v / runs, 2) for k, v in delta(per, before[1]).items()},
+    }
 
 
 async def measured(

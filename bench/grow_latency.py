@@ -26,6 +26,7 @@ the dead index entries earlier rounds left and whatever autovacuum made of them.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import statistics
@@ -80,6 +81,77 @@ def run(src: Path, name: str, keep: bool, argv: list[str], timeout: float) -> di
     return out
 
 
+def pg_url(name: str) -> str:
+    """The URL of database ``name`` (with BENCH_DB_SUFFIX, as the bench names it)."""
+    from common import make_target
+
+    return make_target("postgres", name, HERE).url
+
+
+async def _autovacuum(url: str) -> list[dict[str, Any]]:
+    import asyncpg
+
+    conn = await asyncpg.connect(url)
+    done = []
+    try:
+        settings = {
+            r["name"]: float(r["setting"])
+            for r in await conn.fetch(
+                "SELECT name, setting FROM pg_settings WHERE name IN "
+                "('autovacuum_vacuum_threshold', 'autovacuum_vacuum_scale_factor')"
+            )
+        }
+        for table in ("durably_runs", "durably_checkpoints"):
+            row = await conn.fetchrow(
+                "SELECT c.reltuples, c.reloptions, s.n_dead_tup FROM pg_class c "
+                "JOIN pg_stat_user_tables s ON s.relid = c.oid WHERE c.oid = $1::regclass",
+                table,
+            )
+            opts = dict(o.split("=", 1) for o in (row["reloptions"] or []))
+            limit = float(
+                opts.get("autovacuum_vacuum_threshold", settings["autovacuum_vacuum_threshold"])
+            ) + float(
+                opts.get(
+                    "autovacuum_vacuum_scale_factor", settings["autovacuum_vacuum_scale_factor"]
+                )
+            ) * max(float(row["reltuples"]), 0.0)
+            if row["n_dead_tup"] <= limit:
+                continue
+            blocks = (
+                "SELECT blks_hit + blks_read FROM pg_stat_database"
+                " WHERE datname = current_database()"
+            )
+            await conn.execute("SELECT pg_stat_clear_snapshot()")
+            b0 = await conn.fetchval(blocks)
+            t0 = time.perf_counter()
+            await conn.execute(f"VACUUM {table}")
+            seconds = time.perf_counter() - t0
+            await asyncio.sleep(0.2)
+            await conn.execute("SELECT pg_stat_clear_snapshot()")
+            done.append(
+                {
+                    "table": table,
+                    "dead": row["n_dead_tup"],
+                    "limit": round(limit),
+                    "seconds": round(seconds, 2),
+                    "pages": int(await conn.fetchval(blocks)) - int(b0),
+                }
+            )
+    finally:
+        await conn.close()
+    return done
+
+
+def autovacuum(name: str) -> list[dict[str, Any]]:
+    """What autovacuum would do now to the runs and checkpoints of database ``name`` (this
+    server runs with ``autovacuum = off``): a plain VACUUM of each table whose dead rows exceed
+    ``autovacuum_vacuum_threshold + autovacuum_vacuum_scale_factor * reltuples``, the table's
+    own storage parameters first, else the server's (the VACUUM then follows the table's
+    ``vacuum_index_cleanup``, as autovacuum does). Not emulated: ANALYZE, the insert trigger,
+    the cost-based delay."""
+    return asyncio.run(_autovacuum(pg_url(name)))
+
+
 def span(xs: list[float]) -> str:
     """``median (min-max)`` of ``xs``, three significant figures."""
     if not xs:
@@ -110,6 +182,30 @@ def table(title: str, metrics: list[tuple[str, str]], pairs: list[tuple[dict, di
     return "\n".join(lines)
 
 
+def relations(title: str, pairs: list[tuple[dict, dict]], top: int = 12) -> str:
+    """Markdown: shared buffers per run of each durably table and index (the tables' own
+    counters), medians over the rounds, the relations that differ most between the sides."""
+    ok = [(e, g) for e, g in pairs if "error" not in e and "error" not in g]
+    names = {n for e, g in ok for r in (e, g) for n in r.get("relation_pages_per_run", {})}
+
+    def med(side: int, name: str) -> float:
+        return statistics.median(
+            [float(p[side].get("relation_pages_per_run", {}).get(name, 0.0)) for p in ok]
+        )
+
+    rows = sorted(names, key=lambda n: -abs(med(1, n) - med(0, n)))[:top]
+    lines = [
+        f"{title}: pages per run by table and index, medians ({len(ok)} rounds)",
+        "",
+        "| table or index | empty | 1M | 1M - empty |",
+        "| --- | --- | --- | --- |",
+    ]
+    for n in rows:
+        e, g = med(0, n), med(1, n)
+        lines.append(f"| {n} | {e:.2f} | {g:.2f} | {g - e:+.2f} |")
+    return "\n".join(lines)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -123,10 +219,16 @@ def main() -> int:
     p.add_argument("--src", type=Path, default=SRC, help="the durably tree measured")
     p.add_argument("--timeout", type=float, default=600.0)
     p.add_argument("--json", default=None, help="also write every result here")
+    p.add_argument(
+        "--autovacuum",
+        action="store_true",
+        help="before each measurement on the grown database, vacuum as autovacuum would",
+    )
     args = p.parse_args()
 
     lat: list[tuple[dict, dict]] = []
     thr: list[tuple[dict, dict]] = []
+    vacuums: list[dict[str, Any]] = []
     scenarios: list[tuple[list[str], list[tuple[dict, dict]]]] = [
         (
             ["cpu", "latency", "--count", str(args.count), "--warmup", str(args.warmup)],
@@ -141,6 +243,10 @@ def main() -> int:
             order = ("empty", "grown") if r % 2 == 0 else ("grown", "empty")
             for side in order:
                 name = args.empty if side == "empty" else args.grown
+                if side == "grown" and args.autovacuum:
+                    for v in autovacuum(name):
+                        vacuums.append({"round": r + 1, **v})
+                        sys.stderr.write(f"round {r + 1} autovacuum {json.dumps(v)}\n")
                 got[side] = run(args.src, name, side == "grown", argv, args.timeout)
                 res = got[side]
                 sys.stderr.write(
@@ -163,8 +269,20 @@ def main() -> int:
     if thr:
         print()
         print(table(f"Throughput, N={args.throughput} K=5", THROUGHPUT, thr))
+    print()
+    print(relations("Latency", lat))
+    if thr:
+        print()
+        print(relations("Throughput", thr))
+    if args.autovacuum:
+        print()
+        print(f"Vacuums run as autovacuum would have ({len(vacuums)}):")
+        for v in vacuums:
+            print(f"- {json.dumps(v)}")
     if args.json:
-        Path(args.json).write_text(json.dumps({"latency": lat, "throughput": thr}, indent=1))
+        Path(args.json).write_text(
+            json.dumps({"latency": lat, "throughput": thr, "vacuums": vacuums}, indent=1)
+        )
     return 0
 
 
