@@ -13,7 +13,7 @@ live-status partial indexes (pending, due, orphans) at their right end and
 leaves a dead entry; only VACUUM's index pass frees a leaf page of them, and
 until then every poll from the left end reads it. In a table of many finished
 runs a plain VACUUM skipped that pass (under 2% of the heap pages held dead
-rows), so the first test queues runs in a table of 100,000 finished ones,
+rows), so the second test queues runs in a table of 100,000 finished ones,
 finishes them, vacuums as autovacuum would, and counts the pages the pending
 poll reads. The last upgrades a populated schema-15 database: the indexes
 and settings are there, listings and counts by status answer as before, and
@@ -203,7 +203,7 @@ async def at_15(
         yield url, await seeded_at(url, 15, SEED, _old_answers)
 
 
-async def test_an_upgraded_database_vacuums_the_runs_by_their_churn(
+async def test_an_upgraded_database_answers_as_before_and_is_vacuumed_by_churn(
     at_15: tuple[str, dict[str, Any]],
 ) -> None:
     url, before = at_15

@@ -357,8 +357,8 @@ MIGRATIONS: list[str] = [
     DROP INDEX IF EXISTS durably_runs_parent;
     """,
     # 16: at 1,000,000 finished runs, a run costs what it costs in an empty
-    # database (bench/RESULTS.md, "Vacuumed by churn, completed runs at the
-    # right end", issue 18).
+    # database (bench/RESULTS.md, "The grow criterion settled; completed runs
+    # at the right end, runs vacuumed by churn", issue 18).
     # - durably_runs_completed: the completed runs have their own index, in
     #   start order, so a run completing enters its rightmost leaf without a
     #   descent (PostgreSQL's fast path), as the listing indexes do. In
