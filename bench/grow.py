@@ -14,7 +14,8 @@ database.
 ``explain`` starts an engine on that database with every asyncpg statement recorded, drives the
 paths whose queries run per turn or per poll (starts, claims, checkpoints, settles, a timer's
 wake and replay, the orphan and due sweeps, the retention, deadline and stalled sweeps, the
-default ``list_runs`` page and one of a workflow and of a parent), then prints
+default ``list_runs`` page, one of a workflow, of a parent, of completed and of failed runs,
+and the per-status counts of a workflow), then prints
 ``EXPLAIN (ANALYZE, BUFFERS)`` of each distinct SQL
 text under the generic plan the store's pool uses (``plan_cache_mode = force_generic_plan``),
 inside a transaction that is rolled back. It writes the plans to ``--out`` (markdown) and one
@@ -205,6 +206,7 @@ KINDS = [
     ("batched checkpoints and settles (write batcher)", "WITH locked AS"),
     ("final checkpoint and settle (one run)", "WITH settled AS"),
     ("checkpoint write", "durably_checkpoints c WHERE c.run_id = l.run_id"),
+    ("count_runs of a workflow, per status", "::text AS status, (SELECT count(*)"),
     ("count pending", "SELECT count(*) FROM durably_runs WHERE (status = 'pending')"),
     ("claim pending (list_pending)", "WHERE (status = 'pending')"),
     ("due timers (list_due)", "wake_at <= $1"),
@@ -214,6 +216,8 @@ KINDS = [
         "checkpoint read for replay (load_checkpoints)",
         "FROM durably_checkpoints WHERE run_id = $1 ORDER BY seq",
     ),
+    ("list_runs of completed runs", "WHERE status = 'completed' ORDER BY created_at DESC"),
+    ("list_runs of failed runs", "WHERE status = 'failed' ORDER BY created_at DESC"),
     ("list_runs of a workflow", "WHERE workflow = $1 ORDER BY created_at DESC"),
     ("list_runs of a parent", "WHERE parent_id = $1 ORDER BY created_at DESC"),
     ("list_runs default page", "ORDER BY created_at DESC, id DESC"),
@@ -299,6 +303,9 @@ async def call_sweeps(store: Any, now: int) -> None:
     await store.list_runs(RunQuery())
     await store.list_runs(RunQuery(workflow="one_step"))
     await store.list_runs(RunQuery(parent_id="old-0500000"))
+    await store.list_runs(RunQuery(status="completed"))
+    await store.list_runs(RunQuery(status="failed"))
+    await store.count_runs(RunQuery(workflow="one_step"), 1000)
     await store.list_finished_before(now - 7 * 86_400_000, 100)
     await store.list_expired(now, 100)
     await store.list_stalled(now - 60_000, 100)

@@ -369,9 +369,42 @@ class Backends:
         return total, len(pids)
 
 
+async def db_blocks(url: str) -> tuple[int, dict[str, int]]:
+    """Shared buffers hit + read so far by every backend of the database that has reported (a
+    backend reports on exit, and otherwise at most once a second and up to 10 s late:
+    PostgreSQL 15's PGSTAT_MIN_INTERVAL and PGSTAT_IDLE_INTERVAL), in all and per durably
+    table and index."""
+    import asyncpg
+
+    conn = await asyncpg.connect(url)
+    try:
+        per = await statio(conn)
+        total = await conn.fetchval(
+            "SELECT blks_hit + blks_read FROM pg_stat_database WHERE datname = current_database()"
+        )
+        return int(total), per
+    finally:
+        await conn.close()
+
+
+async def closed_blocks(url: str, before: tuple[int, dict[str, int]], runs: int) -> dict[str, Any]:
+    """Shared buffers hit + read per run since ``before``, once the engine's connections have
+    closed (so every one of its backends has reported): the engine's start, warm-up, idle polls
+    and stop included, and anything else using the database meanwhile (autovacuum); in all and
+    per durably table and index."""
+    await asyncio.sleep(0.5)  # the closed connections' backends exit and report
+    total, per = await db_blocks(url)
+    return {
+        "db_pages_per_run": round((total - before[0]) / runs, 2),
+        "relation_pages_per_run": {k: round(v / runs, 2) for k, v in delta(per, before[1]).items()},
+    }
+
+
 async def measured(
     url: str, body: Callable[[Any], Any], engine: Any
 ) -> tuple[Any, dict[str, float]]:
+    """``body``'s result, and the CPU seconds it cost this process and the database's client
+    backends."""
     import asyncpg
 
     mon = await asyncpg.connect(url)
@@ -388,6 +421,7 @@ async def measured(
 
 
 async def cpu_throughput(url: str, n: int, k: int, warmup: int, timeout: float) -> dict[str, Any]:
+    blocks0 = await db_blocks(url)
     engine = build_engine(url)
     async with engine:
 
@@ -408,10 +442,15 @@ async def cpu_throughput(url: str, n: int, k: int, warmup: int, timeout: float) 
             return t_started, elapsed
 
         (t_started, elapsed), cpu = await measured(url, body, engine)
-    return {**throughput_result(n, k, t_started, elapsed), **per_run(cpu, n)}
+    return {
+        **throughput_result(n, k, t_started, elapsed),
+        **per_run(cpu, n),
+        **await closed_blocks(url, blocks0, n + warmup),
+    }
 
 
 async def cpu_latency(url: str, count: int, warmup: int, timeout: float) -> dict[str, Any]:
+    blocks0 = await db_blocks(url)
     engine = build_engine(url)
     samples: list[float] = []
     async with engine:
@@ -432,7 +471,11 @@ async def cpu_latency(url: str, count: int, warmup: int, timeout: float) -> dict
                 samples.append(await one(warmup + i))
 
         _, cpu = await measured(url, body, engine)
-    return {**latency_summary(samples), **per_run(cpu, count)}
+    return {
+        **latency_summary(samples),
+        **per_run(cpu, count),
+        **await closed_blocks(url, blocks0, count + warmup),
+    }
 
 
 def per_run(cpu: dict[str, float], n: int) -> dict[str, Any]:
@@ -479,6 +522,10 @@ def main() -> None:
     async def go() -> dict[str, Any]:
         if not args.keep:
             await reset_target(t)
+            if args.what == "cpu":
+                # create the schema now: its pages are no run's (a kept database has it)
+                async with build_engine(t.url):
+                    pass
         if args.what == "buffers":
             return await buffers(
                 t.url, args.one, args.seq, args.gathered, args.k, args.idle, args.flush

@@ -92,9 +92,9 @@ def status_match(statuses: Iterable[str]) -> str:
     """SQL keeping the runs in any of ``statuses``, each written as its partial index's predicate.
 
     Since migration 14 no index over every run leads with ``status``: a
-    finished status is found through ``durably_runs_finished`` (and
-    ``durably_runs_workflow_finished``), whose predicate ``status IN (...)``
-    the planner proves from a literal ``status = 'failed'``; a live one
+    finished status is found through ``durably_runs_completed`` (migration
+    16) or ``durably_runs_unsuccessful`` (and ``durably_runs_workflow_finished``),
+    whose predicates the planner proves from a literal ``status = 'failed'``; a live one
     through its poll's index (the :func:`polled` form) or, for ``blocked``,
     ``durably_runs_blocked``. A parameter (``status = $1``) proves no
     predicate under the generic plan, so the values are written into the

@@ -356,4 +356,37 @@ MIGRATIONS: list[str] = [
     DROP INDEX IF EXISTS durably_runs_workflow;
     DROP INDEX IF EXISTS durably_runs_parent;
     """,
+    # 16: at 1,000,000 finished runs, a run costs what it costs in an empty
+    # database (bench/RESULTS.md, "The grow criterion settled; completed runs
+    # at the right end, runs vacuumed by churn", issue 18).
+    # - durably_runs_completed: the completed runs have their own index, in
+    #   start order, so a run completing enters its rightmost leaf without a
+    #   descent (PostgreSQL's fast path), as the listing indexes do. In
+    #   durably_runs_finished (status, ...) 'completed' sorts before 'dead'
+    #   and 'failed', so once any run had failed each completed run descended
+    #   the tree (3 pages at 1M) and split its leaves 50/50. The other
+    #   finished statuses, rarer, keep the status-led index.
+    # - Vacuumed by churn, indexes included: a run's status changes are
+    #   never HOT updates, so each version enters the live-status partial
+    #   indexes (pending, due, orphans, blocked) at their right end and
+    #   leaves a dead entry; only VACUUM's index pass frees a leaf page of
+    #   them, and until then every poll from the left end reads it. By
+    #   default autovacuum waits for dead rows worth 20% of the table
+    #   (200,000 at 1M) and then skips the index pass when under 2% of the
+    #   heap pages hold dead rows, as the live runs of a large table do. A
+    #   scale of 2% keeps the wait proportionate (each vacuum's index pass
+    #   reads every index, whose size is the table's); vacuum_index_cleanup
+    #   = on makes each vacuum free those pages. (ShareUpdateExclusiveLock.)
+    # Built before the drop, as in 14.
+    """
+    CREATE INDEX durably_runs_completed ON durably_runs (created_at, id)
+        WHERE status = 'completed';
+    CREATE INDEX durably_runs_unsuccessful ON durably_runs (status, created_at, id)
+        WHERE status IN ('cancelled', 'dead', 'failed');
+    DROP INDEX IF EXISTS durably_runs_finished;
+    ALTER TABLE durably_runs SET (
+        autovacuum_vacuum_scale_factor = 0.02,
+        vacuum_index_cleanup = on
+    );
+    """,
 ]
