@@ -515,7 +515,7 @@ class PostgresStore:
     async def list_runs(self, query: RunQuery) -> RunPage:
         """Runs matching ``query``, newest first."""
         sql, params = list_runs_sql(query)
-        runs = [run_from_row(row) for row in await self._db.pool().fetch(sql, *params)]
+        runs = [run_from_row(row) for row in await self._fetch_planned(sql, params)]
         if len(runs) <= query.limit:
             return RunPage(runs, None)
         runs = runs[: query.limit]
@@ -535,13 +535,22 @@ class PostgresStore:
             "LIMIT $1) AS hits) AS n"
             for st in RunStatus
         )
-        async with self._db.transaction() as conn:
-            # A custom plan per call: a generic plan cannot tell a status held
-            # by 2% of the runs (an index probe) from one held by 70% (a short
-            # scan), and picks a full scan for both.
-            await conn.execute("SET LOCAL plan_cache_mode = force_custom_plan")
-            rows = await conn.fetch(probes, *params)
+        rows = await self._fetch_planned(probes, params)
         return {row["status"]: row["n"] for row in rows if row["n"]}
+
+    async def _fetch_planned(self, sql: str, params: list[Any]) -> list[Any]:
+        """``sql``'s rows under a plan made for these very values.
+
+        For the listings and counts, whose filters' shares vary by value: a
+        generic plan cannot tell a status held by 2% of the runs from one held
+        by 70%, nor a workflow of 20 runs from one of a million (worse, one the
+        statistics have not seen yet is taken for every run), and walked the
+        whole creation order for the rare one. Planning each call costs a
+        fraction of a millisecond; these are not per-run statements.
+        """
+        async with self._db.transaction() as conn:
+            await conn.execute("SET LOCAL plan_cache_mode = force_custom_plan")
+            return list(await conn.fetch(sql, *params))
 
     async def list_queues(self) -> list[QueueState]:
         """Flow-control queues holding slots or waiters, by name."""
