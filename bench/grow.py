@@ -17,7 +17,8 @@ wake and replay, the orphan and due sweeps, the retention, deadline and stalled 
 default ``list_runs`` page, one of a workflow, of a parent, of completed and of failed runs,
 and the per-status counts of a workflow), then prints
 ``EXPLAIN (ANALYZE, BUFFERS)`` of each distinct SQL
-text under the generic plan the store's pool uses (``plan_cache_mode = force_generic_plan``),
+text under the generic plan the store's pool uses (``plan_cache_mode = force_generic_plan``;
+the listings and counts under the custom plan they ask for),
 inside a transaction that is rolled back. It writes the plans to ``--out`` (markdown) and one
 JSON line: each query with whether its plan reads a durably table sequentially.
 """
@@ -199,6 +200,13 @@ SKIP = re.compile(
     re.I,
 )
 
+
+def plan_mode(kind: str) -> str:
+    """The plan cache mode the store runs a statement of ``kind`` under."""
+    custom = kind.startswith(("list_runs", "count_runs"))
+    return "force_custom_plan" if custom else "force_generic_plan"
+
+
 # what each hot path is called in the report, by a piece of its SQL
 KINDS = [
     ("recover orphans (recover_orphans)", "recovery_attempts = recovery_attempts + 1"),
@@ -342,7 +350,8 @@ async def explain(url: str, out: Path, k: int) -> dict[str, Any]:
         "~80 this run adds) and "
         "their checkpoints, plus the sweeps called once each. Each is shown with "
         "`EXPLAIN (ANALYZE, BUFFERS)` with the settings of the store's pooled connections "
-        "(`plan_cache_mode = force_generic_plan`, `max_parallel_workers_per_gather = 0`), "
+        "(`plan_cache_mode = force_generic_plan`, `max_parallel_workers_per_gather = 0`; "
+        "`list_runs` and `count_runs` plan each call for its values: `force_custom_plan`), "
         "with the arguments of its first call, inside a transaction rolled back afterwards.",
         "",
     ]
@@ -354,8 +363,9 @@ async def explain(url: str, out: Path, k: int) -> dict[str, Any]:
             tr = conn.transaction()
             await tr.start()
             try:
-                # the settings of the store's pooled connections (stores/_pg_connection.py)
-                await conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+                # the settings of the store's pooled connections (stores/_pg_connection.py);
+                # listings and counts ask for a plan of their own values (_fetch_planned)
+                await conn.execute(f"SET LOCAL plan_cache_mode = {plan_mode(kind)}")
                 await conn.execute("SET LOCAL max_parallel_workers_per_gather = 0")
                 await conn.execute(f"PREPARE {name} AS {sql}")
                 vals = ", ".join(literal(a) for a in args)
