@@ -209,11 +209,13 @@ async def measure(url: str, repeat: int, explain: bool) -> None:
         conn = await asyncpg.connect(BASE_URL, server_settings={"search_path": SCHEMA})
         # The generic plan: what asyncpg's prepared statements run from their
         # sixth execution on (PostgreSQL then stops planning per value); the
-        # counts force a custom plan (count_runs sets it), so they show that.
+        # listings and counts force a custom plan (list_runs and count_runs
+        # set it), so they show that.
         for label, _, _, _, queries in rows:
             for n, (sql, args) in enumerate(queries):
                 name = f"q{abs(hash((label, n)))}"
-                mode = "force_custom_plan" if " UNION ALL " in sql else "force_generic_plan"
+                listing = " UNION ALL " in sql or "ORDER BY created_at DESC, id DESC LIMIT" in sql
+                mode = "force_custom_plan" if listing else "force_generic_plan"
                 await conn.execute(f"SET plan_cache_mode = {mode}")
                 await conn.execute(f"PREPARE {name} AS {sql}")
                 values = ", ".join(_literal(a) for a in args)
