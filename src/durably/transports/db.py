@@ -194,6 +194,14 @@ class DbTransport:
         self._local: list[tuple[StepResult, int, asyncio.Future[None]]] = []
         self._settled_tasks: set[int] = set()
         self._settled_steps: OrderedDict[str, None] = OrderedDict()
+        # Whether results or beats may be queued for the settling consumer
+        # (as ``_backlog`` for tasks): a batch of only served results takes
+        # nothing from the queue unless a push was heard since the last take
+        # came back short, or a poll interval passed since it (pushes from
+        # other processes on SQLite are not heard).
+        self._results_backlog = True
+        self._results_heard = 0
+        self._results_taken_at = -float("inf")
         self._cancel_handlers: list[CancelHandler] = []
         # writes, batched while the previous batch commits
         # One write per batch, of whatever queued meanwhile: the queue chunks
@@ -259,6 +267,8 @@ class DbTransport:
     def _heard(self, kind: str, argument: str) -> None:
         if kind == StoreNotice.MESSAGE:
             if argument in (RESULTS_TOPIC, BEATS_TOPIC):
+                self._results_heard += 1
+                self._results_backlog = True
                 self._results_wake.set()
             elif argument in self._served:
                 self._heard_tasks += 1
@@ -621,6 +631,7 @@ class DbTransport:
         on_heartbeat: HeartbeatHandler,
     ) -> None:
         topics = [RESULTS_TOPIC, BEATS_TOPIC]
+        loop = asyncio.get_running_loop()
         while True:
             self._results_wake.clear()
             taken = 0
@@ -634,6 +645,17 @@ class DbTransport:
                 nonlocal taken, local
                 local, self._local = self._local, []
                 served = [result for result, _, _ in local]
+                # Served results alone need no take (on PostgreSQL its
+                # statement was one of the batch's five round trips), unless
+                # something may be queued; see ``_results_backlog``.
+                heard, at = self._results_heard, loop.time()
+                limit = _RESULT_BATCH
+                if (
+                    local
+                    and not self._results_backlog
+                    and at - self._results_taken_at < self.poll_interval
+                ):
+                    limit = 0
 
                 def decode(
                     messages: list[Message],
@@ -644,7 +666,7 @@ class DbTransport:
 
                 got = await store.claim_and_resolve(
                     topics,
-                    _RESULT_BATCH,
+                    limit,
                     wall_ms(),
                     decode,
                     now,
@@ -652,6 +674,12 @@ class DbTransport:
                     delete=[message_id for _, message_id, _ in local],
                 )
                 taken = len(got.messages)
+                if limit:
+                    self._results_taken_at = at
+                    if taken >= limit:
+                        self._results_backlog = True
+                    elif heard == self._results_heard:
+                        self._results_backlog = False  # drained, and no push heard since
                 for result, message_id, settled in local:
                     self._settled_tasks.add(message_id)
                     # A beat it sent before may still be queued: never
