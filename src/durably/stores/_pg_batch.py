@@ -203,8 +203,9 @@ Acquire = Callable[[], AbstractAsyncContextManager[Any]]
 _LINGER = 6
 _RESULTS = frozenset({"completed", "running"})
 
-Born = asyncio.Future[list[int]]
-"""Answers a writer the ids of its messages pushed born claimed."""
+Born = asyncio.Future[list[int] | None]
+"""Answers a writer whose messages are born claimed: their ids once written,
+``None`` if its lease was lost (nothing written), or the write's error."""
 
 _Outbox = dict[tuple[str, int], list[tuple[OutMessage, Born | None]]]
 """Messages to push, by the (run id, seq) of the checkpoint they go out with;
@@ -246,6 +247,25 @@ class PgWriteBatcher:
         and ``born`` hears the ids of those born claimed, once it is (before
         the answer)."""
         future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._queue(params, owner, messages, born, future)
+        return future
+
+    def save_checkpoint_claiming(
+        self, params: tuple[Any, ...], owner: str, messages: list[OutMessage], born: Born
+    ) -> None:
+        """:meth:`save_checkpoint` whose only answer is ``born`` (see :data:`Born`):
+        one future per write where a writer chained two more on a bool answer
+        (each a loop hop before the turn that waits on it resumed)."""
+        self._queue(params, owner, messages, born, None)
+
+    def _queue(
+        self,
+        params: tuple[Any, ...],
+        owner: str,
+        messages: list[OutMessage] | None,
+        born: Born | None,
+        future: asyncio.Future[bool] | None,
+    ) -> None:
         key = (params[0], params[1])
         if messages:
             # Kept if a later write of the position supersedes this one: the
@@ -256,10 +276,11 @@ class PgWriteBatcher:
         # A later write of the same position within one batch supersedes the
         # earlier one (a multi-row upsert may touch each row once).
         waiting = self._checkpoints.pop(key, None)
-        futures = [*waiting[1], future] if waiting else [future]
+        futures = waiting[1] if waiting else []
+        if future is not None:
+            futures.append(future)
         self._checkpoints[key] = ((*params, owner), futures)
         self._kick()
-        return future
 
     def settle(self, params: tuple[Any, ...]) -> Awaitable[SettleResult]:
         """Queue a settle: ``(id, owner, status, output, error, wake_at, now, terminal,
@@ -376,7 +397,7 @@ class PgWriteBatcher:
                 _log.warning(
                     "a batch of %d writes failed: %s", len(checkpoints) + len(settles), error
                 )
-                _fail_all(checkpoints, settles, error)
+                _fail_all(checkpoints, settles, error, outbox)
 
     async def _commit(
         self,
@@ -395,9 +416,10 @@ class PgWriteBatcher:
                 # (ahead of the callbacks collecting the checkpoint writes).
                 for (_, settle_future), result in zip(settles, settled, strict=True):
                     _resolve(settle_future, result)
-                # Born ids before the answers: a writer reads them on its answer.
-                for writer, ids in born.items():
-                    _resolve(writer, ids)
+                for key, entries in outbox.items():
+                    for _, writer in entries:
+                        if writer is not None:
+                            _resolve(writer, born.get(writer, []) if key in held else None)
                 for key, (_, futures) in checkpoints.items():
                     for future in futures:
                         _resolve(future, key in held)
@@ -424,7 +446,7 @@ class PgWriteBatcher:
             sending = {key: outbox[key]} if key in outbox else {}
             error = await self._commit({key: entry}, [], sending)
             if error is not None:
-                _fail_all({key: entry}, [], error)
+                _fail_all({key: entry}, [], error, sending)
                 broken.setdefault(key[0], error)
         for settle in settles:
             run_error = broken.get(settle[0][0])
@@ -545,10 +567,15 @@ def _fail_all(
     checkpoints: dict[tuple[str, int], tuple[tuple[Any, ...], list[asyncio.Future[bool]]]],
     settles: list[tuple[tuple[Any, ...], asyncio.Future[SettleResult]]],
     exc: BaseException,
+    outbox: _Outbox | None = None,
 ) -> None:
     for _, futures in checkpoints.values():
         for future in futures:
             _fail(future, exc)
+    for entries in (outbox or {}).values():
+        for _, writer in entries:
+            if writer is not None:
+                _fail(writer, exc)
     for _, settle_future in settles:
         _fail(settle_future, exc)
 

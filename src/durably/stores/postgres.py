@@ -1294,26 +1294,11 @@ class PostgresStore:
     ) -> asyncio.Future[list[int] | None]:
         """:meth:`save_checkpoint_sending` answering the ids of the messages
         born claimed, or ``None`` if the lease was lost (``OutboxStore``)."""
-        loop = asyncio.get_running_loop()
-        born: asyncio.Future[list[int]] = loop.create_future()
-        answer: asyncio.Future[list[int] | None] = loop.create_future()
-
-        def written(held: asyncio.Future[bool]) -> None:
-            if answer.done():
-                return
-            if held.cancelled():
-                answer.cancel()
-            elif (error := held.exception()) is not None:
-                answer.set_exception(error)
-            elif not held.result():
-                answer.set_result(None)
-            else:  # the batch answers the born ids before the write
-                answer.set_result(born.result() if born.done() else [])
-
-        self._writes().save_checkpoint(
+        born: asyncio.Future[list[int] | None] = asyncio.get_running_loop().create_future()
+        self._writes().save_checkpoint_claiming(
             checkpoint_params(checkpoint), owner, messages, born
-        ).add_done_callback(written)
-        return answer
+        )
+        return born
 
     async def _save_checkpoint_alone(self, checkpoint: Checkpoint, owner: str) -> bool:
         """Upsert under the lease, in a statement of its own."""
