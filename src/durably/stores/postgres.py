@@ -1295,9 +1295,22 @@ class PostgresStore:
         """:meth:`save_checkpoint_sending` answering the ids of the messages
         born claimed, or ``None`` if the lease was lost (``OutboxStore``)."""
         born: asyncio.Future[list[int] | None] = asyncio.get_running_loop().create_future()
-        self._writes().save_checkpoint_claiming(
-            checkpoint_params(checkpoint), owner, messages, born
-        )
+        params = checkpoint_params(checkpoint)
+        if any(m.claimed_by is not None for m in messages):
+            self._writes().save_checkpoint_claiming(params, owner, messages, born)
+            return born
+
+        def written(held: asyncio.Future[bool]) -> None:  # nothing born: the plain answer
+            if born.done():
+                return
+            if held.cancelled():
+                born.cancel()
+            elif (error := held.exception()) is not None:
+                born.set_exception(error)
+            else:
+                born.set_result([] if held.result() else None)
+
+        self._writes().save_checkpoint(params, owner, messages).add_done_callback(written)
         return born
 
     async def _save_checkpoint_alone(self, checkpoint: Checkpoint, owner: str) -> bool:
