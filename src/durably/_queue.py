@@ -216,7 +216,8 @@ class ResultSettlingStore(Protocol):
         :attr:`SettledMessages.decoded`) and, with ``lease``, lease the runs
         they wake as :meth:`~durably.stores.base.CheckpointStore.resolve_and_lease`
         does. If anything raises, nothing was taken. ``decode`` must not block
-        (on SQLite it runs on the store's thread)."""
+        (on SQLite it runs on the store's thread). ``limit`` 0 takes nothing
+        (``decode`` gets no message): the deletes and the settle only."""
         ...
 
 

@@ -100,6 +100,46 @@ async def test_a_task_for_a_served_group_is_born_claimed_and_needs_no_claim(
     await _acked(server)
 
 
+async def test_a_born_claimed_task_reaches_its_handler_as_a_claimed_one_would(
+    db_factory: TransportFactory,
+) -> None:
+    """The server gets a born claimed task as sent (not decoded from its
+    message again): every field the wire carries must match what a claim of
+    the same message gives another instance."""
+    busy = _db(await db_factory())
+    gate = _Gate()
+    await busy.serve(["g"], gate, concurrency=1)
+    await _drained(busy)
+    other = _db(await db_factory())
+    handler = Handler()
+    await other.serve(["g"], handler, concurrency=4)
+    store: Any = busy.store
+    send = busy.checkpoint_sender(store)
+    assert send is not None
+    fields: dict[str, Any] = {
+        "input": {"a": [1, "x"], "b": None},
+        "attempt": 3,
+        "priority": 7,
+        "traceparent": "00-abc-def-01",
+        "context": {"k": "v"},
+        "transport": "db://",
+        "sent_at": 1234,
+    }
+
+    for run_id in ("born", "claimed"):
+        await _leased(store, run_id)
+        sent = task(run_id, 1, **fields)
+        assert await send(dispatched_cp(run_id, 1), OWNER, [sent])
+        if run_id == "born":
+            await wait_until(lambda: gate.runs == ["born"], what="the born task to run here")
+    await wait_until(lambda: len(handler.seen) == 1, what="the other instance to claim one")
+
+    assert busy.born == 1 and other.born == 0
+    assert gate.seen == [task("born", 1, **fields)]
+    assert handler.seen == [task("claimed", 1, **fields)]
+    gate.open.set()
+
+
 async def test_another_instance_serves_what_a_full_server_cannot_take(
     db_factory: TransportFactory,
 ) -> None:

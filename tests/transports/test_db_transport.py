@@ -357,3 +357,61 @@ async def test_a_served_result_settled_here_is_never_followed_by_its_beat(
     assert seen == [("result", "r1:1"), ("beat", "r2:1")]
     queue = transport.store.messages()  # type: ignore[attr-defined]
     assert await queue.depth() == {}  # the task went with its result; no ack left
+
+
+async def test_served_results_alone_take_nothing_until_a_push_is_heard(
+    db_factory: TransportFactory,
+) -> None:
+    """The settle of results served here takes nothing off the queue (no
+    take statement) once a take found it drained and no push was heard
+    since; a result another transport pushes is heard and taken."""
+    transport = await db_factory()
+    other = await db_factory()
+    assert isinstance(transport, DbTransport) and isinstance(other, DbTransport)
+    transport._poll_interval = 3600.0  # only notices and served results wake it
+    store: Any = transport.store
+    limits: list[tuple[int, list[str]]] = []
+    claim_and_resolve = store.claim_and_resolve
+
+    async def recorded(topics: Any, limit: int, *args: Any, **kwargs: Any) -> Any:
+        got = await claim_and_resolve(topics, limit, *args, **kwargs)
+        results, _ = got.decoded
+        limits.append((limit, [r.step_id for r in results]))
+        return got
+
+    store.claim_and_resolve = recorded
+    seen: list[str] = []
+
+    async def settle(take: Any) -> None:
+        results, _, _ = await take(lambda results: [], 0, None)
+        seen.extend(r.step_id for r in results)
+
+    async def on_results(results: list[StepResult]) -> None:
+        raise AssertionError("the settling consumer delivers through settle")
+
+    async def on_heartbeat(beat: Any) -> None:
+        pass
+
+    assert await transport.consume_settling(store, settle, on_results, on_heartbeat)
+
+    async def serve(t: StepTask) -> None:
+        await transport.send_result(StepResult(t.run_id, t.seq, ok=True, output=1))
+
+    await transport.serve(["g"], serve, concurrency=1)
+
+    async def served(run_id: str) -> None:
+        await transport.dispatch([task(run_id)])
+        await wait_until(lambda: f"{run_id}:1" in seen, what=f"the result of {run_id}")
+
+    await served("r1")
+    await other.send_result(StepResult("queued", 1, ok=True, output=2))
+    await wait_until(lambda: "queued:1" in seen, what="the pushed result")
+    # The push's notice may reach us after its result was taken: it costs
+    # at most the next two settles a take (the one it lands in, the next).
+    for run_id in ("r2", "r3", "r4"):
+        await served(run_id)
+
+    assert [limit for limit, steps in limits if "queued:1" in steps] == [256]
+    assert [limit for limit, steps in limits if "r4:1" in steps] == [0]
+    assert seen.count("queued:1") == 1 and len(seen) == len(set(seen)) == 5
+    assert await transport._q().depth() == {}

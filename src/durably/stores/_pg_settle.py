@@ -53,6 +53,15 @@ LOCK_AND_SETTLE = (
 )
 """:data:`SETTLE_LOCKED` that first locks the outcomes' runs itself."""
 
+LOCK_SETTLE_AND_DELETE = (
+    "WITH gone AS (DELETE FROM durably_messages WHERE id = ANY($3::bigint[])), "
+    + LOCK_AND_SETTLE.removeprefix("WITH ")
+)
+""":data:`LOCK_AND_SETTLE` that also deletes the messages ``$3`` (the served
+tasks of the outcomes, ``claim_and_resolve`` taking nothing): one round trip
+where a take of nothing and the settle were two. A data-modifying CTE runs
+whether or not the statement reads it."""
+
 
 def outcomes_json(entries: Sequence[Resolution]) -> str:
     """The ``$1`` of :data:`SETTLE_LOCKED` / :data:`LOCK_AND_SETTLE`: a JSON

@@ -46,7 +46,7 @@ from ._match import match_index, project
 from ._pg_batch import PgWriteBatcher, settle_params
 from ._pg_connection import PgConnection
 from ._pg_messages import PgMessageQueue
-from ._pg_settle import LOCK_AND_SETTLE, SETTLE_LOCKED, outcomes_json
+from ._pg_settle import LOCK_AND_SETTLE, LOCK_SETTLE_AND_DELETE, SETTLE_LOCKED, outcomes_json
 from ._pg_sql import CP_PARAMS as _CP_PARAMS
 from ._pg_sql import CP_UPSERT_TAIL as _CP_UPSERT_TAIL
 from ._pg_sql import (
@@ -1303,26 +1303,24 @@ class PostgresStore:
     ) -> asyncio.Future[list[int] | None]:
         """:meth:`save_checkpoint_sending` answering the ids of the messages
         born claimed, or ``None`` if the lease was lost (``OutboxStore``)."""
-        loop = asyncio.get_running_loop()
-        born: asyncio.Future[list[int]] = loop.create_future()
-        answer: asyncio.Future[list[int] | None] = loop.create_future()
+        born: asyncio.Future[list[int] | None] = asyncio.get_running_loop().create_future()
+        params = checkpoint_params(checkpoint)
+        if any(m.claimed_by is not None for m in messages):
+            self._writes().save_checkpoint_claiming(params, owner, messages, born)
+            return born
 
-        def written(held: asyncio.Future[bool]) -> None:
-            if answer.done():
+        def written(held: asyncio.Future[bool]) -> None:  # nothing born: the plain answer
+            if born.done():
                 return
             if held.cancelled():
-                answer.cancel()
+                born.cancel()
             elif (error := held.exception()) is not None:
-                answer.set_exception(error)
-            elif not held.result():
-                answer.set_result(None)
-            else:  # the batch answers the born ids before the write
-                answer.set_result(born.result() if born.done() else [])
+                born.set_exception(error)
+            else:
+                born.set_result([] if held.result() else None)
 
-        self._writes().save_checkpoint(
-            checkpoint_params(checkpoint), owner, messages, born
-        ).add_done_callback(written)
-        return answer
+        self._writes().save_checkpoint(params, owner, messages).add_done_callback(written)
+        return born
 
     async def _save_checkpoint_alone(self, checkpoint: Checkpoint, owner: str) -> bool:
         """Upsert under the lease, in a statement of its own."""
@@ -1418,18 +1416,27 @@ class PostgresStore:
         transaction (``ResultSettlingStore``)."""
         leased: dict[str, tuple[Run, dict[int, Checkpoint]]] = {}
         async with self._db.transaction() as conn:
-            rows = await conn.fetch(_TAKE_MESSAGES, topics, visible_at, limit, list(delete))
-            messages = sorted(
-                (
-                    Message(r["id"], r["topic"], r["body"], r["priority"], r["deliveries"])
-                    for r in rows
-                    if not r["deleted"]
-                ),
-                key=lambda m: (-m.priority, m.id),
-            )
+            messages: list[Message] = []
+            gone: list[int] | None = None
+            if limit > 0:
+                rows = await conn.fetch(_TAKE_MESSAGES, topics, visible_at, limit, list(delete))
+                messages = sorted(
+                    (
+                        Message(r["id"], r["topic"], r["body"], r["priority"], r["deliveries"])
+                        for r in rows
+                        if not r["deleted"]
+                    ),
+                    key=lambda m: (-m.priority, m.id),
+                )
+            else:  # nothing to take: the served tasks go with the settle
+                gone = list(delete)
             decoded, resolutions = decode(messages)
             answers, waiter_runs = await self._resolve_in(
-                conn, resolutions, now, lease=None if lease is None else (lease, leased)
+                conn,
+                resolutions,
+                now,
+                lease=None if lease is None else (lease, leased),
+                delete=gone,
             )
         await self._wake_waiters(waiter_runs, now)
         return SettledMessages(messages, decoded, answers, leased)
@@ -1442,13 +1449,17 @@ class PostgresStore:
         *,
         locked: bool = False,
         lease: tuple[TurnLease, dict[str, tuple[Run, dict[int, Checkpoint]]]] | None = None,
+        delete: list[int] | None = None,
     ) -> tuple[list[int | None], list[str]]:
         """:meth:`resolve_checkpoints` inside the caller's transaction; also
         returns the runs to wake once it committed (see :meth:`_wake_waiters`).
         ``locked``: the caller holds the rows of the resolutions' runs already.
         ``lease``: lease the woken runs as it says, into its dict, rather
-        than stamp their wakes (:meth:`resolve_and_lease`)."""
+        than stamp their wakes (:meth:`resolve_and_lease`). ``delete``: also
+        delete these messages (not with ``locked``)."""
         if not resolutions:
+            if delete:
+                await conn.execute(_DELETE_MESSAGES, delete)
             return [], []
         # A position named twice is settled by its first entry; the second finds it settled.
         firsts: dict[tuple[str, int], int] = {}
@@ -1456,9 +1467,14 @@ class PostgresStore:
             firsts.setdefault((r.run_id, r.seq), index)
         entries = [resolutions[i] for i in firsts.values()]
         waiter_runs: list[str] = []
-        rows = await conn.fetch(
-            SETTLE_LOCKED if locked else LOCK_AND_SETTLE, outcomes_json(entries), now
-        )
+        if delete:
+            if locked:
+                raise ValueError("delete goes with a settle that locks its runs")
+            rows = await conn.fetch(LOCK_SETTLE_AND_DELETE, outcomes_json(entries), now, delete)
+        else:
+            rows = await conn.fetch(
+                SETTLE_LOCKED if locked else LOCK_AND_SETTLE, outcomes_json(entries), now
+            )
         settled = {(row["run_id"], row["seq"]): row for row in rows}
         grouped = list(
             {
@@ -2182,6 +2198,8 @@ transaction; the caller writes those alone."""
 # the settle's transaction (rolled back with it), and SKIP LOCKED leaves the
 # rows another consumer's open transaction took to it.
 # The served tasks named in $4 (whose results this settle carries) go too.
+_DELETE_MESSAGES = "DELETE FROM durably_messages WHERE id = ANY($1::bigint[])"
+
 _TAKE_MESSAGES = """
     DELETE FROM durably_messages
     WHERE id = ANY($4::bigint[]) OR id IN (

@@ -1182,10 +1182,12 @@ class SqliteStore:
                     "DELETE FROM durably_messages WHERE id IN (SELECT value FROM json_each(?))",
                     (deleted,),
                 )
-            messages = sorted(
-                (Message(*row) for row in conn.execute(_TAKE_MESSAGES, params).fetchall()),
-                key=lambda m: (-m.priority, m.id),
-            )
+            messages: list[Message] = []
+            if limit > 0:
+                messages = sorted(
+                    (Message(*row) for row in conn.execute(_TAKE_MESSAGES, params).fetchall()),
+                    key=lambda m: (-m.priority, m.id),
+                )
             decoded, resolutions = decode(messages)
             leased: dict[str, tuple[Run, dict[int, Checkpoint]]] = {}
             take = None if lease is None else _lease_woken(conn, lease, now, leased)

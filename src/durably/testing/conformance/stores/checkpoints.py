@@ -9,9 +9,10 @@ integer.
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING
 
-from durably.model import CheckpointStatus
+from durably.model import Checkpoint, CheckpointStatus
 from durably.stores import StateStore
 
 from ._helpers import (
@@ -48,6 +49,57 @@ async def test_checkpoints_round_trip_by_seq(store: StateStore) -> None:
     assert await store.load_checkpoints("r1") == saved
     assert list(await store.load_checkpoints("other")) == [0]
     assert await store.load_checkpoints("missing") == {}
+
+
+_ODD = 'q"uote \\back\\slash\nline é€🎉 \\u0000 [1,{"a":null}] \'single\' ,{}'
+
+
+def _every_column(run_id: str, seq: int) -> Checkpoint:
+    """A checkpoint with every column the stores write set, text columns odd."""
+    return make_cp(
+        run_id,
+        seq,
+        CheckpointStatus.PENDING,
+        name=f"{_ODD}-{seq}",
+        kind="step",
+        input={"text": _ODD, "nested": NESTED},
+        output=[_ODD],
+        error={"message": _ODD},
+        attempts=3 + seq,
+        wake_at=NOW + 2**40,
+        started_at=NOW + seq,
+        finished_at=NOW + 2 * seq,
+        group=_ODD,
+        dispatched_at=NOW + 7,
+        redispatches=2,
+        last_heartbeat_at=NOW + 9,
+        progress={"done": 0.5, "note": _ODD},
+    )
+
+
+async def test_checkpoints_written_together_keep_every_column(store: StateStore) -> None:
+    """A batch of many (concurrent writes of several runs; stores that group
+    commit write them in one statement), a batch of one, and a write the lease
+    refuses among them: each column round trips as written."""
+    for run_id in ("a", "b", "c"):
+        await leased(store, run_id)
+    await leased(store, "theirs", owner=OTHER)
+    many = [_every_column(run_id, seq) for run_id in ("a", "b", "c") for seq in (1, 2)]
+    written = await asyncio.gather(
+        *(store.save_checkpoint(cp, OWNER) for cp in many),
+        store.save_checkpoint(_every_column("theirs", 1), OWNER),
+    )
+    assert written == [True] * len(many) + [False]
+    assert await store.save_checkpoint(_every_column("a", 3), OWNER) is True
+
+    assert await store.load_checkpoints("a") == {
+        1: many[0],
+        2: many[1],
+        3: _every_column("a", 3),
+    }
+    assert await store.load_checkpoints("b") == {1: many[2], 2: many[3]}
+    assert await store.load_checkpoints("c") == {1: many[4], 2: many[5]}
+    assert await store.load_checkpoints("theirs") == {}
 
 
 async def test_save_checkpoint_is_fenced_by_the_lease(store: StateStore) -> None:

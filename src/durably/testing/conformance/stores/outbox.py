@@ -385,6 +385,109 @@ async def test_tasks_with_odd_bodies_go_out_as_given(store: StateStore) -> None:
     assert [(m.id, m.body) for m in late] == [(sent[1][0], ODD + "!")]
 
 
+async def _served(store: Any, *run_ids: str) -> list[int]:
+    """Park each run on a dispatched step 1 whose task a worker holds: the
+    ids of those tasks, in ``run_ids`` order."""
+    for run_id in run_ids:
+        await parked(store, _make_cp(run_id, 0, COMPLETED, output=0), dispatched_cp(run_id, 1))
+    queue = store.messages()
+    await queue.push([OutMessage(TOPIC, f"task-{run_id}") for run_id in run_ids])
+    tasks = await queue.claim([TOPIC], "worker", len(run_ids), 30_000, NOW)
+    by_body = {m.body: m.id for m in tasks}
+    return [by_body[f"task-{run_id}"] for run_id in run_ids]
+
+
+def _settle_served(*run_ids: str) -> Any:
+    """A decode that is given no message and settles the served ``run_ids``."""
+
+    def decode(messages: list[Message]) -> tuple[list[Message], list[Resolution]]:
+        assert messages == []
+        return messages, [Resolution(r, 1, COMPLETED, output=f"{r}!") for r in run_ids]
+
+    return decode
+
+
+async def test_a_settle_taking_nothing_deletes_its_served_tasks_and_leaves_the_queue(
+    store: StateStore,
+) -> None:
+    """``limit`` 0: the served tasks go and their results settle, in one
+    transaction, and no queued result is taken: a batch of one, then of many
+    with its woken runs leased, then deletes with nothing to settle."""
+    settling = _settling(store)
+    await _ready(store)
+    await _results(store, "queued")
+    [one] = await _served(store, "s0")
+    many = [f"s{n}" for n in range(1, 6)]
+    ids = await _served(store, *many)
+    spare = await _served(store, "spare")
+
+    got = await settling.claim_and_resolve(
+        [RESULTS], 0, NOW, _settle_served("s0"), NOW + 50, None, delete=[one]
+    )
+    assert (got.messages, got.answers, got.leased) == ([], [0], {})
+    assert (await store.load_checkpoints("s0"))[1].output == "s0!"
+    run = await store.get_run("s0")
+    assert run is not None and run.wake_requested_at == NOW + 50
+
+    got = await settling.claim_and_resolve(
+        [RESULTS], 0, NOW, _settle_served(*many), NOW + 60, lease_to(), delete=ids
+    )
+    assert (got.messages, got.answers) == ([], [0] * 5)
+    assert set(got.leased) == set(many)
+    for run_id in many:
+        assert got.leased[run_id][1][1].output == f"{run_id}!"
+
+    got = await settling.claim_and_resolve(
+        [RESULTS], 0, NOW, _settle_served(), NOW + 70, None, delete=spare
+    )
+    assert (got.messages, got.answers) == ([], [])
+    depth = await store.messages().depth()  # type: ignore[attr-defined]
+    assert depth == {RESULTS: 1}  # every served task gone, the queued result kept
+    got = await settling.claim_and_resolve([RESULTS], 256, NOW, _decode, NOW + 80, None)
+    assert [m.body for m in got.messages] == ["queued:1"]
+
+
+async def test_settles_taking_nothing_race_a_consumer_without_losing_anything(
+    store_factory: StoreFactory,
+) -> None:
+    """Two store objects settling served results with ``limit`` 0 while a
+    third takes the queued ones: every result settled once, every served task
+    deleted, no queued result lost."""
+    a, b, c = await store_factory(), await store_factory(), await store_factory()
+    _settling(a)
+    await _ready(a)
+    queued = [f"q{n:02}" for n in range(30)]
+    await _results(a, *queued)
+    mine = {s: [f"{k}-{n:02}" for n in range(10)] for s, k in ((a, "a"), (b, "b"))}
+    tasks = {s: await _served(a, *runs) for s, runs in mine.items()}
+
+    async def settle_served(store: Any) -> list[int | None]:
+        answers: list[int | None] = []
+        for run_id, task_id in zip(mine[store], tasks[store], strict=True):
+            got = await store.claim_and_resolve(
+                [RESULTS], 0, NOW, _settle_served(run_id), NOW + 50, lease_to(), delete=[task_id]
+            )
+            assert got.messages == []
+            answers += got.answers
+        return answers
+
+    async def take(store: Any) -> list[str]:
+        bodies: list[str] = []
+        while True:
+            got = await store.claim_and_resolve([RESULTS], 4, NOW, _decode, NOW + 50, None)
+            if not got.messages:
+                return bodies
+            bodies += [m.body for m in got.messages]
+
+    settled_a, settled_b, taken = await asyncio.gather(settle_served(a), settle_served(b), take(c))
+
+    assert settled_a == settled_b == [0] * 10
+    assert sorted(taken) == [f"{r}:1" for r in queued]
+    assert await a.messages().depth() == {}  # type: ignore[attr-defined]
+    for run_id in [*mine[a], *mine[b]]:
+        assert (await a.load_checkpoints(run_id))[1].output == f"{run_id}!"
+
+
 async def test_a_failed_settle_keeps_the_served_tasks(store: StateStore) -> None:
     settling = _settling(store)
     await _ready(store)
