@@ -118,12 +118,19 @@ class _Consumer:
         options: dict[str, Any],
         give_back: _GiveBack,
         batch: _BatchProcessor | None = None,
+        *,
+        batches: aioredis.Redis | None = None,
     ):
         # autorun off: bullmq's own ensure_future(run()) is untracked, and a
         # run() that starts after close() reconnects and leaks a connection.
         self.queue = queue
         self.worker: _Worker = _BatchWorker(
-            queue, processor, {"connection": url, **options, "autorun": False}, give_back, batch
+            queue,
+            processor,
+            {"connection": url, **options, "autorun": False},
+            give_back,
+            batch,
+            batches=batches,
         )
         self.worker.on("error", _worker_error(queue))
         self._give_back = give_back
@@ -233,8 +240,13 @@ class _BatchWorker(_BullWorker):  # type: ignore[misc]  # bullmq is untyped
         opts: dict[str, Any],
         give_back: _GiveBack,
         batch: _BatchProcessor | None = None,
+        *,
+        batches: aioredis.Redis | None = None,
     ) -> None:
         super().__init__(name, processor, opts)
+        # Takes and finishes go through ``batches`` (see _batched.batch_client)
+        # when given, else through bullmq's own client.
+        self._batch_client = batches
         self._give_back = give_back
         self._batch_processor = batch
         self._busy = 0
@@ -436,8 +448,9 @@ class _BatchWorker(_BullWorker):  # type: ignore[misc]  # bullmq is untyped
         keys, args = move_to_active_args(self.keys, token, self.opts["lockDuration"], room)
         self._fetching = room
         try:
+            client = self._batch_client or self.client
             (reply,) = await run_scripts(
-                self.client, [Call(self._take, keys, args)], lane=self._fetch_lane
+                client, [Call(self._take, keys, args)], lane=self._fetch_lane
             )
         finally:
             self._fetching = 0
@@ -549,7 +562,8 @@ class _BatchWorker(_BullWorker):  # type: ignore[misc]  # bullmq is untyped
                 value = "null" if result is None else compact_json(result)
                 jobs.append((job.id, value, packed))
             calls.append(finish_call(script, self.keys, jobs, now))
-        replies = await run_scripts(self.client, calls, lane=self._finish_lane)
+        client = self._batch_client or self.client
+        replies = await run_scripts(client, calls, lane=self._finish_lane)
         outcomes: list[BaseException | None] = []
         for start, reply in zip(range(0, len(done), CALL_MAX), replies, strict=True):
             part = done[start : start + CALL_MAX]

@@ -75,6 +75,7 @@ class RedisRuns:
         queue: Callable[[str], _Queue],
         give_back: GiveBack,
         add_jobs: AddJobs,
+        batches: aioredis.Redis | None = None,
     ) -> None:
         self._names = names
         self._connect_url = connect_url
@@ -82,6 +83,7 @@ class RedisRuns:
         self._queue = queue
         self._give_back = give_back
         self._add_jobs = add_jobs
+        self._batches = batches
         self._deliver: Deliver | None = None
         self._pools: list[str] | None = None
         self._consumers: dict[str, _Consumer] = {}
@@ -157,7 +159,12 @@ class RedisRuns:
         if name not in self._consumers:
             process = self._processor(self._generation, name)
             self._consumers[name] = _Consumer(
-                name, process, self._connect_url, self._options, self._give_back
+                name,
+                process,
+                self._connect_url,
+                self._options,
+                self._give_back,
+                batches=self._batches,
             )
 
     async def _queue_names(self) -> list[str]:

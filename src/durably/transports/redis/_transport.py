@@ -31,7 +31,15 @@ from ..base import (
     TurnHandler,
 )
 from . import _turns
-from ._batched import AddedJob, Collector, Lane, added_job, check_added, run_scripts
+from ._batched import (
+    AddedJob,
+    Collector,
+    Lane,
+    added_job,
+    batch_client,
+    check_added,
+    run_scripts,
+)
 from ._bullmq import _Consumer, _delayed, _Job, _new_queue, _Processor, _Queue
 from ._looped import CALL_MAX, add_call, add_script
 from ._names import RedisNames, bullmq_priority, split_url
@@ -100,6 +108,8 @@ class RedisTransport:
         self.instance_id = f"durably-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         """Who publishes (the ``from`` of control notices)."""
         self._client: aioredis.Redis | None = None
+        # the batch writers' connections (no per-operation socket timeout: see batch_client)
+        self._batch_client: aioredis.Redis | None = None
         self._opening = asyncio.Lock()
         self._closing = False
         self._queues: dict[str, _Queue] = {}
@@ -180,6 +190,7 @@ class RedisTransport:
             if reported:
                 _log.warning("Redis at %s answers; going on", self.url)
             self._client = client
+            self._batch_client = batch_client(self._connect_url)
             self._closing = False
             await self._subscribe(self.names.control, self._heard_control)
 
@@ -215,14 +226,23 @@ class RedisTransport:
         await self._adding.drain()
         await self._adding_lane.close()
         client, self._client = self._client, None
+        batches, self._batch_client = self._batch_client, None
         self._queues.clear()
         if client is not None:
             await client.aclose()
+        if batches is not None:
+            await batches.aclose()
 
     def _redis(self) -> aioredis.Redis:
         if self._client is None:
             raise RuntimeError("the redis:// transport is not open")
         return self._client
+
+    def _batches(self) -> aioredis.Redis:
+        """The client batch writers send through (see :func:`._batched.batch_client`)."""
+        if self._batch_client is None:
+            raise RuntimeError("the redis:// transport is not open")
+        return self._batch_client
 
     def _queue(self, name: str) -> _Queue:
         queue = self._queues.get(name)
@@ -242,6 +262,7 @@ class RedisTransport:
             self._queue,
             self._give_back,
             self._adding.add,
+            self._batches(),
         )
         self._run_queues.add(runs)
         return runs
@@ -514,7 +535,7 @@ class RedisTransport:
                 calls.append(reserved.call)
         try:
             replies = await run_scripts(
-                self._redis(), calls, transaction=True, lane=self._adding_lane
+                self._batches(), calls, transaction=True, lane=self._adding_lane
             )
         except BaseException:
             for reserved in takes:
@@ -583,7 +604,9 @@ class RedisTransport:
         for group in sorted(set(groups)):
             name = self.names.tasks(group)
             process = self._processor(generation, name)
-            consumer = _Consumer(name, process, self._connect_url, options, self._give_back)
+            consumer = _Consumer(
+                name, process, self._connect_url, options, self._give_back, batches=self._batches()
+            )
             consumer.worker.on("failed", self._bridge_failure)
             self._workers.append(consumer)
 
@@ -726,6 +749,7 @@ class RedisTransport:
             },
             self._give_back,
             batch=self._take_results,
+            batches=self._batches(),
         )
 
     async def _replay_latest_beats(self) -> None:
