@@ -419,6 +419,54 @@ async def test_tasks_for_a_group_served_here_are_taken_as_they_are_added(
         await transport.close()
 
 
+@pytest.mark.parametrize("count", [4, 60])
+async def test_a_busy_worker_takes_its_next_jobs_with_its_finishes(
+    prefix: str, client: aioredis.Redis, count: int
+) -> None:
+    # More tasks than room: the add takes what fits, and each write
+    # finishing jobs takes the next ones for the slots they freed (bullmq's
+    # fetch-next), so the worker's fetch loop, blocked on the dry queue's
+    # marker, takes (almost) none itself. Each task is handled once, every
+    # job is gone at the end, and the worker holds no slot.
+    transport = RedisTransport(REDIS_TEST_URL, prefix=prefix)
+    handled: Counter[str] = Counter()
+    got: list[StepResult] = []
+
+    async def handle(task: StepTask) -> None:
+        handled[task.step_id] += 1
+        await transport.send_result(StepResult(task.run_id, task.seq, ok=True, output=None))
+
+    try:
+        await transport.open()
+        await _results_consumer(transport, got)
+        await transport.serve(["g"], handle, concurrency=3)
+        [worker] = await _serving(transport)
+        fetched: list[int] = []
+        own_fetch = worker._next_jobs
+
+        async def counted(batch: int, room: int) -> list[Any]:
+            jobs: list[Any] = await own_fetch(batch, room)
+            fetched.append(len(jobs))
+            return jobs
+
+        worker._next_jobs = counted
+        await transport.dispatch([StepTask(f"r{i}", 1, "g", "g") for i in range(count)])
+        await wait_until(lambda: len(got) == count, what="every result")
+        assert sorted(handled) == sorted(f"r{i}:1" for i in range(count))
+        assert set(handled.values()) == {1}
+        # three with the add; of the rest, at most one take's worth by the loop
+        # (it wakes on the queue's marker while the first handlers run)
+        assert worker.handed + sum(fetched) == count
+        assert sum(fetched) <= 3
+        queue = Queue(f"{prefix}-tasks-g", {"connection": client})
+        await wait_until(lambda: worker._busy == 0 and not worker.jobs, what="every job finished")
+        for state in ("wait", "active"):
+            assert await client.llen(queue.keys[state]) == 0
+        assert await client.zcard(queue.keys["prioritized"]) == 0
+    finally:
+        await transport.close()
+
+
 async def test_a_second_consumer_of_the_queue_gets_what_the_taker_has_no_room_for(
     prefix: str, client: aioredis.Redis
 ) -> None:

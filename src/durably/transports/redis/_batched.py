@@ -360,13 +360,19 @@ class AddedJob(NamedTuple):
 
 
 def added_job(
-    scripts: Any, name: str, data: Any, opts: dict[str, Any], timestamp: int | None = None
+    scripts: Any,
+    name: str,
+    data: Any,
+    opts: dict[str, Any],
+    timestamp: int | None = None,
+    packed_opts: bytes | None = None,
 ) -> AddedJob:
     """The script call adding a job, as bullmq's ``Queue.add`` would make it
     (a prioritized or a standard job, the same KEYS and ARGV byte for byte),
-    without building a bullmq ``Job``; options are packed once per shape."""
-    if any(opts.get(k) for k in ("delay", "parent", "deduplication", "backoff")):
-        raise ValueError("such jobs are added through bullmq")
+    without building a bullmq ``Job``; options are packed once per shape
+    (``packed_opts``: what :func:`packed_opts` made of ``opts``)."""
+    if packed_opts is None:
+        packed_opts = packed_job_opts(opts)
     script = "addPrioritizedJob" if opts.get("priority") else "addStandardJob"
     keys = scripts.keys
     prefix = keys[""]
@@ -388,7 +394,7 @@ def added_job(
         packed = _PACKED_ARGS[args] = msgpack.packb(
             [prefix, custom_id, name, now, None, None, None, None, None], use_bin_type=True
         )
-    return AddedJob(shape[0], shape[1], packed, compact_json(data), _packed_opts(opts), now)
+    return AddedJob(shape[0], shape[1], packed, compact_json(data), packed_opts, now)
 
 
 _ADD_SHAPES: dict[tuple[str, str], tuple[Script, tuple[str, ...]]] = {}
@@ -408,7 +414,11 @@ def add_job_call(
 _PACKED_OPTS: dict[str, bytes] = {}
 
 
-def _packed_opts(opts: dict[str, Any]) -> bytes:
+def packed_job_opts(opts: dict[str, Any]) -> bytes:
+    """A job's options as bullmq's add script gets them (its ARGV 3);
+    :class:`ValueError` for options only bullmq itself adds jobs with."""
+    if any(opts.get(k) for k in ("delay", "parent", "deduplication", "backoff")):
+        raise ValueError("such jobs are added through bullmq")
     shape = repr(opts)  # key order and values: what the packed bytes depend on
     packed = _PACKED_OPTS.get(shape)
     if packed is None:

@@ -202,6 +202,8 @@ class Reserved:
     def __init__(self, worker: _BatchWorker, call: Call, token: str, room: int) -> None:
         self.call = call
         """The take script call (BullMQ's ``moveToActive``, up to ``room`` times)."""
+        self.room = room
+        """How many jobs the call may take."""
         self._worker = worker
         self._token = token
         self._room = room
@@ -250,9 +252,11 @@ class _BatchWorker(_BullWorker):  # type: ignore[misc]  # bullmq is untyped
         self._give_back = give_back
         self._batch_processor = batch
         self._busy = 0
+        self._promised = 0
+        """Slots freed by jobs whose finishing write (and its take) is yet to go."""
         self._room = asyncio.Event()
         self._take = take_script(Script.of(self.scripts.commands["moveToActive"]))
-        self._finishing: Collector[tuple[Any, Any, str], None] = Collector(self._finish_many)
+        self._finishing: Collector[tuple[Any, Any, str], None] = Collector(self._finish_and_take)
         self._batches = 0
         self._fetching = 0
         self.handed = 0
@@ -273,7 +277,8 @@ class _BatchWorker(_BullWorker):  # type: ignore[misc]  # bullmq is untyped
         self.running = True
         try:
             while not self.closing:
-                room = self.opts["concurrency"] - self._busy
+                # (room promised to the next finishing write is taken by it)
+                room = self.opts["concurrency"] - self._busy - self._promised
                 if room <= 0:
                     self._room.clear()
                     await self._room.wait()
@@ -363,7 +368,8 @@ class _BatchWorker(_BullWorker):  # type: ignore[misc]  # bullmq is untyped
             self._busy += 1
         task = asyncio.ensure_future(self.processJob(job, job.token))
         self.processing.add(task)
-        task.add_done_callback(self._ended)
+        # processJob gives its slot back itself (before its job is finished)
+        task.add_done_callback(self.processing.discard)
 
     def _ended(self, task: asyncio.Future[Any], count: int = 1) -> None:
         self.processing.discard(task)
@@ -516,7 +522,14 @@ class _BatchWorker(_BullWorker):  # type: ignore[misc]  # bullmq is untyped
         return job
 
     async def processJob(self, job: Any, token: str) -> None:
-        """bullmq's ``processJob``, with the completion batched."""
+        """bullmq's ``processJob``, with the completion batched.
+
+        The job's slot is free once its processor returned: the write
+        finishing it takes the next jobs for the room (as bullmq's
+        ``moveToFinished`` fetches the next job), so a worker kept busy
+        needs no fetch of its own. The job stays tracked (its lock renewed)
+        until it is finished."""
+        held = True
         try:
             self.jobs.add((job, token))
             self.lockManager.track_job(job.id, token, int(time.time() * 1000))
@@ -526,6 +539,13 @@ class _BatchWorker(_BullWorker):  # type: ignore[misc]  # bullmq is untyped
                 return
             result = await self.processor(job, token)
             if not self.forceClosing:
+                held = False
+                self._busy -= 1
+                if self.drained or self.closing:
+                    # no take goes with the finish: the fetch loop uses the room
+                    self._room.set()
+                else:
+                    self._promised += 1
                 await self._finishing.add((job, result, token))
                 job.attemptsMade = job.attemptsMade + 1
             self.emit("completed", job, result)
@@ -539,12 +559,32 @@ class _BatchWorker(_BullWorker):  # type: ignore[misc]  # bullmq is untyped
             except Exception as again:
                 self.emit("error", again, job)
         finally:
+            if held:
+                self._busy -= 1
+                self._room.set()
             self.jobs.discard((job, token))
             self.lockManager.untrack_job(job.id)
 
-    async def _finish_many(self, done: list[tuple[Any, Any, str]]) -> list[BaseException | None]:
+    async def _finish_and_take(
+        self, done: list[tuple[Any, Any, str]]
+    ) -> list[BaseException | None]:
+        """:meth:`_finish_many`, and in the same round trip a take of the jobs
+        this worker has room for (the slots of finished jobs are free
+        already), unless the queue was found dry (the fetch loop waits on its
+        marker then) or the worker is closing."""
+        # the room promised to this write is its take's (or the loop's, without one)
+        self._promised = 0
+        take = None if self.drained or self.closing else self.reserve(_TAKE_MAX)
+        if take is None:
+            self._room.set()
+        return await self._finish_many(done, take)
+
+    async def _finish_many(
+        self, done: list[tuple[Any, Any, str]], take: Reserved | None = None
+    ) -> list[BaseException | None]:
         """Complete the jobs done meanwhile: one looped ``moveToFinished``
-        call per hundred jobs (see :mod:`._looped`), all in one pipeline."""
+        call per hundred jobs (see :mod:`._looped`), all in one pipeline
+        (with ``take``'s call last, if any)."""
         script = finish_script(Script.of(self.scripts.commands["moveToFinished"]))
         queue_opts, now = self.opts, round(time.time() * 1000)
         calls = []
@@ -563,7 +603,15 @@ class _BatchWorker(_BullWorker):  # type: ignore[misc]  # bullmq is untyped
                 jobs.append((job.id, value, packed))
             calls.append(finish_call(script, self.keys, jobs, now))
         client = self._batch_client or self.client
-        replies = await run_scripts(client, calls, lane=self._finish_lane)
+        if take is None:
+            replies = await run_scripts(client, calls, lane=self._finish_lane)
+        else:
+            try:
+                replies = await run_scripts(client, [*calls, take.call], lane=self._finish_lane)
+            except BaseException:
+                take.cancel()
+                raise
+            self._started(take, replies.pop())
         outcomes: list[BaseException | None] = []
         for start, reply in zip(range(0, len(done), CALL_MAX), replies, strict=True):
             part = done[start : start + CALL_MAX]
@@ -571,6 +619,20 @@ class _BatchWorker(_BullWorker):  # type: ignore[misc]  # bullmq is untyped
             for (job, _, _), one in zip(part, each, strict=True):
                 outcomes.append(self._finished(job, one))
         return outcomes
+
+    def _started(self, take: Reserved, reply: Any) -> None:
+        """Start what a take sent with a finish took; a take that found the
+        queue dry (fewer jobs than its room) sends the fetch loop to the
+        queue's marker instead of another take."""
+        room = take.room
+        try:
+            taken = take.taken(reply)
+        except Exception:
+            # what it took stays locked until BullMQ's stalled check
+            _log.exception("could not start the jobs taken with a finish")
+            return
+        if not isinstance(reply, BaseException) and taken < room:
+            self.drained = True
 
     def _finished(self, job: Any, reply: Any) -> BaseException | None:
         """A job's ``moveToFinished`` reply as bullmq would read it (an error or None)."""

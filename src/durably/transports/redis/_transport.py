@@ -38,6 +38,7 @@ from ._batched import (
     added_job,
     batch_client,
     check_added,
+    packed_job_opts,
     run_scripts,
 )
 from ._bullmq import _Consumer, _delayed, _Job, _new_queue, _Processor, _Queue
@@ -64,6 +65,21 @@ _SILENT_S = 10.0
 _OPEN_RETRY_FIRST_S = 0.25
 _OPEN_RETRY_MAX_S = 5.0
 _REPORT_EVERY_S = 60.0
+
+
+def _task_opts(priority: int | None) -> tuple[dict[str, Any], bytes]:
+    """A task job's options for ``priority`` and their packed form (shared by
+    every task of that priority: never changed)."""
+    known = _TASK_OPTS.get(priority)
+    if known is None:
+        if len(_TASK_OPTS) >= 256:
+            _TASK_OPTS.clear()
+        opts = {**_TASK_JOB_OPTS, "priority": bullmq_priority(priority)}
+        known = _TASK_OPTS[priority] = (opts, packed_job_opts(opts))
+    return known
+
+
+_TASK_OPTS: dict[int | None, tuple[dict[str, Any], bytes]] = {}
 
 
 def _now_ms() -> int:
@@ -465,8 +481,8 @@ class RedisTransport:
             return
         by_queue: dict[str, list[dict[str, Any]]] = {}
         for task in tasks:
-            opts = {**_TASK_JOB_OPTS, "priority": bullmq_priority(task.priority)}
-            job = {"name": "task", "data": task.to_wire(), "opts": opts}
+            opts, packed = _task_opts(task.priority)
+            job = {"name": "task", "data": task.to_wire(), "opts": opts, "packedOpts": packed}
             by_queue.setdefault(self.names.tasks(task.group), []).append(job)
         try:
             self._redis()
@@ -507,7 +523,9 @@ class RedisTransport:
         for owner, batch in enumerate(batches):
             for name, job in batch:
                 scripts = self._queue(name).backend.scripts
-                added = added_job(scripts, job["name"], job["data"], job["opts"])
+                added = added_job(
+                    scripts, job["name"], job["data"], job["opts"], None, job.get("packedOpts")
+                )
                 key = (added.script.sha, added.keys, added.packed)
                 groups.setdefault(key, []).append((owner, added))
                 added_to[name] = added_to.get(name, 0) + 1
