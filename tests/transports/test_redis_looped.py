@@ -25,6 +25,7 @@ from durably.transports.redis import RedisTransport
 from durably.transports.redis import _batched as batched
 from durably.transports.redis._batched import (
     Call,
+    Collector,
     Lane,
     Script,
     added_job,
@@ -480,6 +481,44 @@ async def test_a_batch_the_server_does_not_answer_fails_and_the_next_one_runs(
         await lane.close()
         await batches.aclose()
         await admin.aclose()
+
+
+# -- the collector's patient items ----------------------------------------------------------
+
+
+async def test_patient_items_wait_for_others_and_an_impatient_one_ends_the_wait() -> None:
+    # Items that may wait (a job to finish) go out with the next other item
+    # (an add) in one write; one that may not wait ends the wait at once,
+    # whatever the linger (here far longer than the test).
+    writes: list[list[str]] = []
+
+    async def write(items: list[str]) -> list[str | BaseException]:
+        writes.append(list(items))
+        return [f"{item}!" for item in items]
+
+    collector = Collector(write, patient=lambda item: item.startswith("p"), linger_s=3600)
+    first = asyncio.ensure_future(collector.add("p1"))
+    await asyncio.sleep(0)
+    second = asyncio.ensure_future(collector.add("p2"))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert writes == []  # lingering
+    assert await collector.add("a1") == "a1!"
+    assert await first == "p1!" and await second == "p2!"
+    assert writes == [["p1", "p2", "a1"]]
+
+
+async def test_patient_items_alone_go_out_after_the_linger() -> None:
+    writes: list[list[str]] = []
+
+    async def write(items: list[str]) -> list[str | BaseException]:
+        writes.append(list(items))
+        return [f"{item}!" for item in items]
+
+    collector = Collector(write, patient=lambda item: True, linger_s=0.01)
+    assert await asyncio.gather(collector.add("p1"), collector.add("p2")) == ["p1!", "p2!"]
+    assert await collector.add("p3") == "p3!"
+    assert writes == [["p1", "p2"], ["p3"]]
 
 
 # -- the run queues' discovery ------------------------------------------------------------

@@ -470,10 +470,20 @@ class Collector(Generic[_T, _R]):
     exception for an item that failed; each caller of :meth:`add` gets its own."""
 
     def __init__(
-        self, write: Callable[[list[_T]], Awaitable[list[_R | BaseException]]], limit: int = 500
+        self,
+        write: Callable[[list[_T]], Awaitable[list[_R | BaseException]]],
+        limit: int = 500,
+        *,
+        patient: Callable[[_T], bool] | None = None,
+        linger_s: float = 0.0,
     ) -> None:
         self._write = write
         self._limit = limit
+        # Items that may wait: a write of such items only waits ``linger_s``
+        # for others to go with it.
+        self._patient = patient
+        self._linger_s = linger_s
+        self._lingering: asyncio.Future[None] | None = None
         self._items: list[tuple[_T, asyncio.Future[_R]]] = []
         self._task: asyncio.Task[None] | None = None
 
@@ -483,6 +493,13 @@ class Collector(Generic[_T, _R]):
         self._items.append((item, future))
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._run())
+        elif (
+            self._lingering is not None
+            and not self._lingering.done()
+            and self._patient is not None
+            and not self._patient(item)
+        ):
+            self._lingering.set_result(None)  # an item that may not wait: write now
         return await future
 
     async def drain(self) -> None:
@@ -490,8 +507,22 @@ class Collector(Generic[_T, _R]):
         if self._task is not None:
             await asyncio.gather(self._task, return_exceptions=True)
 
+    async def _linger(self) -> None:
+        """Wait ``linger_s``, or until an item that may not wait is added."""
+        loop = asyncio.get_running_loop()
+        lingering = self._lingering = loop.create_future()
+        timer = loop.call_later(self._linger_s, _wake, lingering)
+        try:
+            await lingering
+        finally:
+            timer.cancel()
+            self._lingering = None
+
     async def _run(self) -> None:
         while self._items:
+            patient = self._patient
+            if patient is not None and all(patient(item) for item, _ in self._items):
+                await self._linger()
             batch, self._items = self._items[: self._limit], self._items[self._limit :]
             try:
                 outcomes = await self._write([item for item, _ in batch])
@@ -507,3 +538,8 @@ class Collector(Generic[_T, _R]):
                     future.set_exception(outcome)
                 else:
                     future.set_result(outcome)
+
+
+def _wake(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)

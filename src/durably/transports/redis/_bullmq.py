@@ -89,6 +89,10 @@ _BatchProcessor = Callable[[list[Any]], Awaitable[list[bool]]]
 """Processes a fetch's jobs at once: for each, whether to complete it (False:
 it was handed back already, and is neither completed nor failed)."""
 _GiveBack = Callable[[str, _Job, str], Awaitable[None]]
+Finisher = Callable[["_BatchWorker", tuple[Any, Any, str]], Awaitable[None]]
+"""Completes a worker's job (job, return value, token) in a write shared with
+others (the transport's: see ``RedisTransport._write``); raises what the
+job's ``moveToFinished`` answered, as bullmq's own completion does."""
 
 _PLAIN_FIELDS = frozenset(
     ("name", "data", "opts", "timestamp", "delay", "priority", "processedOn", "ats", "atm",
@@ -120,6 +124,7 @@ class _Consumer:
         batch: _BatchProcessor | None = None,
         *,
         batches: aioredis.Redis | None = None,
+        finisher: Finisher | None = None,
     ):
         # autorun off: bullmq's own ensure_future(run()) is untracked, and a
         # run() that starts after close() reconnects and leaks a connection.
@@ -131,6 +136,7 @@ class _Consumer:
             give_back,
             batch,
             batches=batches,
+            finisher=finisher,
         )
         self.worker.on("error", _worker_error(queue))
         self._give_back = give_back
@@ -244,8 +250,13 @@ class _BatchWorker(_BullWorker):  # type: ignore[misc]  # bullmq is untyped
         batch: _BatchProcessor | None = None,
         *,
         batches: aioredis.Redis | None = None,
+        finisher: Finisher | None = None,
     ) -> None:
         super().__init__(name, processor, opts)
+        # Jobs done go out with the other writes of the finisher's owner
+        # (its adds, other workers' finishes) when given, else in writes
+        # of this worker's own.
+        self._finisher = finisher
         # Takes and finishes go through ``batches`` (see _batched.batch_client)
         # when given, else through bullmq's own client.
         self._batch_client = batches
@@ -546,7 +557,10 @@ class _BatchWorker(_BullWorker):  # type: ignore[misc]  # bullmq is untyped
                     self._room.set()
                 else:
                     self._promised += 1
-                await self._finishing.add((job, result, token))
+                if self._finisher is not None:
+                    await self._finisher(self, (job, result, token))
+                else:
+                    await self._finishing.add((job, result, token))
                 job.attemptsMade = job.attemptsMade + 1
             self.emit("completed", job, result)
         except (DelayedError, WaitingChildrenError):
@@ -569,22 +583,26 @@ class _BatchWorker(_BullWorker):  # type: ignore[misc]  # bullmq is untyped
         self, done: list[tuple[Any, Any, str]]
     ) -> list[BaseException | None]:
         """:meth:`_finish_many`, and in the same round trip a take of the jobs
-        this worker has room for (the slots of finished jobs are free
-        already), unless the queue was found dry (the fetch loop waits on its
-        marker then) or the worker is closing."""
+        this worker has room for (see :meth:`finish_take`)."""
+        return await self._finish_many(done, self.finish_take())
+
+    def finish_take(self) -> Reserved | None:
+        """The take to send with a write finishing this worker's jobs: the
+        slots of finished jobs are free already, and it takes the next jobs
+        for them (as bullmq's ``moveToFinished`` fetches the next job), so a
+        busy worker needs no fetch of its own. None (and the fetch loop told
+        to look at its room): the queue was found dry (the loop waits on its
+        marker then), or the worker is closing."""
         # the room promised to this write is its take's (or the loop's, without one)
         self._promised = 0
         take = None if self.drained or self.closing else self.reserve(_TAKE_MAX)
         if take is None:
             self._room.set()
-        return await self._finish_many(done, take)
+        return take
 
-    async def _finish_many(
-        self, done: list[tuple[Any, Any, str]], take: Reserved | None = None
-    ) -> list[BaseException | None]:
-        """Complete the jobs done meanwhile: one looped ``moveToFinished``
-        call per hundred jobs (see :mod:`._looped`), all in one pipeline
-        (with ``take``'s call last, if any)."""
+    def finish_calls(self, done: list[tuple[Any, Any, str]]) -> list[Call]:
+        """The calls completing ``done`` (job, return value, token): one
+        looped ``moveToFinished`` call per hundred jobs (see :mod:`._looped`)."""
         script = finish_script(Script.of(self.scripts.commands["moveToFinished"]))
         queue_opts, now = self.opts, round(time.time() * 1000)
         calls = []
@@ -602,6 +620,27 @@ class _BatchWorker(_BullWorker):  # type: ignore[misc]  # bullmq is untyped
                 value = "null" if result is None else compact_json(result)
                 jobs.append((job.id, value, packed))
             calls.append(finish_call(script, self.keys, jobs, now))
+        return calls
+
+    def finish_outcomes(
+        self, done: list[tuple[Any, Any, str]], replies: list[Any]
+    ) -> list[BaseException | None]:
+        """Each job's outcome (an error or None) from the replies of
+        :meth:`finish_calls`."""
+        outcomes: list[BaseException | None] = []
+        for start, reply in zip(range(0, len(done), CALL_MAX), replies, strict=True):
+            part = done[start : start + CALL_MAX]
+            each = reply if isinstance(reply, list) else [reply] * len(part)
+            for (job, _, _), one in zip(part, each, strict=True):
+                outcomes.append(self._finished(job, one))
+        return outcomes
+
+    async def _finish_many(
+        self, done: list[tuple[Any, Any, str]], take: Reserved | None = None
+    ) -> list[BaseException | None]:
+        """Complete the jobs done meanwhile, all in one pipeline (with
+        ``take``'s call last, if any)."""
+        calls = self.finish_calls(done)
         client = self._batch_client or self.client
         if take is None:
             replies = await run_scripts(client, calls, lane=self._finish_lane)
@@ -611,16 +650,10 @@ class _BatchWorker(_BullWorker):  # type: ignore[misc]  # bullmq is untyped
             except BaseException:
                 take.cancel()
                 raise
-            self._started(take, replies.pop())
-        outcomes: list[BaseException | None] = []
-        for start, reply in zip(range(0, len(done), CALL_MAX), replies, strict=True):
-            part = done[start : start + CALL_MAX]
-            each = reply if isinstance(reply, list) else [reply] * len(part)
-            for (job, _, _), one in zip(part, each, strict=True):
-                outcomes.append(self._finished(job, one))
-        return outcomes
+            self.started(take, replies.pop())
+        return self.finish_outcomes(done, replies)
 
-    def _started(self, take: Reserved, reply: Any) -> None:
+    def started(self, take: Reserved, reply: Any) -> None:
         """Start what a take sent with a finish took; a take that found the
         queue dry (fewer jobs than its room) sends the fetch loop to the
         queue's marker instead of another take."""

@@ -13,7 +13,7 @@ import uuid
 import weakref
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Collection
-from typing import Any, NoReturn
+from typing import Any, NamedTuple, NoReturn
 
 import redis.asyncio as aioredis
 from redis.asyncio.client import PubSub
@@ -41,7 +41,16 @@ from ._batched import (
     packed_job_opts,
     run_scripts,
 )
-from ._bullmq import _Consumer, _delayed, _Job, _new_queue, _Processor, _Queue
+from ._bullmq import (
+    Reserved,
+    _BatchWorker,
+    _Consumer,
+    _delayed,
+    _Job,
+    _new_queue,
+    _Processor,
+    _Queue,
+)
 from ._looped import CALL_MAX, add_call, add_script
 from ._names import RedisNames, bullmq_priority, split_url
 from ._runs import RedisRuns
@@ -80,6 +89,28 @@ def _task_opts(priority: int | None) -> tuple[dict[str, Any], bytes]:
 
 
 _TASK_OPTS: dict[int | None, tuple[dict[str, Any], bytes]] = {}
+
+
+class _Done(NamedTuple):
+    """A job a worker finished, to complete in the transport's next write."""
+
+    worker: _BatchWorker
+    done: tuple[Any, Any, str]
+
+
+_Item = list[tuple[str, dict[str, Any]]] | _Done
+"""What the transport's writes carry: a caller's batch of jobs to add, or a
+worker's finished job."""
+
+
+def _is_done(item: _Item) -> bool:
+    return isinstance(item, _Done)
+
+
+_FINISH_LINGER_S = 0.002
+"""How long finished jobs alone wait for a write to go with (adds, other
+workers' finishes): completing a job is on nobody's path (its result was
+settled before), and a write of finishes alone is a round trip of its own."""
 
 
 def _now_ms() -> int:
@@ -160,7 +191,9 @@ class RedisTransport:
         # the old one; a list kept them all for the process's lifetime.
         self._run_queues: weakref.WeakSet[RedisRuns] = weakref.WeakSet()
         # tasks and results added, batched while the previous batch is written
-        self._adding: Collector[list[tuple[str, dict[str, Any]]], None] = Collector(self._add_jobs)
+        self._adding: Collector[_Item, None] = Collector(
+            self._write, patient=_is_done, linger_s=_FINISH_LINGER_S
+        )
         self._adding_lane = Lane()
 
     @classmethod
@@ -279,6 +312,7 @@ class RedisTransport:
             self._give_back,
             self._adding.add,
             self._batches(),
+            self._finish,
         )
         self._run_queues.add(runs)
         return runs
@@ -512,16 +546,25 @@ class RedisTransport:
         except Exception as exc:
             raise TransportError(f"could not send a result: {type(exc).__name__}: {exc}") from exc
 
-    async def _add_jobs(
-        self, batches: list[list[tuple[str, dict[str, Any]]]]
-    ) -> list[BaseException | None]:
-        """Add the jobs of every caller's batch (tasks, results) in one
-        transaction, one looped add script call per queue and job shape;
-        each batch fails alone if a job of it is refused."""
+    async def _finish(self, worker: _BatchWorker, done: tuple[Any, Any, str]) -> None:
+        """Complete a worker's job (a :data:`._bullmq.Finisher`) in the next
+        write, with the adds and other workers' finishes that go with it."""
+        await self._adding.add(_Done(worker, done))
+
+    async def _write(self, items: list[_Item]) -> list[BaseException | None]:
+        """One transaction for every item queued meanwhile: the jobs of each
+        caller's batch of adds (tasks, results, runs; one looped add script
+        call per queue and job shape), the jobs workers finished (one looped
+        finish call per worker), then the takes of this instance's workers
+        with room; each item fails alone if a job of it is refused."""
         groups: dict[tuple[str, tuple[str, ...], bytes], list[tuple[int, AddedJob]]] = {}
         added_to: dict[str, int] = {}
-        for owner, batch in enumerate(batches):
-            for name, job in batch:
+        finished: dict[_BatchWorker, list[tuple[int, tuple[Any, Any, str]]]] = {}
+        for owner, item in enumerate(items):
+            if isinstance(item, _Done):
+                finished.setdefault(item.worker, []).append((owner, item.done))
+                continue
+            for name, job in item:
                 scripts = self._queue(name).backend.scripts
                 added = added_job(
                     scripts, job["name"], job["data"], job["opts"], None, job.get("packedOpts")
@@ -538,35 +581,49 @@ class RedisTransport:
                 script = add_script(first.script)
                 calls.append(add_call(script, first.keys, first.packed, first.timestamp, jobs))
                 members.append([owner for owner, _ in part])
+        finishes = []
+        for worker, held in finished.items():
+            made = worker.finish_calls([done for _, done in held])
+            finishes.append((worker, held, len(calls), len(made)))
+            calls += made
         # Jobs for a queue this instance consumes (a group it serves, a pool
         # whose runs it takes), with room: its worker takes them (or whatever
         # it would take next) in the same transaction, each locked by a token
         # of its own, instead of waking on the queue's marker and fetching
         # them in a round trip of its own. Other consumers see what a fetch
-        # of that worker's right after the add would leave them.
-        takes = []
+        # of that worker's right after the add would leave them. A worker
+        # whose jobs are finished here takes the next ones for their slots.
+        takes: list[tuple[Reserved, _BatchWorker | None]] = []
         for name, count in added_to.items():
             consumer = self._consumer_of(name)
             reserved = consumer.reserve(count) if consumer is not None else None
             if reserved is not None:
-                takes.append(reserved)
-                calls.append(reserved.call)
+                takes.append((reserved, None))
+        for worker in finished:
+            reserved = worker.finish_take()
+            if reserved is not None:
+                takes.append((reserved, worker))
+        first_take = len(calls)
+        calls += [reserved.call for reserved, _ in takes]
         try:
             replies = await run_scripts(
                 self._batches(), calls, transaction=True, lane=self._adding_lane
             )
         except BaseException:
-            for reserved in takes:
+            for reserved, _ in takes:
                 reserved.cancel()
             raise
-        for reserved, reply in zip(takes, replies[len(members) :], strict=True):
+        for (reserved, finisher), reply in zip(takes, replies[first_take:], strict=True):
+            if finisher is not None:
+                finisher.started(reserved, reply)
+                continue
             try:
                 reserved.taken(reply)
             except Exception:
                 # Added all the same: what the take locked comes back through
                 # BullMQ's stalled check once its lock runs out.
                 _log.exception("could not start the jobs taken with their add")
-        outcomes: list[BaseException | None] = [None] * len(batches)
+        outcomes: list[BaseException | None] = [None] * len(items)
         for owners, reply in zip(members, replies[: len(members)], strict=True):
             each = reply if isinstance(reply, list) else [reply] * len(owners)
             for owner, one in zip(owners, each, strict=True):
@@ -574,6 +631,10 @@ class RedisTransport:
                     check_added(one)
                 except Exception as exc:
                     outcomes[owner] = outcomes[owner] or exc
+        for worker, held, at, count in finishes:
+            told = worker.finish_outcomes([done for _, done in held], replies[at : at + count])
+            for (owner, _), outcome in zip(held, told, strict=True):
+                outcomes[owner] = outcome
         return outcomes
 
     def _consumer_of(self, queue: str) -> _Consumer | None:
@@ -623,7 +684,13 @@ class RedisTransport:
             name = self.names.tasks(group)
             process = self._processor(generation, name)
             consumer = _Consumer(
-                name, process, self._connect_url, options, self._give_back, batches=self._batches()
+                name,
+                process,
+                self._connect_url,
+                options,
+                self._give_back,
+                batches=self._batches(),
+                finisher=self._finish,
             )
             consumer.worker.on("failed", self._bridge_failure)
             self._workers.append(consumer)
