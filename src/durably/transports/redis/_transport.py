@@ -594,15 +594,17 @@ class RedisTransport:
         # of that worker's right after the add would leave them. A worker
         # whose jobs are finished here takes the next ones for their slots.
         takes: list[tuple[Reserved, _BatchWorker | None]] = []
-        for name, count in added_to.items():
-            consumer = self._consumer_of(name)
-            reserved = consumer.reserve(count) if consumer is not None else None
-            if reserved is not None:
-                takes.append((reserved, None))
         for worker in finished:
             reserved = worker.finish_take()
             if reserved is not None:
                 takes.append((reserved, worker))
+        for name, count in added_to.items():
+            consumer = self._consumer_of(name)
+            if consumer is None or any(consumer.worker is w for _, w in takes):
+                continue  # (a finish's take takes what was added too)
+            reserved = consumer.reserve(count)
+            if reserved is not None:
+                takes.append((reserved, None))
         first_take = len(calls)
         calls += [reserved.call for reserved, _ in takes]
         try:
