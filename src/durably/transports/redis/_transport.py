@@ -103,14 +103,18 @@ _Item = list[tuple[str, dict[str, Any]]] | _Done
 worker's finished job."""
 
 
-def _is_done(item: _Item) -> bool:
-    return isinstance(item, _Done)
+def _may_wait(item: _Item) -> bool:
+    # A job finished by a worker whose queue was found dry: completing it is
+    # on nobody's path (its result was settled before), and its write's take
+    # would find nothing. (A worker with jobs waiting takes them with the
+    # finish, at once.)
+    return isinstance(item, _Done) and item.worker.drained
 
 
 _FINISH_LINGER_S = 0.002
-"""How long finished jobs alone wait for a write to go with (adds, other
-workers' finishes): completing a job is on nobody's path (its result was
-settled before), and a write of finishes alone is a round trip of its own."""
+"""How long finished jobs alone (of workers whose queues were found dry) wait
+for a write to go with (an add, other workers' finishes): a write of
+finishes alone is a round trip of its own."""
 
 
 def _now_ms() -> int:
@@ -192,7 +196,7 @@ class RedisTransport:
         self._run_queues: weakref.WeakSet[RedisRuns] = weakref.WeakSet()
         # tasks and results added, batched while the previous batch is written
         self._adding: Collector[_Item, None] = Collector(
-            self._write, patient=_is_done, linger_s=_FINISH_LINGER_S
+            self._write, patient=_may_wait, linger_s=_FINISH_LINGER_S
         )
         self._adding_lane = Lane()
 
