@@ -18,6 +18,7 @@ from bullmq import Job, Queue
 from redis.exceptions import NoScriptError
 
 from durably.transports.redis import RedisTransport
+from durably.transports.redis import _transport as transport_module
 from durably.transports.redis._batched import (
     Call,
     Script,
@@ -28,6 +29,7 @@ from durably.transports.redis._batched import (
     take_script,
 )
 from durably.transports.redis._bullmq import _BatchWorker
+from durably.transports.redis._transport import _Done
 from durably.wire import Heartbeat, StepResult, StepTask
 
 from .conftest import REDIS_TEST_URL, wait_until
@@ -416,6 +418,110 @@ async def test_tasks_for_a_group_served_here_are_taken_as_they_are_added(
         assert sum(fetched) == 0
     finally:
         release.set()
+        await transport.close()
+
+
+@pytest.mark.parametrize("count", [4, 60])
+async def test_a_busy_worker_takes_its_next_jobs_with_its_finishes(
+    prefix: str, client: aioredis.Redis, count: int
+) -> None:
+    # More tasks than room: the add takes what fits, and each write
+    # finishing jobs takes the next ones for the slots they freed (bullmq's
+    # fetch-next), so the worker's fetch loop, blocked on the dry queue's
+    # marker, takes (almost) none itself. Each task is handled once, every
+    # job is gone at the end, and the worker holds no slot.
+    transport = RedisTransport(REDIS_TEST_URL, prefix=prefix)
+    handled: Counter[str] = Counter()
+    got: list[StepResult] = []
+
+    async def handle(task: StepTask) -> None:
+        handled[task.step_id] += 1
+        await transport.send_result(StepResult(task.run_id, task.seq, ok=True, output=None))
+
+    try:
+        await transport.open()
+        await _results_consumer(transport, got)
+        await transport.serve(["g"], handle, concurrency=3)
+        [worker] = await _serving(transport)
+        fetched: list[int] = []
+        own_fetch = worker._next_jobs
+
+        async def counted(batch: int, room: int) -> list[Any]:
+            jobs: list[Any] = await own_fetch(batch, room)
+            fetched.append(len(jobs))
+            return jobs
+
+        worker._next_jobs = counted
+        await transport.dispatch([StepTask(f"r{i}", 1, "g", "g") for i in range(count)])
+        await wait_until(lambda: len(got) == count, what="every result")
+        assert sorted(handled) == sorted(f"r{i}:1" for i in range(count))
+        assert set(handled.values()) == {1}
+        # three with the add; of the rest, at most one take's worth by the loop
+        # (it wakes on the queue's marker while the first handlers run)
+        assert worker.handed + sum(fetched) == count
+        assert sum(fetched) <= 3
+        queue = Queue(f"{prefix}-tasks-g", {"connection": client})
+        await wait_until(lambda: worker._busy == 0 and not worker.jobs, what="every job finished")
+        for state in ("wait", "active"):
+            assert await client.llen(queue.keys[state]) == 0
+        assert await client.zcard(queue.keys["prioritized"]) == 0
+    finally:
+        await transport.close()
+
+
+async def test_one_step_at_a_time_each_finish_goes_out_with_the_next_add(
+    prefix: str, client: aioredis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A step's job is completed in the transport's write that adds the next
+    # step (finishes alone wait for one, up to the linger): one write per
+    # step where there were two (its add, its finish). Each step runs once
+    # and every job is gone at the end (the last finish goes out alone).
+    monkeypatch.setattr(transport_module, "_FINISH_LINGER_S", 0.5)
+    transport = RedisTransport(REDIS_TEST_URL, prefix=prefix)
+    writes: list[list[Any]] = []
+    real = transport._write
+
+    async def counted(items: list[Any]) -> list[Any]:
+        writes.append(list(items))
+        return await real(items)
+
+    transport._adding._write = counted
+    handled: Counter[str] = Counter()
+    waiting: dict[str, asyncio.Future[StepResult]] = {}
+
+    async def handle(task: StepTask) -> None:
+        handled[task.step_id] += 1
+        await transport.send_result(StepResult(task.run_id, task.seq, ok=True, output=task.seq))
+
+    async def on_results(batch: list[StepResult]) -> None:
+        for result in batch:
+            waiting.pop(result.step_id).set_result(result)
+
+    async def on_beat(beat: Heartbeat) -> None:
+        return None
+
+    steps = 20
+    try:
+        await transport.open()
+        await transport.consume_results(on_results, on_beat)
+        await transport.serve(["g"], handle, concurrency=4)
+        [worker] = await _serving(transport)
+        for seq in range(1, steps + 1):
+            future = asyncio.get_running_loop().create_future()
+            waiting[f"r:{seq}"] = future
+            await transport.dispatch([StepTask("r", seq, "g", "g", input=seq)])
+            assert (await future).output == seq
+        await wait_until(lambda: not worker.jobs, what="the last job finished")
+        assert handled == Counter({f"r:{seq}": 1 for seq in range(1, steps + 1)})
+        done = [item for write in writes for item in write if isinstance(item, _Done)]
+        assert len(done) == steps
+        # a write per add, and the last finish alone (a finish that missed
+        # its add, on a machine slower than the linger, would be one more)
+        assert steps + 1 <= len(writes) <= steps + 3
+        queue = Queue(f"{prefix}-tasks-g", {"connection": client})
+        for state in ("wait", "active"):
+            assert await client.llen(queue.keys[state]) == 0
+    finally:
         await transport.close()
 
 

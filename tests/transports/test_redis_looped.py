@@ -18,14 +18,18 @@ from bullmq import Job, Queue, Worker
 from redis.asyncio.connection import Connection
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from durably._queue import Delivered
 from durably.transports.redis import RedisTransport
+from durably.transports.redis import _batched as batched
 from durably.transports.redis._batched import (
     Call,
+    Collector,
     Lane,
     Script,
     added_job,
+    batch_client,
     compact_json,
     move_to_active_args,
     parse_taken,
@@ -41,8 +45,11 @@ from durably.transports.redis._looped import (
     finished_opts,
 )
 from durably.wire import Heartbeat, StepResult
+from on_redis.redis_fixtures import OwnRedis, own_redis
 
 from .conftest import REDIS_TEST_URL, wait_until
+
+__all__ = ["own_redis"]
 
 _OPTS = {"removeOnComplete": True, "removeOnFail": True}
 
@@ -394,6 +401,124 @@ async def test_batches_racing_on_one_lane_each_run_once(
         assert await client.llen(queue.keys["wait"]) == 6
     finally:
         await lane.close()
+
+
+# -- the batch writers' client (one deadline per batch) -----------------------------------
+
+
+@pytest.mark.parametrize("count", [1, 3 * CALL_MAX])
+async def test_a_batch_client_adds_takes_and_finishes_a_batch_whole(
+    prefix: str, client: aioredis.Redis, count: int
+) -> None:
+    # A batch of one and one of several looped calls, in a transaction and
+    # out of one, on a lane's kept connection and on a pooled one: the same
+    # replies as through a client with a socket timeout.
+    queue = Queue(f"{prefix}-q", {"connection": client})
+    batches = batch_client(REDIS_TEST_URL)
+    assert batches.connection_pool.connection_kwargs.get("socket_timeout") is None
+    lane = Lane()
+    try:
+        ids = _flat(await run_scripts(batches, _add(queue, list(range(count))), transaction=True))
+        assert len(set(ids)) == count
+        script = take_script(Script.of(queue.scripts.commands["moveToActive"]))
+        keys, args = move_to_active_args(queue.keys, "w", 30_000, count)
+        (reply,) = await run_scripts(batches, [Call(script, keys, args)], lane=lane)
+        taken, _ = parse_taken(reply)
+        held = [(job_id, f"w:{i}") for i, (_, job_id) in enumerate(taken, start=1)]
+        assert sorted(job_id for job_id, _ in held) == sorted(ids)
+        finished = _flat(await run_scripts(batches, _finish(queue, held), lane=lane))
+        assert finished == [0] * count
+        assert await client.llen(queue.keys["active"]) == 0
+    finally:
+        await lane.close()
+        await batches.aclose()
+
+
+async def test_a_batch_clients_lane_survives_its_connection_killed_between_batches(
+    prefix: str, client: aioredis.Redis
+) -> None:
+    queue = Queue(f"{prefix}-q", {"connection": client})
+    batches = batch_client(REDIS_TEST_URL)
+    lane = Lane()
+    try:
+        await run_scripts(batches, _add(queue, [0]), transaction=True, lane=lane)
+        conn = await lane.take(batches)
+        assert conn is not None
+        await conn.send_command("CLIENT", "ID")
+        conn_id = await conn.read_response()
+        await lane.put_back(batches, conn)
+        assert await client.client_kill_filter(_id=conn_id) == 1
+        await run_scripts(batches, _add(queue, [1, 2]), transaction=True, lane=lane)
+        assert await client.llen(queue.keys["wait"]) == 3
+    finally:
+        await lane.close()
+        await batches.aclose()
+
+
+async def test_a_batch_the_server_does_not_answer_fails_and_the_next_one_runs(
+    own_redis: OwnRedis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The deadline bounds the whole batch (no socket timeout does): a server
+    # paused far longer than it fails the batch as a socket timeout would,
+    # and drops the connection (its reply may still come), so the lane's
+    # next batch runs on a fresh one and reads its own replies.
+    monkeypatch.setattr(batched, "BATCH_TIMEOUT_S", 0.2)
+    admin = aioredis.Redis.from_url(own_redis.url, decode_responses=True)
+    batches = batch_client(own_redis.url)
+    queue = Queue("paused-q", {"connection": admin})
+    lane = Lane()
+    try:
+        await run_scripts(batches, _add(queue, [0]), transaction=True, lane=lane)
+        await admin.execute_command("CLIENT", "PAUSE", 3000, "ALL")
+        with pytest.raises(RedisTimeoutError):
+            await run_scripts(batches, _add(queue, [1]), transaction=True, lane=lane)
+        await admin.execute_command("CLIENT", "UNPAUSE")
+        ids = _flat(await run_scripts(batches, _add(queue, [2]), transaction=True, lane=lane))
+        assert len(ids) == 1
+        # the paused batch ran once the server went on (its reply was dropped), or not at all
+        assert await admin.llen(queue.keys["wait"]) in (2, 3)
+    finally:
+        await lane.close()
+        await batches.aclose()
+        await admin.aclose()
+
+
+# -- the collector's patient items ----------------------------------------------------------
+
+
+async def test_patient_items_wait_for_others_and_an_impatient_one_ends_the_wait() -> None:
+    # Items that may wait (a job to finish) go out with the next other item
+    # (an add) in one write; one that may not wait ends the wait at once,
+    # whatever the linger (here far longer than the test).
+    writes: list[list[str]] = []
+
+    async def write(items: list[str]) -> list[str | BaseException]:
+        writes.append(list(items))
+        return [f"{item}!" for item in items]
+
+    collector = Collector(write, patient=lambda item: item.startswith("p"), linger_s=3600)
+    first = asyncio.ensure_future(collector.add("p1"))
+    await asyncio.sleep(0)
+    second = asyncio.ensure_future(collector.add("p2"))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert writes == []  # lingering
+    assert await collector.add("a1") == "a1!"
+    assert await first == "p1!" and await second == "p2!"
+    assert writes == [["p1", "p2", "a1"]]
+
+
+async def test_patient_items_alone_go_out_after_the_linger() -> None:
+    writes: list[list[str]] = []
+
+    async def write(items: list[str]) -> list[str | BaseException]:
+        writes.append(list(items))
+        return [f"{item}!" for item in items]
+
+    collector = Collector(write, patient=lambda item: True, linger_s=0.01)
+    assert await asyncio.gather(collector.add("p1"), collector.add("p2")) == ["p1!", "p2!"]
+    assert await collector.add("p3") == "p3!"
+    assert writes == [["p1", "p2"], ["p3"]]
 
 
 # -- the run queues' discovery ------------------------------------------------------------

@@ -34,6 +34,7 @@ import msgpack  # type: ignore[import-untyped]  # bullmq's own dependency
 import redis.asyncio as aioredis
 from bullmq.job import optsEncodeMap
 from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 _T = TypeVar("_T")
 _R = TypeVar("_R")
@@ -219,19 +220,54 @@ async def _pipeline(
         for c in calls
     ]
     data = b"".join([_MULTI, *packed, _EXEC] if transaction else packed)
+    if client.connection_pool.connection_kwargs.get("socket_timeout"):
+        return await _on_connection(client, data, len(calls), transaction, lane)
+    # A batch client's (batch_client): one deadline for taking a connection
+    # (connecting, its handshake) and the exchange, as redis-py's socket
+    # timeout bounds each of those on other clients.
+    try:
+        async with asyncio.timeout(BATCH_TIMEOUT_S):
+            return await _on_connection(client, data, len(calls), transaction, lane)
+    except TimeoutError:
+        raise RedisTimeoutError(f"no answer from Redis within {BATCH_TIMEOUT_S} s") from None
+
+
+async def _on_connection(
+    client: aioredis.Redis, data: bytes, count: int, transaction: bool, lane: Lane | None
+) -> list[Any]:
     conn = None if lane is None else await lane.take(client)
     if conn is not None:
         try:
-            return await _exchange_retried(conn, data, len(calls), transaction)
+            return await _exchange_retried(conn, data, count, transaction)
         finally:
             assert lane is not None
             await lane.put_back(client, conn)
     pool = client.connection_pool
     conn = await pool.get_connection()  # type: ignore[no-untyped-call,unused-ignore]  # untyped in some redis-py
     try:
-        return await _exchange_retried(conn, data, len(calls), transaction)
+        return await _exchange_retried(conn, data, count, transaction)
     finally:
         await pool.release(conn)
+
+
+BATCH_TIMEOUT_S = 5.0
+"""How long one batch (taking a connection, its write and every reply) may
+take on a :func:`batch_client`; redis-py's default socket timeout."""
+
+
+def batch_client(url: str) -> aioredis.Redis:
+    """A client for :func:`run_scripts` only: its connections have no socket
+    timeout of their own (unless the URL sets one), and each batch gets one
+    deadline (:data:`BATCH_TIMEOUT_S`) instead.
+
+    With a socket timeout, redis-py sends each write through ``wait_for``
+    (a task of its own per write) and reads each reply under a timeout of
+    its own (a MULTI of two calls reads five): a third of a small batch's
+    client CPU, on every batch of the step path. Its pool is not bounded:
+    each batch writer (the transport's adds, each worker's takes and
+    finishes) keeps a connection of it (:class:`Lane`)."""
+    pool = aioredis.ConnectionPool.from_url(url, decode_responses=True, socket_timeout=None)
+    return aioredis.Redis.from_pool(pool)  # aclose() closes the pool too
 
 
 async def _exchange_retried(conn: Any, data: bytes, count: int, transaction: bool) -> list[Any]:
@@ -324,13 +360,19 @@ class AddedJob(NamedTuple):
 
 
 def added_job(
-    scripts: Any, name: str, data: Any, opts: dict[str, Any], timestamp: int | None = None
+    scripts: Any,
+    name: str,
+    data: Any,
+    opts: dict[str, Any],
+    timestamp: int | None = None,
+    packed_opts: bytes | None = None,
 ) -> AddedJob:
     """The script call adding a job, as bullmq's ``Queue.add`` would make it
     (a prioritized or a standard job, the same KEYS and ARGV byte for byte),
-    without building a bullmq ``Job``; options are packed once per shape."""
-    if any(opts.get(k) for k in ("delay", "parent", "deduplication", "backoff")):
-        raise ValueError("such jobs are added through bullmq")
+    without building a bullmq ``Job``; options are packed once per shape
+    (``packed_opts``: what :func:`packed_opts` made of ``opts``)."""
+    if packed_opts is None:
+        packed_opts = packed_job_opts(opts)
     script = "addPrioritizedJob" if opts.get("priority") else "addStandardJob"
     keys = scripts.keys
     prefix = keys[""]
@@ -352,7 +394,7 @@ def added_job(
         packed = _PACKED_ARGS[args] = msgpack.packb(
             [prefix, custom_id, name, now, None, None, None, None, None], use_bin_type=True
         )
-    return AddedJob(shape[0], shape[1], packed, compact_json(data), _packed_opts(opts), now)
+    return AddedJob(shape[0], shape[1], packed, compact_json(data), packed_opts, now)
 
 
 _ADD_SHAPES: dict[tuple[str, str], tuple[Script, tuple[str, ...]]] = {}
@@ -372,7 +414,11 @@ def add_job_call(
 _PACKED_OPTS: dict[str, bytes] = {}
 
 
-def _packed_opts(opts: dict[str, Any]) -> bytes:
+def packed_job_opts(opts: dict[str, Any]) -> bytes:
+    """A job's options as bullmq's add script gets them (its ARGV 3);
+    :class:`ValueError` for options only bullmq itself adds jobs with."""
+    if any(opts.get(k) for k in ("delay", "parent", "deduplication", "backoff")):
+        raise ValueError("such jobs are added through bullmq")
     shape = repr(opts)  # key order and values: what the packed bytes depend on
     packed = _PACKED_OPTS.get(shape)
     if packed is None:
@@ -424,10 +470,20 @@ class Collector(Generic[_T, _R]):
     exception for an item that failed; each caller of :meth:`add` gets its own."""
 
     def __init__(
-        self, write: Callable[[list[_T]], Awaitable[list[_R | BaseException]]], limit: int = 500
+        self,
+        write: Callable[[list[_T]], Awaitable[list[_R | BaseException]]],
+        limit: int = 500,
+        *,
+        patient: Callable[[_T], bool] | None = None,
+        linger_s: float = 0.0,
     ) -> None:
         self._write = write
         self._limit = limit
+        # Items that may wait: a write of such items only waits ``linger_s``
+        # for others to go with it.
+        self._patient = patient
+        self._linger_s = linger_s
+        self._lingering: asyncio.Future[None] | None = None
         self._items: list[tuple[_T, asyncio.Future[_R]]] = []
         self._task: asyncio.Task[None] | None = None
 
@@ -437,6 +493,13 @@ class Collector(Generic[_T, _R]):
         self._items.append((item, future))
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._run())
+        elif (
+            self._lingering is not None
+            and not self._lingering.done()
+            and self._patient is not None
+            and not self._patient(item)
+        ):
+            self._lingering.set_result(None)  # an item that may not wait: write now
         return await future
 
     async def drain(self) -> None:
@@ -444,8 +507,22 @@ class Collector(Generic[_T, _R]):
         if self._task is not None:
             await asyncio.gather(self._task, return_exceptions=True)
 
+    async def _linger(self) -> None:
+        """Wait ``linger_s``, or until an item that may not wait is added."""
+        loop = asyncio.get_running_loop()
+        lingering = self._lingering = loop.create_future()
+        timer = loop.call_later(self._linger_s, _wake, lingering)
+        try:
+            await lingering
+        finally:
+            timer.cancel()
+            self._lingering = None
+
     async def _run(self) -> None:
         while self._items:
+            patient = self._patient
+            if patient is not None and all(patient(item) for item, _ in self._items):
+                await self._linger()
             batch, self._items = self._items[: self._limit], self._items[self._limit :]
             try:
                 outcomes = await self._write([item for item, _ in batch])
@@ -461,3 +538,8 @@ class Collector(Generic[_T, _R]):
                     future.set_exception(outcome)
                 else:
                     future.set_result(outcome)
+
+
+def _wake(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)

@@ -89,6 +89,10 @@ _BatchProcessor = Callable[[list[Any]], Awaitable[list[bool]]]
 """Processes a fetch's jobs at once: for each, whether to complete it (False:
 it was handed back already, and is neither completed nor failed)."""
 _GiveBack = Callable[[str, _Job, str], Awaitable[None]]
+Finisher = Callable[["_BatchWorker", tuple[Any, Any, str]], Awaitable[None]]
+"""Completes a worker's job (job, return value, token) in a write shared with
+others (the transport's: see ``RedisTransport._write``); raises what the
+job's ``moveToFinished`` answered, as bullmq's own completion does."""
 
 _PLAIN_FIELDS = frozenset(
     ("name", "data", "opts", "timestamp", "delay", "priority", "processedOn", "ats", "atm",
@@ -118,12 +122,21 @@ class _Consumer:
         options: dict[str, Any],
         give_back: _GiveBack,
         batch: _BatchProcessor | None = None,
+        *,
+        batches: aioredis.Redis | None = None,
+        finisher: Finisher | None = None,
     ):
         # autorun off: bullmq's own ensure_future(run()) is untracked, and a
         # run() that starts after close() reconnects and leaks a connection.
         self.queue = queue
         self.worker: _Worker = _BatchWorker(
-            queue, processor, {"connection": url, **options, "autorun": False}, give_back, batch
+            queue,
+            processor,
+            {"connection": url, **options, "autorun": False},
+            give_back,
+            batch,
+            batches=batches,
+            finisher=finisher,
         )
         self.worker.on("error", _worker_error(queue))
         self._give_back = give_back
@@ -195,6 +208,8 @@ class Reserved:
     def __init__(self, worker: _BatchWorker, call: Call, token: str, room: int) -> None:
         self.call = call
         """The take script call (BullMQ's ``moveToActive``, up to ``room`` times)."""
+        self.room = room
+        """How many jobs the call may take."""
         self._worker = worker
         self._token = token
         self._room = room
@@ -233,14 +248,26 @@ class _BatchWorker(_BullWorker):  # type: ignore[misc]  # bullmq is untyped
         opts: dict[str, Any],
         give_back: _GiveBack,
         batch: _BatchProcessor | None = None,
+        *,
+        batches: aioredis.Redis | None = None,
+        finisher: Finisher | None = None,
     ) -> None:
         super().__init__(name, processor, opts)
+        # Jobs done go out with the other writes of the finisher's owner
+        # (its adds, other workers' finishes) when given, else in writes
+        # of this worker's own.
+        self._finisher = finisher
+        # Takes and finishes go through ``batches`` (see _batched.batch_client)
+        # when given, else through bullmq's own client.
+        self._batch_client = batches
         self._give_back = give_back
         self._batch_processor = batch
         self._busy = 0
+        self._promised = 0
+        """Slots freed by jobs whose finishing write (and its take) is yet to go."""
         self._room = asyncio.Event()
         self._take = take_script(Script.of(self.scripts.commands["moveToActive"]))
-        self._finishing: Collector[tuple[Any, Any, str], None] = Collector(self._finish_many)
+        self._finishing: Collector[tuple[Any, Any, str], None] = Collector(self._finish_and_take)
         self._batches = 0
         self._fetching = 0
         self.handed = 0
@@ -261,7 +288,8 @@ class _BatchWorker(_BullWorker):  # type: ignore[misc]  # bullmq is untyped
         self.running = True
         try:
             while not self.closing:
-                room = self.opts["concurrency"] - self._busy
+                # (room promised to the next finishing write is taken by it)
+                room = self.opts["concurrency"] - self._busy - self._promised
                 if room <= 0:
                     self._room.clear()
                     await self._room.wait()
@@ -351,7 +379,8 @@ class _BatchWorker(_BullWorker):  # type: ignore[misc]  # bullmq is untyped
             self._busy += 1
         task = asyncio.ensure_future(self.processJob(job, job.token))
         self.processing.add(task)
-        task.add_done_callback(self._ended)
+        # processJob gives its slot back itself (before its job is finished)
+        task.add_done_callback(self.processing.discard)
 
     def _ended(self, task: asyncio.Future[Any], count: int = 1) -> None:
         self.processing.discard(task)
@@ -436,8 +465,9 @@ class _BatchWorker(_BullWorker):  # type: ignore[misc]  # bullmq is untyped
         keys, args = move_to_active_args(self.keys, token, self.opts["lockDuration"], room)
         self._fetching = room
         try:
+            client = self._batch_client or self.client
             (reply,) = await run_scripts(
-                self.client, [Call(self._take, keys, args)], lane=self._fetch_lane
+                client, [Call(self._take, keys, args)], lane=self._fetch_lane
             )
         finally:
             self._fetching = 0
@@ -503,7 +533,14 @@ class _BatchWorker(_BullWorker):  # type: ignore[misc]  # bullmq is untyped
         return job
 
     async def processJob(self, job: Any, token: str) -> None:
-        """bullmq's ``processJob``, with the completion batched."""
+        """bullmq's ``processJob``, with the completion batched.
+
+        The job's slot is free once its processor returned: the write
+        finishing it takes the next jobs for the room (as bullmq's
+        ``moveToFinished`` fetches the next job), so a worker kept busy
+        needs no fetch of its own. The job stays tracked (its lock renewed)
+        until it is finished."""
+        held = True
         try:
             self.jobs.add((job, token))
             self.lockManager.track_job(job.id, token, int(time.time() * 1000))
@@ -513,7 +550,17 @@ class _BatchWorker(_BullWorker):  # type: ignore[misc]  # bullmq is untyped
                 return
             result = await self.processor(job, token)
             if not self.forceClosing:
-                await self._finishing.add((job, result, token))
+                held = False
+                self._busy -= 1
+                if self.drained or self.closing:
+                    # no take goes with the finish: the fetch loop uses the room
+                    self._room.set()
+                else:
+                    self._promised += 1
+                if self._finisher is not None:
+                    await self._finisher(self, (job, result, token))
+                else:
+                    await self._finishing.add((job, result, token))
                 job.attemptsMade = job.attemptsMade + 1
             self.emit("completed", job, result)
         except (DelayedError, WaitingChildrenError):
@@ -526,12 +573,36 @@ class _BatchWorker(_BullWorker):  # type: ignore[misc]  # bullmq is untyped
             except Exception as again:
                 self.emit("error", again, job)
         finally:
+            if held:
+                self._busy -= 1
+                self._room.set()
             self.jobs.discard((job, token))
             self.lockManager.untrack_job(job.id)
 
-    async def _finish_many(self, done: list[tuple[Any, Any, str]]) -> list[BaseException | None]:
-        """Complete the jobs done meanwhile: one looped ``moveToFinished``
-        call per hundred jobs (see :mod:`._looped`), all in one pipeline."""
+    async def _finish_and_take(
+        self, done: list[tuple[Any, Any, str]]
+    ) -> list[BaseException | None]:
+        """:meth:`_finish_many`, and in the same round trip a take of the jobs
+        this worker has room for (see :meth:`finish_take`)."""
+        return await self._finish_many(done, self.finish_take())
+
+    def finish_take(self) -> Reserved | None:
+        """The take to send with a write finishing this worker's jobs: the
+        slots of finished jobs are free already, and it takes the next jobs
+        for them (as bullmq's ``moveToFinished`` fetches the next job), so a
+        busy worker needs no fetch of its own. None (and the fetch loop told
+        to look at its room): the queue was found dry (the loop waits on its
+        marker then), or the worker is closing."""
+        # the room promised to this write is its take's (or the loop's, without one)
+        self._promised = 0
+        take = None if self.drained or self.closing else self.reserve(_TAKE_MAX)
+        if take is None:
+            self._room.set()
+        return take
+
+    def finish_calls(self, done: list[tuple[Any, Any, str]]) -> list[Call]:
+        """The calls completing ``done`` (job, return value, token): one
+        looped ``moveToFinished`` call per hundred jobs (see :mod:`._looped`)."""
         script = finish_script(Script.of(self.scripts.commands["moveToFinished"]))
         queue_opts, now = self.opts, round(time.time() * 1000)
         calls = []
@@ -549,7 +620,13 @@ class _BatchWorker(_BullWorker):  # type: ignore[misc]  # bullmq is untyped
                 value = "null" if result is None else compact_json(result)
                 jobs.append((job.id, value, packed))
             calls.append(finish_call(script, self.keys, jobs, now))
-        replies = await run_scripts(self.client, calls, lane=self._finish_lane)
+        return calls
+
+    def finish_outcomes(
+        self, done: list[tuple[Any, Any, str]], replies: list[Any]
+    ) -> list[BaseException | None]:
+        """Each job's outcome (an error or None) from the replies of
+        :meth:`finish_calls`."""
         outcomes: list[BaseException | None] = []
         for start, reply in zip(range(0, len(done), CALL_MAX), replies, strict=True):
             part = done[start : start + CALL_MAX]
@@ -557,6 +634,38 @@ class _BatchWorker(_BullWorker):  # type: ignore[misc]  # bullmq is untyped
             for (job, _, _), one in zip(part, each, strict=True):
                 outcomes.append(self._finished(job, one))
         return outcomes
+
+    async def _finish_many(
+        self, done: list[tuple[Any, Any, str]], take: Reserved | None = None
+    ) -> list[BaseException | None]:
+        """Complete the jobs done meanwhile, all in one pipeline (with
+        ``take``'s call last, if any)."""
+        calls = self.finish_calls(done)
+        client = self._batch_client or self.client
+        if take is None:
+            replies = await run_scripts(client, calls, lane=self._finish_lane)
+        else:
+            try:
+                replies = await run_scripts(client, [*calls, take.call], lane=self._finish_lane)
+            except BaseException:
+                take.cancel()
+                raise
+            self.started(take, replies.pop())
+        return self.finish_outcomes(done, replies)
+
+    def started(self, take: Reserved, reply: Any) -> None:
+        """Start what a take sent with a finish took; a take that found the
+        queue dry (fewer jobs than its room) sends the fetch loop to the
+        queue's marker instead of another take."""
+        room = take.room
+        try:
+            taken = take.taken(reply)
+        except Exception:
+            # what it took stays locked until BullMQ's stalled check
+            _log.exception("could not start the jobs taken with a finish")
+            return
+        if not isinstance(reply, BaseException) and taken < room:
+            self.drained = True
 
     def _finished(self, job: Any, reply: Any) -> BaseException | None:
         """A job's ``moveToFinished`` reply as bullmq would read it (an error or None)."""

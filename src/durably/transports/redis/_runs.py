@@ -27,7 +27,7 @@ from typing import Any, Protocol
 import redis.asyncio as aioredis
 
 from ..._queue import Deliver, Delivered, QueuedRun
-from ._bullmq import _Consumer, _delayed, _Job, _Queue
+from ._bullmq import Finisher, _Consumer, _delayed, _Job, _Queue
 from ._names import RedisNames, bullmq_priority
 
 __all__ = ["RedisRuns", "start_job_id"]
@@ -75,6 +75,8 @@ class RedisRuns:
         queue: Callable[[str], _Queue],
         give_back: GiveBack,
         add_jobs: AddJobs,
+        batches: aioredis.Redis | None = None,
+        finisher: Finisher | None = None,
     ) -> None:
         self._names = names
         self._connect_url = connect_url
@@ -82,6 +84,8 @@ class RedisRuns:
         self._queue = queue
         self._give_back = give_back
         self._add_jobs = add_jobs
+        self._batches = batches
+        self._finisher = finisher
         self._deliver: Deliver | None = None
         self._pools: list[str] | None = None
         self._consumers: dict[str, _Consumer] = {}
@@ -157,7 +161,13 @@ class RedisRuns:
         if name not in self._consumers:
             process = self._processor(self._generation, name)
             self._consumers[name] = _Consumer(
-                name, process, self._connect_url, self._options, self._give_back
+                name,
+                process,
+                self._connect_url,
+                self._options,
+                self._give_back,
+                batches=self._batches,
+                finisher=self._finisher,
             )
 
     async def _queue_names(self) -> list[str]:

@@ -13,7 +13,7 @@ import uuid
 import weakref
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Collection
-from typing import Any, NoReturn
+from typing import Any, NamedTuple, NoReturn
 
 import redis.asyncio as aioredis
 from redis.asyncio.client import PubSub
@@ -31,8 +31,26 @@ from ..base import (
     TurnHandler,
 )
 from . import _turns
-from ._batched import AddedJob, Collector, Lane, added_job, check_added, run_scripts
-from ._bullmq import _Consumer, _delayed, _Job, _new_queue, _Processor, _Queue
+from ._batched import (
+    AddedJob,
+    Collector,
+    Lane,
+    added_job,
+    batch_client,
+    check_added,
+    packed_job_opts,
+    run_scripts,
+)
+from ._bullmq import (
+    Reserved,
+    _BatchWorker,
+    _Consumer,
+    _delayed,
+    _Job,
+    _new_queue,
+    _Processor,
+    _Queue,
+)
 from ._looped import CALL_MAX, add_call, add_script
 from ._names import RedisNames, bullmq_priority, split_url
 from ._runs import RedisRuns
@@ -56,6 +74,47 @@ _SILENT_S = 10.0
 _OPEN_RETRY_FIRST_S = 0.25
 _OPEN_RETRY_MAX_S = 5.0
 _REPORT_EVERY_S = 60.0
+
+
+def _task_opts(priority: int | None) -> tuple[dict[str, Any], bytes]:
+    """A task job's options for ``priority`` and their packed form (shared by
+    every task of that priority: never changed)."""
+    known = _TASK_OPTS.get(priority)
+    if known is None:
+        if len(_TASK_OPTS) >= 256:
+            _TASK_OPTS.clear()
+        opts = {**_TASK_JOB_OPTS, "priority": bullmq_priority(priority)}
+        known = _TASK_OPTS[priority] = (opts, packed_job_opts(opts))
+    return known
+
+
+_TASK_OPTS: dict[int | None, tuple[dict[str, Any], bytes]] = {}
+
+
+class _Done(NamedTuple):
+    """A job a worker finished, to complete in the transport's next write."""
+
+    worker: _BatchWorker
+    done: tuple[Any, Any, str]
+
+
+_Item = list[tuple[str, dict[str, Any]]] | _Done
+"""What the transport's writes carry: a caller's batch of jobs to add, or a
+worker's finished job."""
+
+
+def _may_wait(item: _Item) -> bool:
+    # A job finished by a worker whose queue was found dry: completing it is
+    # on nobody's path (its result was settled before), and its write's take
+    # would find nothing. (A worker with jobs waiting takes them with the
+    # finish, at once.)
+    return isinstance(item, _Done) and item.worker.drained
+
+
+_FINISH_LINGER_S = 0.002
+"""How long finished jobs alone (of workers whose queues were found dry) wait
+for a write to go with (an add, other workers' finishes): a write of
+finishes alone is a round trip of its own."""
 
 
 def _now_ms() -> int:
@@ -100,6 +159,8 @@ class RedisTransport:
         self.instance_id = f"durably-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         """Who publishes (the ``from`` of control notices)."""
         self._client: aioredis.Redis | None = None
+        # the batch writers' connections (no per-operation socket timeout: see batch_client)
+        self._batch_client: aioredis.Redis | None = None
         self._opening = asyncio.Lock()
         self._closing = False
         self._queues: dict[str, _Queue] = {}
@@ -134,7 +195,9 @@ class RedisTransport:
         # the old one; a list kept them all for the process's lifetime.
         self._run_queues: weakref.WeakSet[RedisRuns] = weakref.WeakSet()
         # tasks and results added, batched while the previous batch is written
-        self._adding: Collector[list[tuple[str, dict[str, Any]]], None] = Collector(self._add_jobs)
+        self._adding: Collector[_Item, None] = Collector(
+            self._write, patient=_may_wait, linger_s=_FINISH_LINGER_S
+        )
         self._adding_lane = Lane()
 
     @classmethod
@@ -180,6 +243,7 @@ class RedisTransport:
             if reported:
                 _log.warning("Redis at %s answers; going on", self.url)
             self._client = client
+            self._batch_client = batch_client(self._connect_url)
             self._closing = False
             await self._subscribe(self.names.control, self._heard_control)
 
@@ -215,14 +279,23 @@ class RedisTransport:
         await self._adding.drain()
         await self._adding_lane.close()
         client, self._client = self._client, None
+        batches, self._batch_client = self._batch_client, None
         self._queues.clear()
         if client is not None:
             await client.aclose()
+        if batches is not None:
+            await batches.aclose()
 
     def _redis(self) -> aioredis.Redis:
         if self._client is None:
             raise RuntimeError("the redis:// transport is not open")
         return self._client
+
+    def _batches(self) -> aioredis.Redis:
+        """The client batch writers send through (see :func:`._batched.batch_client`)."""
+        if self._batch_client is None:
+            raise RuntimeError("the redis:// transport is not open")
+        return self._batch_client
 
     def _queue(self, name: str) -> _Queue:
         queue = self._queues.get(name)
@@ -242,6 +315,8 @@ class RedisTransport:
             self._queue,
             self._give_back,
             self._adding.add,
+            self._batches(),
+            self._finish,
         )
         self._run_queues.add(runs)
         return runs
@@ -444,8 +519,8 @@ class RedisTransport:
             return
         by_queue: dict[str, list[dict[str, Any]]] = {}
         for task in tasks:
-            opts = {**_TASK_JOB_OPTS, "priority": bullmq_priority(task.priority)}
-            job = {"name": "task", "data": task.to_wire(), "opts": opts}
+            opts, packed = _task_opts(task.priority)
+            job = {"name": "task", "data": task.to_wire(), "opts": opts, "packedOpts": packed}
             by_queue.setdefault(self.names.tasks(task.group), []).append(job)
         try:
             self._redis()
@@ -475,18 +550,29 @@ class RedisTransport:
         except Exception as exc:
             raise TransportError(f"could not send a result: {type(exc).__name__}: {exc}") from exc
 
-    async def _add_jobs(
-        self, batches: list[list[tuple[str, dict[str, Any]]]]
-    ) -> list[BaseException | None]:
-        """Add the jobs of every caller's batch (tasks, results) in one
-        transaction, one looped add script call per queue and job shape;
-        each batch fails alone if a job of it is refused."""
+    async def _finish(self, worker: _BatchWorker, done: tuple[Any, Any, str]) -> None:
+        """Complete a worker's job (a :data:`._bullmq.Finisher`) in the next
+        write, with the adds and other workers' finishes that go with it."""
+        await self._adding.add(_Done(worker, done))
+
+    async def _write(self, items: list[_Item]) -> list[BaseException | None]:
+        """One transaction for every item queued meanwhile: the jobs of each
+        caller's batch of adds (tasks, results, runs; one looped add script
+        call per queue and job shape), the jobs workers finished (one looped
+        finish call per worker), then the takes of this instance's workers
+        with room; each item fails alone if a job of it is refused."""
         groups: dict[tuple[str, tuple[str, ...], bytes], list[tuple[int, AddedJob]]] = {}
         added_to: dict[str, int] = {}
-        for owner, batch in enumerate(batches):
-            for name, job in batch:
+        finished: dict[_BatchWorker, list[tuple[int, tuple[Any, Any, str]]]] = {}
+        for owner, item in enumerate(items):
+            if isinstance(item, _Done):
+                finished.setdefault(item.worker, []).append((owner, item.done))
+                continue
+            for name, job in item:
                 scripts = self._queue(name).backend.scripts
-                added = added_job(scripts, job["name"], job["data"], job["opts"])
+                added = added_job(
+                    scripts, job["name"], job["data"], job["opts"], None, job.get("packedOpts")
+                )
                 key = (added.script.sha, added.keys, added.packed)
                 groups.setdefault(key, []).append((owner, added))
                 added_to[name] = added_to.get(name, 0) + 1
@@ -499,35 +585,51 @@ class RedisTransport:
                 script = add_script(first.script)
                 calls.append(add_call(script, first.keys, first.packed, first.timestamp, jobs))
                 members.append([owner for owner, _ in part])
+        finishes = []
+        for worker, held in finished.items():
+            made = worker.finish_calls([done for _, done in held])
+            finishes.append((worker, held, len(calls), len(made)))
+            calls += made
         # Jobs for a queue this instance consumes (a group it serves, a pool
         # whose runs it takes), with room: its worker takes them (or whatever
         # it would take next) in the same transaction, each locked by a token
         # of its own, instead of waking on the queue's marker and fetching
         # them in a round trip of its own. Other consumers see what a fetch
-        # of that worker's right after the add would leave them.
-        takes = []
+        # of that worker's right after the add would leave them. A worker
+        # whose jobs are finished here takes the next ones for their slots.
+        takes: list[tuple[Reserved, _BatchWorker | None]] = []
+        for worker in finished:
+            reserved = worker.finish_take()
+            if reserved is not None:
+                takes.append((reserved, worker))
         for name, count in added_to.items():
             consumer = self._consumer_of(name)
-            reserved = consumer.reserve(count) if consumer is not None else None
+            if consumer is None or any(consumer.worker is w for _, w in takes):
+                continue  # (a finish's take takes what was added too)
+            reserved = consumer.reserve(count)
             if reserved is not None:
-                takes.append(reserved)
-                calls.append(reserved.call)
+                takes.append((reserved, None))
+        first_take = len(calls)
+        calls += [reserved.call for reserved, _ in takes]
         try:
             replies = await run_scripts(
-                self._redis(), calls, transaction=True, lane=self._adding_lane
+                self._batches(), calls, transaction=True, lane=self._adding_lane
             )
         except BaseException:
-            for reserved in takes:
+            for reserved, _ in takes:
                 reserved.cancel()
             raise
-        for reserved, reply in zip(takes, replies[len(members) :], strict=True):
+        for (reserved, finisher), reply in zip(takes, replies[first_take:], strict=True):
+            if finisher is not None:
+                finisher.started(reserved, reply)
+                continue
             try:
                 reserved.taken(reply)
             except Exception:
                 # Added all the same: what the take locked comes back through
                 # BullMQ's stalled check once its lock runs out.
                 _log.exception("could not start the jobs taken with their add")
-        outcomes: list[BaseException | None] = [None] * len(batches)
+        outcomes: list[BaseException | None] = [None] * len(items)
         for owners, reply in zip(members, replies[: len(members)], strict=True):
             each = reply if isinstance(reply, list) else [reply] * len(owners)
             for owner, one in zip(owners, each, strict=True):
@@ -535,6 +637,10 @@ class RedisTransport:
                     check_added(one)
                 except Exception as exc:
                     outcomes[owner] = outcomes[owner] or exc
+        for worker, held, at, count in finishes:
+            told = worker.finish_outcomes([done for _, done in held], replies[at : at + count])
+            for (owner, _), outcome in zip(held, told, strict=True):
+                outcomes[owner] = outcome
         return outcomes
 
     def _consumer_of(self, queue: str) -> _Consumer | None:
@@ -583,7 +689,15 @@ class RedisTransport:
         for group in sorted(set(groups)):
             name = self.names.tasks(group)
             process = self._processor(generation, name)
-            consumer = _Consumer(name, process, self._connect_url, options, self._give_back)
+            consumer = _Consumer(
+                name,
+                process,
+                self._connect_url,
+                options,
+                self._give_back,
+                batches=self._batches(),
+                finisher=self._finish,
+            )
             consumer.worker.on("failed", self._bridge_failure)
             self._workers.append(consumer)
 
@@ -726,6 +840,7 @@ class RedisTransport:
             },
             self._give_back,
             batch=self._take_results,
+            batches=self._batches(),
         )
 
     async def _replay_latest_beats(self) -> None:

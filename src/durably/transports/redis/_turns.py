@@ -36,6 +36,8 @@ class RedisTransport(Protocol):
 
     def _redis(self) -> aioredis.Redis: ...
 
+    def _batches(self) -> aioredis.Redis: ...
+
     def _queue(self, name: str) -> _Queue: ...
 
     async def _give_back(self, queue: str, job: _Job, token: str, delay_ms: int = 0) -> None: ...
@@ -99,6 +101,7 @@ def consumers(
                 transport._connect_url,
                 options,
                 transport._give_back,
+                batches=transport._batches(),
             )
         )
     return made
