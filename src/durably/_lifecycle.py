@@ -116,7 +116,6 @@ class Lifecycle:
                 self._turns.execute,
                 options.max_concurrent_runs,
                 on_room=self._worker.executor_has_room,
-                on_full=self._steps.holds.release,
             )
             self._opened = True
             self.listening = await self._store.subscribe(self._worker.on_store_event)
