@@ -92,7 +92,8 @@ class RunExecutor:
         if run_id not in self._executing or run_id in self._lent:
             return False
         self._lent.add(run_id)
-        self._pump()
+        if self._waiting or self._reclaims:
+            self._pump()
         return True
 
     def reclaim(self, run_id: str) -> asyncio.Future[None] | None:

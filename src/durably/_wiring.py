@@ -132,15 +132,7 @@ def wire(
         # None while draining, or where no turns run.
         return router.accepting and router.executor is not None and holds.holding < most_held
 
-    def lend(run_id: str) -> bool:
-        executor = router.executor
-        return executor is not None and executor.lend(run_id)
-
-    def reclaim(run_id: str) -> Awaitable[None] | None:
-        executor = router.executor
-        return None if executor is None else executor.reclaim(run_id)
-
-    holds.may_hold, holds.lend, holds.reclaim = may_hold, lend, reclaim
+    holds.may_hold = may_hold  # lend and reclaim: the executor's, once it exists
     children = ChildRuns(
         store,
         clock,

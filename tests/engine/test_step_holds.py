@@ -446,7 +446,9 @@ async def test_holds_past_their_bound_park_their_runs(rig: RigFactory) -> None:
 
         async def one_suspended() -> bool:
             runs = [await engine.get_run(f"p{i}") for i in range(3)]
-            return [r.status for r in runs if r is not None].count(RunStatus.SUSPENDED) == 1
+            statuses = [r.status for r in runs if r is not None]
+            assert statuses.count(RunStatus.SUSPENDED) == 1, statuses
+            return True
 
         await eventually(one_suspended, what="the third run to park")
         assert holds(engine).holding == 2

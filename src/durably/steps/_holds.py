@@ -37,7 +37,7 @@ awaited in memory the same way).
 A held turn lends its turn slot (``max_concurrent_runs``) to the next run
 waiting for one while it waits, and takes a slot back, ahead of the runs
 waiting, before its body does anything more (:attr:`LiveHolds.lend`,
-:meth:`LiveHolds.slot_back`): a waiting turn is an idle coroutine, the same
+:attr:`LiveHolds.reclaim`): a waiting turn is an idle coroutine, the same
 memory as a parked kept body, so many runs hold at once without making
 another run wait, and at most ``max_concurrent_runs`` turns work at once.
 Holds have their own bound instead (the wiring's :attr:`LiveHolds.may_hold`:
@@ -119,12 +119,13 @@ class LiveHolds:
         self.may_hold: Callable[[], bool] = lambda: True
         """Whether a hold may start now (set by the wiring: this process
         takes turns, is not draining, and fewer turns hold than its bound)."""
-        self.lend: Callable[[str], bool] = lambda run_id: False
+        self.lend: Callable[[str], bool] = _no_slot
         """Lend the turn slot of ``run_id``'s execution while its turn holds;
-        whether it was lent (set by the wiring: the executor's ``lend``)."""
-        self.reclaim: Callable[[str], Awaitable[None] | None] = lambda run_id: None
-        """Take a slot back for ``run_id``'s execution: ``None`` if it has
-        one now, else what to await (the executor's ``reclaim``)."""
+        whether it was lent (set when the engine opens: its executor's ``lend``)."""
+        self.reclaim: Callable[[str], Awaitable[None] | None] = _no_claim
+        """Take a slot back for ``run_id``'s execution before its turn goes
+        on: ``None`` if it has one now, else what to await (set when the
+        engine opens: its executor's ``reclaim``)."""
         self._latency: OrderedDict[str, _Latency] = OrderedDict()
         self._held: OrderedDict[int, LiveStep] = OrderedDict()
         self._runs: dict[str, list[LiveStep]] = {}
@@ -187,15 +188,8 @@ class LiveHolds:
     def hold(self, waiter: LiveStep, run_id: str) -> _Holding:
         """Count ``waiter``'s turn (of ``run_id``) as holding while inside, so
         it can be released or told to read the store; its turn slot is lent
-        from entering on, until :meth:`slot_back`."""
+        from entering on, until :attr:`reclaim`."""
         return _Holding(self, waiter, run_id)
-
-    async def slot_back(self, run_id: str) -> None:
-        """Wait until ``run_id``'s execution holds a turn slot again (at once
-        if it has one): a hold that ended returns here before its body goes on."""
-        claim = self.reclaim(run_id)
-        if claim is not None:
-            await claim
 
     def alarm(self, waiter: LiveStep, at_ms: float) -> None:
         """Set ``waiter.changed`` once the loop's time (ms) reaches ``at_ms``.
@@ -296,3 +290,11 @@ def loop_time_ms() -> float:
     """The event loop's monotonic time in ms: holds measure real latency,
     not the engine's (possibly virtual) clock."""
     return asyncio.get_running_loop().time() * 1000
+
+
+def _no_slot(run_id: str) -> bool:
+    return False
+
+
+def _no_claim(run_id: str) -> None:
+    return None
