@@ -143,8 +143,8 @@ async def main(args: argparse.Namespace) -> None:
             sticky = engine._turns.sticky
             counters = (
                 f"holds: hits {holds.hits}, misses {holds.misses}, released {holds.released}; "
-                f"kept bodies resumed {sticky.resumed if sticky else 0}, "
-                f"replayed {sticky.replayed if sticky else 0}"
+                f"kept bodies resumed {sticky.resumed if sticky is not None else 0}, "
+                f"replayed {sticky.replayed if sticky is not None else 0}"
             )
             writes, sent = _writes
             trips = _pg_trips[0]
