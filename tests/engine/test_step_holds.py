@@ -433,6 +433,40 @@ async def test_a_held_result_waits_for_a_slot_before_the_body_goes_on(rig: RigFa
     assert holds(engine).released == 0 and holds(engine).misses == 0
 
 
+async def test_a_cancel_while_a_held_turn_waits_for_its_slot(rig: RigFactory) -> None:
+    """The held turn heard its result but waits to take a slot back when its
+    run is cancelled: it settles the cancel once it has a slot, and no slot
+    stays lent."""
+    made = rig(step_hold="10s", max_concurrent_runs=1)
+    engine = made.engine
+    busy_gate = asyncio.Event()
+
+    async def wait_for_gate() -> str:
+        await busy_gate.wait()
+        return "busy done"
+
+    @engine.workflow("busy")
+    async def busy(ctx: durably.WorkflowContext) -> str:
+        return str(await ctx.local_step("wait", wait_for_gate))
+
+    async with engine:
+        executor = engine._router.executor
+        assert executor is not None
+        await engine.start("one", 1, run_id="h")
+        await eventually(lambda: holds(engine).holding == 1, what="the turn to hold")
+        await engine.start("busy", run_id="b")
+        await eventually(lambda: executor.working == 1, what="the busy turn to take the slot")
+        made.gate.set()
+        await eventually(lambda: executor.reclaiming == 1, what="the held turn to want its slot")
+        await engine.cancel("h")
+        busy_gate.set()
+        cancelled = await finish(engine, "h")
+        assert (await finish(engine, "b")).output == "busy done"
+        await engine.join()
+        assert (executor.lent, executor.reclaiming, executor.working) == (0, 0, 0)
+    assert cancelled.status is RunStatus.CANCELLED and made.continued == []
+
+
 async def test_holds_past_their_bound_park_their_runs(rig: RigFactory) -> None:
     """Holds are bounded by max(max_concurrent_runs, sticky_runs): past it a
     step parks its run as without holds, and every run completes."""
