@@ -142,6 +142,13 @@ async def main(args: argparse.Namespace) -> None:
             if profile:
                 profile.disable()
             t1 = os.times()
+            holds = engine._steps.holds
+            sticky = engine._turns.sticky
+            counters = (
+                f"holds: hits {holds.hits}, misses {holds.misses}, released {holds.released}; "
+                f"kept bodies resumed {sticky.resumed if sticky is not None else 0}, "
+                f"replayed {sticky.replayed if sticky is not None else 0}"
+            )
             writes, sent = _writes
             trips = _pg_trips[0]
             after = _commandstats()
@@ -150,6 +157,7 @@ async def main(args: argparse.Namespace) -> None:
     steps = args.n * k
     user, system = (t1.user - t0.user) * 1e6 / steps, (t1.system - t0.system) * 1e6 / steps
     print(f"CPU us/step {user + system:.1f} (user {user:.0f}, sys {system:.0f})")
+    print(counters, "(cumulative, warm-up included)")
     print(f"client writes (round trips)/step {writes / steps:.3f}", end=", ")
     print(f"bytes sent/step {sent / steps:.0f}")
     for site, n in sorted(_sites.items(), key=lambda kv: -kv[1]):

@@ -23,6 +23,11 @@ class RunExecutor:
     hold thousands of coroutines. An id already waiting is not queued twice,
     and a poll's id (``wake=False``) is dropped while that run executes here.
     A wake is kept: it must reach the run even mid-turn.
+
+    An execution that only waits (a turn holding for a dispatched step's
+    result) may lend its slot (:meth:`lend`) to the next waiting id, and
+    takes one back (:meth:`reclaim`) before it does anything more, ahead of
+    the ids waiting: at most ``limit`` executions work at once.
     """
 
     def __init__(
@@ -48,6 +53,8 @@ class RunExecutor:
         self._waiting_done: dict[str, list[Done]] = {}
         self._executing_done: dict[str, list[Done]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._lent: set[str] = set()
+        self._reclaims: deque[tuple[str, asyncio.Future[None]]] = deque()
         self._closed = False
         self._idle = asyncio.Event()
         self._idle.set()
@@ -61,6 +68,47 @@ class RunExecutor:
     def waiting(self) -> int:
         """Run ids waiting for a slot."""
         return len(self._waiting)
+
+    @property
+    def working(self) -> int:
+        """Executions holding a slot now (busy ones that did not lend theirs)."""
+        return len(self._tasks) - len(self._lent)
+
+    @property
+    def lent(self) -> int:
+        """Executions that lent their slot (:meth:`lend`) and hold none now."""
+        return len(self._lent)
+
+    @property
+    def reclaiming(self) -> int:
+        """Executions waiting to take a slot back (:meth:`reclaim`)."""
+        return len(self._reclaims)
+
+    def lend(self, run_id: str) -> bool:
+        """``run_id``'s execution only waits from now on: its slot goes to
+        the next waiting id. ``False`` (nothing lent) if ``run_id`` does not
+        execute here or lent its slot already; otherwise it must
+        :meth:`reclaim` a slot before it does anything more."""
+        if run_id not in self._executing or run_id in self._lent:
+            return False
+        self._lent.add(run_id)
+        if self._waiting or self._reclaims:
+            self._pump()
+        return True
+
+    def reclaim(self, run_id: str) -> asyncio.Future[None] | None:
+        """Take a slot back for ``run_id``'s execution, which lent its own:
+        ``None`` if it has one again now, else a future done once it has
+        (served before any waiting id). Cancelling that future gives up the
+        claim; the execution then holds no slot until it ends."""
+        if run_id not in self._lent:
+            return None
+        if len(self._tasks) - len(self._lent) < self._limit:
+            self._lent.discard(run_id)
+            return None
+        claim: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._reclaims.append((run_id, claim))
+        return claim
 
     def submit(self, run_id: str, *, wake: bool = False, on_done: Done | None = None) -> None:
         """Execute ``run_id`` when a slot is free (no-op once closed).
@@ -97,7 +145,15 @@ class RunExecutor:
         return run_id in self._executing
 
     def _pump(self) -> None:
-        while self._waiting and len(self._tasks) < self._limit:
+        # A slot taken back goes first: that execution is mid-turn, under its lease.
+        reclaims = self._reclaims
+        while reclaims and len(self._tasks) - len(self._lent) < self._limit:
+            run_id, claim = reclaims.popleft()
+            if claim.done() or run_id not in self._lent:
+                continue  # given up (its turn was cancelled), or its execution ended
+            self._lent.discard(run_id)
+            claim.set_result(None)
+        while self._waiting and len(self._tasks) - len(self._lent) < self._limit:
             run_id = self._waiting.popleft()
             wake = self._waiting_ids.pop(run_id)
             done = self._waiting_done.pop(run_id, None)
@@ -119,6 +175,7 @@ class RunExecutor:
             _log.exception("executing run %s failed", run_id)
         finally:
             self._executing.discard(run_id)
+            self._lent.discard(run_id)  # ended without taking its slot back
             for on_done in self._executing_done.pop(run_id, ()):
                 on_done(ok)
             task = asyncio.current_task()

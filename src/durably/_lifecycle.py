@@ -112,12 +112,13 @@ class Lifecycle:
                 await self._store.close()
                 raise
             router = self._router
-            router.executor = RunExecutor(
+            router.executor = executor = RunExecutor(
                 self._turns.execute,
                 options.max_concurrent_runs,
                 on_room=self._worker.executor_has_room,
-                on_full=self._steps.holds.release,
             )
+            # A holding turn lends its slot (see durably.steps._holds).
+            self._steps.holds.lend, self._steps.holds.reclaim = executor.lend, executor.reclaim
             self._opened = True
             self.listening = await self._store.subscribe(self._worker.on_store_event)
             transport = self._transport

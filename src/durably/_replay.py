@@ -612,19 +612,27 @@ class Turn:
             task.add_done_callback(_retrieve)
 
     async def _quiescent(self, task: asyncio.Future[Any]) -> bool:
-        generation, quiet = self._generation, 0
-        while quiet < _QUIESCENCE_YIELDS:
-            await asyncio.sleep(0)
+        """Whether the body stays still for :data:`_QUIESCENCE_YIELDS` loop
+        iterations with something parked or held.
+
+        The iterations are counted by a callback that schedules itself
+        (:class:`_QuietWatch`), not by this coroutine sleeping: a sleep
+        resumes the whole chain of frames from the run's task down to here
+        each iteration (~20 per park, most of a parked step's CPU with
+        hundreds of turns on the loop), the callback one small function."""
+        while True:
+            watch = _QuietWatch(self, task)
+            if not await watch.future:
+                return False
+            # The iteration this coroutine resumed in: look once more, as
+            # a count ending here would.
             if task.done() or self.closed or self._in_flight:
                 return False
-            if self._generation != generation:
-                # Progress without a wake-up of its own (a held operation
-                # released, then replayed ones): count the quiet again rather
-                # than wait for a poke that may not come.
-                generation, quiet = self._generation, 0
-                continue
-            quiet += 1
-        return bool(self._parked or self._held)
+            if self._generation == watch.generation:
+                return bool(self._parked or self._held)
+            # Progress without a wake-up of its own (a held operation
+            # released, then replayed ones): count the quiet again rather
+            # than wait for a poke that may not come.
 
     async def _moved_on(self) -> bool:
         """Ask :attr:`on_quiescent` whether the quiescent body can go on."""
@@ -683,6 +691,43 @@ class Turn:
     def _poke(self) -> None:
         if not self._wakeup.done():
             self._wakeup.set_result(None)
+
+
+class _QuietWatch:
+    """Counts event-loop iterations in which a turn's body makes no progress
+    (:meth:`Turn._quiescent`): :attr:`future` is ``True`` after
+    :data:`_QUIESCENCE_YIELDS` quiet ones in a row, ``False`` as soon as the
+    body ended, the turn closed or an operation is in flight. Progress (the
+    turn's generation moving) starts the count again."""
+
+    __slots__ = ("_loop", "_quiet", "_task", "_turn", "future", "generation")
+
+    def __init__(self, turn: Turn, task: asyncio.Future[Any]) -> None:
+        self._turn = turn
+        self._task = task
+        self._quiet = 0
+        self.generation = turn._generation
+        """The turn's generation when the count ended."""
+        self._loop = asyncio.get_running_loop()
+        self.future: asyncio.Future[bool] = self._loop.create_future()
+        self._loop.call_soon(self._tick)
+
+    def _tick(self) -> None:
+        future = self.future
+        if future.done():
+            return  # the awaiting turn was cancelled: stop counting
+        turn = self._turn
+        if self._task.done() or turn.closed or turn._in_flight:
+            future.set_result(False)
+            return
+        if turn._generation != self.generation:
+            self.generation, self._quiet = turn._generation, 0
+        else:
+            self._quiet += 1
+            if self._quiet >= _QUIESCENCE_YIELDS:
+                future.set_result(True)
+                return
+        self._loop.call_soon(self._tick)
 
 
 class _InFlight:

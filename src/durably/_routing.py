@@ -234,7 +234,14 @@ class RunRouter:
         executor = self.executor
         if not self.accepting or executor is None:
             return 0
-        taken = executor.busy + executor.waiting + self.promised_slots + len(self.resumed)
+        # Holding turns lent their slots; those taking theirs back need them.
+        taken = (
+            executor.working
+            + executor.reclaiming
+            + executor.waiting
+            + self.promised_slots
+            + len(self.resumed)
+        )
         return max(0, self._options().max_concurrent_runs - taken)
 
     async def resume_leased(self, run: Run, checkpoints: dict[int, Checkpoint], owner: str) -> None:
@@ -292,7 +299,8 @@ class RunRouter:
             and self.run_queue is None
             and executor is not None
             and executor.waiting == 0
-            and executor.busy + self.promised_slots < self._options().max_concurrent_runs
+            and executor.working + executor.reclaiming + self.promised_slots
+            < self._options().max_concurrent_runs
         )
 
     def notify(self, run_id: str, result: RunResult | None = None) -> None:

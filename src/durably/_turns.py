@@ -178,6 +178,12 @@ class TurnDriver:
         while leased is not None:
             try:
                 outcome, turn = await self._intercepted_turn(*leased)
+                # A hold in it lent the turn's slot and ended without taking
+                # one back (its body cancelled or failed meanwhile): the
+                # settle and any next turn work with one again.
+                back = self._slot_back(run.run_id)
+                if back is not None:
+                    await back
                 if turn is not None and turn.store_error is not None:
                     leased = await self._resume(run.run_id, turn.store_error)
                     continue
@@ -193,6 +199,12 @@ class TurnDriver:
                 if not is_infrastructure_error(exc):
                     raise
                 leased = await self._resume(run.run_id, exc)
+
+    def _slot_back(self, run_id: str) -> Awaitable[None] | None:
+        """What to await until ``run_id``'s execution holds a turn slot again
+        (``None``: it has one)."""
+        executor = self._router.executor
+        return None if executor is None else executor.reclaim(run_id)
 
     async def _resume(self, run_id: str, error: BaseException) -> Leased | None:
         """Take the turn of ``run_id`` again once the store answers.

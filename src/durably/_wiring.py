@@ -123,13 +123,16 @@ def wire(
         hold_ms=lambda: settings().step_hold_ms,
     )
 
-    def may_hold() -> bool:
-        # A hold keeps its turn's slot: none starts while a run waits for one
-        # (nor while draining, or where no turns run).
-        executor = router.executor
-        return router.accepting and executor is not None and executor.waiting == 0
+    holds = steps.holds
+    # A holding turn lends its slot, so holds have their own bound: as many
+    # idle turns as the slots, or as the kept bodies (the same memory each).
+    most_held = max(options.max_concurrent_runs, options.sticky_runs)
 
-    steps.holds.may_hold = may_hold
+    def may_hold() -> bool:
+        # None while draining, or where no turns run.
+        return router.accepting and router.executor is not None and holds.holding < most_held
+
+    holds.may_hold = may_hold  # lend and reclaim: the executor's, once it exists
     children = ChildRuns(
         store,
         clock,

@@ -100,7 +100,8 @@ class Engine:
         reconcile: the fallback wake of a run waiting on someone else (a
             signal), so a wake lost to a crash cannot strand it. ``0`` disables.
         max_recovery_attempts: crash recoveries of one run before it is ``dead``.
-        max_concurrent_runs: turns executing at once in this process.
+        max_concurrent_runs: turns executing at once in this process (a turn
+            holding for a dispatched step lends its slot; see ``step_hold``).
         poll_interval: seconds between worker-loop ticks.
         timer_batch_size: due timers loaded per tick.
         track_start: write a ``running`` checkpoint before each local step.
@@ -155,10 +156,12 @@ class Engine:
         step_hold: the longest a turn waits in memory for the result of a
             dispatched step without ``timeout`` before it parks the run
             (default 250 ms; ``0`` or ``None``: park at once). The window
-            adapts per step name to the results' observed latency, and holds
-            let go whenever another run waits for a slot; a result heard in
-            time continues the same turn instead of a park, a wake and a new
-            turn (see docs/workflows.md, "Holding the turn").
+            adapts per step name to the results' observed latency; a holding
+            turn lends its ``max_concurrent_runs`` slot to a waiting run, and
+            at most ``max(max_concurrent_runs, sticky_runs)`` turns hold at
+            once. A result heard in time continues the same turn instead of
+            a park, a wake and a new turn (see docs/workflows.md, "Holding
+            the turn").
     """
 
     def __init__(

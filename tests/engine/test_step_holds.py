@@ -370,9 +370,9 @@ async def test_a_step_settled_by_another_instance_alone_reaches_the_run(
         assert holds(engine).hits == 0 and holds(engine).misses == 1
 
 
-async def test_a_run_waiting_for_a_slot_releases_a_hold(rig: RigFactory) -> None:
-    """One slot: a held turn lets go as soon as another run needs the slot,
-    whose workflow then completes while the step is still out."""
+async def test_a_holding_turn_lends_its_slot_to_a_waiting_run(rig: RigFactory) -> None:
+    """One slot: while a turn holds, another run takes the slot and completes;
+    the hold is not released and still hears its result."""
     made = rig(step_hold="10s", max_concurrent_runs=1)
     engine = made.engine
 
@@ -386,10 +386,111 @@ async def test_a_run_waiting_for_a_slot_releases_a_hold(rig: RigFactory) -> None
         await eventually(lambda: holds(engine).holding == 1, what="the turn to hold")
         await engine.start("quick", run_id="q")
         assert (await finish(engine, "q")).output == "done"
+        assert holds(engine).holding == 1 and made.continued == ["q"]
         made.gate.set()
         assert (await finish(engine, "h")).output == 3
     assert made.continued == ["q", "h"]
-    assert holds(engine).released == 1 and holds(engine).hits == 0
+    assert holds(engine).released == 0 and holds(engine).hits == 1
+    assert holds(engine).misses == 0 and made.calls == Counter({("slow", 3): 1})
+
+
+async def test_a_held_result_waits_for_a_slot_before_the_body_goes_on(rig: RigFactory) -> None:
+    """One slot, lent by a holding turn to a run whose turn stays busy (a
+    local step that waits): the hold hears its result but its body goes on
+    only once that turn ended and gave the slot back."""
+    made = rig(step_hold="10s", max_concurrent_runs=1)
+    engine = made.engine
+    busy_gate = asyncio.Event()
+
+    async def wait_for_gate() -> str:
+        await busy_gate.wait()
+        return "busy done"
+
+    @engine.workflow("busy")
+    async def busy(ctx: durably.WorkflowContext) -> str:
+        out = str(await ctx.local_step("wait", wait_for_gate))
+        made.continued.append(ctx.run_id)
+        return out
+
+    async with engine:
+        executor = engine._router.executor
+        assert executor is not None
+        await engine.start("one", 5, run_id="h")
+        await eventually(lambda: holds(engine).holding == 1, what="the turn to hold")
+        await engine.start("busy", run_id="b")
+        await eventually(lambda: executor.working == 1, what="the busy turn to take the slot")
+        assert executor.lent == 1
+        made.gate.set()
+        await eventually(lambda: holds(engine).hits == 1, what="the hold to hear its result")
+        await eventually(lambda: executor.reclaiming == 1, what="the held turn to want its slot")
+        assert made.continued == [] and executor.working == 1
+        busy_gate.set()
+        assert (await finish(engine, "h")).output == 5
+        assert (await finish(engine, "b")).output == "busy done"
+        await engine.join()
+        assert executor.lent == 0 and executor.reclaiming == 0 and executor.working == 0
+    assert made.continued == ["b", "h"]
+    assert holds(engine).released == 0 and holds(engine).misses == 0
+
+
+async def test_a_cancel_while_a_held_turn_waits_for_its_slot(rig: RigFactory) -> None:
+    """The held turn heard its result but waits to take a slot back when its
+    run is cancelled: it settles the cancel once it has a slot, and no slot
+    stays lent."""
+    made = rig(step_hold="10s", max_concurrent_runs=1)
+    engine = made.engine
+    busy_gate = asyncio.Event()
+
+    async def wait_for_gate() -> str:
+        await busy_gate.wait()
+        return "busy done"
+
+    @engine.workflow("busy")
+    async def busy(ctx: durably.WorkflowContext) -> str:
+        return str(await ctx.local_step("wait", wait_for_gate))
+
+    async with engine:
+        executor = engine._router.executor
+        assert executor is not None
+        await engine.start("one", 1, run_id="h")
+        await eventually(lambda: holds(engine).holding == 1, what="the turn to hold")
+        await engine.start("busy", run_id="b")
+        await eventually(lambda: executor.working == 1, what="the busy turn to take the slot")
+        made.gate.set()
+        await eventually(lambda: executor.reclaiming == 1, what="the held turn to want its slot")
+        await engine.cancel("h")
+        busy_gate.set()
+        cancelled = await finish(engine, "h")
+        assert (await finish(engine, "b")).output == "busy done"
+        await engine.join()
+        assert (executor.lent, executor.reclaiming, executor.working) == (0, 0, 0)
+    assert cancelled.status is RunStatus.CANCELLED and made.continued == []
+
+
+async def test_holds_past_their_bound_park_their_runs(rig: RigFactory) -> None:
+    """Holds are bounded by max(max_concurrent_runs, sticky_runs): past it a
+    step parks its run as without holds, and every run completes."""
+    made = rig(step_hold="10s", max_concurrent_runs=2, sticky_runs=0)
+    engine = made.engine
+
+    async with engine:
+        for i in range(3):
+            await engine.start("one", i, run_id=f"p{i}")
+        await eventually(lambda: holds(engine).holding == 2, what="two turns to hold")
+
+        async def one_suspended() -> bool:
+            runs = [await engine.get_run(f"p{i}") for i in range(3)]
+            statuses = [r.status for r in runs if r is not None]
+            assert statuses.count(RunStatus.SUSPENDED) == 1, statuses
+            return True
+
+        await eventually(one_suspended, what="the third run to park")
+        assert holds(engine).holding == 2
+        made.gate.set()
+        results = [await finish(engine, f"p{i}") for i in range(3)]
+    assert [r.output for r in results] == [0, 1, 2]
+    assert holds(engine).hits == 2 and holds(engine).misses == 0 and holds(engine).released == 0
+    assert made.calls == Counter({("slow", 0): 1, ("slow", 1): 1, ("slow", 2): 1})
 
 
 async def test_a_drain_releases_holds_and_another_engine_finishes_the_run(

@@ -290,56 +290,72 @@ class StepRunner:
         (no result in time, released, or not sent)."""
         turn, services = self._env.turn, self._env.services
         steps = services.steps
-        # Registered before the task can go out: an inline result cannot slip past.
-        with steps.live(f"{self._env.run_id}:{seq}") as waiter:
-            # Results for it are settled with no wake stamp from now on (the
-            # hand-over delivers them; an inline one may come during the
-            # send), so it lets go only through StepDispatcher.let_go.
-            waiter.owner = turn.owner
-            if steps.send_with_checkpoint is not None:
-                # Queued, not awaited (as a park does): the task goes out in the
-                # transaction that makes its checkpoint durable, so no result
-                # can come before it, and the hold overlaps the commit.
-                self._env.save_later(cp, send=[self._task(seq, call, cp)])
-            elif not await self._send(seq, call, cp) and steps.let_go(waiter):
-                return None  # not out: the caller parks until it is due again
-            began = now = loop_time_ms()
-            deadline = began + window_ms
-            with turn.in_flight(), steps.holds.hold(waiter, self._env.run_id):
-                while True:
-                    if waiter.result is not None:
-                        steps.holds.heard(call.name, now - began)
-                        turn.wrote(seq)  # the receiver settled it in the store
-                        return self._settled(seq, call, cp, waiter)
-                    if waiter.recheck:
-                        fresh = await self._recheck(seq, waiter)
-                        now = loop_time_ms()
-                        if fresh is not None:
+        settled: Checkpoint | None = None
+        with turn.in_flight():
+            # Registered before the task can go out: an inline result cannot slip past.
+            with steps.live(f"{self._env.run_id}:{seq}") as waiter:
+                # Results for it are settled with no wake stamp from now on (the
+                # hand-over delivers them; an inline one may come during the
+                # send), so it lets go only through StepDispatcher.let_go.
+                waiter.owner = turn.owner
+                if steps.send_with_checkpoint is not None:
+                    # Queued, not awaited (as a park does): the task goes out in the
+                    # transaction that makes its checkpoint durable, so no result
+                    # can come before it, and the hold overlaps the commit.
+                    self._env.save_later(cp, send=[self._task(seq, call, cp)])
+                elif not await self._send(seq, call, cp) and steps.let_go(waiter):
+                    return None  # not out: the caller parks until it is due again
+                elif not steps.holds.may_hold() and steps.let_go(waiter):
+                    # Holds started during the send filled their bound (or a
+                    # drain began): park, as a window of 0 would have.
+                    return None
+                began = now = loop_time_ms()
+                deadline = began + window_ms
+                with steps.holds.hold(waiter, self._env.run_id):
+                    while True:
+                        if waiter.result is not None:
                             steps.holds.heard(call.name, now - began)
-                            return fresh
-                    left = deadline - now
-                    if waiter.released or left <= 0:
-                        if steps.let_go(waiter):
-                            if not waiter.released:
-                                steps.holds.missed(call.name, window_ms)
-                            # Let go and unregistered with no await in between:
-                            # a result heard from now on finds no waiter and
-                            # wakes the run (its stamp makes the park's settle
-                            # see it).
-                            return None
-                        # A result is being settled for it without a stamp:
-                        # parking now could lose it; its settle is a moment.
-                        left = float("inf")
-                    # The holds' shared alarm sets the event, not wait_for:
-                    # no task, nor timer, per wait.
-                    waiter.changed.clear()
-                    if left != float("inf"):
-                        steps.holds.alarm(waiter, deadline)
-                    await waiter.changed.wait()
-                    turn.ensure_open()
-                    # One clock read per wake (and after each await): the
-                    # checks above use it.
-                    now = loop_time_ms()
+                            turn.wrote(seq)  # the receiver settled it in the store
+                            settled = self._settled(seq, call, cp, waiter)
+                            break
+                        if waiter.recheck:
+                            fresh = await self._recheck(seq, waiter)
+                            now = loop_time_ms()
+                            if fresh is not None:
+                                steps.holds.heard(call.name, now - began)
+                                settled = fresh
+                                break
+                        left = deadline - now
+                        if waiter.released or left <= 0:
+                            if steps.let_go(waiter):
+                                if not waiter.released:
+                                    steps.holds.missed(call.name, window_ms)
+                                # Let go and unregistered with no await in
+                                # between: a result heard from now on finds no
+                                # waiter and wakes the run (its stamp makes the
+                                # park's settle see it).
+                                break
+                            # A result is being settled for it without a stamp:
+                            # parking now could lose it; its settle is a moment.
+                            left = float("inf")
+                        # The holds' shared alarm sets the event, not wait_for:
+                        # no task, nor timer, per wait.
+                        waiter.changed.clear()
+                        if left != float("inf"):
+                            steps.holds.alarm(waiter, deadline)
+                        await waiter.changed.wait()
+                        turn.ensure_open()
+                        # One clock read per wake (and after each await): the
+                        # checks above use it.
+                        now = loop_time_ms()
+            # The hold lent its turn slot: take one back before the body goes
+            # on (or parks), so at most max_concurrent_runs turns work. Only
+            # now: a hold that let go must be unregistered with no await in
+            # between (above), and it still counts as in flight meanwhile.
+            claim = steps.holds.reclaim(self._env.run_id)
+            if claim is not None:
+                await claim
+        return settled
 
     async def _recheck(self, seq: int, waiter: LiveStep) -> Checkpoint | None:
         """The step's checkpoint as the store holds it, if settled there (a

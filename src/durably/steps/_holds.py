@@ -34,10 +34,15 @@ of its own result is not taken for another instance's (holds themselves
 are no longer stamped: these are the stamps of steps with ``timeout``,
 awaited in memory the same way).
 
-A held turn keeps its concurrency slot (``max_concurrent_runs`` still bounds
-the turns in memory), but never makes another run wait for one: no hold
-starts while a run waits for a slot, and a run that has to wait releases the
-oldest holds at once (:meth:`LiveHolds.release`); so does a drain.
+A held turn lends its turn slot (``max_concurrent_runs``) to the next run
+waiting for one while it waits, and takes a slot back, ahead of the runs
+waiting, before its body does anything more (:attr:`LiveHolds.lend`,
+:attr:`LiveHolds.reclaim`): a waiting turn is an idle coroutine, the same
+memory as a parked kept body, so many runs hold at once without making
+another run wait, and at most ``max_concurrent_runs`` turns work at once.
+Holds have their own bound instead (the wiring's :attr:`LiveHolds.may_hold`:
+``max(max_concurrent_runs, sticky_runs)`` turns holding); past it a step parks
+its run as without holds. A drain releases every hold (:meth:`LiveHolds.release`).
 """
 
 from __future__ import annotations
@@ -45,7 +50,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from .._aio import EarliestTimer
@@ -113,7 +118,14 @@ class LiveHolds:
         self.cap_ms = cap_ms
         self.may_hold: Callable[[], bool] = lambda: True
         """Whether a hold may start now (set by the wiring: this process
-        takes turns, is not draining, and no run waits for a slot)."""
+        takes turns, is not draining, and fewer turns hold than its bound)."""
+        self.lend: Callable[[str], bool] = _no_slot
+        """Lend the turn slot of ``run_id``'s execution while its turn holds;
+        whether it was lent (set when the engine opens: its executor's ``lend``)."""
+        self.reclaim: Callable[[str], Awaitable[None] | None] = _no_claim
+        """Take a slot back for ``run_id``'s execution before its turn goes
+        on: ``None`` if it has one now, else what to await (set when the
+        engine opens: its executor's ``reclaim``)."""
         self._latency: OrderedDict[str, _Latency] = OrderedDict()
         self._held: OrderedDict[int, LiveStep] = OrderedDict()
         self._runs: dict[str, list[LiveStep]] = {}
@@ -175,7 +187,8 @@ class LiveHolds:
 
     def hold(self, waiter: LiveStep, run_id: str) -> _Holding:
         """Count ``waiter``'s turn (of ``run_id``) as holding while inside, so
-        it can be released or told to read the store."""
+        it can be released or told to read the store; its turn slot is lent
+        from entering on, until :attr:`reclaim`."""
         return _Holding(self, waiter, run_id)
 
     def alarm(self, waiter: LiveStep, at_ms: float) -> None:
@@ -263,6 +276,7 @@ class _Holding:
         holds._held[self._key] = self._waiter
         self._of_run = holds._runs.setdefault(self._run_id, [])
         self._of_run.append(self._waiter)
+        holds.lend(self._run_id)
 
     def __exit__(self, *exc: object) -> None:
         holds = self._holds
@@ -276,3 +290,11 @@ def loop_time_ms() -> float:
     """The event loop's monotonic time in ms: holds measure real latency,
     not the engine's (possibly virtual) clock."""
     return asyncio.get_running_loop().time() * 1000
+
+
+def _no_slot(run_id: str) -> bool:
+    return False
+
+
+def _no_claim(run_id: str) -> None:
+    return None
