@@ -265,9 +265,18 @@ class RunWatcher:
         put aside that no waiter wants yet is marked, as a whole read would."""
         assert self._get_statuses is not None
         wanted: list[str] = []
+        waiting = self._waiting
+        # Plain loops, no generator per run: the net reads every run waited
+        # for each interval, most of them still queued elsewhere (db://).
         for run_id, status in (await self._get_statuses(run_ids)).items():
-            if any(status in statuses for _, statuses in self._waiting.get(run_id, ())):
-                wanted.append(run_id)
-            elif status in _ASIDE and run_id in self._waiting:
-                self._mark(run_id)
+            entries = waiting.get(run_id)
+            if entries is None:
+                continue  # its waiters are gone
+            for _, statuses in entries:
+                if status in statuses:
+                    wanted.append(run_id)
+                    break
+            else:
+                if status in _ASIDE:
+                    self._mark(run_id)
         return wanted

@@ -81,6 +81,7 @@ from ._rows import (
     run_column_value,
     run_from_row,
     run_params,
+    run_status,
     schedule_column_value,
     schedule_from_row,
     schedule_params,
@@ -500,7 +501,7 @@ class PostgresStore:
             "SELECT id, status FROM durably_runs WHERE id = ANY($1::text[])",
             list(dict.fromkeys(run_ids)),
         )
-        return {row[0]: RunStatus(row[1]) for row in rows}
+        return {row[0]: run_status(row[1]) for row in rows}
 
     async def watch_runs(self, run_ids: list[str]) -> list[Run]:
         """The runs, marking the live ones watched: their settles are announced

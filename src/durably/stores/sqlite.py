@@ -53,6 +53,7 @@ from ._rows import (
     run_column_value,
     run_from_row,
     run_params,
+    run_status,
     schedule_column_value,
     schedule_from_row,
     schedule_params,
@@ -322,7 +323,7 @@ class SqliteStore:
                 for run_id, status in conn.execute(
                     f"SELECT id, status FROM durably_runs WHERE id IN ({marks})", chunk
                 ):
-                    found[run_id] = RunStatus(status)
+                    found[run_id] = run_status(status)
             return found
 
         return await self._db.run(op)

@@ -452,3 +452,6 @@ async def test_get_run_statuses_reads_what_get_runs_reads(store: StateStore) -> 
     assert found["st-done"] is RunStatus.COMPLETED
     assert await store.get_run_statuses([]) == {}
     assert await store.get_run_statuses(["missing"]) == {}
+    one = await store.get_run_statuses(["st-done"])
+    assert one == {"st-done": RunStatus.COMPLETED}
+    assert one["st-done"] is RunStatus.COMPLETED
