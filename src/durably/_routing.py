@@ -133,6 +133,10 @@ class RunRouter:
         now = run.created_at
         self._warn_if_no_worker_loop(run.run_id)
         lease_here = run.status is RunStatus.PENDING and self.has_free_slot()
+        # With a run queue, only into a slot its consumer here lends (taken
+        # last: it is given back once the run's turn here is over).
+        lent = lease_here and self.run_queue is not None and self.run_queue.lend(run.namespace)
+        lease_here = lease_here and (self.run_queue is None or lent)
         if lease_here:
             run.status = RunStatus.RUNNING
             run.locked_by, run.locked_until = owner, now + lease_ms
@@ -155,12 +159,21 @@ class RunRouter:
                     if attributes
                     else self._store.create_run(run)
                 )
+            except BaseException:
+                if lent:
+                    self._give_back()
+                raise
             finally:
                 if lease_here:
                     self.promised_slots -= 1
+            if lent and not created:
+                self._give_back()
             if created and lease_here:
                 self.preleased[run.run_id] = stored
-                self.submit_here(run.run_id)
+                if lent:
+                    self._submit_lent(run.run_id)
+                else:
+                    self.submit_here(run.run_id)
                 if run.run_id in self.preleased and not self.runs_here(run.run_id):
                     # Not taken after all (closing): hand it to whoever polls.
                     self.preleased.pop(run.run_id, None)
@@ -172,6 +185,24 @@ class RunRouter:
         finally:
             self.starting.discard(run.run_id)
         return stored
+
+    def _give_back(self) -> None:
+        if self.run_queue is not None:
+            self.run_queue.give_back()
+
+    def _submit_lent(self, run_id: str) -> None:
+        """Run here a run born leased into a slot the run queue's consumer
+        lent: the slot is given back when its execution ends, as a claimed
+        message's would be (or at once if the executor does not take it)."""
+        self._watcher.forget(run_id)
+        if not self.accepting or self.executor is None:
+            self._give_back()
+            return
+
+        def finished(_ok: bool) -> None:
+            self._give_back()
+
+        self.executor.submit(run_id, on_done=finished)
 
     def _warn_if_no_worker_loop(self, run_id: str) -> None:
         """Once per engine: a driving engine (``drive=True``, consumers not
@@ -296,7 +327,6 @@ class RunRouter:
         return (
             self.accepting
             and self.worker_looping()
-            and self.run_queue is None
             and executor is not None
             and executor.waiting == 0
             and executor.working + executor.reclaiming + self.promised_slots

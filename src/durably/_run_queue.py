@@ -20,6 +20,11 @@ one statement and executes nothing.
 - A failed push loses nothing: a start stays ``pending`` for the poll, a wake
   is executed here (or stamped on the run for the timer poll). The failure is
   logged at most once a minute.
+- A start on a consuming instance may skip the queue: with a slot free and
+  nothing queued for it, its run is inserted already leased here and run here
+  (:meth:`RunQueue.lend`, on a broker that can lend its slots: a
+  :class:`LendingBroker`). A crash leaves that lease to run out, and any
+  instance's recovery puts the run back on the queue.
 - :meth:`RunQueue.stop_claiming` stops taking first and
   :meth:`RunQueue.hand_back` hands back every held message whose run has not
   finished here.
@@ -32,12 +37,13 @@ import json
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 from ._logs import engine_logger
 from ._queue import Delivered, QueuedRun, RunBroker
 from .model import Run
 
-__all__ = ["MAX_HELD", "RunQueue"]
+__all__ = ["MAX_HELD", "LendingBroker", "RunQueue"]
 
 _log = engine_logger("durably.runqueue")
 
@@ -54,6 +60,25 @@ class _Submission:
     """``None``: not known to the submitter; looked up before the push."""
     priority: int
     state: str | None = None
+
+
+@runtime_checkable
+class LendingBroker(Protocol):
+    """A :class:`~durably._queue.RunBroker` whose consumer can lend a slot to a
+    run born leased here, which then never becomes a message."""
+
+    def lend(self, namespace: str) -> bool:
+        """Take a free slot for a run of ``namespace`` (``False``: none to lend)."""
+        ...
+
+    def give_back(self) -> None:
+        """The run a slot was lent to ended its turn here."""
+        ...
+
+    @property
+    def lent(self) -> int:
+        """Slots lent and not given back yet."""
+        ...
 
 
 Lookup = Callable[[list[str]], Awaitable[dict[str, Run]]]
@@ -84,6 +109,8 @@ class RunQueue:
         capacity: int = MAX_HELD,
     ) -> None:
         self._broker = broker
+        # Checked once: a runtime Protocol check per start would cost more.
+        self._lender = broker if isinstance(broker, LendingBroker) else None
         self._lookup = lookup
         # An instance that can run only a few turns at once must not sit on
         # messages idle peers could take.
@@ -178,12 +205,32 @@ class RunQueue:
                 what,
             )
 
+    # -- born leased here ----------------------------------------------------------------
+
+    def lend(self, namespace: str) -> bool:
+        """Take a slot of this instance's consumer for a run of ``namespace``
+        that a start here inserts leased to this instance: it runs here
+        without a message. ``False``: this instance does not consume that
+        namespace, has no free slot, or runs may be waiting in the queue.
+        Every ``True`` is followed by one :meth:`give_back`."""
+        return self._lender is not None and self._lender.lend(namespace)
+
+    def give_back(self) -> None:
+        """The turn of a run :meth:`lend` took a slot for is over (or it never began)."""
+        if self._lender is not None:
+            self._lender.give_back()
+
     # -- consuming -----------------------------------------------------------------------
 
     @property
     def held(self) -> int:
         """Messages taken and not yet removed or handed back."""
         return self._broker.held
+
+    @property
+    def lent(self) -> int:
+        """Slots lent to runs born leased here (see :meth:`lend`), not given back yet."""
+        return self._lender.lent if self._lender is not None else 0
 
     @property
     def consuming(self) -> bool:

@@ -229,8 +229,12 @@ async def test_an_instance_holds_at_most_64_and_another_takes_the_rest(postgres_
             lambda: spy.passes >= 3, what="three passes of the first's consumer", timeout=WAIT
         )
         assert len(executing[a]) == MAX_HELD
-        assert queue_of(first).held == MAX_HELD
-        assert await depth(first) == 100  # claimed or not, every message is still there
+        # Its slots hold claimed messages and runs born leased here (started
+        # while a slot was free and nothing was queued): those never became
+        # messages. Claimed or not, every message is still there.
+        lent = queue_of(first).lent
+        assert queue_of(first).held + lent == MAX_HELD
+        assert await depth(first) == 100 - lent
         assert await unclaimed(postgres_url) == 100 - MAX_HELD
         async with second:
             await eventually(
@@ -239,13 +243,15 @@ async def test_an_instance_holds_at_most_64_and_another_takes_the_rest(postgres_
                 timeout=WAIT,
             )
             assert len(executing[a]) == MAX_HELD  # the first is still blocked
-            assert queue_of(first).held == MAX_HELD
+            assert queue_of(first).held + queue_of(first).lent == MAX_HELD
             assert await unclaimed(postgres_url) == 0
             gates[a].set()
             gates[b].set()
             await wait_all(first, ids)
             await eventually(
-                lambda: queue_of(first).held == 0, what="the first acks its messages", timeout=WAIT
+                lambda: queue_of(first).held + queue_of(first).lent == 0,
+                what="the first acks its messages and gets its lent slots back",
+                timeout=WAIT,
             )
             await eventually(
                 lambda: queue_of(second).held == 0,
@@ -394,7 +400,8 @@ async def test_drain_hands_back_what_it_holds(postgres_url: str) -> None:
             await eventually(
                 lambda: len(executing[a]) == n, what="the first executes every run", timeout=WAIT
             )
-            assert queue_of(first).held == n
+            # Claimed messages, or runs born leased here (no message at all).
+            assert queue_of(first).held + queue_of(first).lent == n
             async with second:
                 # Nothing for the second while the first holds all: its claims
                 # come back empty.
@@ -406,6 +413,7 @@ async def test_drain_hands_back_what_it_holds(postgres_url: str) -> None:
                 assert not executing.get(b)
                 await first.drain(timeout=0.2)
                 assert queue_of(first).held == 0
+                assert queue_of(first).lent == 0
                 assert not queue_of(first).consuming
                 await wait_all(second, ids)
                 assert {done_by[r] for r in ids} == {b}
@@ -705,15 +713,72 @@ async def test_runs_one_at_a_time_cost_one_claim_each(postgres_url: str) -> None
     if the last claim filled the slots (or found none free): after a claim that
     came back short, a new message announces itself (the push's notice)."""
     done_by: Counter[str] = Counter()
+    # Started by a producer: a start on the consumer would be born leased there.
+    producer = make_engine(postgres_url, drive=False)
+    register_refusing(producer, "short", [])
     engine = make_engine(postgres_url, poll_interval=30.0)  # no poll: notices and acks only
     register_short(engine, done_by)
-    async with engine:
+    async with producer, engine:
         spy = spy_on(engine)
         for i in range(20):
-            run = await engine.start("short", i, run_id=f"one{i}")
+            run = await producer.start("short", i, run_id=f"one{i}")
             await wait_all(engine, [run.run_id])
         await eventually(lambda: queue_of(engine).held == 0, what="every run acked", timeout=WAIT)
         await asyncio.sleep(0.2)  # an ack's claim, if any, lands in the count
     empty = [taken for _, taken in spy.claims if taken == 0]
     assert sum(taken for _, taken in spy.claims) == 20
     assert len(empty) <= 2, f"{len(empty)} claims took nothing for 20 runs: {spy.claims}"
+
+
+# -- runs born leased on the instance that starts them ---------------------------------------
+
+
+async def test_runs_started_on_a_consumer_with_free_slots_skip_the_queue(
+    postgres_url: str,
+) -> None:
+    """A start on an instance that consumes the run's namespace, with a slot
+    free and nothing queued, inserts the run leased here and runs it here: no
+    message is pushed, claimed or acked."""
+    done_by: Counter[str] = Counter()
+    engine = make_engine(postgres_url, poll_interval=30.0)
+    register_short(engine, done_by)
+    async with engine:
+        spy = spy_on(engine)
+        await eventually(lambda: spy.passes >= 1, what="a pass of the consumer", timeout=WAIT)
+        for i in range(20):
+            run = await engine.start("short", i, run_id=f"born{i}")
+            await wait_all(engine, [run.run_id])
+        await eventually(
+            lambda: queue_of(engine).lent == 0, what="every lent slot given back", timeout=WAIT
+        )
+        assert spy.pushes == []
+        assert sum(taken for _, taken in spy.claims) == 0
+        assert queue_of(engine).pushed == 0
+    assert done_by[engine.instance_id] == 20
+
+
+async def test_no_run_is_born_leased_while_runs_may_wait_in_the_queue(postgres_url: str) -> None:
+    """Queued runs go first: while the consumer's last claim filled its slots,
+    a start here pushes its run like any other."""
+    gates: dict[str, asyncio.Event] = {}
+    executing: dict[str, set[str]] = {}
+    done_by: dict[str, str] = {}
+    producer = make_engine(postgres_url, drive=False)
+    register_refusing(producer, "gated", [])
+    engine = make_engine(postgres_url, max_concurrent_runs=4)
+    register_gated(engine, gates, executing, done_by)
+    a = engine.instance_id
+    try:
+        async with producer, engine:
+            queued = [(await producer.start("gated", i, run_id=f"q{i}")).run_id for i in range(6)]
+            await eventually(lambda: len(executing[a]) == 4, what="4 run here", timeout=WAIT)
+            assert queue_of(engine).held == 4
+            mine = (await engine.start("gated", 9, run_id="mine")).run_id
+            assert queue_of(engine).lent == 0
+            await eventually(
+                lambda: queue_of(engine).pushed == 1, what="its run is pushed", timeout=WAIT
+            )
+            gates[a].set()
+            await wait_all(engine, [*queued, mine])
+    finally:
+        gates[a].set()

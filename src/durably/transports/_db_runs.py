@@ -5,6 +5,13 @@ A message on topic ``runs:<namespace>`` says "give this run a turn"
 with a lease, extends the lease while the turn runs, and acks it after. The
 shared rules (what a delivery means, checking it against the store, what a
 failed push costs) live in :mod:`durably._run_queue`.
+
+A consumer also lends its slots to runs born leased here (:meth:`MessageRuns.lend`):
+a start on this instance, while the queue holds nothing for it and a slot is free,
+inserts its run already leased to this instance and runs it here, with no message
+at all (no push, claim, delivery check or ack). Those runs count against the
+slots as held messages do, so an instance still runs at most ``capacity`` of
+the queue's runs at once.
 """
 
 from __future__ import annotations
@@ -54,7 +61,11 @@ class MessageRuns:
         self._unlisten: Unlisten | None = None
         self._acks: list[int] = []
         self._acking: asyncio.Task[None] | None = None
-        self._saturated = False
+        # Whether runs may wait in the queue for us (the last claim filled
+        # its slots, or no slot was free): then no slot is lent to a start,
+        # whose run would go before them. Until the first claim says, assume so.
+        self._saturated = True
+        self._lent = 0
 
     @property
     def held(self) -> int:
@@ -65,6 +76,31 @@ class MessageRuns:
     def consuming(self) -> bool:
         """Whether this instance claims runs."""
         return self._consumer is not None
+
+    @property
+    def lent(self) -> int:
+        """Slots lent to runs born leased here and not given back yet."""
+        return self._lent
+
+    def lend(self, namespace: str) -> bool:
+        """Take a slot for a run of ``namespace`` a start here inserts leased
+        to this instance; ``False`` if this instance does not claim that
+        namespace's runs, has no free slot, or runs may be queued for it
+        (they go first). :meth:`give_back` when that run's turn is over."""
+        if self._consumer is None or self._saturated:
+            return False
+        if self._pools is not None and namespace not in self._pools:
+            return False
+        if len(self._held) + self._lent >= self._max_held:
+            return False
+        self._lent += 1
+        return True
+
+    def give_back(self) -> None:
+        """A slot :meth:`lend` took is free again."""
+        self._lent -= 1
+        if self._saturated:
+            self._nudge.set()  # runs may wait: claim for the freed slot
 
     async def push(self, runs: list[QueuedRun]) -> None:
         """Insert one message per run (one transaction)."""
@@ -155,7 +191,7 @@ class MessageRuns:
             # Cleared before the claim, so a notification arriving while the
             # claim is in flight (for a message it cannot see yet) is kept.
             self._nudge.clear()
-            room = self._max_held - len(self._held)
+            room = self._max_held - len(self._held) - self._lent
             claimed: list[Message] = []
             if room > 0 and self._topics:
                 claimed = await self._claim(room)
