@@ -1,0 +1,66 @@
+"""A run born leased on the instance that started it (``db://``, no run-queue
+message) survives a SIGKILL of that instance: the lease runs out and another
+instance's recovery queues the run, which completes there."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import durably
+from durably import RunStatus
+
+APP = Path(__file__).with_name("born_run_app.py")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+async def test_a_process_killed_holding_a_born_leased_run_loses_it_to_another(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "born.db"
+    env = dict(os.environ)
+    env.update(
+        CRASH_DB=str(db),
+        CRASH_INSTANCE="dying",
+        PYTHONPATH=os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")]),
+    )
+    with (tmp_path / "dying.log").open("wb") as err:
+        app = subprocess.run(
+            [sys.executable, str(APP)], env=env, stdout=subprocess.PIPE, stderr=err, timeout=120
+        )
+    assert app.returncode == -9, (tmp_path / "dying.log").read_text()
+    assert app.stdout.decode().split() == ["lent"]
+    with sqlite3.connect(db) as conn:
+        messages = conn.execute(
+            "SELECT count(*) FROM durably_messages WHERE topic LIKE 'runs:%'"
+        ).fetchone()[0]
+        status, locked_by = conn.execute(
+            "SELECT status, locked_by FROM durably_runs WHERE id = 'b1'"
+        ).fetchone()
+    # Born leased to the dead process: never a message, and its lease still on.
+    assert messages == 0
+    assert (status, locked_by) == ("running", "dying")
+
+    rescuer = durably.Engine(
+        f"sqlite:///{db}",
+        transport="db://",
+        instance_id="rescuer",
+        lease="1s",
+        poll_interval=0.05,
+    )
+
+    @rescuer.workflow("born")
+    async def born(ctx: durably.WorkflowContext) -> str:
+        return await ctx.local_step("die", lambda: "rescued")
+
+    async with rescuer:
+        result = await rescuer.wait_for_run("b1", terminal=True, timeout=60)
+        run = await rescuer.get_run("b1")
+    assert result.status is RunStatus.COMPLETED and result.output == "rescued"
+    assert run is not None and run.recovery_attempts == 1
