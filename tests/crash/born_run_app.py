@@ -47,9 +47,7 @@ async def main() -> None:
 
     async with engine:
         run_queue = engine._run_queue
-        assert run_queue is not None
-        while not run_queue.consuming:
-            await asyncio.sleep(0.01)
+        assert run_queue is not None and run_queue.consuming
         await asyncio.sleep(0.2)  # the consumer's first claim found the queue empty
         await engine.start("born", run_id="b1")
         print("lent" if run_queue.lent == 1 else "queued", flush=True)

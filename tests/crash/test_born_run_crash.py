@@ -4,6 +4,7 @@ instance's recovery queues the run, which completes there."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sqlite3
 import subprocess
@@ -31,11 +32,12 @@ async def test_a_process_killed_holding_a_born_leased_run_loses_it_to_another(
         PYTHONPATH=os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")]),
     )
     with (tmp_path / "dying.log").open("wb") as err:
-        app = subprocess.run(
-            [sys.executable, str(APP)], env=env, stdout=subprocess.PIPE, stderr=err, timeout=120
+        app = await asyncio.create_subprocess_exec(
+            sys.executable, str(APP), env=env, stdout=subprocess.PIPE, stderr=err
         )
+        out, _ = await asyncio.wait_for(app.communicate(), timeout=120)
     assert app.returncode == -9, (tmp_path / "dying.log").read_text()
-    assert app.stdout.decode().split() == ["lent"]
+    assert out.decode().split() == ["lent"]
     with sqlite3.connect(db) as conn:
         messages = conn.execute(
             "SELECT count(*) FROM durably_messages WHERE topic LIKE 'runs:%'"
