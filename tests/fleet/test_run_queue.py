@@ -782,3 +782,49 @@ async def test_no_run_is_born_leased_while_runs_may_wait_in_the_queue(postgres_u
             await wait_all(engine, [*queued, mine])
     finally:
         gates[a].set()
+
+
+async def test_a_start_of_an_existing_run_gives_its_lent_slot_back(postgres_url: str) -> None:
+    gates: dict[str, asyncio.Event] = {}
+    executing: dict[str, set[str]] = {}
+    done_by: dict[str, str] = {}
+    engine = make_engine(postgres_url)
+    register_gated(engine, gates, executing, done_by)
+    a = engine.instance_id
+    try:
+        async with engine:
+            spy = spy_on(engine)
+            await eventually(lambda: spy.passes >= 1, what="a pass of the consumer", timeout=WAIT)
+            await engine.start("gated", 1, run_id="same")
+            await eventually(lambda: executing[a] == {"same"}, what="it runs here", timeout=WAIT)
+            assert queue_of(engine).lent == 1
+            await engine.start("gated", 1, run_id="same")  # exists: no new run, no slot
+            assert queue_of(engine).lent == 1
+            gates[a].set()
+            await wait_all(engine, ["same"])
+            await eventually(
+                lambda: queue_of(engine).lent == 0, what="the slot given back", timeout=WAIT
+            )
+    finally:
+        gates[a].set()
+
+
+async def test_consumers_starting_runs_at_once_run_each_once(postgres_url: str) -> None:
+    """Two consuming instances start runs together: some are born leased on
+    their starter, the rest go through the queue; each runs once, and every
+    lent slot comes back."""
+    done_by: Counter[str] = Counter()
+    engines = [make_engine(postgres_url) for _ in range(2)]
+    for engine in engines:
+        register_short(engine, done_by)
+    async with engines[0], engines[1]:
+        starts = [engines[i % 2].start("short", i, run_id=f"race{i:03}") for i in range(300)]
+        ids = [run.run_id for run in await asyncio.gather(*starts)]
+        await wait_all(engines[0], ids)
+        for engine in engines:
+            await eventually(
+                lambda engine=engine: queue_of(engine).lent + queue_of(engine).held == 0,
+                what="every slot back",
+                timeout=WAIT,
+            )
+    assert sum(done_by.values()) == 300
