@@ -126,7 +126,9 @@ class RunRouter:
         An id that exists already returns that run (routed again if still
         pending). With a free slot here, the run is inserted already leased to
         ``owner`` and its first turn starts without taking the lease (one round
-        trip less on the latency path). A crash before that turn is recovered
+        trip less on the latency path); with a run queue, only into a slot its
+        consumer here lends (``RunQueue.lend``: the run never becomes a message,
+        which saves its push, claim, delivery check and ack). A crash before that turn is recovered
         like any other (after the lease, or at once by a restart with the same
         instance_id).
         """
