@@ -128,9 +128,9 @@ class RunRouter:
         ``owner`` and its first turn starts without taking the lease (one round
         trip less on the latency path); with a run queue, only into a slot its
         consumer here lends (``RunQueue.lend``: the run never becomes a message,
-        which saves its push, claim, delivery check and ack). A crash before that turn is recovered
-        like any other (after the lease, or at once by a restart with the same
-        instance_id).
+        which saves its push, claim, delivery check and ack). A crash before
+        that turn is recovered like any other (after the lease, or at once by a
+        restart with the same instance_id).
         """
         now = run.created_at
         self._warn_if_no_worker_loop(run.run_id)
