@@ -10,8 +10,10 @@ more client CPU per outcome than one ``json.dumps`` of the batch.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
+from .._notices import StoreNotice
+from ._pg_sql import notice_argument
 from ._rows import dump_json
 from .base import Resolution
 
@@ -22,7 +24,7 @@ from .base import Resolution
 # the index probes the per-column arrays got.
 _OUTCOMES = (
     "SELECT e->>0 AS run_id, (e->>1)::integer AS seq, e->>2 AS status, "
-    "e->>3 AS output, e->>4 AS error, e->>5 AS events "
+    "e->>3 AS output, e->>4 AS error, e->>5 AS events, e->>6 AS held_by "
     "FROM unnest(ARRAY(SELECT json_array_elements($1::json))) AS e"
 )
 
@@ -53,20 +55,51 @@ LOCK_AND_SETTLE = (
 )
 """:data:`SETTLE_LOCKED` that first locks the outcomes' runs itself."""
 
-LOCK_SETTLE_AND_DELETE = (
+_LOCKED = (  # as in LOCK_AND_SETTLE
+    "locked AS (SELECT id FROM durably_runs "
+    "WHERE id = ANY(ARRAY(SELECT e->>0 FROM json_array_elements($1::json) AS e)) "
+    "ORDER BY id FOR UPDATE)"
+)
+_WOKEN = "s.held_by IS NOT NULL AND (s.parallel_group IS NULL OR s.outcome = 'failed')"
+LOCK_SETTLE_DELETE_AND_WAKE_HELD = (
     "WITH gone AS (DELETE FROM durably_messages WHERE id = ANY($3::bigint[])), "
-    + LOCK_AND_SETTLE.removeprefix("WITH ")
+    f"{_LOCKED}, "
+    "s AS ("
+    + _SETTLE.format(gate="(SELECT count(*) FROM locked) >= 0 AND ")
+    + ", c.status AS outcome, v.held_by), "
+    # The runs these outcomes wake whose turns are held (a held turn takes its
+    # result in memory): stamped as _WAKE_RUNS stamps them, unless their
+    # holder still holds the lease. Their rows are locked by ``locked``; one
+    # a concurrent transaction changed before that lock is re-read by the
+    # update (READ COMMITTED), so the lease test sees the row as locked.
+    "w AS (UPDATE durably_runs x SET wake_requested_at = $2 "
+    f"FROM (SELECT DISTINCT s.run_id, s.held_by FROM s WHERE {_WOKEN}) AS h "
+    "WHERE x.id = h.run_id AND x.status <> ALL($4::text[]) "
+    "AND NOT coalesce(x.locked_by = h.held_by AND x.locked_until > $2, false) "
+    f"RETURNING (SELECT pg_notify($5, '{StoreNotice.WAKE}:' || {notice_argument('x.id')})) "
+    "IS NULL) "
+    f"SELECT s.run_id, s.seq, s.parallel_group, s.queue, s.was, {_WOKEN} AS woken FROM s "
+    # As in _LEASE_AND_WAKE: the one-time filter has ``w`` run in full first.
+    "WHERE (SELECT count(*) FROM w) >= 0"
 )
 """:data:`LOCK_AND_SETTLE` that also deletes the messages ``$3`` (the served
-tasks of the outcomes, ``claim_and_resolve`` taking nothing): one round trip
-where a take of nothing and the settle were two. A data-modifying CTE runs
-whether or not the statement reads it."""
+tasks of the outcomes, ``claim_and_resolve`` taking nothing: one round trip
+where a take of nothing and the settle were two; a data-modifying CTE runs
+whether or not the statement reads it) and wakes the runs of outcomes named
+with a held turn's owner ($1's seventh column, :func:`outcomes_json`'s
+``held``) settled outside a parallel group or failed (``woken``): $4 the
+terminal statuses, $5 the channel. Every such run is one the settle wakes
+anyway; on a batch of held turns' results (all of them, under load) the
+lease-and-wake statement after the settle, which leased none of them, is
+one round trip fewer."""
 
 
-def outcomes_json(entries: Sequence[Resolution]) -> str:
+def outcomes_json(entries: Sequence[Resolution], held: Mapping[str, str] | None = None) -> str:
     """The ``$1`` of :data:`SETTLE_LOCKED` / :data:`LOCK_AND_SETTLE`: a JSON
-    array of ``[run_id, seq, status, output, error, events]`` rows, the last
-    three the columns' JSON text (``null``: SQL ``NULL``)."""
+    array of ``[run_id, seq, status, output, error, events, held_by]`` rows,
+    output, error and events the columns' JSON text (``null``: SQL ``NULL``),
+    ``held_by`` the run's entry in ``held`` (``null`` if none)."""
+    owners = held or {}
     return json.dumps(
         [
             (
@@ -76,6 +109,7 @@ def outcomes_json(entries: Sequence[Resolution]) -> str:
                 dump_json(r.output),
                 dump_json(r.error),
                 dump_json(r.events),
+                owners.get(r.run_id),
             )
             for r in entries
         ],

@@ -46,7 +46,12 @@ from ._match import match_index, project
 from ._pg_batch import PgWriteBatcher, settle_params
 from ._pg_connection import PgConnection
 from ._pg_messages import PgMessageQueue
-from ._pg_settle import LOCK_AND_SETTLE, LOCK_SETTLE_AND_DELETE, SETTLE_LOCKED, outcomes_json
+from ._pg_settle import (
+    LOCK_AND_SETTLE,
+    LOCK_SETTLE_DELETE_AND_WAKE_HELD,
+    SETTLE_LOCKED,
+    outcomes_json,
+)
 from ._pg_sql import CP_PARAMS as _CP_PARAMS
 from ._pg_sql import CP_UPSERT_TAIL as _CP_UPSERT_TAIL
 from ._pg_sql import (
@@ -1468,10 +1473,24 @@ class PostgresStore:
             firsts.setdefault((r.run_id, r.seq), index)
         entries = [resolutions[i] for i in firsts.values()]
         waiter_runs: list[str] = []
+        woken_here: set[str] = set()
         if delete:
             if locked:
                 raise ValueError("delete goes with a settle that locks its runs")
-            rows = await conn.fetch(LOCK_SETTLE_AND_DELETE, outcomes_json(entries), now, delete)
+            # The runs of held turns are woken (stamped, unless their holder
+            # still holds them) by the settle statement itself: under load
+            # every result of a batch is a held turn's, and the lease offered
+            # after took none of them.
+            held = _agreed_holders(entries)
+            rows = await conn.fetch(
+                LOCK_SETTLE_DELETE_AND_WAKE_HELD,
+                outcomes_json(entries, held),
+                now,
+                delete,
+                _TERMINAL,
+                self.channel,
+            )
+            woken_here = {row["run_id"] for row in rows if row["woken"]}
         else:
             rows = await conn.fetch(
                 SETTLE_LOCKED if locked else LOCK_AND_SETTLE, outcomes_json(entries), now
@@ -1514,6 +1533,7 @@ class PostgresStore:
             answers[index] = left
             if left == 0 or r.status is CheckpointStatus.FAILED:
                 wake.add(r.run_id)
+        wake -= woken_here
         if wake and lease is not None and lease[0].limit > 0:
             # The rows are locked by this transaction already: no SKIP
             # LOCKED, every run start_turns would take is taken.
@@ -2133,6 +2153,15 @@ def _history(run_id: str, text: str, since: int = 0) -> dict[int, Checkpoint]:
     if since <= 0:
         return {item[0]: checkpoint_from_row((run_id, *item)) for item in items}
     return read_tail(since, ((item[0], checkpoint_from_row((run_id, *item))) for item in items))
+
+
+def _agreed_holders(entries: list[Resolution]) -> dict[str, str]:
+    """The owner of the held turn each run's entries name, for the runs whose
+    entries all name the same one (as :func:`_held_owners` decides it)."""
+    held: dict[str, str | None] = {}
+    for r in entries:
+        held[r.run_id] = r.held_by if held.get(r.run_id, r.held_by) == r.held_by else None
+    return {run_id: owner for run_id, owner in held.items() if owner is not None}
 
 
 def _held_owners(entries: list[Resolution], run_ids: list[str]) -> list[str | None]:

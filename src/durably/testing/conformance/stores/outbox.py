@@ -21,7 +21,9 @@ from durably.stores.base import Resolution
 
 from .steps import (
     COMPLETED,
+    ERROR,
     FAILED,
+    LEASE,
     NOW,
     OWNER,
     _leased,
@@ -29,6 +31,7 @@ from .steps import (
     dispatched_cp,
     lease_to,
     parked,
+    wake_of,
 )
 
 if TYPE_CHECKING:
@@ -486,6 +489,149 @@ async def test_settles_taking_nothing_race_a_consumer_without_losing_anything(
     assert await a.messages().depth() == {}  # type: ignore[attr-defined]
     for run_id in [*mine[a], *mine[b]]:
         assert (await a.load_checkpoints(run_id))[1].output == f"{run_id}!"
+
+
+async def _held_served(
+    store: Any, run_id: str, *, group: str | None = None, two: bool = False
+) -> list[int]:
+    """A run whose turn holds across its pending dispatched step 1 (and 2,
+    with ``two`` or a ``group``, both then in it), its lease :data:`OWNER`'s
+    until ``NOW + LEASE``, their tasks held by a worker: their message ids."""
+    await _leased(store, run_id)
+    steps = [dispatched_cp(run_id, 1, group=group)]
+    if two or group is not None:
+        steps.append(dispatched_cp(run_id, 2, group=group))
+    assert await store.save_checkpoints([_make_cp(run_id, 0, COMPLETED), *steps], OWNER)
+    queue = store.messages()
+    await queue.push([OutMessage(TOPIC, f"task-{run_id}-{cp.seq}") for cp in steps])
+    tasks = await queue.claim([TOPIC], "worker", len(steps), 30_000, NOW)
+    return sorted(m.id for m in tasks)
+
+
+def _settle_given(*resolutions: Resolution) -> Any:
+    """A decode that is given no message and settles ``resolutions``."""
+
+    def decode(messages: list[Message]) -> tuple[list[Message], list[Resolution]]:
+        assert messages == []
+        return messages, list(resolutions)
+
+    return decode
+
+
+async def test_served_results_of_held_turns_stamp_a_wake_only_where_the_holder_lost_it(
+    store: StateStore,
+) -> None:
+    """``Resolution.held_by`` on a settle taking nothing (``limit`` 0): a run
+    whose holder still holds its lease is neither stamped nor leased (its
+    held turn takes the result itself); one whose lease ran out, or whose
+    entries name different holders, is stamped; one a parallel group still
+    waits on is not woken at all, and the last of a group wakes as a single
+    step does; a run no turn holds is leased by the settle as before. A
+    batch of one, then a batch of many."""
+    settling = _settling(store)
+    await _ready(store)
+    one = await _held_served(store, "held-one")
+    got = await settling.claim_and_resolve(
+        [RESULTS],
+        0,
+        NOW,
+        _settle_given(Resolution("held-one", 1, COMPLETED, output=1, held_by=OWNER)),
+        NOW + 50,
+        lease_to(),
+        delete=one,
+    )
+    assert (got.messages, got.answers, got.leased) == ([], [0], {})
+    assert await wake_of(store, "held-one") is None
+    assert (await store.load_checkpoints("held-one"))[1].output == 1
+
+    tasks: list[int] = []
+    for run_id in ("held", "other", "late"):
+        tasks += await _held_served(store, run_id)
+    tasks += await _held_served(store, "mixed", two=True)
+    tasks += await _held_served(store, "group", group="g")
+    tasks += await _held_served(store, "group-last", group="g")
+    [free] = await _served(store, "free")
+    done_group = await settling.claim_and_resolve(
+        [RESULTS],
+        0,
+        NOW,
+        _settle_given(Resolution("group-last", 1, COMPLETED, output=1, held_by=OWNER)),
+        NOW + 50,
+        None,
+        delete=[],
+    )
+    assert done_group.answers == [1]  # its sibling still pending
+    assert await store.release_run("late", OWNER, NOW + 55)  # its holder let go
+    at = NOW + 60
+    got = await settling.claim_and_resolve(
+        [RESULTS],
+        0,
+        NOW,
+        _settle_given(
+            Resolution("held", 1, COMPLETED, output="h", held_by=OWNER),
+            Resolution("other", 1, COMPLETED, output="o", held_by="instance-b"),
+            Resolution("mixed", 1, COMPLETED, output="m", held_by=OWNER),
+            Resolution("mixed", 2, FAILED, error=ERROR),
+            Resolution("late", 1, COMPLETED, output="l", held_by=OWNER),
+            Resolution("group", 1, COMPLETED, output="g1", held_by=OWNER),
+            Resolution("group-last", 2, COMPLETED, output="g2", held_by=OWNER),
+            Resolution("free", 1, COMPLETED, output="f"),
+        ),
+        at,
+        lease_to(),
+        delete=[*tasks, free],
+    )
+    assert got.messages == []
+    assert got.answers == [0, 0, 0, 0, 0, 1, 0, 0]
+    assert set(got.leased) - {"late"} == {"free"}
+    assert await wake_of(store, "held") is None
+    assert await wake_of(store, "other") == at
+    assert await wake_of(store, "mixed") == at
+    # Its holder let go: the settle leases it, or stamps its wake for whoever polls.
+    assert "late" in got.leased or await wake_of(store, "late") == at
+    assert await wake_of(store, "group") is None  # a sibling is still pending
+    assert await wake_of(store, "group-last") is None  # the last of its group, held
+    for run_id, output in (("held", "h"), ("other", "o"), ("late", "l"), ("free", "f")):
+        assert (await store.load_checkpoints(run_id))[1].output == output
+    assert await store.messages().depth([TOPIC]) == {}  # type: ignore[attr-defined]
+
+
+async def test_settles_of_held_turns_results_racing_stamp_and_settle_each_once(
+    store_factory: StoreFactory,
+) -> None:
+    """Two store objects settle served results of held turns with ``limit`` 0
+    at once, the holder of half of the runs having lost its leases: each
+    result settled once, each run without a live holder stamped, no other."""
+    a, b = await store_factory(), await store_factory()
+    _settling(a)
+    await _ready(a)
+    runs = {s: [f"{k}-{n:02}" for n in range(12)] for s, k in ((a, "a"), (b, "b"))}
+    tasks = {s: {r: await _held_served(a, r) for r in rs} for s, rs in runs.items()}
+    at = NOW + 100
+    lost = {r for rs in runs.values() for r in rs[::2]}
+    for run_id in lost:  # their holder let go
+        assert await a.release_run(run_id, OWNER, NOW + 1)
+
+    async def settle(store: Any) -> list[int | None]:
+        answers: list[int | None] = []
+        for run_id in runs[store]:
+            got = await store.claim_and_resolve(
+                [RESULTS],
+                0,
+                NOW,
+                _settle_given(Resolution(run_id, 1, COMPLETED, output=run_id, held_by=OWNER)),
+                at,
+                lease_to(limit=0),
+                delete=tasks[store][run_id],
+            )
+            answers += got.answers
+        return answers
+
+    assert await asyncio.gather(settle(a), settle(b)) == [[0] * 12, [0] * 12]
+    for run_id in [*runs[a], *runs[b]]:
+        assert (await a.load_checkpoints(run_id))[1].output == run_id
+        assert await wake_of(a, run_id) == (at if run_id in lost else None)
+    assert await a.messages().depth() == {}  # type: ignore[attr-defined]
 
 
 async def test_a_failed_settle_keeps_the_served_tasks(store: StateStore) -> None:
