@@ -23,7 +23,6 @@ from .steps import (
     COMPLETED,
     ERROR,
     FAILED,
-    LEASE,
     NOW,
     OWNER,
     _leased,
@@ -627,7 +626,7 @@ async def test_settles_of_held_turns_results_racing_stamp_and_settle_each_once(
             answers += got.answers
         return answers
 
-    assert await asyncio.gather(settle(a), settle(b)) == [[0] * 12, [0] * 12]
+    assert list(await asyncio.gather(settle(a), settle(b))) == [[0] * 12, [0] * 12]
     for run_id in [*runs[a], *runs[b]]:
         assert (await a.load_checkpoints(run_id))[1].output == run_id
         assert await wake_of(a, run_id) == (at if run_id in lost else None)
