@@ -563,7 +563,7 @@ class RedisTransport:
         with room; each item fails alone if a job of it is refused."""
         groups: dict[tuple[str, tuple[str, ...], bytes], list[tuple[int, AddedJob]]] = {}
         # jobs of ids of their own (runs' starts): their packed arguments differ
-        each: dict[tuple[str, tuple[str, ...], int], list[tuple[int, AddedJob]]] = {}
+        own_ids: dict[tuple[str, tuple[str, ...], int], list[tuple[int, AddedJob]]] = {}
         added_to: dict[str, int] = {}
         finished: dict[_BatchWorker, list[tuple[int, tuple[Any, Any, str]]]] = {}
         for owner, item in enumerate(items):
@@ -577,7 +577,7 @@ class RedisTransport:
                 )
                 if job["opts"].get("jobId"):
                     mark = (added.script.sha, added.keys, added.timestamp)
-                    each.setdefault(mark, []).append((owner, added))
+                    own_ids.setdefault(mark, []).append((owner, added))
                 else:
                     key = (added.script.sha, added.keys, added.packed)
                     groups.setdefault(key, []).append((owner, added))
@@ -591,7 +591,7 @@ class RedisTransport:
                 script = add_script(first.script)
                 calls.append(add_call(script, first.keys, first.packed, first.timestamp, jobs))
                 members.append([owner for owner, _ in part])
-        for group in each.values():
+        for group in own_ids.values():
             for start in range(0, len(group), CALL_MAX):
                 part = group[start : start + CALL_MAX]
                 first = part[0][1]
