@@ -505,11 +505,13 @@ class _BatchWorker(_BullWorker):  # type: ignore[misc]  # bullmq is untyped
         opts = raw.get("opts", "{}")
         # A job of an id of its own (a run's start) has it in its options:
         # without it, such jobs share a template too.
-        own = f'"jobId":{json.dumps(job_id)}'
-        if own in opts:
-            opts = opts.replace(own, "", 1)
-        else:
-            own = ""
+        own = ""
+        if '"jobId":' in opts:
+            own = f'"jobId":{json.dumps(job_id)}'
+            if own in opts:
+                opts = opts.replace(own, "", 1)
+            else:
+                own = ""  # encoded otherwise ("/" as "\/"): a template of its own
         shape = (raw.get("name"), opts)
         template = self._templates.get(shape)
         if template is None:
