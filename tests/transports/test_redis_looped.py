@@ -826,3 +826,35 @@ async def test_runs_pushed_by_two_instances_go_in_looped_calls_each_queued_once(
     finally:
         await a.close()
         await b.close()
+
+
+async def test_runs_pushed_after_the_add_connection_was_killed_are_all_queued(
+    prefix: str, client: aioredis.Redis
+) -> None:
+    # The looped add of runs' starts goes through the transport's kept add
+    # connection: killed between two pushes, the second push is retried on a
+    # new one, each start queued once.
+    from durably._queue import QueuedRun
+
+    transport = RedisTransport(REDIS_TEST_URL, prefix=prefix)
+    await transport.open()
+    try:
+        queue = transport.run_queue()
+        await queue.push([QueuedRun(f"a-{i}", False, "default", 0, "s") for i in range(3)])
+        lane, batches = transport._adding_lane, transport._batches()
+        conn = await lane.take(batches)
+        assert conn is not None
+        await conn.send_command("CLIENT", "ID")
+        conn_id = await conn.read_response()
+        await lane.put_back(batches, conn)
+        assert await client.client_kill_filter(_id=conn_id) == 1
+        await queue.push([QueuedRun(f"b-{i}", False, "default", 0, "s") for i in range(5)])
+        runs = Queue(transport.names.runs(None), {"connection": client})
+        assert await client.zcard(runs.keys["prioritized"]) == 8
+        datas = [
+            json.loads(await client.hget(f"{runs.keys['']}{job_id}", "data") or "null")["runId"]
+            for job_id in await client.zrange(runs.keys["prioritized"], 0, -1)
+        ]
+        assert sorted(datas) == sorted([f"a-{i}" for i in range(3)] + [f"b-{i}" for i in range(5)])
+    finally:
+        await transport.close()
