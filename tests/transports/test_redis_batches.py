@@ -346,8 +346,13 @@ async def test_a_taken_job_is_the_job_bullmq_would_build(
     await run_scripts(client, [add_job_call(queue.scripts, "task", {"n": 1}, ours)])
     theirs = {"attempts": 3, "backoff": {"type": "fixed", "delay": 10}, "lifo": True}
     await queue.add("other", {"n": [2, None]}, theirs)
-    taken, _ = await Taker(queue, client).take(5)
-    assert len(taken) == 2
+    # jobs of ids of their own (runs' starts) share a template without their
+    # id; one whose id the options encode otherwise ("/" as "\/") has its own
+    for own in ("start-a", "start-b", "start/c"):
+        job = add_job_call(queue.scripts, "run", {"n": own}, {**ours, "jobId": own})
+        await run_scripts(client, [job])
+    taken, _ = await Taker(queue, client).take(10)
+    assert len(taken) == 5
     worker = _BatchWorker(
         f"{prefix}-q", _noop, {"connection": REDIS_TEST_URL, "autorun": False}, _noop
     )
@@ -360,6 +365,11 @@ async def test_a_taken_job_is_the_job_bullmq_would_build(
             again = worker._job(raw, job_id)
             assert again.opts is not built.opts and again.stacktrace is not built.stacktrace
             assert again.data is not built.data
+        # the two runs' starts share one template (their ids not in it), the
+        # third has one of its own; a hash bullmq builds itself takes none
+        runs = [opts for name, opts in worker._templates if name == "run"]
+        assert len(runs) == (0 if "returnvalue" in extra or "parent" in extra else 2)
+        assert not any('"start-' in opts for opts in runs)
     finally:
         await worker.close()
 

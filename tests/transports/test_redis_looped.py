@@ -39,6 +39,8 @@ from durably.transports.redis._batched import (
 from durably.transports.redis._looped import (
     CALL_MAX,
     add_call,
+    add_each_call,
+    add_each_script,
     add_script,
     finish_call,
     finish_script,
@@ -157,6 +159,49 @@ async def test_looped_adds_store_the_jobs_bullmq_would_store(
         assert await client.zrange(ours.keys["prioritized"], 0, -1) == ["1", "2", "3"]
     else:
         assert await client.lrange(ours.keys["wait"], 0, -1) == ["3", "2", "1"]
+    events = [e[1]["event"] for e in await client.xrange(ours.keys["events"])]
+    assert events == [e[1]["event"] for e in await client.xrange(theirs.keys["events"])]
+
+
+@pytest.mark.parametrize("count", [1, 2 * CALL_MAX + 7])
+async def test_looped_adds_of_own_ids_store_the_jobs_bullmq_would_store(
+    prefix: str, client: aioredis.Redis, count: int
+) -> None:
+    # Jobs of ids of their own (runs' starts) differ in their packed
+    # arguments: one call adds many, each with its own, and an id added
+    # twice keeps its first job (as bullmq's add does).
+    ours = Queue(f"{prefix}-ours", {"connection": client})
+    theirs = Queue(f"{prefix}-theirs", {"connection": client})
+    opts = {"removeOnComplete": True, "removeOnFail": True, "priority": 3}
+    ids = [f"start-{i}" for i in range(count)] + ["start-0"]
+    datas = [{"runId": f"r{i}", "wake": False} for i in range(count)] + [{"again": True}]
+    jobs = [
+        added_job(ours.scripts, "run", data, {**opts, "jobId": job_id}, timestamp=1_000)
+        for data, job_id in zip(datas, ids, strict=True)
+    ]
+    script = add_each_script(jobs[0].script)
+    calls = [
+        add_each_call(script, jobs[0].keys, 1_000, [(j.packed, j.data, j.opts) for j in part])
+        for part in (jobs[start : start + CALL_MAX] for start in range(0, len(jobs), CALL_MAX))
+    ]
+    assert _flat(await run_scripts(client, calls, transaction=True)) == ids
+    await theirs.addBulk(
+        [
+            {"name": "run", "data": d, "opts": {**opts, "jobId": job_id}}
+            for d, job_id in zip(datas, ids, strict=True)
+        ]
+    )
+    for job_id in ids[:count]:
+        a = await client.hgetall(f"{ours.keys['']}{job_id}")
+        b = await client.hgetall(f"{theirs.keys['']}{job_id}")
+        assert a["data"] != '{"again":true}'
+        assert json.loads(a.pop("opts")) == json.loads(b.pop("opts"))
+        assert a.pop("timestamp") == "1000"
+        b.pop("timestamp")
+        assert a == b
+    assert await client.zrange(ours.keys["prioritized"], 0, -1) == await client.zrange(
+        theirs.keys["prioritized"], 0, -1
+    )
     events = [e[1]["event"] for e in await client.xrange(ours.keys["events"])]
     assert events == [e[1]["event"] for e in await client.xrange(theirs.keys["events"])]
 
@@ -732,5 +777,84 @@ async def test_a_stopped_run_queue_is_not_kept_by_the_transport(prefix: str) -> 
             del runs
         gc.collect()
         assert [ref() for ref in kept] == [None, None, None]
+    finally:
+        await transport.close()
+
+
+@pytest.mark.parametrize("count", [1, 2 * CALL_MAX + 7])
+async def test_runs_pushed_by_two_instances_go_in_looped_calls_each_queued_once(
+    prefix: str, client: aioredis.Redis, monkeypatch: pytest.MonkeyPatch, count: int
+) -> None:
+    # Runs' starts have job ids of their own: they go out many per script
+    # call (failed first: one call per start), and two instances pushing the
+    # same starts queue each once.
+    from durably._queue import QueuedRun
+    from durably.transports.redis import _transport
+
+    sent: list[int] = []
+    real = _transport.run_scripts
+
+    async def counted(client: Any, calls: Any, **options: Any) -> list[Any]:
+        sent.append(len(calls))
+        return await real(client, calls, **options)
+
+    monkeypatch.setattr(_transport, "run_scripts", counted)
+    a = RedisTransport(REDIS_TEST_URL, prefix=prefix)
+    b = RedisTransport(REDIS_TEST_URL, prefix=prefix)
+    await a.open()
+    await b.open()
+    try:
+        runs = [QueuedRun(f"run-{i}", False, "default", 0, "s1") for i in range(count)]
+        await asyncio.gather(a.run_queue().push(runs), b.run_queue().push(runs))
+        assert max(sent) <= 2 * -(-count // CALL_MAX)
+        seen: list[str] = []
+        everything = asyncio.Event()
+
+        async def deliver(body: str) -> Delivered:
+            seen.append(json.loads(body)["runId"])
+            if len(seen) >= count:
+                everything.set()
+            return Delivered.DONE
+
+        queue = a.run_queue()
+        await queue.start(["default"], deliver, owner="o", lease_ms=30_000, capacity=64)
+        await asyncio.wait_for(everything.wait(), 10)
+        await asyncio.sleep(0.2)  # a duplicate would come now
+        await queue.stop_claiming()
+        await queue.hand_back()
+        assert sorted(seen) == sorted(run.run_id for run in runs)
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_runs_pushed_after_the_add_connection_was_killed_are_all_queued(
+    prefix: str, client: aioredis.Redis
+) -> None:
+    # The looped add of runs' starts goes through the transport's kept add
+    # connection: killed between two pushes, the second push is retried on a
+    # new one, each start queued once.
+    from durably._queue import QueuedRun
+
+    transport = RedisTransport(REDIS_TEST_URL, prefix=prefix)
+    await transport.open()
+    try:
+        queue = transport.run_queue()
+        await queue.push([QueuedRun(f"a-{i}", False, "default", 0, "s") for i in range(3)])
+        lane, batches = transport._adding_lane, transport._batches()
+        conn = await lane.take(batches)
+        assert conn is not None
+        await conn.send_command("CLIENT", "ID")
+        conn_id = await conn.read_response()
+        await lane.put_back(batches, conn)
+        assert await client.client_kill_filter(_id=conn_id) == 1
+        await queue.push([QueuedRun(f"b-{i}", False, "default", 0, "s") for i in range(5)])
+        runs = Queue(transport.names.runs(None), {"connection": client})
+        assert await client.zcard(runs.keys["prioritized"]) == 8
+        datas = [
+            json.loads(await client.hget(f"{runs.keys['']}{job_id}", "data") or "null")["runId"]
+            for job_id in await client.zrange(runs.keys["prioritized"], 0, -1)
+        ]
+        assert sorted(datas) == sorted([f"a-{i}" for i in range(3)] + [f"b-{i}" for i in range(5)])
     finally:
         await transport.close()

@@ -386,20 +386,27 @@ def added_job(
         )
     now = round(time.time() * 1000) if timestamp is None else timestamp
     custom_id = opts.get("jobId") or ""  # the script keeps the first job of an id
-    args = (prefix, custom_id, name, now)
-    packed = _PACKED_ARGS.get(args)
-    if packed is None:
-        if len(_PACKED_ARGS) >= 256:
-            _PACKED_ARGS.clear()
-        packed = _PACKED_ARGS[args] = msgpack.packb(
+    if custom_id:
+        # One of its kind (a run's start): cached, it would only push out
+        # the arguments a burst of tasks shares.
+        packed = msgpack.packb(
             [prefix, custom_id, name, now, None, None, None, None, None], use_bin_type=True
         )
+    else:
+        args = (prefix, name, now)
+        packed = _PACKED_ARGS.get(args)
+        if packed is None:
+            if len(_PACKED_ARGS) >= 256:
+                _PACKED_ARGS.clear()
+            packed = _PACKED_ARGS[args] = msgpack.packb(
+                [prefix, "", name, now, None, None, None, None, None], use_bin_type=True
+            )
     return AddedJob(shape[0], shape[1], packed, compact_json(data), packed_opts, now)
 
 
 _ADD_SHAPES: dict[tuple[str, str], tuple[Script, tuple[str, ...]]] = {}
 """An add script and its KEYS, per queue (key prefix) and script name."""
-_PACKED_ARGS: dict[tuple[str, str, str, int], bytes] = {}
+_PACKED_ARGS: dict[tuple[str, str, int], bytes] = {}
 """Packed add arguments (the jobs of a burst share a millisecond)."""
 
 
@@ -419,17 +426,24 @@ def packed_job_opts(opts: dict[str, Any]) -> bytes:
     :class:`ValueError` for options only bullmq itself adds jobs with."""
     if any(opts.get(k) for k in ("delay", "parent", "deduplication", "backoff")):
         raise ValueError("such jobs are added through bullmq")
+    if "jobId" in opts:
+        # One of its kind (a run's start): packed, not cached (see above).
+        return _pack_opts(opts)
     shape = repr(opts)  # key order and values: what the packed bytes depend on
     packed = _PACKED_OPTS.get(shape)
     if packed is None:
-        # bullmq's Job fills in these defaults, then Scripts.encodeOpts
-        # shortens the names it knows, before packing
-        full = {"attempts": 0, "delay": 0, **opts, "backoff": None}
-        packed = bytes(msgpack.packb({optsEncodeMap.get(k, k): v for k, v in full.items()}))
+        packed = _pack_opts(opts)
         if len(_PACKED_OPTS) >= 256:
             _PACKED_OPTS.clear()
         _PACKED_OPTS[shape] = packed
     return packed
+
+
+def _pack_opts(opts: dict[str, Any]) -> bytes:
+    # bullmq's Job fills in these defaults, then Scripts.encodeOpts shortens
+    # the names it knows, before packing
+    full = {"attempts": 0, "delay": 0, **opts, "backoff": None}
+    return bytes(msgpack.packb({optsEncodeMap.get(k, k): v for k, v in full.items()}))
 
 
 def check_added(reply: Any) -> str:

@@ -502,10 +502,23 @@ class _BatchWorker(_BullWorker):  # type: ignore[misc]  # bullmq is untyped
         bullmq's own ``fromJSON``."""
         if not raw.keys() <= _PLAIN_FIELDS:
             return _BullJob.fromJSON(self, raw, job_id)
-        shape = (raw.get("name"), raw.get("opts", "{}"))
+        opts = raw.get("opts", "{}")
+        # A job of an id of its own (a run's start) has it in its options:
+        # without it, such jobs share a template too.
+        own = ""
+        if '"jobId":' in opts:
+            own = f'"jobId":{json.dumps(job_id)}'
+            if own in opts:
+                opts = opts.replace(own, "", 1)
+            else:
+                own = ""  # encoded otherwise ("/" as "\/"): a template of its own
+        shape = (raw.get("name"), opts)
         template = self._templates.get(shape)
         if template is None:
-            built = _BullJob(self, shape[0], None, optsFromJSON(json.loads(shape[1])))
+            parsed = json.loads(raw.get("opts", "{}"))
+            if own and parsed.pop("jobId", None) != job_id:
+                return _BullJob.fromJSON(self, raw, job_id)
+            built = _BullJob(self, shape[0], None, optsFromJSON(parsed))
             if built.parent is not None:  # a parent's options: kept per job by bullmq
                 return _BullJob.fromJSON(self, raw, job_id)
             if len(self._templates) >= _TEMPLATES:
@@ -515,6 +528,8 @@ class _BatchWorker(_BullWorker):  # type: ignore[misc]  # bullmq is untyped
         fields = vars(job)
         fields.update(template)
         fields["opts"] = dict(template["opts"])
+        if own:
+            fields["opts"]["jobId"] = job_id
         fields["stacktrace"] = []
         fields["data"] = json.loads(raw.get("data", "{}"))
         fields["id"] = job_id

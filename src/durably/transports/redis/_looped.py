@@ -75,6 +75,20 @@ end
 return replies
 """
 
+_ADD_EACH_TAIL = f"""
+-- KEYS: the add script's own (all the queue's). ARGV: the timestamp every
+-- job shares (its 4), then per job its packed arguments, data and packed
+-- opts (1, 2 and 3): jobs of their own ids (runs' starts) differ in the first.
+local replies = {{}}
+for i = 1, (#ARGV - 1) / 3 do
+  local at = 2 + 3 * (i - 1)
+  local argv = {{ARGV[at], ARGV[at + 1], ARGV[at + 2], ARGV[1]}}
+  local ok, got = pcall(bullmq_add_job, KEYS, argv)
+{_EACH}
+end
+return replies
+"""
+
 _FINISH_KEYS = (
     "wait", "active", "prioritized", "events", "stalled", "limiter", "delayed", "paused",
     "meta", "pc",
@@ -92,6 +106,14 @@ def add_script(add_job: Script) -> Script:
     """BullMQ's ``addStandardJob`` or ``addPrioritizedJob`` run once per job
     of the call (see :func:`add_call`)."""
     return _wrapped("bullmq_add_job", add_job, _ADD_TAIL)
+
+
+@functools.cache
+def add_each_script(add_job: Script) -> Script:
+    """BullMQ's ``addStandardJob`` or ``addPrioritizedJob`` run once per job
+    of the call, each job with packed arguments of its own (its id: see
+    :func:`add_each_call`)."""
+    return _wrapped("bullmq_add_job", add_job, _ADD_EACH_TAIL)
 
 
 def finish_call(
@@ -198,4 +220,14 @@ def add_call(script: Script, keys: Sequence[str], packed: bytes, timestamp: int,
     args: list[Any] = [packed, timestamp]
     for data, opts in jobs:
         args += [data, opts]
+    return Call(script, keys, args)
+
+
+def add_each_call(script: Script, keys: Sequence[str], timestamp: int,
+                  jobs: Sequence[tuple[bytes, str, bytes]]) -> Call:  # fmt: skip
+    """The :func:`add_each_script` call adding ``jobs`` (packed arguments,
+    data JSON, packed opts) that share the timestamp ``timestamp``."""
+    args: list[Any] = [timestamp]
+    for packed, data, opts in jobs:
+        args += [packed, data, opts]
     return Call(script, keys, args)

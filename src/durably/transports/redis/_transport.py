@@ -51,7 +51,7 @@ from ._bullmq import (
     _Processor,
     _Queue,
 )
-from ._looped import CALL_MAX, add_call, add_script
+from ._looped import CALL_MAX, add_call, add_each_call, add_each_script, add_script
 from ._names import RedisNames, bullmq_priority, split_url
 from ._runs import RedisRuns
 
@@ -562,6 +562,8 @@ class RedisTransport:
         finish call per worker), then the takes of this instance's workers
         with room; each item fails alone if a job of it is refused."""
         groups: dict[tuple[str, tuple[str, ...], bytes], list[tuple[int, AddedJob]]] = {}
+        # jobs of ids of their own (runs' starts): their packed arguments differ
+        own_ids: dict[tuple[str, tuple[str, ...], int], list[tuple[int, AddedJob]]] = {}
         added_to: dict[str, int] = {}
         finished: dict[_BatchWorker, list[tuple[int, tuple[Any, Any, str]]]] = {}
         for owner, item in enumerate(items):
@@ -573,8 +575,12 @@ class RedisTransport:
                 added = added_job(
                     scripts, job["name"], job["data"], job["opts"], None, job.get("packedOpts")
                 )
-                key = (added.script.sha, added.keys, added.packed)
-                groups.setdefault(key, []).append((owner, added))
+                if job["opts"].get("jobId"):
+                    mark = (added.script.sha, added.keys, added.timestamp)
+                    own_ids.setdefault(mark, []).append((owner, added))
+                else:
+                    key = (added.script.sha, added.keys, added.packed)
+                    groups.setdefault(key, []).append((owner, added))
                 added_to[name] = added_to.get(name, 0) + 1
         calls, members = [], []
         for group in groups.values():
@@ -584,6 +590,14 @@ class RedisTransport:
                 jobs = [(added.data, added.opts) for _, added in part]
                 script = add_script(first.script)
                 calls.append(add_call(script, first.keys, first.packed, first.timestamp, jobs))
+                members.append([owner for owner, _ in part])
+        for group in own_ids.values():
+            for start in range(0, len(group), CALL_MAX):
+                part = group[start : start + CALL_MAX]
+                first = part[0][1]
+                own = [(added.packed, added.data, added.opts) for _, added in part]
+                script = add_each_script(first.script)
+                calls.append(add_each_call(script, first.keys, first.timestamp, own))
                 members.append([owner for owner, _ in part])
         finishes = []
         for worker, held in finished.items():
