@@ -89,30 +89,38 @@ def start_eagerly(awaitable: Awaitable[None]) -> asyncio.Future[None] | None:
         first = context.run(awaitable.send, None)
     except StopIteration:
         return None
-    return asyncio.get_running_loop().create_task(_rest(awaitable, first), context=context)
+    return asyncio.get_running_loop().create_task(_Rest(awaitable, first), context=context)
 
 
-async def _rest(started: Coroutine[Any, Any, None], first: Any) -> None:
-    """The rest of a coroutine :func:`start_eagerly` started, driven by a task."""
-    await _resume(started, first)
+_STARTED = object()
 
 
-@types.coroutine
-def _resume(started: Coroutine[Any, Any, None], first: Any) -> Generator[Any, Any, None]:
-    # Hands what the coroutine yields (a future it awaits) to the task and
-    # what the task sends or throws (a cancel) back into the coroutine, as
-    # ``await`` would have had the task driven it from the start.
-    yielded = first
-    while True:
-        try:
-            sent = yield yielded
-        except BaseException as exc:
-            try:
-                yielded = started.throw(exc)
-            except StopIteration:
-                return
-        else:
-            try:
-                yielded = started.send(sent)
-            except StopIteration:
-                return
+class _Rest(Coroutine[Any, Any, None]):
+    """The rest of a coroutine :func:`start_eagerly` started, for a task to
+    drive: its first step hands the task what the coroutine awaits (a future,
+    or ``None`` for a bare yield), then sends and throws (a cancel, even one
+    that came before that first step) go to the coroutine, as if the task had
+    run it from the start."""
+
+    __slots__ = ("_coro", "_first")
+
+    def __init__(self, coro: Coroutine[Any, Any, None], first: Any) -> None:
+        self._coro = coro
+        self._first = first
+
+    def send(self, value: Any) -> Any:
+        first = self._first
+        if first is not _STARTED:
+            self._first = _STARTED
+            return first
+        return self._coro.send(value)
+
+    def throw(self, *exc: Any) -> Any:
+        self._first = _STARTED
+        return self._coro.throw(*exc)
+
+    def close(self) -> None:
+        self._coro.close()
+
+    def __await__(self) -> Generator[Any, None, None]:
+        raise TypeError("driven by its task only")
