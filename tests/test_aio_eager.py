@@ -126,3 +126,12 @@ async def test_an_awaitable_that_is_not_a_coroutine_gets_a_task() -> None:
     assert runner is future  # ensure_future's answer for a future: itself
     future.set_result(None)
     await runner
+
+
+async def test_a_coroutine_raising_cancelled_at_once_ends_cancelled_not_raising() -> None:
+    async def gives_up() -> None:
+        raise asyncio.CancelledError
+
+    runner = start_eagerly(gives_up())
+    assert runner is not None
+    assert runner.cancelled()

@@ -85,11 +85,18 @@ def start_eagerly(awaitable: Awaitable[None]) -> asyncio.Future[None] | None:
     # A copy, as a task's: what the coroutine sets in context variables
     # stays its own, and a token it made resets in the same context later.
     context = contextvars.copy_context()
+    loop = asyncio.get_running_loop()
     try:
         first = context.run(awaitable.send, None)
     except StopIteration:
         return None
-    return asyncio.get_running_loop().create_task(_Rest(awaitable, first), context=context)
+    except asyncio.CancelledError:
+        # Raised by the coroutine itself: its task would have ended
+        # cancelled, not failed (nor taken its caller down with it).
+        cancelled: asyncio.Future[None] = loop.create_future()
+        cancelled.cancel()
+        return cancelled
+    return loop.create_task(_Rest(awaitable, first), context=context)
 
 
 _STARTED = object()

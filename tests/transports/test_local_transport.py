@@ -153,3 +153,25 @@ async def test_a_handler_sets_context_variables_in_its_own_context() -> None:
         assert sorted(seen) == sorted(["unset"] * 4 + ["set by 1", "set by 3"])
     finally:
         await transport.close()
+
+
+async def test_a_handler_raising_cancelled_before_it_suspends_leaves_the_server_serving() -> None:
+    transport = LocalTransport()
+    await transport.open()
+    seen: list[int] = []
+    finished = asyncio.Event()
+
+    async def on_task(task: StepTask) -> None:
+        seen.append(task.seq)
+        if task.seq == 0:
+            raise asyncio.CancelledError  # as its task was: dropped, not delivered again
+        finished.set()
+
+    try:
+        await transport.dispatch([StepTask(run_id="r", seq=0, name="g", group="g")])
+        await transport.serve(["g"], on_task, concurrency=1)
+        await transport.dispatch([StepTask(run_id="r", seq=1, name="g", group="g")])
+        await finished.wait()
+        assert seen == [0, 1]
+    finally:
+        await transport.close()
