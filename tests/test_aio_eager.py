@@ -14,17 +14,15 @@ from durably._aio import start_eagerly
 _VAR: contextvars.ContextVar[str] = contextvars.ContextVar("_VAR", default="outside")
 
 
-async def test_a_coroutine_that_never_suspends_runs_at_once_with_no_task() -> None:
+async def test_a_coroutine_that_never_suspends_runs_at_once_and_leaves_nothing() -> None:
     ran: list[str] = []
 
     async def quick() -> None:
         ran.append(_VAR.get())
         _VAR.set("inside")  # never reset: it must not leak out
 
-    before = len(asyncio.all_tasks())
     assert start_eagerly(quick()) is None
     assert ran == ["outside"]
-    assert len(asyncio.all_tasks()) == before
     assert _VAR.get() == "outside"
 
 
@@ -65,12 +63,14 @@ async def test_a_coroutine_suspending_many_times_gets_each_result() -> None:
     assert runner.exception() is None
 
 
-async def test_a_failure_before_the_first_suspension_raises_at_once() -> None:
+async def test_a_failure_before_the_first_suspension_is_the_tasks() -> None:
     async def broken() -> None:
         raise RuntimeError("before any await")
 
+    runner = start_eagerly(broken())
+    assert runner is not None
     with pytest.raises(RuntimeError, match="before any await"):
-        start_eagerly(broken())
+        await runner
 
 
 async def test_a_failure_after_suspending_is_the_tasks() -> None:
@@ -134,4 +134,40 @@ async def test_a_coroutine_raising_cancelled_at_once_ends_cancelled_not_raising(
 
     runner = start_eagerly(gives_up())
     assert runner is not None
+    await asyncio.gather(runner, return_exceptions=True)
     assert runner.cancelled()
+
+
+async def test_the_first_step_runs_as_the_task_that_goes_on() -> None:
+    seen: list[asyncio.Task[object] | None] = []
+
+    async def looks() -> None:
+        seen.append(asyncio.current_task())
+        await asyncio.sleep(0)
+        seen.append(asyncio.current_task())
+
+    caller = asyncio.current_task()
+    runner = start_eagerly(looks())
+    assert runner is not None
+    assert asyncio.current_task() is caller  # the caller's task is current again
+    await runner
+    assert seen == [runner, runner]
+
+
+async def test_a_timeout_entered_before_the_first_suspension_cancels_its_own_task() -> None:
+    outcome: list[str] = []
+
+    async def bounded() -> None:
+        try:
+            async with asyncio.timeout(0):  # due at once: expires at the first await
+                await asyncio.Event().wait()
+        except TimeoutError:
+            outcome.append("timed out")
+
+    caller = asyncio.current_task()
+    assert caller is not None
+    runner = start_eagerly(bounded())
+    assert runner is not None
+    await asyncio.wait([runner])  # no cancel reaches the caller through the wait
+    assert caller.cancelling() == 0  # the timeout did not cancel the caller
+    assert outcome == ["timed out"]

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import sys
 import types
+from asyncio.tasks import _enter_task, _leave_task
 from collections.abc import Awaitable, Callable, Coroutine, Generator
 from typing import Any
 
@@ -71,59 +73,87 @@ class EarliestTimer:
 
 
 def start_eagerly(awaitable: Awaitable[None]) -> asyncio.Future[None] | None:
-    """Run ``awaitable`` now, up to its first suspension, as a task would run it
-    (in a copy of the current context); ``None`` if it finished there, else the
-    task that runs the rest. A failure before the first suspension raises here.
+    """Start a task for ``awaitable`` and run its first step now, as Python
+    3.12's eager tasks do: ``None`` if it finished there without failing
+    (nothing left to watch), else the task (pending, or ending as that step
+    ended: failed, cancelled). Anything other than a coroutine gets a plain task.
 
-    Python 3.11 has no eager tasks (3.12's ``eager_start``), and most served
-    steps end without ever suspending: a task made for each (its first step a
-    loop callback, its done callback another) was a large share of the cost of
-    serving one. Anything other than a coroutine gets a task as before.
+    Most served steps end without ever suspending, and a task's first step
+    a loop iteration later, then its done callback, were a large share of the
+    cost of serving one. The first step runs as the task's own (its context,
+    and ``asyncio.current_task()``), so ``asyncio.timeout``, task groups and
+    cancel scopes entered before the first suspension belong to the task that
+    goes on after it.
     """
     if not isinstance(awaitable, types.CoroutineType):
         return asyncio.ensure_future(awaitable)
-    # A copy, as a task's: what the coroutine sets in context variables
-    # stays its own, and a token it made resets in the same context later.
-    context = contextvars.copy_context()
     loop = asyncio.get_running_loop()
+    if _EAGER_START:  # pragma: no cover - Python 3.12+
+        task: asyncio.Task[None] = asyncio.Task(  # type: ignore[call-arg,unused-ignore]
+            awaitable, loop=loop, eager_start=True
+        )
+        if task.done() and not task.cancelled() and task.exception() is None:
+            return None
+        return task
+    # Before 3.12: the task's coroutine is a _Rest of ``awaitable``, whose
+    # first step runs here with the task current; the task's own first step
+    # (queued when it was made) then hands over what that step awaits, or
+    # ends as that step ended.
+    context = contextvars.copy_context()
+    rest = _Rest(awaitable)
+    task = loop.create_task(rest, context=context)
+    current = asyncio.current_task(loop)
+    if current is not None:
+        _leave_task(loop, current)
+    _enter_task(loop, task)
     try:
-        first = context.run(awaitable.send, None)
+        rest.first = context.run(awaitable.send, None)
     except StopIteration:
+        rest.first = _FINISHED
         return None
-    except asyncio.CancelledError:
-        # Raised by the coroutine itself: its task would have ended
-        # cancelled, not failed (nor taken its caller down with it).
-        cancelled: asyncio.Future[None] = loop.create_future()
-        cancelled.cancel()
-        return cancelled
-    return loop.create_task(_Rest(awaitable, first), context=context)
+    except (Exception, asyncio.CancelledError) as exc:
+        rest.first, rest.error = _FINISHED, exc
+    finally:
+        _leave_task(loop, task)
+        if current is not None:
+            _enter_task(loop, current)
+    return task
 
 
+_EAGER_START = sys.version_info >= (3, 12)
 _STARTED = object()
+_FINISHED = object()
 
 
 class _Rest(Coroutine[Any, Any, None]):
-    """The rest of a coroutine :func:`start_eagerly` started, for a task to
-    drive: its first step hands the task what the coroutine awaits (a future,
-    or ``None`` for a bare yield), then sends and throws (a cancel, even one
-    that came before that first step) go to the coroutine, as if the task had
-    run it from the start."""
+    """What the task of a coroutine :func:`start_eagerly` started drives: its
+    first step hands the task what the first step awaited (a future, or
+    ``None`` for a bare yield), or ends as it ended; then sends and throws go
+    to the coroutine (a cancel too, even one that came before that step), as
+    if the task had run it from the start."""
 
-    __slots__ = ("_coro", "_first")
+    __slots__ = ("_coro", "error", "first")
 
-    def __init__(self, coro: Coroutine[Any, Any, None], first: Any) -> None:
+    def __init__(self, coro: Coroutine[Any, Any, None]) -> None:
         self._coro = coro
-        self._first = first
+        self.first: Any = _STARTED
+        self.error: BaseException | None = None
 
     def send(self, value: Any) -> Any:
-        first = self._first
-        if first is not _STARTED:
-            self._first = _STARTED
-            return first
-        return self._coro.send(value)
+        first = self.first
+        if first is _STARTED:
+            return self._coro.send(value)
+        self.first = _STARTED
+        if first is _FINISHED:
+            error, self.error = self.error, None
+            if error is not None:
+                raise error
+            raise StopIteration
+        return first
 
     def throw(self, *exc: Any) -> Any:
-        self._first = _STARTED
+        self.first = _STARTED
+        self.error = None
         return self._coro.throw(*exc)
 
     def close(self) -> None:

@@ -175,3 +175,25 @@ async def test_a_handler_raising_cancelled_before_it_suspends_leaves_the_server_
         assert seen == [0, 1]
     finally:
         await transport.close()
+
+
+async def test_a_handler_is_one_task_before_and_after_it_suspends() -> None:
+    transport = LocalTransport()
+    await transport.open()
+    same: list[bool] = []
+    finished = asyncio.Event()
+
+    async def on_task(task: StepTask) -> None:
+        before = asyncio.current_task()
+        async with asyncio.timeout(60):  # bound to the task it was entered in
+            await asyncio.sleep(0)
+        same.append(asyncio.current_task() is before)
+        finished.set()
+
+    try:
+        await transport.serve(["g"], on_task, concurrency=1)
+        await transport.dispatch([StepTask(run_id="r", seq=1, name="g", group="g")])
+        await finished.wait()
+        assert same == [True]
+    finally:
+        await transport.close()
