@@ -273,13 +273,18 @@ class StepRunner:
             try:
                 await self._env.services.steps.dispatch([self._task(seq, call, cp)])
             except TransportError as exc:
-                self._env.log.warning("step %s could not be dispatched: %s", call.name, exc)
-                cp.dispatched_at = None
-                cp.attempts -= 1
-                cp.wake_at = self._env.clock.now_ms() + _SEND_RETRY_MS
-                await self._env.save(cp)
+                await self._unsent(call, cp, exc)
                 return False
         return True
+
+    async def _unsent(self, call: StepCall, cp: Checkpoint, exc: TransportError) -> None:
+        """The transport refused ``cp``'s task: save it as not out, due again
+        in a second (a later turn sends the same attempt again)."""
+        self._env.log.warning("step %s could not be dispatched: %s", call.name, exc)
+        cp.dispatched_at = None
+        cp.attempts -= 1
+        cp.wake_at = self._env.clock.now_ms() + _SEND_RETRY_MS
+        await self._env.save(cp)
 
     async def _send_and_hold(
         self, seq: int, call: StepCall, cp: Checkpoint, window_ms: float
@@ -303,12 +308,21 @@ class StepRunner:
                     # transaction that makes its checkpoint durable, so no result
                     # can come before it, and the hold overlaps the commit.
                     self._env.save_later(cp, send=[self._task(seq, call, cp)])
-                elif not await self._send(seq, call, cp) and steps.let_go(waiter):
-                    return None  # not out: the caller parks until it is due again
-                elif not steps.holds.may_hold() and steps.let_go(waiter):
-                    # Holds started during the send filled their bound (or a
-                    # drain began): park, as a window of 0 would have.
-                    return None
+                else:
+                    # As _send does, inline: a coroutine and an in-flight mark
+                    # less per held step (the hold marks the turn already).
+                    with turn.store_calls:
+                        await self._env.save(cp)
+                        try:
+                            await steps.dispatch([self._task(seq, call, cp)])
+                        except TransportError as exc:
+                            await self._unsent(call, cp, exc)
+                            if steps.let_go(waiter):
+                                return None  # not out: the caller parks until it is due again
+                    if not steps.holds.may_hold() and steps.let_go(waiter):
+                        # Holds started during the send filled their bound (or a
+                        # drain began): park, as a window of 0 would have.
+                        return None
                 began = now = loop_time_ms()
                 deadline = began + window_ms
                 with steps.holds.hold(waiter, self._env.run_id):
@@ -485,8 +499,6 @@ def resolve_step(
     and the engine's defaults, checked: the call, and the decoder of its result
     (the registered step's output type; JSON data for a step served elsewhere).
     Raises ``TypeError`` / ``ValueError`` for bad input, before anything runs."""
-    timeout, pickup_timeout = policy.get("timeout"), policy.get("pickup_timeout")
-    queue, priority = policy.get("queue"), policy.get("priority")
     definition: StepDefinition | None
     if isinstance(step, StepRef):
         name, definition = step.name, step.definition
@@ -496,29 +508,42 @@ def resolve_step(
         name, definition = step, services.steps.definition(step)
     else:
         raise TypeError("ctx.step takes a step reference or a non-empty step name")
-    check_priority(priority, "step priority")
     if fairness_key is not None:
         check_key(fairness_key, "fairness_key")
-    base = definition.retry if definition is not None else services.default_retry
-    retry = RetryPolicy.build(
-        policy.get("retries"),
-        policy.get("backoff"),
-        policy.get("backoff_base"),
-        policy.get("backoff_max"),
-        policy.get("jitter"),
-        default=base,
-    )
-    timeout_ms = (
-        to_ms(timeout, name="step timeout")
-        if timeout is not None
-        else (definition.timeout_ms if definition else None)
-    )
-    pickup_ms = (
-        to_ms(pickup_timeout, name="pickup timeout")
-        if pickup_timeout is not None
-        else (definition.pickup_timeout_ms if definition else None)
-    )
-    queue_name = queue if queue is not None else (definition.queue if definition else None)
+    priority: int | None
+    if not policy:
+        # The usual call: no option of its own, the registration's as they
+        # are (nine lookups and conversions of nothing were a cost per step).
+        priority = None
+        if definition is not None:
+            retry, timeout_ms = definition.retry, definition.timeout_ms
+            pickup_ms, queue_name = definition.pickup_timeout_ms, definition.queue
+        else:
+            retry, timeout_ms, pickup_ms, queue_name = services.default_retry, None, None, None
+    else:
+        timeout, pickup_timeout = policy.get("timeout"), policy.get("pickup_timeout")
+        queue, priority = policy.get("queue"), policy.get("priority")
+        check_priority(priority, "step priority")
+        base = definition.retry if definition is not None else services.default_retry
+        retry = RetryPolicy.build(
+            policy.get("retries"),
+            policy.get("backoff"),
+            policy.get("backoff_base"),
+            policy.get("backoff_max"),
+            policy.get("jitter"),
+            default=base,
+        )
+        timeout_ms = (
+            to_ms(timeout, name="step timeout")
+            if timeout is not None
+            else (definition.timeout_ms if definition else None)
+        )
+        pickup_ms = (
+            to_ms(pickup_timeout, name="pickup timeout")
+            if pickup_timeout is not None
+            else (definition.pickup_timeout_ms if definition else None)
+        )
+        queue_name = queue if queue is not None else (definition.queue if definition else None)
     if queue_name is not None and services.steps.queue(queue_name) is None:
         raise ValueError(f"ctx.step: queue {queue_name!r} is not registered on this engine")
     try:

@@ -194,6 +194,7 @@ class StepDispatcher:
         resolutions = []
         for result in results:
             held_by = None
+            events = result.events
             waiter = self._live.get(result.step_id)
             if waiter is not None and waiter.owner is not None:
                 with self._hand:
@@ -208,7 +209,8 @@ class StepDispatcher:
                     CheckpointStatus.COMPLETED if result.ok else CheckpointStatus.FAILED,
                     result.output if result.ok else None,
                     None if result.ok else (result.error or {"message": "step failed"}),
-                    [event.to_wire() for event in result.events] or None,
+                    # No list built for none (most results carry no events).
+                    [event.to_wire() for event in events] if events else None,
                     held_by,
                 )
             )

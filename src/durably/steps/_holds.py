@@ -76,6 +76,51 @@ _MAX_OWN = 10_000
 """Runs whose own stamps are counted (a notice that never came is forgotten)."""
 
 
+class Changed:
+    """What a :class:`LiveStep`'s waiter awaits: ``asyncio.Event``'s flag and
+    methods, for one waiter at a time (its dispatcher's turn).
+
+    An ``Event`` per dispatched step cost more than the wait it serves: a
+    deque made for its waiters, the global lock taken on its first wait to
+    bind its loop, an append and a remove per wait. A second concurrent
+    :meth:`wait` replaces the first's future (a cancelled wait that has not
+    unwound yet is the only case: the steps await one at a time)."""
+
+    __slots__ = ("_future", "_value")
+
+    def __init__(self) -> None:
+        self._value = False
+        self._future: asyncio.Future[bool] | None = None
+
+    def is_set(self) -> bool:
+        """Whether it is set."""
+        return self._value
+
+    def set(self) -> None:
+        """Set it, waking its waiter."""
+        if not self._value:
+            self._value = True
+            future = self._future
+            if future is not None and not future.done():
+                future.set_result(True)
+
+    def clear(self) -> None:
+        """Unset it."""
+        self._value = False
+
+    async def wait(self) -> bool:
+        """Until it is set (at once if it is)."""
+        if self._value:
+            return True
+        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._future = future
+        try:
+            return await future
+        finally:
+            if self._future is future:
+                self._future = None
+
+
 @dataclass(eq=False)
 class LiveStep:
     """A dispatched step whose dispatcher awaits it in memory (a step with
@@ -84,7 +129,7 @@ class LiveStep:
     heard_at: int | None = None
     """When this process last heard a heartbeat for it."""
     result: StepResult | None = None
-    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    changed: Changed = field(default_factory=Changed)
     recheck: bool = False
     """A result was heard that settled nothing in the store (settled already,
     by another instance's receiver or an earlier copy), or another instance
