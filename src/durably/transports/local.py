@@ -17,7 +17,6 @@ import itertools
 from collections.abc import Collection, Coroutine
 from typing import Any
 
-from .._aio import start_eagerly
 from .._logs import engine_logger
 from ..wire import Heartbeat, StepResult, StepTask
 from .base import CancelHandler, HeartbeatHandler, ResultHandler, TaskHandler
@@ -101,22 +100,17 @@ class LocalTransport:
                 task = self._next_task() if handler is not None else None
                 if handler is None or task is None:
                     break
-                # Run at once, up to its first suspension: most handlers end
-                # there, with no task nor done callback (a task per served step
-                # was a large share of its cost). One that suspends goes on in
-                # a task (its own coroutine, no wrapper frame); a failure is
-                # seen in the done callback.
-                runner: asyncio.Future[None] | None
+                # The handler's own coroutine is the task (no wrapper: a frame
+                # per served step); a failure is seen in its done callback.
+                runner: asyncio.Future[None]
                 try:
-                    runner = start_eagerly(handler(task))
+                    runner = asyncio.ensure_future(handler(task))
                 except Exception as exc:
-                    # A handler that raises before it suspends fails like one
-                    # whose await raised: delivered again from the done
-                    # callback, on a later loop iteration (not a spin here).
+                    # A handler that raises before returning an awaitable fails
+                    # like one whose await raised: delivered again from the
+                    # done callback, on a later loop iteration (not a spin here).
                     runner = asyncio.get_running_loop().create_future()
                     runner.set_exception(exc)
-                if runner is None:
-                    continue  # done already: its result is sent
                 self._running[runner] = task
                 runner.add_done_callback(self._handler_done)
 
