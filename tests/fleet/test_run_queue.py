@@ -141,6 +141,23 @@ def spy_on(engine: durably.Engine) -> SpyQueue:
     return spy
 
 
+def sweep_signal(engine: durably.Engine) -> asyncio.Event:
+    """Set once the engine's worker has finished a sweep of pending runs;
+    install it before the engine opens (its worker sweeps at once)."""
+    swept = asyncio.Event()
+    worker = engine._worker
+    sweep = worker.run_pending
+
+    async def run_pending(limit: int = 1000) -> int:
+        try:
+            return await sweep(limit)
+        finally:
+            swept.set()
+
+    worker.run_pending = run_pending  # type: ignore[method-assign]
+    return swept
+
+
 def register_short(engine: durably.Engine, done_by: Counter[str]) -> None:
     """A short workflow of a few local steps; counts executions per instance."""
     instance = engine.instance_id
@@ -718,8 +735,13 @@ async def test_runs_one_at_a_time_cost_one_claim_each(postgres_url: str) -> None
     register_refusing(producer, "short", [])
     engine = make_engine(postgres_url, poll_interval=30.0)  # no poll: notices and acks only
     register_short(engine, done_by)
+    swept = sweep_signal(engine)
     async with producer, engine:
         spy = spy_on(engine)
+        # The consumer's start-up sweep of pending runs, racing the producer's
+        # start (its run inserted, its message not pushed yet), would queue that
+        # run a second time: a duplicate that is correct but not what is counted.
+        await asyncio.wait_for(swept.wait(), WAIT)
         for i in range(20):
             run = await producer.start("short", i, run_id=f"one{i}")
             await wait_all(engine, [run.run_id])
