@@ -9,6 +9,8 @@ sent, each ``BEGIN``/``COMMIT`` one; a pipelined ``executemany`` one) and where 
     python dispatch_counts.py --db postgres --transport db --sites  # asyncpg round trips
     python dispatch_counts.py --db postgres --transport db --k 1 --n 100 --one-at-a-time
     PYTHONPATH=/tmp/before/src python dispatch_counts.py ...   # another tree (before/after)
+    python dispatch_counts.py --db postgres --transport db --n 1000 --callbacks --max-held 256
+        # loop callbacks by target (unprofiled), with the run queue's MAX_HELD at 256
 
 One process drives N workflows of K sequential ``ctx.step`` and serves them (as
 dispatch_durably.py's throughput scenario), after 20 untimed warm-up workflows. The
@@ -156,6 +158,8 @@ async def main(args: argparse.Namespace) -> None:
     target = make_target(args.db, "bench_counts", prepare_workdir(".work"))
     await reset_target(target)
     engine = dd.build_engine(target, args.transport)
+    if args.step_concurrency is not None:
+        engine.step_concurrency = args.step_concurrency
     k = args.k
     try:
         async with engine:
@@ -253,6 +257,7 @@ if __name__ == "__main__":
     p.add_argument("--cprofile", default=None, help="write a CPU-time cProfile here")
     p.add_argument("--callbacks", action="store_true", help="count loop callbacks by target")
     p.add_argument("--max-held", type=int, default=None, help="the run queue's MAX_HELD")
+    p.add_argument("--step-concurrency", type=int, default=None, help="the engine's")
     parsed = p.parse_args()
     _count_quiescence()
     if parsed.callbacks:
