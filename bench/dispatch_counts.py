@@ -9,6 +9,8 @@ sent, each ``BEGIN``/``COMMIT`` one; a pipelined ``executemany`` one) and where 
     python dispatch_counts.py --db postgres --transport db --sites  # asyncpg round trips
     python dispatch_counts.py --db postgres --transport db --k 1 --n 100 --one-at-a-time
     PYTHONPATH=/tmp/before/src python dispatch_counts.py ...   # another tree (before/after)
+    python dispatch_counts.py --db postgres --transport db --n 1000 --callbacks --max-held 256
+        # loop callbacks by target (unprofiled), with the run queue's MAX_HELD at 256
 
 One process drives N workflows of K sequential ``ctx.step`` and serves them (as
 dispatch_durably.py's throughput scenario), after 20 untimed warm-up workflows. The
@@ -61,6 +63,29 @@ def _count_writes() -> None:
 
 _pg_trips = [0]
 _pg_sites: dict[str, int] = {}
+_callbacks: dict[str, int] = {}
+_counting_callbacks = [False]
+
+
+def _count_callbacks() -> None:
+    """Wrap the loop's ``_call_soon`` (every ``call_soon``, a task's step, a
+    future's done callback): counted by what it calls, unprofiled."""
+    from asyncio import base_events
+
+    original = base_events.BaseEventLoop._call_soon
+
+    def counted(self: Any, callback: Any, args: Any, context: Any) -> Any:
+        if _counting_callbacks[0]:
+            target = getattr(callback, "__self__", None)
+            if isinstance(target, asyncio.Task):
+                coro = target.get_coro()
+                name = "task " + getattr(coro, "__qualname__", type(coro).__name__)
+            else:
+                name = getattr(callback, "__qualname__", type(callback).__name__)
+            _callbacks[name] = _callbacks.get(name, 0) + 1
+        return original(self, callback, args, context)
+
+    base_events.BaseEventLoop._call_soon = counted  # type: ignore[method-assign]
 
 
 def _site() -> str:
@@ -109,10 +134,32 @@ def _commandstats() -> dict[str, tuple[int, int]]:
     return {k: (v["calls"], v["usec"]) for k, v in stats.items()}
 
 
+_quiet = [0]
+
+
+def _count_quiescence() -> None:
+    """Count quiescence checks (``_QuietWatch``s made: each counts up to 20 ticks)."""
+    from durably import _replay
+
+    original = _replay._QuietWatch.__init__
+
+    def counted(self: Any, *a: Any) -> None:
+        _quiet[0] += 1
+        original(self, *a)
+
+    _replay._QuietWatch.__init__ = counted  # type: ignore[method-assign]
+
+
 async def main(args: argparse.Namespace) -> None:
+    if args.max_held is not None:
+        from durably import _run_queue
+
+        _run_queue.MAX_HELD = args.max_held
     target = make_target(args.db, "bench_counts", prepare_workdir(".work"))
     await reset_target(target)
     engine = dd.build_engine(target, args.transport)
+    if args.step_concurrency is not None:
+        engine.step_concurrency = args.step_concurrency
     k = args.k
     try:
         async with engine:
@@ -134,6 +181,8 @@ async def main(args: argparse.Namespace) -> None:
             t0 = os.times()
             if profile:
                 profile.enable()
+            _counting_callbacks[0] = args.callbacks
+            misses0, quiet0 = engine._steps.holds.misses, _quiet[0]
             if args.one_at_a_time:
                 for i in range(args.n):
                     await wait(await start(i))
@@ -142,6 +191,9 @@ async def main(args: argparse.Namespace) -> None:
             if profile:
                 profile.disable()
             t1 = os.times()
+            _counting_callbacks[0] = False
+            misses = engine._steps.holds.misses - misses0
+            quiet = _quiet[0] - quiet0
             holds = engine._steps.holds
             sticky = engine._turns.sticky
             counters = (
@@ -156,8 +208,20 @@ async def main(args: argparse.Namespace) -> None:
         await dd.forget_redis_prefix()
     steps = args.n * k
     user, system = (t1.user - t0.user) * 1e6 / steps, (t1.system - t0.system) * 1e6 / steps
-    print(f"CPU us/step {user + system:.1f} (user {user:.0f}, sys {system:.0f})")
+    wall = t1.elapsed - t0.elapsed
+    print(
+        f"CPU us/step {user + system:.1f} (user {user:.0f}, sys {system:.0f}),",
+        f"{steps / wall:.0f} steps/s",
+    )
     print(counters, "(cumulative, warm-up included)")
+    print(
+        f"timed window: hold misses {misses}, quiescence checks {quiet} ({quiet / steps:.3f}/step)"
+    )
+    if args.callbacks:
+        total = sum(_callbacks.values())
+        print(f"loop callbacks/step {total / steps:.2f}")
+        for name, n in sorted(_callbacks.items(), key=lambda kv: -kv[1])[:25]:
+            print(f"  {n / steps:.3f}/step {name}")
     print(f"client writes (round trips)/step {writes / steps:.3f}", end=", ")
     print(f"bytes sent/step {sent / steps:.0f}")
     for site, n in sorted(_sites.items(), key=lambda kv: -kv[1]):
@@ -191,7 +255,13 @@ if __name__ == "__main__":
     )
     p.add_argument("--sites", action="store_true", help="say which code sent each write")
     p.add_argument("--cprofile", default=None, help="write a CPU-time cProfile here")
+    p.add_argument("--callbacks", action="store_true", help="count loop callbacks by target")
+    p.add_argument("--max-held", type=int, default=None, help="the run queue's MAX_HELD")
+    p.add_argument("--step-concurrency", type=int, default=None, help="the engine's")
     parsed = p.parse_args()
+    _count_quiescence()
+    if parsed.callbacks:
+        _count_callbacks()
     _count_sites = parsed.sites
     _count_writes()
     if parsed.db == "postgres":

@@ -49,7 +49,8 @@ class RunExecutor:
         self._on_full = on_full
         self._waiting: deque[str] = deque()
         self._waiting_ids: dict[str, bool] = {}
-        self._executing: set[str] = set()
+        self._executing: dict[str, int] = {}
+        """Executions of each run id now: a wake mid-turn starts a second one."""
         self._waiting_done: dict[str, list[Done]] = {}
         self._executing_done: dict[str, list[Done]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -159,7 +160,8 @@ class RunExecutor:
             done = self._waiting_done.pop(run_id, None)
             if done:
                 self._executing_done.setdefault(run_id, []).extend(done)
-            self._executing.add(run_id)  # known from submission on (no gap before the task runs)
+            # Known from submission on (no gap before the task runs).
+            self._executing[run_id] = self._executing.get(run_id, 0) + 1
             task = asyncio.create_task(self._run(run_id, wake), name=f"durably-run:{run_id}")
             self._tasks.add(task)
             self._idle.clear()
@@ -174,8 +176,15 @@ class RunExecutor:
             ok = False
             _log.exception("executing run %s failed", run_id)
         finally:
-            self._executing.discard(run_id)
-            self._lent.discard(run_id)  # ended without taking its slot back
+            # Another execution of this id (a wake's, which found the run
+            # leased by this one or waited for it) may still run and may be
+            # the one that lent the slot: its mark and claim stay until the
+            # last one ends, else its claim would never be served.
+            left = self._executing.pop(run_id) - 1
+            if left:
+                self._executing[run_id] = left
+            else:
+                self._lent.discard(run_id)  # ended without taking its slot back
             for on_done in self._executing_done.pop(run_id, ()):
                 on_done(ok)
             task = asyncio.current_task()

@@ -119,3 +119,53 @@ async def test_an_execution_ending_lent_frees_its_claim() -> None:
     gate.set()
     await executor.join()
     assert (executor.busy, executor.lent, executor.reclaiming) == (0, 0, 0)
+
+
+async def test_a_second_execution_of_the_run_ending_leaves_the_claim_whole() -> None:
+    """A wake for a run whose turn holds starts a second execution of the same
+    id in the lent slot (it finds the run leased and ends). Its end must not
+    drop the holding execution's lent mark nor its claim: that claim was left
+    unresolved, and the held turn waited forever under a kept lease (seen with
+    the run queue's ``MAX_HELD`` at the executor's limit, db:// N=1000)."""
+    executor = RunExecutor(lambda run_id, wake: asyncio.sleep(0), 1)
+    calls = 0
+    started, go = asyncio.Event(), asyncio.Event()
+    first_end, second_end = asyncio.Event(), asyncio.Event()
+    claims: list[asyncio.Future[None] | None] = []
+    log: list[str] = []
+
+    async def handler(run_id: str, wake: bool) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            assert executor.lend(run_id)
+            started.set()
+            await go.wait()
+            claim = executor.reclaim(run_id)
+            claims.append(claim)
+            if claim is not None:
+                await claim
+            log.append("back")
+            await first_end.wait()
+        else:
+            assert executor.executing(run_id)
+            await second_end.wait()
+            log.append("second ends")
+
+    executor._handler = handler
+    executor.submit("r")
+    await started.wait()
+    executor.submit("r", wake=True)  # a wake mid-turn: a second execution, in the lent slot
+    await settle()
+    assert (executor.busy, executor.working) == (2, 1)
+    go.set()
+    await settle()
+    assert claims[0] is not None and executor.reclaiming == 1  # the slot is the second's
+    second_end.set()
+    await settle()
+    assert log == ["second ends", "back"]
+    assert executor.executing("r") and (executor.busy, executor.working, executor.lent) == (1, 1, 0)
+    first_end.set()
+    await executor.join()
+    assert (executor.busy, executor.lent, executor.reclaiming) == (0, 0, 0)
+    assert not executor.executing("r")
