@@ -14,7 +14,15 @@ The window is per step name: an exponentially weighted average of the result
 latency holds observed, times :data:`_HEADROOM`, capped by the engine's
 ``step_hold``. A step known to answer slower than the cap is not held (a
 hold would only occupy the turn's slot), except one call in
-:data:`_PROBE_EVERY`, so a step that got faster is noticed.
+:data:`_PROBE_EVERY`, so a step that got faster is noticed: a probe heard
+within the cap resets the average to its latency. A window that runs out
+below the cap holds on, once, up to the cap before it counts as a miss
+(:meth:`LiveHolds.longer_ms`): under load, or in a burst of starts, a fast
+step's window runs out for the machine's sake, not the step's, and a miss
+costs a whole turn. So a miss is always of the cap, and a fast step pushed
+above it by misses of a loaded moment is held again at its first probe hit,
+where nudging the average took several probes, all but one call in 16
+parking meanwhile, which kept the load (and the probes' latency) high.
 
 A result this process's receiver hands to a hold is settled with no wake
 stamp (``Resolution.held_by``: none while the holder's lease lives), since
@@ -212,7 +220,32 @@ class LiveHolds:
     def heard(self, name: str, latency_ms: float) -> None:
         """A hold of step ``name`` heard its result ``latency_ms`` after it began."""
         self.hits += 1
+        seen = self._latency.get(name)
+        if seen is not None and seen.avg_ms > self.cap_ms() >= latency_ms:
+            # A probe of a step held one call in _PROBE_EVERY answered within
+            # the cap: it is fast again. The average is reset, not nudged: the
+            # misses that put it above the cap may have been the load's (holds
+            # that ran out at the cap while the loop was busy), and a nudge
+            # takes several probes, each _PROBE_EVERY calls apart, all but
+            # one of them parks whose turns keep the load, and so the
+            # latency the probes see, high.
+            seen.avg_ms = latency_ms
+            seen.skipped = 0
+            return
         self._observe(name, latency_ms)
+
+    def longer_ms(self, window_ms: float) -> float:
+        """A hold's window of ``window_ms`` ran out: how much longer it may
+        hold, once (up to the cap), before it counts as a miss.
+
+        A window shorter than the cap is the step's usual latency with
+        headroom; it runs out when the step is slow *now*, mostly in a burst
+        (the first runs of a burst hold their first step while the burst's
+        starts are still being written, in the transaction their task goes
+        out with): a park costs a whole turn, holding on only the hold."""
+        if not self.may_hold():
+            return 0.0
+        return max(0.0, self.cap_ms() - window_ms)
 
     def missed(self, name: str, window_ms: float) -> None:
         """A hold of step ``name`` saw no result within ``window_ms``."""
