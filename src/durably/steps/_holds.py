@@ -221,7 +221,10 @@ class LiveHolds:
         """A hold of step ``name`` heard its result ``latency_ms`` after it began."""
         self.hits += 1
         seen = self._latency.get(name)
-        if seen is not None and seen.avg_ms > self.cap_ms() >= latency_ms:
+        if seen is None:
+            self._observe(name, latency_ms)
+            return
+        if seen.avg_ms > self.cap_ms() >= latency_ms:
             # A probe of a step held one call in _PROBE_EVERY answered within
             # the cap: it is fast again. The average is reset, not nudged: the
             # misses that put it above the cap may have been the load's (holds
@@ -232,7 +235,7 @@ class LiveHolds:
             seen.avg_ms = latency_ms
             seen.skipped = 0
             return
-        self._observe(name, latency_ms)
+        seen.avg_ms += _ALPHA * (latency_ms - seen.avg_ms)
 
     def longer_ms(self, window_ms: float) -> float:
         """A hold's window of ``window_ms`` ran out: how much longer it may
