@@ -160,72 +160,56 @@ class StepServer:
         # due, and a timer per step (two, with the ticker) was ~6% of a
         # dispatched step's CPU; one sweep timer serves every running handler.
         self._sweep.arm(began + _PICKUP_BEAT_DELAY_S)
-        # The handler's outcome is worked out here, not in a coroutine of its
-        # own: one frame less per served step.
         try:
-            events = self._events
-            if events.active:
-                events.event(
-                    EventKind.STEP_STARTED,
+            return await self._execute(definition, task, log, started)
+        finally:
+            self._running.pop(step_id, None)
+            if not self._running and self._idle is not None:
+                self._idle.set()
+
+    async def _execute(
+        self, definition: StepDefinition, task: StepTask, log: StepLogger, started: int
+    ) -> StepResult:
+        events = self._events
+        if events.active:
+            events.event(
+                EventKind.STEP_STARTED,
+                task.run_id,
+                started,
+                step=task.name,
+                seq=task.seq,
+                attempt=task.attempt,
+                served=True,
+                queue_ms=None if task.sent_at is None else max(0, started - task.sent_at),
+            )
+        try:
+            self._faults.starting(task.name)
+            data = definition.parse_input(task.input)
+            args = (data, log) if definition.takes_logger else (data,)
+            if self._intercept.steps:
+                info = StepInfo(
                     task.run_id,
-                    started,
-                    step=task.name,
-                    seq=task.seq,
-                    attempt=task.attempt,
-                    served=True,
-                    queue_ms=None if task.sent_at is None else max(0, started - task.sent_at),
-                )
-            try:
-                self._faults.starting(task.name)
-                data = definition.parse_input(task.input)
-                args = (data, log) if definition.takes_logger else (data,)
-                if self._intercept.steps:
-                    info = StepInfo(
-                        task.run_id,
-                        task.name,
-                        task.seq,
-                        task.attempt,
-                        "served",
-                        traceparent=task.traceparent,
-                    )
-                    value = await self._intercept.run_step(
-                        info, lambda: self._call(definition, args)
-                    )
-                elif definition.is_async:
-                    value = await definition.fn(*args)
-                else:
-                    value = await self._call(definition, args)
-                output = definition.dump_output(value)
-            except Exception as exc:
-                _log.info(
-                    "step %s (%s) attempt %d failed: %s", task.name, step_id, task.attempt, exc
-                )
-                failure = failure_of(exc)
-                if events.active:
-                    now = wall_ms()
-                    events.event(
-                        EventKind.STEP_FAILED,
-                        task.run_id,
-                        now,
-                        step=task.name,
-                        seq=task.seq,
-                        attempt=task.attempt,
-                        served=True,
-                        duration_ms=now - started,
-                        error=failure,
-                    )
-                return StepResult(
-                    task.run_id,
+                    task.name,
                     task.seq,
-                    ok=False,
-                    error=failure,
-                    started_at=started,
-                    events=list(log.events),
+                    task.attempt,
+                    "served",
+                    traceparent=task.traceparent,
                 )
+                value = await self._intercept.run_step(info, lambda: self._call(definition, args))
+            elif definition.is_async:
+                value = await definition.fn(*args)
+            else:
+                value = await self._call(definition, args)
+            output = definition.dump_output(value)
+        except Exception as exc:
+            _log.info(
+                "step %s (%s) attempt %d failed: %s", task.name, task.step_id, task.attempt, exc
+            )
+            failure = failure_of(exc)
             if events.active:
                 now = wall_ms()
                 events.event(
-                    EventKind.STEP_COMPLETED,
+                    EventKind.STEP_FAILED,
                     task.run_id,
                     now,
                     step=task.name,
@@ -233,19 +217,36 @@ class StepServer:
                     attempt=task.attempt,
                     served=True,
                     duration_ms=now - started,
+                    error=failure,
                 )
             return StepResult(
                 task.run_id,
                 task.seq,
-                ok=True,
-                output=output,
+                ok=False,
+                error=failure,
                 started_at=started,
                 events=list(log.events),
             )
-        finally:
-            self._running.pop(step_id, None)
-            if not self._running and self._idle is not None:
-                self._idle.set()
+        if events.active:
+            now = wall_ms()
+            events.event(
+                EventKind.STEP_COMPLETED,
+                task.run_id,
+                now,
+                step=task.name,
+                seq=task.seq,
+                attempt=task.attempt,
+                served=True,
+                duration_ms=now - started,
+            )
+        return StepResult(
+            task.run_id,
+            task.seq,
+            ok=True,
+            output=output,
+            started_at=started,
+            events=list(log.events),
+        )
 
     async def _call(self, definition: StepDefinition, args: tuple[Any, ...]) -> Any:
         if definition.is_async:
