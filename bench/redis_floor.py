@@ -300,6 +300,62 @@ async def _rounds(
             raise RuntimeError(f"took {len(tasks.held)} tasks of {n}")
 
 
+async def _server_split(url: str, steps: int, batch: int) -> dict[str, float]:
+    """Redis's script time per task job for each of BullMQ's scripts on the step path:
+    ``batch`` task jobs added, then taken, then finished, each its own call and round
+    trip (``INFO commandstats`` read between them); microseconds per job."""
+    prefix = f"floor-split-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    client = aioredis.Redis.from_url(url, decode_responses=True)
+    batches = batch_client(url)
+    tasks = _Side(f"{prefix}-tasks-noop", url, client, batches)
+    packed = packed_job_opts(_TASK_OPTS)
+    spent = {"add (addPrioritizedJob)": 0.0, "take (moveToActive)": 0.0}
+    spent["finish (moveToFinished)"] = 0.0
+
+    async def timed(phase: str, calls: list[Call]) -> list[Any]:
+        before = (await asyncio.to_thread(_server_figures, url))["script_usec"]
+        replies = await run_scripts(batches, calls)
+        after = (await asyncio.to_thread(_server_figures, url))["script_usec"]
+        spent[phase] += after - before
+        return replies
+
+    try:
+        for seq in range(0, steps, batch):
+            now_ms = int(time.time() * 1000)
+            added = [
+                added_job(
+                    tasks.scripts,
+                    "task",
+                    StepTask(
+                        f"r{i // 5:019d}", i % 5 + 1, "noop", "noop", i, sent_at=now_ms
+                    ).to_wire(),
+                    _TASK_OPTS,
+                    None,
+                    packed,
+                )
+                for i in range(seq, seq + batch)
+            ]
+            first = added[0]
+            jobs = [(a.data, a.opts) for a in added]
+            call = add_call(
+                add_script(first.script), first.keys, first.packed, first.timestamp, jobs
+            )
+            await timed("add (addPrioritizedJob)", [call])
+            take, token = tasks.take(batch)
+            (reply,) = await timed("take (moveToActive)", [take])
+            held = tasks.worker._jobs(parse_taken(reply)[0], token)
+            done = [(job, None, job.token) for job in held]
+            await timed("finish (moveToFinished)", tasks.worker.finish_calls(done))
+    finally:
+        await tasks.close()
+        keys = [key async for key in client.scan_iter(match=f"*{prefix}*", count=1000)]
+        for start in range(0, len(keys), 500):
+            await client.delete(*keys[start : start + 500])
+        await client.aclose()
+        await batches.aclose()
+    return {phase: usec / steps for phase, usec in spent.items()}
+
+
 async def _transport_share(url: str, transport: str, runs: int, k: int) -> dict[str, float]:
     """The transport's own share as ``redis_path.py`` measures it: ``runs`` make-believe runs
     each sending ``k`` tasks one after the other through ``transport`` (``local`` or
@@ -431,11 +487,13 @@ def main() -> None:
         proc, url, workdir = _spawn_redis()
     floors: dict[int, list[dict[str, float]]] = {b: [] for b in batches}
     shares: dict[str, list[float]] = {"local": [], "redis": []}
+    split: list[dict[str, float]] = []
     engine: dict[str, list[dict[str, Any]]] = {t: [] for t in transports}
     try:
         for rep in range(args.repeat):
             for b in batches:
                 floors[b].append(asyncio.run(_floor(url, args.steps, b, args.k)))
+            split.append(asyncio.run(_server_split(url, args.steps, max(batches))))
             for t in shares:
                 got = asyncio.run(_transport_share(url, t, args.steps // args.k, args.k))
                 shares[t].append(got["cpu_us"])
@@ -455,6 +513,9 @@ def main() -> None:
         print(f"\n batch {b} task jobs per round trip")
         for key in rows[0]:
             print(f"  {key:32s} {_median([r[key] for r in rows])}")
+    print(f"\nRedis script time per task job, each script alone (batch {max(batches)}):")
+    for key in split[0]:
+        print(f"  {key:32s} {_median([r[key] for r in split])}")
     print(f"\nTransports alone (redis_path.py's make-believe runs, {args.steps // args.k} x K):")
     for t, values in shares.items():
         print(f"  {t + '://':10s} CPU us/step {_median(values)}")
