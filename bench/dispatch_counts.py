@@ -49,8 +49,7 @@ def _count_writes() -> None:
         _writes[1] += sum(len(c) for c in chunks)
         # this process's script calls (the server's commandstats count every client's)
         _writes[2] += sum(
-            c.count(b"\r\nEVALSHA\r\n") if isinstance(c, bytes | bytearray) else 0
-            for c in chunks
+            c.count(b"\r\nEVALSHA\r\n") if isinstance(c, bytes | bytearray) else 0 for c in chunks
         )
         if _count_sites:
             site = "?"
