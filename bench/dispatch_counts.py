@@ -31,7 +31,8 @@ from typing import Any
 import dispatch_durably as dd
 from common import make_target, prepare_workdir, reset_target, timed_batch
 
-_writes = [0, 0]
+_writes = [0, 0, 0]
+"""Writes (round trips), bytes and ``EVALSHA`` calls this process sent."""
 _sites: dict[str, int] = {}
 _count_sites = False
 
@@ -46,6 +47,10 @@ def _count_writes() -> None:
         _writes[0] += 1
         chunks = [command] if isinstance(command, bytes | str) else command
         _writes[1] += sum(len(c) for c in chunks)
+        # this process's script calls (the server's commandstats count every client's)
+        _writes[2] += sum(
+            c.count(b"\r\nEVALSHA\r\n") if isinstance(c, bytes | bytearray) else 0 for c in chunks
+        )
         if _count_sites:
             site = "?"
             # the first caller outside the batch plumbing (every write goes through it)
@@ -174,7 +179,7 @@ async def main(args: argparse.Namespace) -> None:
 
             await timed_batch(20, start, wait, 600)
             before = _commandstats()
-            _writes[0] = _writes[1] = _pg_trips[0] = 0
+            _writes[0] = _writes[1] = _writes[2] = _pg_trips[0] = 0
             _sites.clear()
             _pg_sites.clear()
             profile = cProfile.Profile(time.process_time) if args.cprofile else None
@@ -201,7 +206,7 @@ async def main(args: argparse.Namespace) -> None:
                 f"kept bodies resumed {sticky.resumed if sticky is not None else 0}, "
                 f"replayed {sticky.replayed if sticky is not None else 0}"
             )
-            writes, sent = _writes
+            writes, sent, scripts = _writes
             trips = _pg_trips[0]
             after = _commandstats()
     finally:
@@ -223,7 +228,7 @@ async def main(args: argparse.Namespace) -> None:
         for name, n in sorted(_callbacks.items(), key=lambda kv: -kv[1])[:25]:
             print(f"  {n / steps:.3f}/step {name}")
     print(f"client writes (round trips)/step {writes / steps:.3f}", end=", ")
-    print(f"bytes sent/step {sent / steps:.0f}")
+    print(f"bytes sent/step {sent / steps:.0f}, EVALSHA calls sent/step {scripts / steps:.3f}")
     for site, n in sorted(_sites.items(), key=lambda kv: -kv[1]):
         print(f"  {n / steps:.3f}/step from {site}")
     if args.db == "postgres":

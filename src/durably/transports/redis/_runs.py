@@ -12,6 +12,14 @@ One BullMQ worker per consumed pool, each taking at most ``capacity`` jobs,
 with one slot pool across them; BullMQ keeps the locks of held jobs alive and
 brings back the jobs of a holder that died (its stalled-job check). The
 shared rules live in :mod:`durably._run_queue`.
+
+A consumer also lends its slots to runs born leased here (:meth:`RedisRuns.lend`):
+a start on this instance, while every worker here found its queue dry on its
+last take and a slot is free, inserts its run already leased to this instance
+and runs it here, with no job at all (no add, take or finish: three BullMQ
+scripts fewer). A lent slot counts against the slot pool as a held job does,
+and keeps room in every worker, so an instance still holds at most
+``capacity`` of the queue's runs at once.
 """
 
 from __future__ import annotations
@@ -21,13 +29,14 @@ import contextlib
 import hashlib
 import json
 import logging
+from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 import redis.asyncio as aioredis
 
 from ..._queue import Deliver, Delivered, QueuedRun
-from ._bullmq import Finisher, _Consumer, _delayed, _Job, _Queue
+from ._bullmq import Finisher, Reserved, _BatchWorker, _Consumer, _delayed, _Job, _Queue
 from ._names import RedisNames, bullmq_priority
 
 __all__ = ["RedisRuns", "start_job_id"]
@@ -62,6 +71,62 @@ def start_job_id(run_id: str, state: str) -> str:
     return f"start-{digest}"
 
 
+class _Slots:
+    """A semaphore whose slots can also be taken without waiting (:meth:`try_take`)."""
+
+    def __init__(self, size: int) -> None:
+        self._free = size
+        self._waiters: deque[asyncio.Future[None]] = deque()
+
+    def try_take(self) -> bool:
+        """Take a slot if one is free and nobody waits for one."""
+        if self._free > 0 and not self._waiters:
+            self._free -= 1
+            return True
+        return False
+
+    async def take(self) -> None:
+        """Take a slot, waiting in turn for one."""
+        if self.try_take():
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if waiter.cancelled():
+                with contextlib.suppress(ValueError):
+                    self._waiters.remove(waiter)
+            else:
+                self.give()  # given to us as we were cancelled: pass it on
+            raise
+
+    def give(self) -> None:
+        """Free a slot: the next waiter's, if any."""
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+        self._free += 1
+
+
+class _Loan:
+    """A slot lent to a run born leased here: the slot pool's slot and the
+    room it keeps in each worker."""
+
+    __slots__ = ("room", "slots")
+
+    def __init__(self, slots: _Slots, room: list[Reserved]) -> None:
+        self.slots = slots
+        self.room = room
+
+    def end(self) -> None:
+        for reserved in self.room:
+            reserved.cancel()
+        self.slots.give()
+
+
 class RedisRuns:
     """A :class:`~durably._queue.RunBroker` over BullMQ queues."""
 
@@ -91,15 +156,57 @@ class RedisRuns:
         self._consumers: dict[str, _Consumer] = {}
         self._closing: list[asyncio.Task[None]] = []
         self._discovery: asyncio.Task[None] | None = None
-        self._slots = asyncio.Semaphore(1)
+        self._slots = _Slots(1)
+        self._capacity = 1
         self._options: dict[str, Any] = {}
         self._held: set[str] = set()
         self._generation = 0
+        self._loans: list[_Loan] = []
 
     @property
     def held(self) -> int:
         """Jobs taken and not yet finished or handed back."""
         return len(self._held)
+
+    @property
+    def lent(self) -> int:
+        """Slots lent to runs born leased here and not given back yet."""
+        return len(self._loans)
+
+    def lend(self, namespace: str) -> bool:
+        """Take a slot for a run of ``namespace`` a start here inserts leased
+        to this instance; ``False`` if this instance does not take that
+        namespace's runs, has no free slot, or jobs may wait for it (some
+        worker's last take filled its room, or it has not taken yet: they go
+        first). :meth:`give_back` when that run's turn is over."""
+        if self._deliver is None or len(self._held) + len(self._loans) >= self._capacity:
+            return False
+        if self._names.runs(namespace) not in self._consumers:
+            return False
+        workers: list[_BatchWorker] = []
+        for consumer in self._consumers.values():
+            worker: _BatchWorker = consumer.worker  # type: ignore[assignment]
+            if not worker.drained or worker.closing:
+                return False
+            workers.append(worker)
+        if not self._slots.try_take():
+            return False
+        # The slots are shared: a lent one is room no worker may take a job
+        # for. A worker without room has a take of its own out.
+        loan = _Loan(self._slots, [])
+        for worker in workers:
+            reserved = worker.reserve(1)
+            if reserved is None:
+                loan.end()
+                return False
+            loan.room.append(reserved)
+        self._loans.append(loan)
+        return True
+
+    def give_back(self) -> None:
+        """A slot :meth:`lend` took is free again (for a job, if one waits)."""
+        if self._loans:
+            self._loans.pop().end()
 
     def consumer(self, queue: str) -> _Consumer | None:
         """The consumer taking ``queue``'s runs here, if any."""
@@ -139,7 +246,8 @@ class RedisRuns:
         self._deliver = deliver
         self._pools = pools
         self._generation += 1
-        self._slots = asyncio.Semaphore(capacity)
+        self._slots = _Slots(capacity)
+        self._capacity = capacity
         self._options = {
             "concurrency": capacity,
             "lockDuration": lease_ms,
@@ -199,12 +307,16 @@ class RedisRuns:
             key = f"{queue}/{job.id}"
             self._held.add(key)
             try:
-                async with self._slots:
+                slots = self._slots
+                await slots.take()
+                try:
                     deliver = self._deliver
                     if deliver is None or generation != self._generation:
                         outcome = Delivered.AGAIN
                     else:
                         outcome = await deliver(json.dumps(job.data))
+                finally:
+                    slots.give()
                 if outcome is not Delivered.DONE:
                     delay = _RETRY_DELAY_MS if outcome is Delivered.LATER else 0
                     await self._give_back(queue, job, token, delay)
