@@ -4,7 +4,8 @@ through its bookkeeping: no engine, no clock.
 A hold that ran out at the cap while the machine was loaded must not leave a
 fast step parked one call in 16 for good (the cascade of bench/RESULTS.md's
 ``inflight`` section); a step truly slower than the cap must still end up
-parked."""
+parked; and a step that is held is held up to the cap, whatever its average
+(the average decides whether to hold, not how long)."""
 
 from __future__ import annotations
 
