@@ -155,8 +155,9 @@ class Engine:
             one the kept body saw (see docs/workflows.md, "Sticky runs").
         step_hold: the longest a turn waits in memory for the result of a
             dispatched step without ``timeout`` before it parks the run
-            (default 250 ms; ``0`` or ``None``: park at once). The window
-            adapts per step name to the results' observed latency; a holding
+            (default 250 ms; ``0`` or ``None``: park at once). A step whose
+            results' average latency is above it is held once in 16 calls
+            only (to notice it got faster); a holding
             turn lends its ``max_concurrent_runs`` slot to a waiting run, and
             at most ``max(max_concurrent_runs, sticky_runs)`` turns hold at
             once. A result heard in time continues the same turn instead of

@@ -7,8 +7,8 @@ over its checkpoint:
 - no checkpoint, or one not out (``dispatched_at`` unset): ask for admission
   if the call names a queue, then save ``pending`` *before* sending the task,
   so a fast result always finds it;
-- out, no ``timeout``: hold the turn in memory for a short adaptive window
-  (:mod:`durably.steps._holds`), then park durably (the reconcile wake, and
+- out, no ``timeout``: hold the turn in memory up to ``step_hold``, unless
+  the step is known slower (:mod:`durably.steps._holds`), then park durably (the reconcile wake, and
   the redispatch deadline when set, bound the wait); whoever receives the
   result settles the checkpoint and hands it to the holder or wakes the run;
 - out, with ``timeout``: await in memory with a heartbeat-rearmed window;
@@ -325,7 +325,6 @@ class StepRunner:
                         return None
                 began = now = loop_time_ms()
                 deadline = began + window_ms
-                extended = False
                 with steps.holds.hold(waiter, self._env.run_id):
                     while True:
                         if waiter.result is not None:
@@ -341,15 +340,6 @@ class StepRunner:
                                 settled = fresh
                                 break
                         left = deadline - now
-                        if left <= 0 and not waiter.released and not extended:
-                            # Once, up to the cap: a window that ran out is
-                            # mostly a burst's, not the step's (LiveHolds.longer_ms).
-                            extended = True
-                            more = steps.holds.longer_ms(window_ms)
-                            if more > 0:
-                                window_ms += more
-                                deadline += more
-                                left = deadline - now
                         if waiter.released or left <= 0:
                             if steps.let_go(waiter):
                                 if not waiter.released:

@@ -3,26 +3,31 @@
 A dispatched step without ``timeout`` used to park its run as soon as its
 task was out: the turn settled the run ``suspended``, the result's settle
 woke (leased) it, and a new turn resumed the body. For a fast worker that is
-a whole turn per result. Instead the turn now waits in memory for a short,
-adaptive window (a *hold*); a result heard within it continues the same turn
+a whole turn per result. Instead the turn now waits in memory for a window
+(a *hold*); a result heard within it continues the same turn
 (the receiver settles the checkpoint in the store, as for a step with a
 ``timeout``). When the window runs out the turn parks exactly as before, so
 a hold only ever saves work: the store stays the truth, and a result that
 lands after the hold let go wakes the run through the usual path.
 
-The window is per step name: an exponentially weighted average of the result
-latency holds observed, times :data:`_HEADROOM`, capped by the engine's
-``step_hold``. A step known to answer slower than the cap is not held (a
-hold would only occupy the turn's slot), except one call in
+The window is the engine's ``step_hold`` (the *cap*) for every step, except
+a step known to answer slower than the cap: one whose latency (an
+exponentially weighted average, per step name, of what its holds heard, a
+miss counting as twice its window) is above the cap. Such a step is not held
+(a hold would only occupy the turn's slot), except one call in
 :data:`_PROBE_EVERY`, so a step that got faster is noticed: a probe heard
-within the cap resets the average to its latency. A window that runs out
-below the cap holds on, once, up to the cap before it counts as a miss
-(:meth:`LiveHolds.longer_ms`): under load, or in a burst of starts, a fast
-step's window runs out for the machine's sake, not the step's, and a miss
-costs a whole turn. So a miss is always of the cap, and a fast step pushed
-above it by misses of a loaded moment is held again at its first probe hit,
-where nudging the average took several probes, all but one call in 16
-parking meanwhile, which kept the load (and the probes' latency) high.
+within the cap resets the average to its latency, and the step is held again
+at once.
+
+The average decides only *whether* to hold, never for how long. A window
+sized to a fast step's usual latency runs out when the machine is loaded, or
+in a burst of starts (the window starts before the task's commit, which
+queues behind the burst's writes): for the machine's sake, not the step's,
+and a miss costs a whole turn where waiting on costs only the hold (its slot
+is lent, below, and a result ends it at once). The reset on a probe hit, not
+a nudge: the misses that put a fast step above the cap may have been a
+loaded moment's, and nudging it back takes several probes 16 calls apart,
+all parks in between, which keep the load (and the probes' latency) high.
 
 A result this process's receiver hands to a hold is settled with no wake
 stamp (``Resolution.held_by``: none while the holder's lease lives), since
@@ -68,12 +73,6 @@ __all__ = ["LiveHolds", "LiveStep"]
 
 _ALPHA = 0.25
 """The weight of the newest observation in a step's average latency."""
-_HEADROOM = 4.0
-"""The window is this many times the average latency (a miss costs a whole
-turn, a few extra milliseconds of waiting only the slot)."""
-_FLOOR_MS = 50.0
-"""The shortest window: a loaded machine's loop lags by tens of ms, and a
-window costs only its slot, which a waiting run takes back at once."""
 _PROBE_EVERY = 16
 """A step slower than the cap is still held once in this many calls."""
 _MAX_NAMES = 4096
@@ -202,20 +201,20 @@ class LiveHolds:
         return len(self._held)
 
     def window_ms(self, name: str) -> float:
-        """How long a call of step ``name`` may hold its turn now (``0``: park at once)."""
+        """How long a call of step ``name`` may hold its turn now: the cap, or
+        ``0`` (park at once) while holds may not start or the step is known
+        slower than the cap (but for its probes)."""
         cap = self.cap_ms()
         if cap <= 0 or not self.may_hold():
             return 0.0
         seen = self._latency.get(name)
-        if seen is None:
-            return float(cap)  # first call: learn its latency
-        self._latency.move_to_end(name)
-        if seen.avg_ms > cap:
-            seen.skipped += 1
-            if seen.skipped % _PROBE_EVERY:
-                return 0.0
-            return float(cap)
-        return min(float(cap), max(_FLOOR_MS, _HEADROOM * seen.avg_ms))
+        if seen is not None:
+            self._latency.move_to_end(name)
+            if seen.avg_ms > cap:
+                seen.skipped += 1
+                if seen.skipped % _PROBE_EVERY:
+                    return 0.0
+        return float(cap)
 
     def heard(self, name: str, latency_ms: float) -> None:
         """A hold of step ``name`` heard its result ``latency_ms`` after it began."""
@@ -237,24 +236,12 @@ class LiveHolds:
             return
         seen.avg_ms += _ALPHA * (latency_ms - seen.avg_ms)
 
-    def longer_ms(self, window_ms: float) -> float:
-        """A hold's window of ``window_ms`` ran out: how much longer it may
-        hold, once (up to the cap), before it counts as a miss.
-
-        A window shorter than the cap is the step's usual latency with
-        headroom; it runs out when the step is slow *now*, mostly in a burst
-        (the first runs of a burst hold their first step while the burst's
-        starts are still being written, in the transaction their task goes
-        out with): a park costs a whole turn, holding on only the hold."""
-        if not self.may_hold():
-            return 0.0
-        return max(0.0, self.cap_ms() - window_ms)
-
     def missed(self, name: str, window_ms: float) -> None:
         """A hold of step ``name`` saw no result within ``window_ms``."""
         self.misses += 1
-        # The latency is above the window: move the average well past it, so
-        # a step that keeps missing stops being held after a few calls.
+        # The latency is above the window (the cap): move the average well
+        # past it, so a step that keeps missing stops being held after a few
+        # calls.
         self._observe(name, 2 * window_ms)
 
     def _observe(self, name: str, ms: float) -> None:
