@@ -11,6 +11,7 @@ sent, each ``BEGIN``/``COMMIT`` one; a pipelined ``executemany`` one) and where 
     PYTHONPATH=/tmp/before/src python dispatch_counts.py ...   # another tree (before/after)
     python dispatch_counts.py --db postgres --transport db --n 1000 --callbacks --max-held 256
         # loop callbacks by target (unprofiled), with the run queue's MAX_HELD at 256
+    python dispatch_counts.py --db postgres --batches   # settle batch sizes (deciles)
 
 One process drives N workflows of K sequential ``ctx.step`` and serves them (as
 dispatch_durably.py's throughput scenario), after 20 untimed warm-up workflows. The
@@ -140,6 +141,38 @@ def _commandstats() -> dict[str, tuple[int, int]]:
 
 
 _quiet = [0]
+_settles: list[int] = []
+_counting_settles = [False]
+_net = [0, 0]  # the waiters' safety net: status reads, runs read
+
+
+def _count_settles() -> None:
+    """Record the size of each batch of results the engine settles (any transport)."""
+    from durably.steps import _dispatcher
+
+    original = _dispatcher.StepDispatcher.on_results
+
+    async def counted(self: Any, results: Any) -> None:
+        if _counting_settles[0]:
+            _settles.append(len(results))
+        await original(self, results)
+
+    _dispatcher.StepDispatcher.on_results = counted  # type: ignore[method-assign]
+
+
+def _count_net(engine: Any) -> None:
+    """Count the waiters' safety-net status reads (``RunWatcher``'s ``get_statuses``)."""
+    watcher = engine._watcher
+    original = watcher._get_statuses
+    if original is None:
+        return
+
+    async def counted(run_ids: list[str]) -> Any:
+        _net[0] += 1
+        _net[1] += len(run_ids)
+        return await original(run_ids)
+
+    watcher._get_statuses = counted
 
 
 def _count_quiescence() -> None:
@@ -163,6 +196,9 @@ async def main(args: argparse.Namespace) -> None:
     target = make_target(args.db, "bench_counts", prepare_workdir(".work"))
     await reset_target(target)
     engine = dd.build_engine(target, args.transport)
+    _count_net(engine)
+    if args.batches:
+        _count_settles()
     if args.step_concurrency is not None:
         engine.step_concurrency = args.step_concurrency
     k = args.k
@@ -179,7 +215,8 @@ async def main(args: argparse.Namespace) -> None:
 
             await timed_batch(20, start, wait, 600)
             before = _commandstats()
-            _writes[0] = _writes[1] = _writes[2] = _pg_trips[0] = 0
+            _writes[0] = _writes[1] = _writes[2] = _pg_trips[0] = _net[0] = _net[1] = 0
+            _counting_settles[0] = True
             _sites.clear()
             _pg_sites.clear()
             profile = cProfile.Profile(time.process_time) if args.cprofile else None
@@ -196,7 +233,8 @@ async def main(args: argparse.Namespace) -> None:
             if profile:
                 profile.disable()
             t1 = os.times()
-            _counting_callbacks[0] = False
+            _counting_callbacks[0] = _counting_settles[0] = False
+            net_reads, net_runs = _net
             misses = engine._steps.holds.misses - misses0
             quiet = _quiet[0] - quiet0
             holds = engine._steps.holds
@@ -222,6 +260,17 @@ async def main(args: argparse.Namespace) -> None:
     print(
         f"timed window: hold misses {misses}, quiescence checks {quiet} ({quiet / steps:.3f}/step)"
     )
+    print(
+        f"waiters' net: status reads/step {net_reads / steps:.4f},",
+        f"runs read/step {net_runs / steps:.2f}",
+    )
+    if _settles:
+        sizes = sorted(_settles)
+        deciles = [sizes[len(sizes) * q // 10] for q in range(10)] + [sizes[-1]]
+        print(
+            f"settles/step {len(sizes) / steps:.4f}, batch mean {sum(sizes) / len(sizes):.1f},",
+            f"deciles (0-100%) {deciles}",
+        )
     if args.callbacks:
         total = sum(_callbacks.values())
         print(f"loop callbacks/step {total / steps:.2f}")
@@ -261,6 +310,7 @@ if __name__ == "__main__":
     p.add_argument("--sites", action="store_true", help="say which code sent each write")
     p.add_argument("--cprofile", default=None, help="write a CPU-time cProfile here")
     p.add_argument("--callbacks", action="store_true", help="count loop callbacks by target")
+    p.add_argument("--batches", action="store_true", help="settle batch sizes")
     p.add_argument("--max-held", type=int, default=None, help="the run queue's MAX_HELD")
     p.add_argument("--step-concurrency", type=int, default=None, help="the engine's")
     parsed = p.parse_args()

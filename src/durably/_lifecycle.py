@@ -121,6 +121,7 @@ class Lifecycle:
             self._steps.holds.lend, self._steps.holds.reclaim = executor.lend, executor.reclaim
             self._opened = True
             self.listening = await self._store.subscribe(self._worker.on_store_event)
+            self._watcher.announced = self.listening
             transport = self._transport
             await transport.open()
             carrier = transport.run_queue() if isinstance(transport, RunCarrier) else None

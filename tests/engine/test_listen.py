@@ -203,3 +203,20 @@ async def test_a_waiter_in_another_process_hears_the_settle_of_a_run_it_watches(
             assert (result.status, result.output) == (RunStatus.COMPLETED, "done")
     finally:
         await waiter.close()
+
+
+async def test_an_engine_listening_on_postgresql_slows_its_waiters_safety_net(
+    postgres_url: str, tmp_path: Any
+) -> None:
+    """Settles of watched runs are announced on PostgreSQL: the waiters' net
+    reads at its announced interval there, at its own on SQLite (no channel)."""
+    listening = durably.Engine(postgres_url, drive=False)
+    polling = durably.Engine(f"sqlite:///{tmp_path / 'runs.db'}", drive=False)
+    try:
+        await listening.open()
+        await polling.open()
+        assert listening.listening and listening._watcher.announced
+        assert not polling.listening and not polling._watcher.announced
+    finally:
+        await listening.close()
+        await polling.close()
