@@ -840,7 +840,9 @@ class UpdateStore(Protocol):
     async def move_updates(self, from_run: str, to_run: str, now: int) -> int:
         """*Atomic*: hand the unanswered updates of ``from_run`` to ``to_run``
         (same ids, same order, an id already there kept), answering each
-        original ``{"outcome": "moved", "run_id": to_run}``; return how many."""
+        original ``{"outcome": "moved", "run_id": to_run}``; return how many.
+        An update put in ``from_run`` meanwhile is either moved or left
+        unanswered there, never answered ``moved`` without being moved."""
 
 
 @runtime_checkable

@@ -669,24 +669,26 @@ class PostgresStore:
         return owner is not None or status.endswith(" 1")
 
     async def move_updates(self, from_run: str, to_run: str, now: int) -> int:
-        """Hand the unanswered updates to ``to_run`` in one transaction."""
-        async with self._db.transaction() as conn:
-            await conn.execute(
-                "INSERT INTO durably_updates (run_id, update_id, name, payload, created_at) "
-                "SELECT $1, update_id, name, payload, created_at FROM durably_updates "
-                "WHERE run_id = $2 AND answer IS NULL ORDER BY id "
-                "ON CONFLICT (run_id, update_id) DO NOTHING",
-                to_run,
-                from_run,
-            )
-            status = await conn.execute(
-                "UPDATE durably_updates SET answer = $1, answered_at = $2 "
-                "WHERE run_id = $3 AND answer IS NULL",
+        """Hand the unanswered updates to ``to_run`` in one statement: the
+        updates answered ``moved`` are exactly those copied (under READ
+        COMMITTED two statements would each see their own set, and an update
+        put in between would be answered ``moved`` without being moved)."""
+        async with self._db.connection() as conn:
+            moved = await conn.fetchval(
+                "WITH moved AS (UPDATE durably_updates SET answer = $1, answered_at = $2 "
+                "WHERE run_id = $3 AND answer IS NULL "
+                "RETURNING id, update_id, name, payload, created_at), "
+                "copied AS (INSERT INTO durably_updates "
+                "(run_id, update_id, name, payload, created_at) "
+                "SELECT $4, update_id, name, payload, created_at FROM moved ORDER BY id "
+                "ON CONFLICT (run_id, update_id) DO NOTHING) "
+                "SELECT count(*) FROM moved",
                 dump_json({"outcome": "moved", "run_id": to_run}),
                 now,
                 from_run,
+                to_run,
             )
-        return int(status.rsplit(" ", 1)[-1])
+        return int(moved)
 
     async def delete_run(self, run_id: str) -> bool:
         """Delete a run with its history."""
