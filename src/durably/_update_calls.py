@@ -208,13 +208,16 @@ class UpdateCalls:
                         continue
                 record = await self._store.get_update(run_id, update_id)
                 if record is None:
+                    # Said apart: an update missing from a run that exists
+                    # was lost on its way (a move that answered without
+                    # copying it read as a deleted run and hid the bug).
+                    reason = (
+                        f"run {run_id!r} no longer exists"
+                        if run is None
+                        else f"update {update_id!r} is not in the inbox of run {run_id!r}"
+                    )
                     record = UpdateRecord(
-                        run_id,
-                        update_id,
-                        "",
-                        None,
-                        0,
-                        {"outcome": "ended", "reason": f"run {run_id!r} no longer exists"},
+                        run_id, update_id, "", None, 0, {"outcome": "ended", "reason": reason}
                     )
                 if record.answer is None:
                     continue

@@ -10,6 +10,7 @@ import pytest
 
 import durably
 from durably import RunStatus
+from durably._update_calls import UpdateCalls
 from durably.model import CheckpointKind
 
 from .conftest import EngineFactory
@@ -389,3 +390,26 @@ async def test_branches_see_updates_in_the_order_they_happened_on_every_replay(
             "update 3",
             "end",
         ]
+
+
+async def test_an_update_missing_from_a_live_run_is_not_reported_as_a_deleted_run(
+    make_engine: EngineFactory,
+) -> None:
+    """The wait's last resort tells a lost update (its run exists) from a run
+    that is gone: the loss of an update in a continue-as-new move read as
+    "run ... no longer exists" and pointed away from the store."""
+    engine = make_engine()
+    cart_workflow(engine)
+    async with engine:
+        await engine.start("cart", run_id="c1")
+        await _ready(engine, "c1")
+        calls = UpdateCalls(engine.store, engine.clock, lambda _run_id: asyncio.sleep(0))
+        try:
+            lost = await calls.result("c1", "never-put", timeout=30)
+            gone = await calls.result("no-such-run", "never-put", timeout=30)
+        finally:
+            await calls.close()
+    assert lost.outcome == "ended"
+    assert lost.reason == "update 'never-put' is not in the inbox of run 'c1'"
+    assert gone.outcome == "ended"
+    assert gone.reason == "run 'no-such-run' no longer exists"
