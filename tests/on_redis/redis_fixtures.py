@@ -11,7 +11,8 @@ import socket
 import subprocess
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
 import pytest
@@ -37,6 +38,20 @@ async def redis_prefix() -> AsyncIterator[str]:
     prefix = f"durably-fleet-{uuid.uuid4().hex[:10]}"
     yield prefix
     await delete_prefix(REDIS_URL, prefix)
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+async def store_url(
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    isolated_postgres: Callable[[], AbstractAsyncContextManager[str]],
+) -> AsyncIterator[str]:
+    """Each test once on SQLite and once on a PostgreSQL database of its own."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'durably.db'}"
+    else:
+        async with isolated_postgres() as url:
+            yield url
 
 
 def _free_port() -> int:

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
-from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +18,7 @@ import durably
 from durably.testing import eventually
 from durably.transports.redis._runs import RedisRuns
 
-from .redis_fixtures import redis_prefix
+from .redis_fixtures import redis_prefix, store_url
 from .test_run_queue_on_redis import (
     WAIT,
     jobs_in,
@@ -32,22 +30,9 @@ from .test_run_queue_on_redis import (
     wait_all,
 )
 
-__all__ = ["redis_prefix"]
+__all__ = ["redis_prefix", "store_url"]
 
 pytestmark = [pytest.mark.timeout(240)]
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-async def store_url(
-    request: pytest.FixtureRequest,
-    tmp_path: Path,
-    isolated_postgres: Callable[[], AbstractAsyncContextManager[str]],
-) -> AsyncIterator[str]:
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'born.db'}"
-    else:
-        async with isolated_postgres() as url:
-            yield url
 
 
 def broker_of(engine: durably.Engine) -> RedisRuns:

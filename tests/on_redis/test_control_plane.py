@@ -9,8 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator, Callable
-from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +20,9 @@ from durably import RunStatus
 from durably.testing import eventually
 from durably.transports.redis import RedisTransport
 
-from .redis_fixtures import REDIS_URL, OwnRedis, own_redis, redis_prefix
+from .redis_fixtures import REDIS_URL, OwnRedis, own_redis, redis_prefix, store_url
 
-__all__ = ["own_redis", "redis_prefix"]
+__all__ = ["own_redis", "redis_prefix", "store_url"]
 
 pytestmark = [pytest.mark.timeout(180)]
 
@@ -102,19 +100,6 @@ async def test_the_watchdog_replaces_a_killed_subscription(own_redis: OwnRedis) 
     finally:
         await client.aclose()
         await transport.close()
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-async def store_url(
-    request: pytest.FixtureRequest,
-    tmp_path: Path,
-    isolated_postgres: Callable[[], AbstractAsyncContextManager[str]],
-) -> AsyncIterator[str]:
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'fleet.db'}"
-    else:
-        async with isolated_postgres() as url:
-            yield url
 
 
 async def test_a_cancel_reaches_the_handler_on_the_instance_running_the_run(

@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
-from contextlib import AbstractAsyncContextManager
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,26 +21,13 @@ from durably._queue import QueuedRun
 from durably._run_queue import MAX_HELD
 from durably.testing import eventually
 
-from .redis_fixtures import REDIS_URL, redis_prefix
+from .redis_fixtures import REDIS_URL, redis_prefix, store_url
 
-__all__ = ["redis_prefix"]
+__all__ = ["redis_prefix", "store_url"]
 
 pytestmark = [pytest.mark.timeout(240)]
 
 WAIT = 60.0
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-async def store_url(
-    request: pytest.FixtureRequest,
-    tmp_path: Path,
-    isolated_postgres: Callable[[], AbstractAsyncContextManager[str]],
-) -> AsyncIterator[str]:
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'fleet.db'}"
-    else:
-        async with isolated_postgres() as url:
-            yield url
 
 
 def make_engine(store: str, prefix: str, **kwargs: Any) -> durably.Engine:
