@@ -62,6 +62,9 @@ _EVENTS = "durably.events"
 _RESULT_BATCH = 256
 _BEAT_TTL_MS = 30_000
 _SETTLED_MEMORY = 10_000
+_SETTLING = 2
+"""Batches of results settled at once: a lone result's settle does not hold
+back the next batch (the store's settle is safe against racing settlers)."""
 """Step ids of recently delivered results, so a late beat for one is dropped."""
 _DRAIN_DELAY_S = 1
 """How long an idle BullMQ worker blocks waiting for a job (bullmq's default is 5 s).
@@ -179,7 +182,7 @@ class RedisTransport:
         self._on_heartbeat: HeartbeatHandler | None = None
         # results taken, one group per fetch, each told at once whether its batch was settled
         self._batch: list[tuple[list[StepResult], asyncio.Future[bool]]] = []
-        self._flush: asyncio.Task[None] | None = None
+        self._flushes: set[asyncio.Task[None]] = set()
         self._settled: OrderedDict[str, None] = OrderedDict()
         # pub/sub
         self._cancel_handlers: list[CancelHandler] = []
@@ -265,8 +268,8 @@ class RedisTransport:
         turn_consumers, self._turn_consumers = self._turn_consumers, []
         for consumer in turn_consumers:
             await consumer.close()
-        if self._flush is not None:
-            await asyncio.gather(self._flush, return_exceptions=True)
+        if self._flushes:
+            await asyncio.gather(*self._flushes, return_exceptions=True)
         for reader in self._readers:
             reader.cancel()
         await asyncio.gather(*self._readers, return_exceptions=True)
@@ -921,8 +924,10 @@ class RedisTransport:
         """Settle ``results`` with the others taken meanwhile; whether they were."""
         done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._batch.append((results, done))
-        if self._flush is None or self._flush.done():
-            self._flush = asyncio.create_task(self._flush_soon())
+        if len(self._flushes) < _SETTLING:
+            flush = asyncio.create_task(self._flush_soon())
+            self._flushes.add(flush)
+            flush.add_done_callback(self._flushes.discard)
         return await done
 
     async def _flush_soon(self) -> None:
