@@ -254,6 +254,86 @@ async def test_a_result_that_could_not_be_settled_here_goes_on_the_queue(prefix:
         await transport.close()
 
 
+async def test_a_batch_settles_while_another_is_in_flight_each_once(prefix: str) -> None:
+    # A lone result's settle (A) does not hold back the next batch (B); a
+    # third waits for one of the two in flight (C). Each is settled once.
+    transport = RedisTransport(REDIS_TEST_URL, prefix=prefix)
+    await transport.open()
+    calls: list[list[str]] = []
+    gates = {"r1:1": asyncio.Event(), "r1:2": asyncio.Event()}
+
+    async def on_results(batch: list[StepResult]) -> None:
+        calls.append([r.step_id for r in batch])
+        for result in batch:
+            if result.step_id in gates:
+                await gates[result.step_id].wait()
+
+    async def on_beat(beat: Heartbeat) -> None:
+        return None
+
+    def send(seq: int) -> asyncio.Task[None]:
+        return asyncio.create_task(transport.send_result(StepResult("r1", seq, ok=True)))
+
+    try:
+        await transport.consume_results(on_results, on_beat)
+        first = send(1)
+        await wait_until(lambda: calls == [["r1:1"]], what="A in flight")
+        second = send(2)
+        await wait_until(lambda: calls == [["r1:1"], ["r1:2"]], what="B beside A")
+        third = send(3)
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert calls == [["r1:1"], ["r1:2"]]  # two at most: C waits
+        gates["r1:2"].set()
+        await second
+        await third  # settled by B's flush once B was done
+        assert not first.done()
+        gates["r1:1"].set()
+        await first
+        assert sorted(id_ for batch in calls for id_ in batch) == ["r1:1", "r1:2", "r1:3"]
+    finally:
+        for gate in gates.values():
+            gate.set()
+        await transport.close()
+
+
+async def test_a_failing_batch_is_handed_back_while_another_settles(prefix: str) -> None:
+    transport = RedisTransport(REDIS_TEST_URL, prefix=prefix, redeliver_delay_ms=50)
+    await transport.open()
+    calls: list[list[str]] = []
+    beats: list[str] = []
+    second_done = asyncio.Event()
+
+    async def on_results(batch: list[StepResult]) -> None:
+        calls.append([r.step_id for r in batch])
+        if len(calls) == 1:
+            await second_done.wait()
+            raise RuntimeError("store down (test)")
+
+    async def on_beat(beat: Heartbeat) -> None:
+        beats.append(beat.step_id)
+
+    try:
+        await transport.consume_results(on_results, on_beat)
+        first = asyncio.create_task(transport.send_result(StepResult("r1", 1, ok=True)))
+        await wait_until(lambda: calls == [["r1:1"]], what="A in flight")
+        await transport.send_result(StepResult("r1", 2, ok=True))
+        assert calls == [["r1:1"], ["r1:2"]]
+        second_done.set()
+        await first  # refused here, so queued: taken off the queue and settled again
+        await wait_until(lambda: len(calls) == 3, what="the queued result settled")
+        assert calls == [["r1:1"], ["r1:2"], ["r1:1"]]
+        # A result's beat says nothing new once its result is settled here.
+        await transport.send_heartbeat(Heartbeat("r1", 1, "g", at=1_700_000_000_000))
+        await transport.send_heartbeat(Heartbeat("r1", 2, "g", at=1_700_000_000_000))
+        await transport.send_heartbeat(Heartbeat("r1", 3, "g", at=1_700_000_000_000))
+        await wait_until(lambda: beats, what="the live step's beat")
+        assert beats == ["r1:3"]
+    finally:
+        second_done.set()
+        await transport.close()
+
+
 async def test_results_and_turns_consumers_share_one_heartbeat_subscription(
     prefix: str,
 ) -> None:
