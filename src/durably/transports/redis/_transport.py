@@ -65,6 +65,9 @@ _SETTLED_MEMORY = 10_000
 _SETTLING = 2
 """Batches of results settled at once: a lone result's settle does not hold
 back the next batch (the store's settle is safe against racing settlers)."""
+_LONE = 4
+"""A batch in flight this small lets another start beside it; behind a bigger
+one the results taken meanwhile wait, and go out together."""
 """Step ids of recently delivered results, so a late beat for one is dropped."""
 _DRAIN_DELAY_S = 1
 """How long an idle BullMQ worker blocks waiting for a job (bullmq's default is 5 s).
@@ -183,6 +186,7 @@ class RedisTransport:
         # results taken, one group per fetch, each told at once whether its batch was settled
         self._batch: list[tuple[list[StepResult], asyncio.Future[bool]]] = []
         self._flushes: set[asyncio.Task[None]] = set()
+        self._big_in_flight = 0
         self._settled: OrderedDict[str, None] = OrderedDict()
         # pub/sub
         self._cancel_handlers: list[CancelHandler] = []
@@ -924,7 +928,7 @@ class RedisTransport:
         """Settle ``results`` with the others taken meanwhile; whether they were."""
         done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._batch.append((results, done))
-        if len(self._flushes) < _SETTLING:
+        if not self._flushes or (len(self._flushes) < _SETTLING and not self._big_in_flight):
             flush = asyncio.create_task(self._flush_soon())
             self._flushes.add(flush)
             flush.add_done_callback(self._flushes.discard)
@@ -937,6 +941,8 @@ class RedisTransport:
             # join: a burst is settled in a few store writes without holding
             # a lone result back.
             await asyncio.sleep(0)
+            if not self._batch:
+                break  # taken meanwhile by the other settle under way
             groups: list[tuple[list[StepResult], asyncio.Future[bool]]] = []
             size = 0
             while self._batch and (not groups or size + len(self._batch[0][0]) <= _RESULT_BATCH):
@@ -946,6 +952,8 @@ class RedisTransport:
             batch = [result for results, _ in groups for result in results]
             ok = True
             handler = self._on_results
+            big = len(batch) > _LONE
+            self._big_in_flight += big
             try:
                 if handler is not None:
                     await handler(batch)
@@ -955,6 +963,8 @@ class RedisTransport:
                     len(batch),
                 )
                 ok = False
+            finally:
+                self._big_in_flight -= big
             if ok:
                 for result in batch:
                     self._settled[result.step_id] = None
