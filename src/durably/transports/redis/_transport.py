@@ -62,12 +62,6 @@ _EVENTS = "durably.events"
 _RESULT_BATCH = 256
 _BEAT_TTL_MS = 30_000
 _SETTLED_MEMORY = 10_000
-_SETTLING = 2
-"""Batches of results settled at once: a lone result's settle does not hold
-back the next batch (the store's settle is safe against racing settlers)."""
-_LONE = 4
-"""A batch in flight this small lets another start beside it; behind a bigger
-one the results taken meanwhile wait, and go out together."""
 """Step ids of recently delivered results, so a late beat for one is dropped."""
 _DRAIN_DELAY_S = 1
 """How long an idle BullMQ worker blocks waiting for a job (bullmq's default is 5 s).
@@ -185,8 +179,7 @@ class RedisTransport:
         self._on_heartbeat: HeartbeatHandler | None = None
         # results taken, one group per fetch, each told at once whether its batch was settled
         self._batch: list[tuple[list[StepResult], asyncio.Future[bool]]] = []
-        self._flushes: set[asyncio.Task[None]] = set()
-        self._big_in_flight = 0
+        self._flush: asyncio.Task[None] | None = None
         self._settled: OrderedDict[str, None] = OrderedDict()
         # pub/sub
         self._cancel_handlers: list[CancelHandler] = []
@@ -272,8 +265,8 @@ class RedisTransport:
         turn_consumers, self._turn_consumers = self._turn_consumers, []
         for consumer in turn_consumers:
             await consumer.close()
-        if self._flushes:
-            await asyncio.gather(*self._flushes, return_exceptions=True)
+        if self._flush is not None:
+            await asyncio.gather(self._flush, return_exceptions=True)
         for reader in self._readers:
             reader.cancel()
         await asyncio.gather(*self._readers, return_exceptions=True)
@@ -928,10 +921,8 @@ class RedisTransport:
         """Settle ``results`` with the others taken meanwhile; whether they were."""
         done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._batch.append((results, done))
-        if not self._flushes or (len(self._flushes) < _SETTLING and not self._big_in_flight):
-            flush = asyncio.create_task(self._flush_soon())
-            self._flushes.add(flush)
-            flush.add_done_callback(self._flushes.discard)
+        if self._flush is None or self._flush.done():
+            self._flush = asyncio.create_task(self._flush_soon())
         return await done
 
     async def _flush_soon(self) -> None:
@@ -941,8 +932,6 @@ class RedisTransport:
             # join: a burst is settled in a few store writes without holding
             # a lone result back.
             await asyncio.sleep(0)
-            if not self._batch:
-                break  # taken meanwhile by the other settle under way
             groups: list[tuple[list[StepResult], asyncio.Future[bool]]] = []
             size = 0
             while self._batch and (not groups or size + len(self._batch[0][0]) <= _RESULT_BATCH):
@@ -952,8 +941,6 @@ class RedisTransport:
             batch = [result for results, _ in groups for result in results]
             ok = True
             handler = self._on_results
-            big = len(batch) > _LONE
-            self._big_in_flight += big
             try:
                 if handler is not None:
                     await handler(batch)
@@ -963,8 +950,6 @@ class RedisTransport:
                     len(batch),
                 )
                 ok = False
-            finally:
-                self._big_in_flight -= big
             if ok:
                 for result in batch:
                     self._settled[result.step_id] = None
