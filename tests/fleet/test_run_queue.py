@@ -21,11 +21,11 @@ import durably
 from durably import RunStatus
 from durably._queue import Message, MessageQueue, OutMessage
 from durably._run_queue import MAX_HELD
+from durably._worker import PENDING_GRACE_MS
 from durably.testing import VirtualClock, eventually
 
 pytestmark = [pytest.mark.timeout(300)]
 
-PENDING_GRACE_MS = 5_000  # TEMP
 POLL = 0.05
 WAIT = 60.0
 """Seconds ``eventually`` waits here: several engines share two loaded cores."""
@@ -798,7 +798,6 @@ async def test_a_sweep_leaves_alone_a_start_another_instance_is_about_to_push(
         await wait_all(sweeper, ["inflight"])
         await eventually(lambda: queue_of(sweeper).held == 0, what="every run acked", timeout=WAIT)
         await eventually(lambda: _is(depth(sweeper), 0), what="the queue is empty", timeout=WAIT)
-    print("COUNTS", routed, messages_for([pushing, taking], "inflight"), sum(t for _, t in taking.claims))
     assert routed == 0
     assert messages_for([pushing, taking], "inflight") == 1
     assert sum(taken for _, taken in taking.claims) == 1
@@ -825,10 +824,10 @@ async def test_a_start_whose_push_failed_is_swept_once_its_grace_is_over(
         await producer.start("short", 1, run_id="lost")
         await eventually(lambda: pushing.failures == 1, what="the push fails", timeout=WAIT)
         assert await sweep_now(sweeper) == 0
-        clock.advance(PENDING_GRACE_MS - 1)
+        clock.advance(f"{PENDING_GRACE_MS - 1}ms")
         assert await sweep_now(sweeper) == 0
         assert taking.pushes == []
-        clock.advance(1)
+        clock.advance("1ms")
         assert await sweep_now(sweeper) == 1
         await wait_all(sweeper, ["lost"])
     assert messages_for([taking], "lost") == 1
