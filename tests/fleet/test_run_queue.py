@@ -339,9 +339,10 @@ async def test_failed_start_pushes_stay_pending_for_the_safety_poll(
     caplog.set_level(logging.ERROR, logger="durably.runqueue")
     producer_ran: list[str] = []
     done_by: Counter[str] = Counter()
-    producer = make_engine(postgres_url, consumers="never")
+    clock = VirtualClock()
+    producer = make_engine(postgres_url, consumers="never", clock=clock)
     register_refusing(producer, "short", producer_ran)
-    consumer = make_engine(postgres_url)
+    consumer = make_engine(postgres_url, clock=clock)
     register_short(consumer, done_by)
 
     async with producer:
@@ -360,6 +361,7 @@ async def test_failed_start_pushes_stay_pending_for_the_safety_poll(
             run = await producer.get_run(run_id)
             assert run is not None and run.status is RunStatus.PENDING
         assert await depth(producer) == 0
+        clock.advance(f"{PENDING_GRACE_MS}ms")  # no longer likely to be on their way
         async with consumer:  # its safety poll finds them (the queue holds no runs)
             await wait_all(consumer, ids)
         assert len(enqueue_errors(caplog)) == 1
