@@ -172,16 +172,16 @@ class Worker:
             self._last_sweep["pending"] = now
             if await run_queue.has_backlog():
                 return 0
-        now = self._clock.now_ms()
+        now_ms = self._clock.now_ms()
         ids = await self._store.list_pending(
-            now,
+            now_ms,
             limit,
             namespace=self._options().namespace,
             workflows=self._executable(),
         )
+        self._more_pending = len(ids) >= limit and run_queue is None
         if run_queue is not None:
-            return await self._queue_settled(ids, now)
-        self._more_pending = len(ids) >= limit
+            return await self._queue_settled(ids, now_ms)
         for run_id in ids:
             self._router.route(run_id)
         return len(ids)
