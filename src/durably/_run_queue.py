@@ -17,7 +17,8 @@ one statement and executes nothing.
   out together: one push per loop iteration.
 - An instance holds at most :data:`MAX_HELD` messages at once and removes
   each when its run's turn is over (or skipped).
-- A failed push loses nothing: a start stays ``pending`` for the poll, a wake
+- A failed push loses nothing: a start stays ``pending`` for the poll (which
+  queues it once it is :data:`~durably._worker.PENDING_GRACE_MS` old), a wake
   is executed here (or stamped on the run for the timer poll). The failure is
   logged at most once a minute.
 - A start on a consuming instance may skip the queue: with a slot free and

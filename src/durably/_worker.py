@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from .clock import Clock
     from .stores import StateStore
 
-__all__ = ["RECOVERY_BATCH", "Phase", "Worker"]
+__all__ = ["PENDING_GRACE_MS", "RECOVERY_BATCH", "Phase", "Worker"]
 
 _log = engine_logger("durably")
 
@@ -47,6 +47,13 @@ claims nothing, so one pass per tick)."""
 
 RECOVERY_BATCH = 500
 """Orphans reclaimed per pass of ``recover_incomplete``."""
+PENDING_GRACE_MS = 5_000
+"""With a run queue, how long (engine clock, ms, from the run's last write) a
+run stays ``pending`` before the sweep queues it. A younger one is most likely
+still being pushed by the instance that wrote it (a start, a retry, a
+recovery): queued by the sweep too, it would cost a second message, claim and
+delivery check. The sweep exists for a push that failed or a crash between the
+write and the push; such a run waits at most this long more."""
 # Extra passes of a phase that keeps finding full batches, while the
 # executor's waiting list stays under the limit (so a backlog drains at the
 # executor's pace without holding every id in memory).
@@ -165,16 +172,36 @@ class Worker:
             self._last_sweep["pending"] = now
             if await run_queue.has_backlog():
                 return 0
+        now_ms = self._clock.now_ms()
         ids = await self._store.list_pending(
-            self._clock.now_ms(),
+            now_ms,
             limit,
             namespace=self._options().namespace,
             workflows=self._executable(),
         )
-        self._more_pending = len(ids) >= limit and self._router.run_queue is None
+        self._more_pending = len(ids) >= limit and run_queue is None
+        if run_queue is not None:
+            return await self._queue_settled(ids, now_ms)
         for run_id in ids:
             self._router.route(run_id)
         return len(ids)
+
+    async def _queue_settled(self, ids: list[str], now: int) -> int:
+        """Queue the pending runs of ``ids`` (in their order) last written at
+        least :data:`PENDING_GRACE_MS` ago, each to its own pool and priority;
+        return how many. Only when the sweep finds runs does it read them."""
+        if not ids:
+            return 0
+        runs = await self._router.runs_of(ids)
+        settled_by = now - PENDING_GRACE_MS
+        queued = 0
+        for run_id in ids:
+            run = runs.get(run_id)
+            if run is None or run.status is not RunStatus.PENDING or run.updated_at > settled_by:
+                continue
+            self._router.route(run_id, namespace=run.namespace, priority=run.priority)
+            queued += 1
+        return queued
 
     async def recover_incomplete(self, limit: int = RECOVERY_BATCH) -> int:
         """Reclaim runs whose executor died; return how many (see ``Engine.recover_incomplete``)."""

@@ -1392,7 +1392,9 @@ class Engine:
         With a run queue this is only the safety net for a start whose
         enqueue failed: while the queue still holds runs for this engine's
         pools they will be delivered, so nothing is re-queued (re-queueing
-        a backlog would only duplicate it).
+        a backlog would only duplicate it), and a run last written less than
+        5 s ago is left for the instance that wrote it, which is most likely
+        pushing it now.
         """
         return await self._worker.run_pending(limit)
 

@@ -21,7 +21,8 @@ import durably
 from durably import RunStatus
 from durably._queue import Message, MessageQueue, OutMessage
 from durably._run_queue import MAX_HELD
-from durably.testing import eventually
+from durably._worker import PENDING_GRACE_MS
+from durably.testing import VirtualClock, eventually
 
 pytestmark = [pytest.mark.timeout(300)]
 
@@ -98,6 +99,8 @@ class SpyQueue:
         self._inner = inner
         self.pushes: list[list[OutMessage]] = []
         self.failing = False
+        self.hold: asyncio.Event | None = None
+        """Set: every push waits for it (a producer paused between its insert and its push)."""
         self.failures = 0
         self.claim_delay = 0.0
         self.claimed_late = asyncio.Event()
@@ -120,6 +123,8 @@ class SpyQueue:
 
     async def push(self, messages: list[OutMessage]) -> None:
         self.pushes.append(list(messages))
+        if self.hold is not None:
+            await self.hold.wait()
         if self.failing:
             self.failures += 1
             raise ConnectionError("the queue is down (test)")
@@ -334,9 +339,10 @@ async def test_failed_start_pushes_stay_pending_for_the_safety_poll(
     caplog.set_level(logging.ERROR, logger="durably.runqueue")
     producer_ran: list[str] = []
     done_by: Counter[str] = Counter()
-    producer = make_engine(postgres_url, consumers="never")
+    clock = VirtualClock()
+    producer = make_engine(postgres_url, consumers="never", clock=clock)
     register_refusing(producer, "short", producer_ran)
-    consumer = make_engine(postgres_url)
+    consumer = make_engine(postgres_url, clock=clock)
     register_short(consumer, done_by)
 
     async with producer:
@@ -355,6 +361,7 @@ async def test_failed_start_pushes_stay_pending_for_the_safety_poll(
             run = await producer.get_run(run_id)
             assert run is not None and run.status is RunStatus.PENDING
         assert await depth(producer) == 0
+        clock.advance(f"{PENDING_GRACE_MS}ms")  # no longer likely to be on their way
         async with consumer:  # its safety poll finds them (the queue holds no runs)
             await wait_all(consumer, ids)
         assert len(enqueue_errors(caplog)) == 1
@@ -750,6 +757,83 @@ async def test_runs_one_at_a_time_cost_one_claim_each(postgres_url: str) -> None
     empty = [taken for _, taken in spy.claims if taken == 0]
     assert sum(taken for _, taken in spy.claims) == 20
     assert len(empty) <= 2, f"{len(empty)} claims took nothing for 20 runs: {spy.claims}"
+
+
+# -- a sweep leaves alone the starts other instances are pushing ---------------------------
+
+
+def messages_for(spies: list[SpyQueue], run_id: str) -> int:
+    """Messages for ``run_id`` the spied instances pushed (or tried to)."""
+    return sum(run_id in m.body for spy in spies for push in spy.pushes for m in push)
+
+
+async def sweep_now(engine: durably.Engine) -> int:
+    """One sweep of pending runs by ``engine``, now (not at its worker's next
+    tick, nor skipped as too soon after the last one), its pushes flushed."""
+    engine._worker._last_sweep.pop("pending", None)
+    routed = await engine.run_pending()
+    await queue_of(engine).flush()
+    return routed
+
+
+async def test_a_sweep_leaves_alone_a_start_another_instance_is_about_to_push(
+    postgres_url: str,
+) -> None:
+    """The producer inserted a run and has not pushed its message yet: another
+    instance's sweep of pending runs, right then, must not queue it too (a
+    second message, claim and delivery check for a run already on its way)."""
+    clock = VirtualClock()
+    done_by: Counter[str] = Counter()
+    producer = make_engine(postgres_url, drive=False, clock=clock)
+    register_refusing(producer, "short", [])
+    sweeper = make_engine(postgres_url, poll_interval=30.0, clock=clock)
+    register_short(sweeper, done_by)
+    swept = sweep_signal(sweeper)
+    async with producer, sweeper:
+        await asyncio.wait_for(swept.wait(), WAIT)  # its start-up sweep is over
+        pushing, taking = spy_on(producer), spy_on(sweeper)
+        pushing.hold = asyncio.Event()
+        await producer.start("short", 1, run_id="inflight")
+        await eventually(lambda: pushing.pushes != [], what="the push is under way", timeout=WAIT)
+        routed = await sweep_now(sweeper)
+        pushing.hold.set()
+        await wait_all(sweeper, ["inflight"])
+        await eventually(lambda: queue_of(sweeper).held == 0, what="every run acked", timeout=WAIT)
+        await eventually(lambda: _is(depth(sweeper), 0), what="the queue is empty", timeout=WAIT)
+    assert routed == 0
+    assert messages_for([pushing, taking], "inflight") == 1
+    assert sum(taken for _, taken in taking.claims) == 1
+    assert done_by[sweeper.instance_id] == 1
+
+
+async def test_a_start_whose_push_failed_is_swept_once_its_grace_is_over(
+    postgres_url: str,
+) -> None:
+    """The sweep still exists for a push that failed (or a crash between the
+    insert and the push): such a run is queued by the first sweep after
+    :data:`~durably._worker.PENDING_GRACE_MS`, never later."""
+    clock = VirtualClock()
+    done_by: Counter[str] = Counter()
+    producer = make_engine(postgres_url, drive=False, clock=clock)
+    register_refusing(producer, "short", [])
+    sweeper = make_engine(postgres_url, poll_interval=30.0, clock=clock)
+    register_short(sweeper, done_by)
+    swept = sweep_signal(sweeper)
+    async with producer, sweeper:
+        await asyncio.wait_for(swept.wait(), WAIT)
+        pushing, taking = spy_on(producer), spy_on(sweeper)
+        pushing.failing = True
+        await producer.start("short", 1, run_id="lost")
+        await eventually(lambda: pushing.failures == 1, what="the push fails", timeout=WAIT)
+        assert await sweep_now(sweeper) == 0
+        clock.advance(f"{PENDING_GRACE_MS - 1}ms")
+        assert await sweep_now(sweeper) == 0
+        assert taking.pushes == []
+        clock.advance("1ms")
+        assert await sweep_now(sweeper) == 1
+        await wait_all(sweeper, ["lost"])
+    assert messages_for([taking], "lost") == 1
+    assert done_by[sweeper.instance_id] == 1
 
 
 # -- runs born leased on the instance that starts them ---------------------------------------

@@ -19,7 +19,7 @@ import durably
 from durably import RunStatus
 from durably._queue import QueuedRun
 from durably._run_queue import MAX_HELD
-from durably.testing import eventually
+from durably.testing import VirtualClock, eventually
 
 from .redis_fixtures import REDIS_URL, redis_prefix, store_url
 
@@ -172,6 +172,62 @@ async def test_a_start_pushed_twice_is_queued_once_and_a_new_pending_state_queue
                 lambda: _zero(jobs_in(redis_prefix)), what="every job is done", timeout=WAIT
             )
     assert executions == {"dup": 1}
+
+
+async def test_a_sweep_leaves_alone_a_start_another_instance_is_about_to_push(
+    store_url: str, redis_prefix: str
+) -> None:
+    """The producer inserted a run and has not pushed its job yet: another
+    instance's sweep of pending runs, right then, must not queue it too. (Its
+    job id would be the producer's, but once that job ran and was removed the
+    producer's push adds it again: a second delivery for a run already done.)"""
+    clock = VirtualClock()
+    done_by: Counter[str] = Counter()
+    producer = make_engine(store_url, redis_prefix, drive=False, clock=clock)
+    register_refusing(producer, "short", [])
+    sweeper = make_engine(store_url, redis_prefix, poll_interval=30.0, clock=clock)
+    register_short(sweeper, done_by)
+    swept = asyncio.Event()
+    sweep = sweeper._worker.run_pending
+
+    async def run_pending(limit: int = 1000) -> int:
+        try:
+            return await sweep(limit)
+        finally:
+            swept.set()
+
+    sweeper._worker.run_pending = run_pending  # type: ignore[method-assign]
+    async with producer, sweeper:
+        await asyncio.wait_for(swept.wait(), WAIT)  # its start-up sweep is over
+        broker = queue_of(producer)._broker
+        push = broker.push
+        hold = asyncio.Event()
+        pushing: list[QueuedRun] = []
+
+        async def held_push(runs: list[QueuedRun]) -> None:
+            pushing.extend(runs)
+            await hold.wait()
+            await push(runs)
+
+        broker.push = held_push
+        await producer.start("short", 1, run_id="inflight")
+        await eventually(lambda: pushing != [], what="the push is under way", timeout=WAIT)
+        sweeper._worker._last_sweep.pop("pending", None)  # a sweep now, not at the next tick
+        routed = await sweeper.run_pending()
+        await queue_of(sweeper).flush()
+        if routed:
+            # What the sweep queued runs, and its job is removed, before the
+            # producer's push lands.
+            await wait_all(sweeper, ["inflight"])
+            await eventually(lambda: _zero(jobs_in(redis_prefix)), what="no job", timeout=WAIT)
+        hold.set()
+        await wait_all(sweeper, ["inflight"])
+        await eventually(lambda: queue_of(producer).pushed == 1, what="it is pushed", timeout=WAIT)
+        await eventually(lambda: _zero(jobs_in(redis_prefix)), what="every job done", timeout=WAIT)
+        pushed, consumed = queue_of(sweeper).pushed, queue_of(sweeper).consumed
+    assert routed == 0
+    assert (pushed, consumed) == (0, 1)
+    assert done_by[sweeper.instance_id] == 1
 
 
 def register_gated(
