@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import os
 import sys
 import time
@@ -169,6 +170,39 @@ def build_engine(t: Target, transport: str) -> Any:
     return engine
 
 
+# Raised collector thresholds for ``--gc threshold|both``: fewer gen0 passes (and so fewer
+# gen1/gen2 ones) for more young garbage-candidate objects held between passes.
+GC_THRESHOLD = (10_000, 20, 20)
+
+
+def apply_gc(mode: str) -> None:
+    """The ``--gc`` variant, applied once the engine is open (before warm-up)."""
+    if mode in ("threshold", "both"):
+        gc.set_threshold(*GC_THRESHOLD)
+    if mode in ("freeze", "both"):
+        gc.collect()
+        gc.freeze()
+
+
+class GcTimer:
+    """Process time spent in collections, per generation, while installed."""
+
+    def __init__(self) -> None:
+        self.seconds = [0.0, 0.0, 0.0]
+        self._t0 = 0.0
+
+    def __call__(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._t0 = time.process_time()
+        else:
+            self.seconds[info["generation"]] += time.process_time() - self._t0
+
+
+def gc_counts() -> list[tuple[int, int]]:
+    """(collections, collected) per generation so far."""
+    return [(s["collections"], s["collected"]) for s in gc.get_stats()]
+
+
 def check(res: Any, expected: int) -> None:
     status = str(getattr(res, "status", "?"))
     if status != "completed" or getattr(res, "output", None) != expected:
@@ -192,15 +226,25 @@ async def throughput(engine: Any, args: Any, prof: Profiler) -> dict[str, Any]:
     if args.warmup:
         await timed_batch(args.warmup, start, wait, args.timeout)
     prof.start()
+    gc0 = gc_counts()
+    timer = GcTimer()
+    gc.callbacks.append(timer)
     cpu0 = time.process_time()
     t_started, elapsed, _ = await timed_batch(args.n, start, wait, args.timeout)
     cpu = time.process_time() - cpu0
+    gc.callbacks.remove(timer)
+    gc1 = gc_counts()
     prof.stop()
     # This process's CPU per step (engine, worker and transport all run here): unlike the
     # wall clock, it does not grow while other processes hold the machine's cores.
     return {
         **throughput_result(args.n, k, t_started, elapsed),
         "cpu_us_per_step": round(cpu * 1e6 / (args.n * k), 1),
+        "gc": args.gc,
+        "gc_collections": [b[0] - a[0] for a, b in zip(gc0, gc1, strict=True)],
+        "gc_collected": [b[1] - a[1] for a, b in zip(gc0, gc1, strict=True)],
+        "gc_frozen": gc.get_freeze_count(),
+        "gc_us_per_step": [round(t * 1e6 / (args.n * k), 1) for t in timer.seconds],
     }
 
 
@@ -260,6 +304,7 @@ async def _scenario(engine: Any, args: Any, prof: Profiler) -> dict[str, Any]:
 
 async def _measure(engine: Any, args: Any, prof: Profiler) -> dict[str, Any]:
     async with engine:
+        apply_gc(args.gc)
         if args.scenario == "throughput":
             return await throughput(engine, args, prof)
         if args.scenario == "latency":
@@ -284,6 +329,13 @@ def main() -> None:
     p = dispatch_parser(__doc__ or "", "bench_durably")
     p.add_argument("--transport", choices=sorted(TRANSPORTS), required=True)
     p.add_argument("--src", default=None, help="import durably from this src/ (a baseline)")
+    p.add_argument(
+        "--gc",
+        choices=["default", "freeze", "threshold", "both"],
+        default="default",
+        help="once the engine is open: gc.freeze() the objects alive then, raise the "
+        f"collector's thresholds to {GC_THRESHOLD}, both, or leave the collector alone",
+    )
     args = p.parse_args()
     if args.src:
         sys.path.insert(0, os.path.abspath(args.src))
