@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import importlib
 import json
 import os
@@ -21,6 +22,7 @@ import pytest
 
 import durably
 from durably import CheckpointStatus, RunStatus
+from durably._cli_worker import freeze_start_up_objects
 from durably.testing import VirtualClock, eventually
 
 APPS = Path(__file__).parent / "apps"
@@ -401,6 +403,29 @@ async def test_worker_serves_the_steps_of_a_drive_false_app(
     assert run.output == {"text": "HI!", "pid": worker.process.pid}  # served by the worker
     assert await worker.stop() == 0, worker.output()
     assert "steps shout" in worker.output()
+
+
+async def test_worker_freezes_its_start_up_objects_unless_told_not_to(
+    db: str, workers: Callable[..., Worker]
+) -> None:
+    frozen = workers(db, app="steps_app:engine")
+    left_alone = workers(db, "--no-gc-freeze", app="steps_app:engine")
+    await frozen.ready()
+    await left_alone.ready()
+    assert await frozen.stop() == 0, frozen.output()
+    assert await left_alone.stop() == 0, left_alone.output()
+    found = re.search(r"froze (\d+) start-up objects", frozen.output())
+    assert found is not None, frozen.output()
+    assert int(found.group(1)) > 1000  # the modules and registries, not a handful
+    assert "froze" not in left_alone.output()
+
+
+def test_freeze_start_up_objects_moves_the_live_objects_out_of_the_collector() -> None:
+    try:
+        assert freeze_start_up_objects() > 1000
+        assert gc.get_freeze_count() > 1000
+    finally:
+        gc.unfreeze()  # the test process keeps its collector as it was
 
 
 async def test_worker_no_drive_serves_steps_and_executes_no_run(
