@@ -397,11 +397,6 @@ async def serve(
             raise CliError(
                 f"cannot open the store {redact_url(engine.store.url)}: {describe(exc)}"
             ) from None
-        if gc_freeze:
-            _log.info(
-                "froze %d start-up objects out of the garbage collector's generations",
-                freeze_start_up_objects(),
-            )
         _log.info(
             "worker %s serving %s and steps %s on %s (tick every %gs)",
             engine.instance_id,
@@ -412,6 +407,13 @@ async def serve(
             redact_url(engine.store.url),
             engine.poll_interval,
         )
+        if gc_freeze:
+            # After the "serving" line: it is the first line a supervisor (and
+            # the CLI tests) read as the worker being up.
+            _log.info(
+                "froze %d start-up objects out of the garbage collector's generations",
+                freeze_start_up_objects(),
+            )
         if background is not None:
             running = asyncio.ensure_future(background())
         await stop.wait()
