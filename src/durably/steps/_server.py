@@ -78,6 +78,22 @@ def served_tokens(
     return served
 
 
+def _ended(events: EventHub, kind: EventKind, task: StepTask, started: int, **fields: Any) -> None:
+    """Emit the event of a served step's attempt that ended (``kind``) now."""
+    now = wall_ms()
+    events.event(
+        kind,
+        task.run_id,
+        now,
+        step=task.name,
+        seq=task.seq,
+        attempt=task.attempt,
+        served=True,
+        duration_ms=now - started,
+        **fields,
+    )
+
+
 class StepServer:
     """Serves step handlers by routing token; see the module docstring."""
 
@@ -207,18 +223,7 @@ class StepServer:
             )
             failure = failure_of(exc)
             if events.active:
-                now = wall_ms()
-                events.event(
-                    EventKind.STEP_FAILED,
-                    task.run_id,
-                    now,
-                    step=task.name,
-                    seq=task.seq,
-                    attempt=task.attempt,
-                    served=True,
-                    duration_ms=now - started,
-                    error=failure,
-                )
+                _ended(events, EventKind.STEP_FAILED, task, started, error=failure)
             return StepResult(
                 task.run_id,
                 task.seq,
@@ -228,17 +233,7 @@ class StepServer:
                 events=list(log.events),
             )
         if events.active:
-            now = wall_ms()
-            events.event(
-                EventKind.STEP_COMPLETED,
-                task.run_id,
-                now,
-                step=task.name,
-                seq=task.seq,
-                attempt=task.attempt,
-                served=True,
-                duration_ms=now - started,
-            )
+            _ended(events, EventKind.STEP_COMPLETED, task, started)
         return StepResult(
             task.run_id,
             task.seq,
